@@ -1,0 +1,37 @@
+"""streamrec: stream TFRecord shards between training jobs and storage, without TensorFlow.
+
+Public API (re-exports only)::
+
+    ds = streamrec.open_dataset("data/train-*.tfrecord")
+    for payload in ds: ...                 # or: async for payload in ds
+    async with streamrec.open_writer("out.tfrecord") as w:
+        await w.write(payload)
+    with streamrec.sync.open_writer("out.tfrecord") as w:
+        w.write(payload)
+    streamrec.example.encode({...}) / decode(payload)
+"""
+
+from streamrec import errors, sync
+from streamrec.pipeline.dataset import Dataset, open_dataset
+from streamrec.writer import ShardWriter, open_writer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Dataset",
+    "ShardWriter",
+    "__version__",
+    "errors",
+    "open_dataset",
+    "open_writer",
+    "sync",
+]
+
+
+def __getattr__(name: str) -> object:
+    # streamrec.example imports protobuf; load it on first use, not on `import streamrec`.
+    if name == "example":
+        import importlib
+
+        return importlib.import_module("streamrec.example")
+    raise AttributeError(f"module 'streamrec' has no attribute {name!r}")

@@ -1,0 +1,154 @@
+"""Every exception streamrec raises on purpose.
+
+The tree (catch a branch to catch everything below it)::
+
+    StreamrecError                      base of everything below
+    ├── FormatError (ValueError)        the bytes are not a valid TFRecord stream
+    │   ├── CorruptRecordError          a masked CRC32C does not match (length or payload)
+    │   ├── TruncatedRecordError        the stream ends inside a record (header, payload or CRC)
+    │   └── CompressionError            a gzip / zlib stream fails to inflate
+    ├── ExampleError (ValueError)       a payload is not the Example the caller asked for
+    │   └── FeatureError (KeyError)     a feature is missing or has the wrong kind, length or shape
+    └── StorageError (OSError)          reading or writing an object failed
+        └── ObjectNotFoundError         (FileNotFoundError) no object, or a glob matched nothing
+
+Format errors carry ``url`` (the file or object), ``offset`` (byte offset of the record's 12-byte
+header in the *uncompressed* stream) and ``record_index`` (0-based index of the record in its
+file); all three appear in the message. ``CorruptRecordError`` also says which CRC failed
+(``which`` is ``"length"`` or ``"payload"``) with the ``expected`` (stored) and ``actual``
+(computed) masked values.
+
+Foreign exceptions (OSError, zlib.error, protobuf's DecodeError, and later botocore / aiohttp)
+are translated into this tree where they enter streamrec, with the original as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CompressionError",
+    "CorruptRecordError",
+    "ExampleError",
+    "FeatureError",
+    "FormatError",
+    "ObjectNotFoundError",
+    "StorageError",
+    "StreamrecError",
+    "TruncatedRecordError",
+]
+
+
+class StreamrecError(Exception):
+    """Base class of every error streamrec raises on purpose."""
+
+
+class FormatError(StreamrecError, ValueError):
+    """The bytes of a file are not a valid TFRecord stream.
+
+    ``url`` names the file, ``offset`` is the byte offset of the failing record's header in the
+    uncompressed stream, ``record_index`` its 0-based index in the file (``None`` when unknown).
+    """
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        url: str | None = None,
+        offset: int | None = None,
+        record_index: int | None = None,
+    ) -> None:
+        self.problem = problem
+        self.url = url
+        self.offset = offset
+        self.record_index = record_index
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = []
+        if self.record_index is not None:
+            where.append(f"record {self.record_index}")
+        where.append(f"in {self.url or '<stream>'}")
+        if self.offset is not None:
+            where.append(f"at byte offset {self.offset}")
+        return f"{' '.join(where)}: {self.problem}"
+
+    def located(self, url: str) -> FormatError:
+        """Return this error with ``url`` filled in (the sans-I/O core may not know it)."""
+        if self.url is None:
+            self.url = url
+            self.args = (self._render(),)
+        return self
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keep pickling (multiprocessing, Dask) working despite keyword-only arguments.
+        return (_rebuild, (type(self), self.__dict__.copy()))
+
+
+def _rebuild(cls: type[FormatError], state: dict[str, object]) -> FormatError:
+    error = cls.__new__(cls)
+    error.__dict__.update(state)
+    Exception.__init__(error, error._render())
+    return error
+
+
+class CorruptRecordError(FormatError):
+    """A record's masked CRC32C does not match its bytes.
+
+    ``which`` is ``"length"`` (the 8 length bytes; the rest of the file cannot be framed) or
+    ``"payload"`` (the record alone is bad); ``expected`` is the stored masked CRC, ``actual``
+    the one computed from the bytes read.
+    """
+
+    def __init__(
+        self,
+        which: str,
+        expected: int,
+        actual: int,
+        *,
+        url: str | None = None,
+        offset: int | None = None,
+        record_index: int | None = None,
+    ) -> None:
+        self.which = which
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"{which} CRC mismatch (stored 0x{expected:08x}, computed 0x{actual:08x})",
+            url=url,
+            offset=offset,
+            record_index=record_index,
+        )
+
+
+class TruncatedRecordError(FormatError):
+    """The stream ends inside a record: in its 12-byte header, its payload or its CRC."""
+
+
+class CompressionError(FormatError):
+    """A gzip or zlib stream is damaged or ends early."""
+
+
+class ExampleError(StreamrecError, ValueError):
+    """A payload cannot be decoded as the Example / SequenceExample the caller asked for."""
+
+
+class FeatureError(ExampleError, KeyError):
+    """A feature is missing, or its kind, length or shape does not match the spec."""
+
+    def __init__(self, feature: str, problem: str) -> None:
+        self.feature = feature
+        self.problem = problem
+        super().__init__(f"feature {feature!r}: {problem}")
+
+    def __str__(self) -> str:  # KeyError would quote the message; keep it readable
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.feature, self.problem))
+
+
+class StorageError(StreamrecError, OSError):
+    """Reading or writing an object failed; the message names its url."""
+
+
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """The object does not exist, or a glob matched no object."""

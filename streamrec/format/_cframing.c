@@ -1,0 +1,214 @@
+/* C accelerator for streamrec.format.framing: scan TFRecord frames out of one buffer.
+ *
+ * scan(buffer, start, verify, large_crc, large_threshold)
+ *     -> (records: list[bytes], pos: int, status: int, stored: int, computed: int)
+ *
+ * Parses complete records from buffer[start:], verifying both masked CRC32Cs when `verify`.
+ * It stops at the first record that is incomplete (status 0, `pos` = its header offset) or
+ * damaged (status 1: bad length CRC, status 2: bad payload CRC; `pos` = its header offset,
+ * `stored` / `computed` the masked CRCs).  Payloads of at least `large_threshold` bytes are
+ * checksummed by calling `large_crc(memoryview)` (the crc32c package, which interleaves three
+ * hardware CRC streams and is ~3x faster than one stream on big buffers).
+ *
+ * The pure-Python twin in framing.py has the same contract; the tests run both.
+ * No I/O; the GIL is held throughout (every record becomes a Python object).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MASK_DELTA 0xa282ead8u
+
+static uint32_t crc_table[8][256];
+
+static void init_tables(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = crc_table[0][i];
+        for (int t = 1; t < 8; t++) {
+            c = crc_table[0][c & 0xff] ^ (c >> 8);
+            crc_table[t][i] = c;
+        }
+    }
+}
+
+/* Software CRC32C, slicing-by-8 (little-endian loads assembled bytewise: portable). */
+static uint32_t crc32c_sw(uint32_t crc, const unsigned char *p, size_t n) {
+    uint32_t c = ~crc;
+    while (n >= 8) {
+        uint32_t lo = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+                      ((uint32_t)p[3] << 24);
+        uint32_t hi = (uint32_t)p[4] | ((uint32_t)p[5] << 8) | ((uint32_t)p[6] << 16) |
+                      ((uint32_t)p[7] << 24);
+        lo ^= c;
+        c = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^
+            crc_table[5][(lo >> 16) & 0xff] ^ crc_table[4][lo >> 24] ^
+            crc_table[3][hi & 0xff] ^ crc_table[2][(hi >> 8) & 0xff] ^
+            crc_table[1][(hi >> 16) & 0xff] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
+    return ~c;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <nmmintrin.h>
+#define HAVE_HW_CRC 1
+__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const unsigned char *p,
+                                                            size_t n) {
+    uint64_t c = (uint32_t)~crc;
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        c = _mm_crc32_u64(c, v);
+        p += 8;
+        n -= 8;
+    }
+    uint32_t c32 = (uint32_t)c;
+    while (n--) c32 = _mm_crc32_u8(c32, *p++);
+    return ~c32;
+}
+#endif
+
+typedef uint32_t (*crc_fn)(uint32_t, const unsigned char *, size_t);
+static crc_fn crc32c_impl = crc32c_sw;
+
+static inline uint32_t masked_crc(const unsigned char *p, size_t n) {
+    uint32_t c = crc32c_impl(0, p, n);
+    return ((c >> 15) | (c << 17)) + MASK_DELTA;
+}
+
+static inline uint64_t load_u64le(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static inline uint32_t load_u32le(const unsigned char *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+           ((uint32_t)p[3] << 24);
+}
+
+/* Masked CRC of a large payload through the Python callable; -1 on a Python error. */
+static int64_t masked_crc_large(PyObject *large_crc, const unsigned char *p, Py_ssize_t n) {
+    PyObject *view = PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
+    if (view == NULL) return -1;
+    PyObject *res = PyObject_CallOneArg(large_crc, view);
+    Py_DECREF(view);
+    if (res == NULL) return -1;
+    unsigned long c = PyLong_AsUnsignedLong(res);
+    Py_DECREF(res);
+    if (c == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    uint32_t c32 = (uint32_t)c;
+    return (int64_t)(uint32_t)(((c32 >> 15) | (c32 << 17)) + MASK_DELTA);
+}
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, large_threshold;
+    int verify;
+    PyObject *large_crc;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*npOn", &view, &start, &verify, &large_crc, &large_threshold))
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    const Py_ssize_t end = view.len;
+    Py_ssize_t pos = start < 0 ? 0 : start;
+    int status = 0;
+    uint32_t stored = 0, computed = 0;
+    PyObject *records = PyList_New(0);
+    if (records == NULL) goto fail;
+
+    while (end - pos >= 12) {
+        const unsigned char *h = buf + pos;
+        uint64_t length = load_u64le(h);
+        if (verify) {
+            uint32_t want = load_u32le(h + 8);
+            uint32_t got = masked_crc(h, 8);
+            if (want != got) {
+                status = 1;
+                stored = want;
+                computed = got;
+                break;
+            }
+        }
+        /* Compare without overflow: the length is untrusted when CRCs are off. */
+        if (length > (uint64_t)(end - pos - 16) || end - pos < 16) break;
+        const unsigned char *payload = h + 12;
+        Py_ssize_t n = (Py_ssize_t)length;
+        if (verify) {
+            uint32_t want = load_u32le(payload + n);
+            uint32_t got;
+            if (n >= large_threshold && large_crc != Py_None) {
+                int64_t r = masked_crc_large(large_crc, payload, n);
+                if (r < 0) goto fail;
+                got = (uint32_t)r;
+            } else {
+                got = masked_crc(payload, (size_t)n);
+            }
+            if (want != got) {
+                status = 2;
+                stored = want;
+                computed = got;
+                break;
+            }
+        }
+        PyObject *rec = PyBytes_FromStringAndSize((const char *)payload, n);
+        if (rec == NULL) goto fail;
+        if (PyList_Append(records, rec) < 0) {
+            Py_DECREF(rec);
+            goto fail;
+        }
+        Py_DECREF(rec);
+        pos += 16 + n;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(NniII)", records, pos, status, (unsigned int)stored,
+                         (unsigned int)computed);
+fail:
+    Py_XDECREF(records);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+static PyObject *py_masked_crc32c(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    (void)self;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    uint32_t c = masked_crc((const unsigned char *)view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(c);
+}
+
+static PyObject *py_has_hardware_crc(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyBool_FromLong(crc32c_impl != crc32c_sw);
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS, "Scan complete TFRecord frames out of a buffer."},
+    {"masked_crc32c", py_masked_crc32c, METH_O, "TFRecord's masked CRC32C of a buffer."},
+    {"has_hardware_crc", py_has_hardware_crc, METH_NOARGS, "True when SSE4.2 CRC32 is used."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_cframing", "C accelerator for TFRecord framing.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__cframing(void) {
+    init_tables();
+#ifdef HAVE_HW_CRC
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("sse4.2")) crc32c_impl = crc32c_hw;
+#endif
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,245 @@
+"""Streaming compression codecs for TFRecord files: none, GZIP and ZLIB (as TensorFlow writes).
+
+Sans-I/O, like the framing: a decompressor is fed the bytes as stored and returns uncompressed
+pieces; ``close()`` says whether the stream ended cleanly. Output is produced in pieces of at most
+``max_piece_bytes`` so that a small, highly compressed input never becomes one huge allocation.
+
+GZIP streams may hold several concatenated members (``cat a.gz b.gz``); all are read, as
+TensorFlow does. ``compression="auto"`` picks the codec from the file name (``.gz``/``.gzip``,
+``.zlib``/``.zz``) and otherwise from the first bytes (:func:`sniff`).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Literal, Protocol
+
+import crc32c as _crc32c_package
+
+from streamrec.errors import CompressionError
+from streamrec.format.crc import BytesLike, mask
+
+__all__ = [
+    "Compression",
+    "Compressor",
+    "Decompressor",
+    "compression_from_name",
+    "make_compressor",
+    "make_decompressor",
+    "normalize_compression",
+    "resolve_compression",
+    "sniff",
+]
+
+#: A codec name after normalisation (None: stored as is).
+Compression = Literal["gzip", "zlib"] | None
+
+_GZIP_WBITS = 31  # zlib container: gzip header and trailer
+_ZLIB_WBITS = 15
+_MAX_PIECE_BYTES = 4 << 20
+
+_SUFFIXES: dict[str, Compression] = {
+    ".gz": "gzip",
+    ".gzip": "gzip",
+    ".zlib": "zlib",
+    ".zz": "zlib",
+}
+_ALIASES: dict[str, Compression] = {
+    "": None,
+    "none": None,
+    "gzip": "gzip",
+    "gz": "gzip",
+    "zlib": "zlib",
+}
+
+
+def normalize_compression(value: str | None) -> Compression | Literal["auto"]:
+    """Accept TF spellings (``"GZIP"``, ``"ZLIB"``, ``""``) and ours; reject anything else."""
+    if value is None:
+        return None
+    key = value.lower()
+    if key == "auto":
+        return "auto"
+    if key not in _ALIASES:
+        raise ValueError(
+            f"unknown compression {value!r}: use 'auto', None, 'gzip' or 'zlib'"
+        )
+    return _ALIASES[key]
+
+
+def compression_from_name(name: str) -> Compression | Literal["unknown"]:
+    """The codec a file name announces by its suffix, or ``"unknown"``."""
+    lowered = name.lower().rstrip("/")
+    for suffix, codec in _SUFFIXES.items():
+        if lowered.endswith(suffix):
+            return codec
+    return "unknown"
+
+
+def sniff(first_bytes: BytesLike) -> Compression:
+    """Guess the codec from a stream's first bytes (at least 12 of them when available).
+
+    A valid TFRecord header (its length CRC matches) means uncompressed; that check comes first
+    because a plain stream can start with bytes that look like a zlib or gzip header (a record
+    length of 0x9c78 starts ``78 9c``).
+    """
+    head = bytes(first_bytes[:12])
+    if len(head) == 12:
+        (stored,) = struct.unpack_from("<I", head, 8)
+        if mask(_crc32c_package.crc32c(head[:8])) == stored:
+            return None
+    if head[:2] == b"\x1f\x8b":
+        return "gzip"
+    if len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
+        return "zlib"
+    return None
+
+
+def resolve_compression(
+    requested: str | None, name: str, first_bytes: BytesLike | None
+) -> Compression:
+    """The codec for one file: an explicit choice wins, then the name, then the bytes."""
+    choice = normalize_compression(requested)
+    if choice != "auto":
+        return choice
+    by_name = compression_from_name(name)
+    if by_name != "unknown":
+        return by_name
+    return sniff(first_bytes or b"")
+
+
+class Decompressor(Protocol):
+    """Bytes as stored in, uncompressed pieces out."""
+
+    def feed(self, data: BytesLike) -> list[bytes]:
+        """Uncompressed pieces that ``data`` completes."""
+        ...
+
+    def close(self) -> list[bytes]:
+        """The last pieces; raise CompressionError if the stream ended early."""
+        ...
+
+
+class Compressor(Protocol):
+    """Uncompressed bytes in, bytes to store out."""
+
+    def compress(self, data: BytesLike) -> bytes:
+        """Compressed bytes available so far (may be empty)."""
+        ...
+
+    def flush(self) -> bytes:
+        """The rest of the stream; the compressor is finished afterwards."""
+        ...
+
+
+class _Passthrough:
+    def feed(self, data: BytesLike) -> list[bytes]:
+        return [bytes(data)] if data else []
+
+    def close(self) -> list[bytes]:
+        return []
+
+    def compress(self, data: BytesLike) -> bytes:
+        return bytes(data)
+
+    def flush(self) -> bytes:
+        return b""
+
+
+class _Inflater:
+    """zlib / gzip decompression with bounded output pieces and multi-member gzip."""
+
+    def __init__(self, wbits: int, url: str | None, max_piece_bytes: int) -> None:
+        self._wbits = wbits
+        self._url = url
+        self._max_piece = max_piece_bytes
+        self._inflate = zlib.decompressobj(wbits)
+        self._member_open = False  # input went into the current member and it has not ended
+        self._consumed = 0  # compressed bytes fed so far, for error messages
+        self._produced = 0  # uncompressed bytes produced so far
+        self._error: CompressionError | None = None  # raised after the pieces before it
+        self._stream_done = False  # zlib: the one stream has ended
+
+    def feed(self, data: BytesLike) -> list[bytes]:
+        if self._error is not None:
+            raise self._error
+        pieces: list[bytes] = []
+        pending = data if isinstance(data, bytes) else bytes(data)
+        more_output = False  # the last call filled a whole piece: zlib may hold more
+        while pending or more_output:
+            if self._stream_done:
+                return self._fail(
+                    pieces, f"{len(pending)} trailing bytes after the zlib stream", None
+                )
+            self._member_open = True
+            try:
+                piece = self._inflate.decompress(pending, self._max_piece)
+            except zlib.error as exc:
+                return self._fail(pieces, f"cannot inflate: {exc}", exc)
+            if piece:
+                pieces.append(piece)
+                self._produced += len(piece)
+            if self._inflate.eof:
+                rest = self._inflate.unused_data
+                self._consumed += len(pending) - len(rest)
+                pending, more_output = rest, False
+                self._member_open = False
+                # gzip: another member may follow (``cat a.gz b.gz``); zlib: one stream only
+                self._stream_done = self._wbits != _GZIP_WBITS
+                self._inflate = zlib.decompressobj(self._wbits)
+                continue
+            tail = self._inflate.unconsumed_tail
+            self._consumed += len(pending) - len(tail)
+            pending, more_output = tail, len(piece) == self._max_piece
+        return pieces
+
+    def close(self) -> list[bytes]:
+        if self._error is not None:
+            raise self._error
+        if not self._member_open:
+            return []
+        # A complete member always reaches eof inside feed(); an open one here is cut short.
+        self._error = self._make_error("compressed stream ends early (no end-of-stream marker)")
+        raise self._error
+
+    def _fail(
+        self, pieces: list[bytes], problem: str, cause: BaseException | None
+    ) -> list[bytes]:
+        """Deliver the pieces inflated before the damage; raise now or on the next call."""
+        self._error = self._make_error(problem)
+        self._error.__cause__ = cause
+        if pieces:
+            return pieces
+        raise self._error
+
+    def _make_error(self, problem: str) -> CompressionError:
+        kind = "gzip" if self._wbits == _GZIP_WBITS else "zlib"
+        return CompressionError(
+            f"{kind}: {problem} (after {self._consumed} compressed and {self._produced} "
+            "uncompressed bytes)",
+            url=self._url,
+        )
+
+
+def make_decompressor(
+    compression: Compression, *, url: str | None = None, max_piece_bytes: int = _MAX_PIECE_BYTES
+) -> Decompressor:
+    """A streaming decompressor for ``compression`` (None: bytes pass through)."""
+    if compression is None:
+        return _Passthrough()
+    if compression == "gzip":
+        return _Inflater(_GZIP_WBITS, url, max_piece_bytes)
+    if compression == "zlib":
+        return _Inflater(_ZLIB_WBITS, url, max_piece_bytes)
+    raise ValueError(f"unknown compression {compression!r}")
+
+
+def make_compressor(compression: Compression, *, level: int = 6) -> Compressor:
+    """A streaming compressor whose output TensorFlow (and Python's zlib) inflate."""
+    if compression is None:
+        return _Passthrough()
+    wbits = _GZIP_WBITS if compression == "gzip" else _ZLIB_WBITS
+    if compression not in ("gzip", "zlib"):
+        raise ValueError(f"unknown compression {compression!r}")
+    return zlib.compressobj(level, zlib.DEFLATED, wbits)

@@ -1,0 +1,319 @@
+"""TFRecord framing: a record encoder and a sans-I/O record decoder.
+
+One record on the wire (all integers little-endian)::
+
+    uint64 length
+    uint32 masked_crc32c(length bytes)
+    byte   payload[length]
+    uint32 masked_crc32c(payload)
+
+:class:`RecordDecoder` follows h11's shape: the caller owns the I/O and feeds bytes, split at any
+boundary, and gets back the complete records as ``bytes``. It never trusts a length before its
+CRC has been checked and never allocates by a length read from the stream, so a damaged header
+claiming 2**60 bytes costs nothing but the bytes actually fed.
+
+The hot loop (framing many small records out of one buffer) runs in the optional C extension
+``_cframing`` when it is built, and in :func:`_scan_python` otherwise; both have one contract.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable
+from typing import Literal
+
+import crc32c as _crc32c_package
+
+from streamrec.errors import CorruptRecordError, FormatError, TruncatedRecordError
+from streamrec.format.crc import BytesLike, masked_crc32c
+
+__all__ = [
+    "FOOTER_BYTES",
+    "HEADER_BYTES",
+    "OnCorrupt",
+    "RecordDecoder",
+    "RecordEncoder",
+    "accelerated",
+    "frame_size",
+]
+
+HEADER_BYTES = 12
+FOOTER_BYTES = 4
+OVERHEAD_BYTES = HEADER_BYTES + FOOTER_BYTES
+
+OnCorrupt = Literal["raise", "skip"]
+
+# scan() stop reasons
+_NEED_MORE, _BAD_LENGTH_CRC, _BAD_PAYLOAD_CRC = 0, 1, 2
+# Payloads at least this large are checksummed by the crc32c package, which interleaves three
+# hardware CRC streams; below it, one inline stream in C beats the call overhead.
+_LARGE_CRC_BYTES = 4096
+
+_HEADER = struct.Struct("<QI")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+ScanResult = tuple[list[bytes], int, int, int, int]
+ScanFunction = Callable[[BytesLike, int, bool, object, int], ScanResult]
+
+
+def frame_size(payload_bytes: int) -> int:
+    """Bytes one record of ``payload_bytes`` occupies in an uncompressed TFRecord stream."""
+    return payload_bytes + OVERHEAD_BYTES
+
+
+def _scan_python(
+    buf: BytesLike, start: int, verify: bool, large_crc: object, large_threshold: int
+) -> ScanResult:
+    """Pure-Python twin of ``_cframing.scan`` (same arguments, same result)."""
+    del large_crc, large_threshold  # the package CRC is used for every size here
+    records: list[bytes] = []
+    append = records.append
+    unpack_header = _HEADER.unpack_from
+    unpack_u32 = _U32.unpack_from
+    crc = _crc32c_package.crc32c
+    view = memoryview(buf)
+    end = len(view)
+    pos = start
+    try:
+        while end - pos >= HEADER_BYTES:
+            length, stored = unpack_header(view, pos)
+            if verify:
+                c = crc(view[pos : pos + 8])
+                computed = (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+                if computed != stored:
+                    return records, pos, _BAD_LENGTH_CRC, stored, computed
+            payload_end = pos + HEADER_BYTES + length
+            if payload_end + FOOTER_BYTES > end:
+                break
+            payload = bytes(view[pos + HEADER_BYTES : payload_end])
+            if verify:
+                (stored,) = unpack_u32(view, payload_end)
+                c = crc(payload)
+                computed = (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+                if computed != stored:
+                    return records, pos, _BAD_PAYLOAD_CRC, stored, computed
+            append(payload)
+            pos = payload_end + FOOTER_BYTES
+        return records, pos, _NEED_MORE, 0, 0
+    finally:
+        view.release()
+
+
+try:
+    from streamrec.format import _cframing  # type: ignore[attr-defined]
+
+    _scan: ScanFunction = _cframing.scan
+    accelerated = True
+except ImportError:  # pragma: no cover - exercised by STREAMREC_PURE_PYTHON builds
+    _scan = _scan_python
+    accelerated = False
+
+
+class RecordEncoder:
+    """Frame payloads as TFRecord records (byte-identical to ``tf.io.TFRecordWriter``)."""
+
+    def __init__(self) -> None:
+        # Header bytes depend only on the length; datasets repeat lengths a lot.
+        self._headers: dict[int, bytes] = {}
+
+    def header(self, length: int) -> bytes:
+        """The 12-byte header for a payload of ``length`` bytes."""
+        header = self._headers.get(length)
+        if header is None:
+            length_bytes = _U64.pack(length)
+            header = length_bytes + _U32.pack(masked_crc32c(length_bytes))
+            if len(self._headers) >= 4096:
+                self._headers.clear()
+            self._headers[length] = header
+        return header
+
+    def encode(self, payload: BytesLike) -> bytes:
+        """One framed record."""
+        return b"".join(self.encode_parts(payload))
+
+    def encode_parts(self, payload: BytesLike) -> tuple[bytes, BytesLike, bytes]:
+        """Header, payload and footer of one record, for writers that avoid copying payloads."""
+        n = len(payload) if not isinstance(payload, memoryview) else payload.nbytes
+        return self.header(n), payload, _U32.pack(masked_crc32c(payload))
+
+    def encode_many(self, payloads: Iterable[BytesLike]) -> bytes:
+        """Many framed records, concatenated."""
+        parts: list[BytesLike] = []
+        extend = parts.extend
+        encode_parts = self.encode_parts
+        for payload in payloads:
+            extend(encode_parts(payload))
+        return b"".join(parts)
+
+
+class RecordDecoder:
+    """Sans-I/O TFRecord decoder: ``feed(bytes) -> [payload, ...]``, then ``close()``.
+
+    Chunks may be split at any byte. Records before a damaged one are always returned first:
+    when a chunk holds good records and then damage, ``feed`` / ``close`` return the good ones
+    and hold the error back; ``raise_pending()`` (or any later call) raises it. A driver::
+
+        for chunk in chunks:
+            yield decoder.feed(chunk)
+            decoder.raise_pending()
+        decoder.close()
+
+    With ``on_corrupt="skip"`` a record whose payload CRC fails is dropped alone; damage that
+    breaks the framing (a bad length CRC, a truncated record) drops the rest of the stream.
+    Nothing is raised then; each drop is appended to :attr:`dropped` for the caller to log and
+    count. ``verify_crc=False`` skips all CRC work (damage then shows up as truncation at best).
+
+    ``offset`` in errors is the byte offset of the record's header in this (uncompressed)
+    stream, counted from ``start_offset``; ``record_index`` counts from ``start_index``.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        verify_crc: bool = True,
+        on_corrupt: OnCorrupt = "raise",
+        start_offset: int = 0,
+        start_index: int = 0,
+    ) -> None:
+        if on_corrupt not in ("raise", "skip"):
+            raise ValueError(f"on_corrupt must be 'raise' or 'skip', not {on_corrupt!r}")
+        self.url = url
+        self.verify_crc = verify_crc
+        self.skip_corrupt = on_corrupt == "skip"
+        self.dropped: list[FormatError] = []
+        self._pending = bytearray()
+        self._offset = start_offset  # stream offset of _pending[0] / of the next fed byte
+        self._index = start_index  # index of the next record
+        self._error: FormatError | None = None
+        self._discarding = False  # skip mode, after the framing broke
+        self._closed = False
+
+    @property
+    def offset(self) -> int:
+        """Stream offset of the first byte not yet returned as part of a record."""
+        return self._offset
+
+    @property
+    def record_index(self) -> int:
+        """Index of the next record to be returned (or dropped)."""
+        return self._index
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes fed but not yet returned: a partial record."""
+        return len(self._pending)
+
+    @property
+    def failed(self) -> bool:
+        """True when an error is pending: the next ``feed()`` / ``close()`` raises it."""
+        return self._error is not None
+
+    def raise_pending(self) -> None:
+        """Raise the error held back while the records before it were delivered, if any."""
+        if self._error is not None:
+            raise self._error
+
+    def abandon(self, error: FormatError) -> None:
+        """Give up on the rest of the stream after ``error`` (``on_corrupt="skip"``)."""
+        self.dropped.append(error)
+        self._pending.clear()
+        self._discarding = True
+
+    def feed(self, data: BytesLike) -> list[bytes]:
+        """Add bytes; return every record they complete, in order."""
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise RuntimeError("feed() after close()")
+        if self._discarding or not data:
+            return []
+        if self._pending:
+            self._pending += data
+            buf: BytesLike = self._pending
+        else:
+            buf = data
+        records, pos = self._frame(buf)
+        self._keep_tail(buf, pos)
+        return records
+
+    def close(self) -> None:
+        """Declare the end of the stream; raise TruncatedRecordError if it ends mid-record."""
+        if self._error is not None:
+            raise self._error
+        self._closed = True
+        if not self._pending or self._discarding:
+            return
+        error = self._truncation_error()
+        if self.skip_corrupt:
+            self.abandon(error)
+            return
+        self._pending.clear()
+        self._error = error
+        raise error
+
+    def _frame(self, buf: BytesLike) -> tuple[list[bytes], int]:
+        """Scan ``buf``; handle damage; return the records and the first unframed position."""
+        records, pos, status, stored, computed = _scan(
+            buf, 0, self.verify_crc, _crc32c_package.crc32c, _LARGE_CRC_BYTES
+        )
+        self._index += len(records)
+        while status != _NEED_MORE:
+            which = "length" if status == _BAD_LENGTH_CRC else "payload"
+            error = CorruptRecordError(
+                which,
+                stored,
+                computed,
+                url=self.url,
+                offset=self._offset + pos,
+                record_index=self._index,
+            )
+            if not self.skip_corrupt:
+                if records:
+                    self._error = error  # deliver the good records first
+                    self._discarding = True
+                    return records, len(buf)
+                self._discarding = True
+                self._error = error
+                raise error
+            if status == _BAD_LENGTH_CRC:
+                self.abandon(error)
+                return records, len(buf)
+            self.dropped.append(error)
+            # A bad payload under a good header: drop just this record and go on.
+            (length,) = _U64.unpack_from(buf, pos)
+            self._index += 1
+            more, pos, status, stored, computed = _scan(
+                buf,
+                pos + OVERHEAD_BYTES + length,
+                self.verify_crc,
+                _crc32c_package.crc32c,
+                _LARGE_CRC_BYTES,
+            )
+            self._index += len(more)
+            records += more
+        return records, pos
+
+    def _keep_tail(self, buf: BytesLike, pos: int) -> None:
+        self._offset += pos
+        if buf is self._pending:
+            del self._pending[:pos]
+        elif pos < len(buf):
+            self._pending += memoryview(buf)[pos:]
+
+    def _truncation_error(self) -> TruncatedRecordError:
+        have = len(self._pending)
+        if have < HEADER_BYTES:
+            problem = f"stream ends inside a record header ({have} of {HEADER_BYTES} bytes)"
+        else:
+            (length,) = _U64.unpack_from(self._pending, 0)
+            body = have - HEADER_BYTES
+            if body <= length:
+                problem = f"stream ends inside a payload ({body} of {length} bytes)"
+            else:
+                got = body - length
+                problem = f"stream ends inside a payload CRC ({got} of {FOOTER_BYTES} bytes)"
+        return TruncatedRecordError(
+            problem, url=self.url, offset=self._offset, record_index=self._index
+        )

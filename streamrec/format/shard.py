@@ -1,0 +1,172 @@
+"""One TFRecord file as stored: codec + framing, in both directions (sans-I/O).
+
+:class:`ShardDecoder` turns the bytes of a file (maybe GZIP/ZLIB) into payloads;
+:class:`ShardEncoder` turns payloads into the bytes to store. Readers and writers of every
+storage back end drive these two and nothing else from the format core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from streamrec.errors import CompressionError, FormatError
+from streamrec.format.codecs import (
+    Compression,
+    Decompressor,
+    compression_from_name,
+    make_compressor,
+    make_decompressor,
+    normalize_compression,
+    sniff,
+)
+from streamrec.format.crc import BytesLike
+from streamrec.format.framing import HEADER_BYTES, OnCorrupt, RecordDecoder, RecordEncoder
+
+__all__ = ["ShardDecoder", "ShardEncoder"]
+
+
+class ShardDecoder:
+    """Bytes of one file as stored -> TFRecord payloads.
+
+    ``compression="auto"`` decides from ``url``'s suffix, else from the first 12 bytes fed
+    (until then, bytes are held back). See :class:`RecordDecoder` for ``verify_crc``,
+    ``on_corrupt``, error delivery and :attr:`dropped`.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        compression: str | None = "auto",
+        verify_crc: bool = True,
+        on_corrupt: OnCorrupt = "raise",
+    ) -> None:
+        self.url = url
+        self.framing = RecordDecoder(url=url, verify_crc=verify_crc, on_corrupt=on_corrupt)
+        self._decompressor: Decompressor | None = None
+        self._head = bytearray()  # bytes held back while "auto" sniffs
+        self._held: FormatError | None = None  # a codec failure, raised again on later calls
+        self.compression: Compression = None
+        choice = normalize_compression(compression)
+        if choice == "auto":
+            by_name = compression_from_name(url or "")
+            if by_name != "unknown":
+                self._use(by_name)
+        else:
+            self._use(choice)
+
+    @property
+    def dropped(self) -> list[FormatError]:
+        """Errors skipped under ``on_corrupt="skip"``, oldest first."""
+        return self.framing.dropped
+
+    @property
+    def failed(self) -> bool:
+        """True when an error is held back: ``raise_pending()`` raises it."""
+        return self.framing.failed or self._held is not None
+
+    def feed(self, data: BytesLike) -> list[bytes]:
+        """Add stored bytes; return the payloads they complete."""
+        if self._held is not None:
+            raise self._held
+        if self._decompressor is None:
+            self._head += data
+            if len(self._head) < HEADER_BYTES:
+                return []
+            data, self._head = self._head, bytearray()
+            self._use(sniff(data))
+        assert self._decompressor is not None
+        try:
+            pieces = self._decompressor.feed(data)
+        except CompressionError as exc:
+            return self._compression_failed(exc)
+        return self._frame(pieces)
+
+    def close(self) -> list[bytes]:
+        """End of file: return the last payloads; raise if the file ends badly."""
+        records: list[bytes] = []
+        if self._decompressor is None:
+            self._use(sniff(self._head))
+            records = self.feed(self._head) if self._head else []
+        assert self._decompressor is not None
+        try:
+            records += self._frame(self._decompressor.close())
+        except CompressionError as exc:
+            return records + self._compression_failed(exc)
+        if not records:
+            self.framing.close()
+            return records
+        try:
+            self.framing.close()
+        except FormatError:
+            pass  # held back: raise_pending() raises it after these records are delivered
+        return records
+
+    def raise_pending(self) -> None:
+        """Raise the error held back while the records before it were delivered, if any."""
+        self.framing.raise_pending()
+        if self._held is not None:
+            raise self._held
+
+    def _use(self, compression: Compression) -> None:
+        self.compression = compression
+        self._decompressor = make_decompressor(compression, url=self.url)
+
+    def _frame(self, pieces: list[bytes]) -> list[bytes]:
+        if len(pieces) == 1:
+            return self.framing.feed(pieces[0])
+        records: list[bytes] = []
+        for piece in pieces:
+            records += self.framing.feed(piece)
+            if self.framing.failed:
+                break
+        return records
+
+    def _compression_failed(self, exc: CompressionError) -> list[bytes]:
+        # Say which record the damage interrupted, like every other format error.
+        error = CompressionError(
+            exc.problem,
+            url=self.url,
+            offset=self.framing.offset,
+            record_index=self.framing.record_index,
+        )
+        error.__cause__ = exc.__cause__
+        if self.framing.skip_corrupt:
+            self.framing.abandon(error)
+            return []
+        self._held = error
+        raise error
+
+
+class ShardEncoder:
+    """TFRecord payloads -> bytes to store in one file (framed, then maybe compressed)."""
+
+    def __init__(self, compression: str | None = None, *, level: int = 6) -> None:
+        choice = normalize_compression(compression)
+        if choice == "auto":
+            raise ValueError("a writer needs an explicit compression: None, 'gzip' or 'zlib'")
+        self.compression: Compression = choice
+        self._framing = RecordEncoder()
+        self._compressor = make_compressor(choice, level=level)
+        self.records = 0
+        self.raw_bytes = 0  # uncompressed stream bytes so far
+
+    def encode(self, payloads: Sequence[BytesLike]) -> bytes:
+        """Frame and compress a chunk of payloads; return the bytes ready to store so far."""
+        framed = self._framing.encode_many(payloads)
+        if not framed:
+            return b""
+        self.records += len(payloads)
+        self.raw_bytes += len(framed)
+        return self._compressor.compress(framed)
+
+    def encode_one(self, payload: BytesLike) -> bytes:
+        """Frame and compress one payload; return the bytes ready to store so far."""
+        framed = self._framing.encode(payload)
+        self.records += 1
+        self.raw_bytes += len(framed)
+        return self._compressor.compress(framed)
+
+    def finish(self) -> bytes:
+        """The rest of the stream (compressor trailer); the encoder is done afterwards."""
+        return self._compressor.flush()

@@ -1,0 +1,1 @@
+"""The read pipeline: shards -> byte streams -> records -> the consumer."""

@@ -1,0 +1,1 @@
+"""Async object access: URL -> store; list, size, read, write (the only layer that does I/O)."""

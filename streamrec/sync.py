@@ -1,0 +1,133 @@
+"""The one blocking facade: an event loop in a background thread, driven from plain code.
+
+Everything in streamrec is async underneath. Plain ``for`` loops and ``with`` blocks reach it
+through :class:`EventLoopThread`: one loop in one daemon thread per dataset or writer, started
+on first use and joined on close, so nothing (threads, tasks, open files) outlives its owner.
+Records cross the thread boundary in chunks, so the hand-over costs nothing per record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+__all__ = ["EventLoopThread", "iterate_chunks", "open_writer"]
+
+T = TypeVar("T")
+
+
+class EventLoopThread:
+    """An asyncio event loop running in its own thread, with a blocking ``call()`` into it."""
+
+    def __init__(self, name: str = "streamrec-loop") -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._closed = False
+        self._thread.start()
+
+    def _run(self) -> None:
+        loop = self._loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                loop.close()
+
+    def call(self, awaitable: Awaitable[T]) -> T:
+        """Run ``awaitable`` in the loop and wait for it.
+
+        If the waiting thread is interrupted (KeyboardInterrupt), the work is cancelled and
+        waited for before the interrupt propagates: nothing keeps running behind the caller.
+        """
+        if self._closed:
+            raise RuntimeError("the event loop thread is closed")
+        done = threading.Event()
+        outcome: dict[str, Any] = {}
+
+        async def runner() -> None:
+            try:
+                outcome["value"] = await awaitable
+            except BaseException as exc:  # handed to the calling thread below
+                outcome["error"] = exc
+            finally:
+                done.set()
+
+        future = asyncio.run_coroutine_threadsafe(runner(), self._loop)
+        try:
+            done.wait()
+        except BaseException:
+            future.cancel()
+            done.wait()
+            raise
+        if "error" in outcome:
+            error = outcome.pop("error")
+            raise error
+        return outcome["value"]  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Stop the loop (cancelling what still runs in it) and join the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+
+    def __enter__(self) -> EventLoopThread:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def iterate_chunks(make_chunks: Callable[[], AsyncIterator[list[T]]]) -> Iterator[T]:
+    """Iterate, blocking, over the items of the chunks an async generator yields.
+
+    The generator runs in its own background loop; closing this iterator (break, exception,
+    garbage collection, KeyboardInterrupt) closes the generator and joins the thread.
+    """
+    portal = EventLoopThread()
+    try:
+        chunks = portal.call(_make(make_chunks))
+        try:
+            while True:
+                try:
+                    chunk = portal.call(_next_chunk(chunks))
+                except StopAsyncIteration:
+                    return
+                yield from chunk
+        finally:
+            portal.call(_aclose(chunks))
+    finally:
+        portal.close()
+
+
+async def _make(make_chunks: Callable[[], AsyncIterator[list[T]]]) -> AsyncIterator[list[T]]:
+    return make_chunks()
+
+
+async def _next_chunk(chunks: AsyncIterator[list[T]]) -> list[T]:
+    return await chunks.__anext__()
+
+
+async def _aclose(chunks: AsyncIterator[list[T]]) -> None:
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+def open_writer(url: str, **options: Any) -> Any:
+    """Blocking twin of :func:`streamrec.open_writer`: ``with open_writer(...) as w: w.write(x)``."""
+    from streamrec.writer import BlockingShardWriter
+
+    return BlockingShardWriter(url, **options)
