@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import streamrec
 from streamrec.errors import StreamrecError
+from streamrec.format.framing import OnCorrupt
 
 __all__ = ["main"]
 
@@ -49,7 +50,7 @@ def _count(args: argparse.Namespace) -> int:
     import asyncio
 
     compression = None if args.compression == "none" else args.compression
-    on_corrupt = "skip" if args.skip_corrupt else "raise"
+    on_corrupt: OnCorrupt = "skip" if args.skip_corrupt else "raise"
 
     async def run() -> int:
         total = 0
@@ -59,8 +60,9 @@ def _count(args: argparse.Namespace) -> int:
             n = 0
             async for chunk in ds.record_chunks():
                 n += len(chunk)
-            skipped = f"  ({ds.stats.corrupt_skipped} corrupt skipped)" if ds.stats.corrupt_skipped else ""
-            print(f"{n:>12,}  {shard.url}{skipped}")
+            skipped = ds.stats.corrupt_skipped
+            note = f"  ({skipped} corrupt skipped)" if skipped else ""
+            print(f"{n:>12,}  {shard.url}{note}")
             total += n
         print(f"{total:>12,}  total")
         return 0

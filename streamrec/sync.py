@@ -127,7 +127,10 @@ async def _aclose(chunks: AsyncIterator[list[T]]) -> None:
 
 
 def open_writer(url: str, **options: Any) -> Any:
-    """Blocking twin of :func:`streamrec.open_writer`: ``with open_writer(...) as w: w.write(x)``."""
+    """Blocking twin of :func:`streamrec.open_writer`.
+
+    ``with streamrec.sync.open_writer(path) as w: w.write(payload)``
+    """
     from streamrec.writer import BlockingShardWriter
 
     return BlockingShardWriter(url, **options)

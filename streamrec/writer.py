@@ -65,7 +65,9 @@ class _Encoded:
 
 def _check_payload(payload: object, url: str) -> None:
     if not isinstance(payload, (bytes, bytearray, memoryview)):
-        hint = " (encode Examples with streamrec.example.encode)" if isinstance(payload, dict) else ""
+        hint = ""
+        if isinstance(payload, dict):
+            hint = " (encode Examples with streamrec.example.encode)"
         raise TypeError(
             f"{url}: a record must be bytes-like, not {type(payload).__name__}{hint}"
         )

@@ -7,8 +7,6 @@ string that itself contains embedded CRCs is problematic:
 
 from __future__ import annotations
 
-from typing import Union
-
 import crc32c as _crc32c_package
 
 __all__ = ["MASK_DELTA", "BytesLike", "crc32c", "mask", "masked_crc32c", "unmask"]
@@ -17,7 +15,7 @@ MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
 
 #: What the format core accepts as input bytes.
-BytesLike = Union[bytes, bytearray, memoryview]
+BytesLike = bytes | bytearray | memoryview
 
 
 def crc32c(data: BytesLike) -> int:

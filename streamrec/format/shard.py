@@ -7,6 +7,7 @@ storage back end drive these two and nothing else from the format core.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 from streamrec.errors import CompressionError, FormatError
@@ -96,10 +97,9 @@ class ShardDecoder:
         if not records:
             self.framing.close()
             return records
-        try:
+        with contextlib.suppress(FormatError):
+            # held back: raise_pending() raises it after these records are delivered
             self.framing.close()
-        except FormatError:
-            pass  # held back: raise_pending() raises it after these records are delivered
         return records
 
     def raise_pending(self) -> None:

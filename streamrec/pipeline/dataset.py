@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -71,7 +71,7 @@ class Dataset:
                 await store.close()
         return found
 
-    async def record_chunks(self) -> AsyncIterator[list[bytes]]:
+    async def record_chunks(self) -> AsyncGenerator[list[bytes], None]:
         """The records in reading order, as chunks (lists): the fast path for consumers."""
         for shard in await self.shards():
             store = open_store(shard.url)
@@ -92,7 +92,7 @@ class Dataset:
             finally:
                 await store.close()
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    async def __aiter__(self) -> AsyncGenerator[bytes, None]:
         async with aclosing(self.record_chunks()) as chunks:
             async for chunk in chunks:
                 for record in chunk:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from streamrec.errors import FormatError
 from streamrec.format.framing import OnCorrupt
@@ -24,7 +24,7 @@ async def read_shard(
     verify_crc: bool,
     on_corrupt: OnCorrupt,
     stats: Stats,
-) -> AsyncIterator[list[bytes]]:
+) -> AsyncGenerator[list[bytes], None]:
     """The payloads of one shard, in file order, as chunks (lists) of records.
 
     Records before any damage are always yielded before the error is raised; with

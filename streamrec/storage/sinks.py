@@ -8,6 +8,7 @@ removes the temporary file, so a reader never sees a half-written shard.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from typing import BinaryIO
@@ -69,10 +70,8 @@ class AtomicLocalSink:
             if file is not None:
                 file.close()
         finally:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(self.temp_path)
-            except FileNotFoundError:
-                pass
 
 
 def _flush_and_sync(file: BinaryIO) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import aiofiles
@@ -82,7 +82,7 @@ class LocalStore:
             raise StorageError(f"{url}: not a regular file")
         return ObjectInfo(url, stat.st_size)
 
-    async def stream(self, url: str, start: int = 0) -> AsyncIterator[bytes]:
+    async def stream(self, url: str, start: int = 0) -> AsyncGenerator[bytes, None]:
         """The object's bytes from ``start`` to its end, in chunks of ``read_bytes``."""
         try:
             async with aiofiles.open(self.path(url), "rb", buffering=0) as f:

@@ -1,0 +1,35 @@
+"""Shared fixtures: the TensorFlow-written reference corpus and both framing back ends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from corpus import CORPUS_DIR, MANIFEST
+
+from streamrec.format import framing
+
+
+@pytest.fixture(scope="session")
+def corpus_dir() -> Path:
+    """Directory of the TensorFlow-written reference corpus."""
+    return CORPUS_DIR
+
+
+@pytest.fixture(scope="session")
+def manifest() -> dict[str, Any]:
+    """The corpus manifest: exact contents and TensorFlow's behaviour on every file."""
+    return MANIFEST
+
+
+SCANNERS = ["c", "python"] if framing.accelerated else ["python"]
+
+
+@pytest.fixture(params=SCANNERS)
+def scanner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run the test with the C frame scanner and again with the pure-Python fallback."""
+    if request.param == "python":
+        monkeypatch.setattr(framing, "_scan", framing._scan_python)
+    yield request.param

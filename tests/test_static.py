@@ -1,0 +1,46 @@
+"""The code standards, enforced: ruff and mypy --strict on streamrec/, C accelerators built."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+
+
+def test_ruff_is_clean() -> None:
+    done = run(sys.executable, "-m", "ruff", "check", "streamrec", "tests", "examples")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy_strict_is_clean() -> None:
+    done = run(sys.executable, "-m", "mypy", "--strict", "streamrec")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_format_core_does_no_io() -> None:
+    # The sans-I/O promise: nothing under streamrec/format imports asyncio, fsspec or aiofiles.
+    forbidden = ("import asyncio", "import fsspec", "import aiofiles", "from asyncio", "open(")
+    for path in (ROOT / "streamrec" / "format").glob("*.py"):
+        text = path.read_text()
+        for word in forbidden:
+            assert word not in text, f"{path.name} uses {word!r}"
+
+
+@pytest.mark.skipif(
+    bool(os.environ.get("STREAMREC_PURE_PYTHON")), reason="pure-Python build requested"
+)
+def test_c_accelerators_are_built() -> None:
+    # Without this, a broken compiler would silently leave CI testing only the fallbacks.
+    from streamrec.format import _cexample, _cframing  # type: ignore[attr-defined]
+
+    assert _cframing.has_hardware_crc() in (True, False)
+    assert _cexample is not None
