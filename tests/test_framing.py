@@ -223,3 +223,49 @@ def test_fuzz_damage_raises_only_format_errors(
         # unless a mutation hit a payload without CRC protection, which cannot happen here.
         remaining = iter(payloads)
         assert all(any(p == q for q in remaining) for p in out)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sizes=st.lists(st.sampled_from([0, 5, 1 << 20, (1 << 20) + 7, 3 << 20]), max_size=5),
+    chunk=st.sampled_from([1000, 65536, 1 << 20, 4 << 20]),
+    as_bytearray=st.booleans(),
+)
+def test_big_records_assemble_from_chunks(
+    scanner: str, sizes: list[int], chunk: int, as_bytearray: bool
+) -> None:
+    payloads = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+    data = RecordEncoder().encode_many(payloads)
+    decoder = RecordDecoder()
+    out: list[bytes] = []
+    reused = bytearray(chunk)
+    for i in range(0, len(data), chunk):
+        piece = data[i : i + chunk]
+        if as_bytearray:  # a caller that reuses its read buffer must not corrupt records
+            reused[: len(piece)] = piece
+            out += decoder.feed(memoryview(reused)[: len(piece)])
+            reused[:] = b"\xee" * len(reused)
+        else:
+            out += decoder.feed(piece)
+    decoder.close()
+    assert out == payloads
+
+
+def test_big_record_with_bad_crc_or_truncation(scanner: str) -> None:
+    big = b"z" * (2 << 20)
+    data = bytearray(RecordEncoder().encode_many([b"small", big, b"after"]))
+    data[21 + 12 + 12345] ^= 4
+    chunks = [bytes(data[i : i + 65536]) for i in range(0, len(data), 65536)]
+    with pytest.raises(CorruptRecordError) as info:
+        decode_all(chunks)
+    assert (info.value.record_index, info.value.offset, info.value.which) == (1, 21, "payload")
+    skipping = RecordDecoder(on_corrupt="skip")
+    out = [r for c in chunks for r in skipping.feed(c)]
+    skipping.close()
+    assert out == [b"small", b"after"]
+    decoder = RecordDecoder()
+    decoder.feed(bytes(data[: 21 + 100_000]))
+    with pytest.raises(TruncatedRecordError, match=f"payload \\(99988 of {len(big)} bytes\\)"):
+        decoder.close()

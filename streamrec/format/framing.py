@@ -45,6 +45,9 @@ OnCorrupt = Literal["raise", "skip"]
 
 # scan() stop reasons
 _NEED_MORE, _BAD_LENGTH_CRC, _BAD_PAYLOAD_CRC = 0, 1, 2
+# A record at least this large is assembled from references to the fed chunks with one copy
+# (b"".join of memoryview slices) instead of growing and shifting the pending buffer.
+_BIG_RECORD_BYTES = 1 << 20
 # Payloads at least this large are checksummed by the crc32c package, which interleaves three
 # hardware CRC streams; below it, one inline stream in C beats the call overhead.
 _LARGE_CRC_BYTES = 4096
@@ -189,6 +192,10 @@ class RecordDecoder:
         self._error: FormatError | None = None
         self._discarding = False  # skip mode, after the framing broke
         self._closed = False
+        # A big record in progress: the chunks holding it (from its header on) and its size.
+        self._big: list[memoryview] = []
+        self._big_have = 0
+        self._big_length = -1  # payload length; -1 when no big record is in progress
 
     @property
     def offset(self) -> int:
@@ -203,7 +210,7 @@ class RecordDecoder:
     @property
     def buffered_bytes(self) -> int:
         """Bytes fed but not yet returned: a partial record."""
-        return len(self._pending)
+        return len(self._pending) + self._big_have
 
     @property
     def failed(self) -> bool:
@@ -229,6 +236,8 @@ class RecordDecoder:
             raise RuntimeError("feed() after close()")
         if self._discarding or not data:
             return []
+        if self._big_length >= 0:
+            return self._feed_big(data)
         if self._pending:
             self._pending += data
             buf: BytesLike = self._pending
@@ -243,7 +252,7 @@ class RecordDecoder:
         if self._error is not None:
             raise self._error
         self._closed = True
-        if not self._pending or self._discarding:
+        if self._discarding or not (self._pending or self._big_have):
             return
         error = self._truncation_error()
         if self.skip_corrupt:
@@ -261,14 +270,7 @@ class RecordDecoder:
         self._index += len(records)
         while status != _NEED_MORE:
             which = "length" if status == _BAD_LENGTH_CRC else "payload"
-            error = CorruptRecordError(
-                which,
-                stored,
-                computed,
-                url=self.url,
-                offset=self._offset + pos,
-                record_index=self._index,
-            )
+            error = self._corrupt(which, stored, computed, pos)
             if not self.skip_corrupt:
                 if records:
                     self._error = error  # deliver the good records first
@@ -297,17 +299,73 @@ class RecordDecoder:
 
     def _keep_tail(self, buf: BytesLike, pos: int) -> None:
         self._offset += pos
+        tail = len(buf) - pos
+        if not self._discarding and self._error is None and tail >= HEADER_BYTES:
+            # The scanner stopped at a complete header (its CRC already checked): a big
+            # record is collected by reference rather than copied into the pending buffer.
+            (length,) = _U64.unpack_from(buf, pos)
+            if length + OVERHEAD_BYTES >= _BIG_RECORD_BYTES:
+                # Keep a view of an immutable chunk; copy out of anything that may change.
+                if isinstance(buf, bytes):
+                    piece = memoryview(buf)[pos:]
+                else:
+                    piece = memoryview(bytes(memoryview(buf)[pos:]))
+                self._pending.clear()
+                self._big, self._big_have, self._big_length = [piece], tail, length
+                return
         if buf is self._pending:
             del self._pending[:pos]
-        elif pos < len(buf):
+        elif tail:
             self._pending += memoryview(buf)[pos:]
 
+    def _feed_big(self, data: BytesLike) -> list[bytes]:
+        """Collect a big record's chunks; assemble it with one copy once it is complete."""
+        self._big.append(memoryview(data if isinstance(data, bytes) else bytes(data)))
+        self._big_have += len(self._big[-1])
+        length = self._big_length
+        total = length + OVERHEAD_BYTES
+        if self._big_have < total:
+            return []
+        payload = b"".join(_slices(self._big, HEADER_BYTES, HEADER_BYTES + length))
+        footer = b"".join(_slices(self._big, HEADER_BYTES + length, total))
+        rest = b"".join(_slices(self._big, total, self._big_have))
+        self._big, self._big_have, self._big_length = [], 0, -1
+        records: list[bytes] = []
+        stored = _U32.unpack(footer)[0]
+        computed = masked_crc32c(payload) if self.verify_crc else stored
+        if computed == stored:
+            records.append(payload)
+        else:
+            error = self._corrupt("payload", stored, computed, 0)
+            if not self.skip_corrupt:
+                self._discarding = True
+                self._error = error
+                raise error
+            self.dropped.append(error)
+        self._offset += total
+        self._index += 1
+        if rest:
+            records += self.feed(rest)
+        return records
+
+    def _corrupt(self, which: str, stored: int, computed: int, pos: int) -> CorruptRecordError:
+        return CorruptRecordError(
+            which,
+            stored,
+            computed,
+            url=self.url,
+            offset=self._offset + pos,
+            record_index=self._index,
+        )
+
     def _truncation_error(self) -> TruncatedRecordError:
-        have = len(self._pending)
+        have = self.buffered_bytes
         if have < HEADER_BYTES:
             problem = f"stream ends inside a record header ({have} of {HEADER_BYTES} bytes)"
         else:
-            (length,) = _U64.unpack_from(self._pending, 0)
+            length = self._big_length
+            if length < 0:
+                (length,) = _U64.unpack_from(self._pending, 0)
             body = have - HEADER_BYTES
             if body <= length:
                 problem = f"stream ends inside a payload ({body} of {length} bytes)"
@@ -317,3 +375,17 @@ class RecordDecoder:
         return TruncatedRecordError(
             problem, url=self.url, offset=self._offset, record_index=self._index
         )
+
+
+def _slices(pieces: list[memoryview], start: int, stop: int) -> list[memoryview]:
+    """Views of bytes ``start:stop`` of the concatenation of ``pieces`` (no copying)."""
+    views: list[memoryview] = []
+    position = 0
+    for piece in pieces:
+        end = position + len(piece)
+        if end > start and position < stop:
+            views.append(piece[max(start - position, 0) : min(stop, end) - position])
+        position = end
+        if position >= stop:
+            break
+    return views
