@@ -194,3 +194,28 @@ def test_stats_count_records_and_bytes(tmp_path: Path) -> None:
     assert ds.stats.records == 10
     assert ds.stats.bytes_read == url.stat().st_size
     assert ds.stats.corrupt_skipped == 0
+
+
+def test_dropping_a_sync_iterator_joins_the_loop_thread(tmp_path: Path) -> None:
+    import gc
+
+    url = str(tmp_path / "many.tfrecord")
+    with streamrec.sync.open_writer(url) as w:
+        w.write_many(payloads(100))
+    before = set(threading.enumerate())
+    iterator = iter(streamrec.open_dataset(url))
+    next(iterator)
+    del iterator
+    gc.collect()
+    assert set(threading.enumerate()) - before == set()
+
+
+async def test_breaking_out_of_async_for_leaves_no_task(tmp_path: Path) -> None:
+    url = str(tmp_path / "many.tfrecord")
+    async with streamrec.open_writer(url) as w:
+        await w.write_many(payloads(1000))
+    before = asyncio.all_tasks()
+    records = streamrec.open_dataset(url).__aiter__()
+    assert await records.__anext__() == payloads(1)[0]
+    await records.aclose()
+    assert asyncio.all_tasks() == before
