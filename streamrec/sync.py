@@ -106,6 +106,7 @@ def iterate_chunks(make_chunks: Callable[[], AsyncIterator[list[T]]]) -> Iterato
                 except StopAsyncIteration:
                     return
                 yield from chunk
+                del chunk  # hold one chunk at a time, not two, while the next is fetched
         finally:
             portal.call(_aclose(chunks))
     finally:

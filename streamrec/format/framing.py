@@ -238,14 +238,17 @@ class RecordDecoder:
             return []
         if self._big_length >= 0:
             return self._feed_big(data)
+        records: list[bytes] = []
+        start = 0
         if self._pending:
-            self._pending += data
-            buf: BytesLike = self._pending
-        else:
-            buf = data
-        records, pos = self._frame(buf)
-        self._keep_tail(buf, pos)
-        return records
+            records, start = self._complete_pending(data)
+            if start >= len(data) or self._discarding or self._error is not None:
+                return records
+            if self._big_length >= 0:
+                return records + self._feed_big(_stable_view(data, start))
+        more, pos = self._frame(data, start)
+        self._keep_tail(data, start, pos)
+        return records + more if records else more
 
     def close(self) -> None:
         """Declare the end of the stream; raise TruncatedRecordError if it ends mid-record."""
@@ -262,22 +265,53 @@ class RecordDecoder:
         self._error = error
         raise error
 
-    def _frame(self, buf: BytesLike) -> tuple[list[bytes], int]:
-        """Scan ``buf``; handle damage; return the records and the first unframed position."""
+    def _complete_pending(self, data: BytesLike) -> tuple[list[bytes], int]:
+        """Finish the record that straddles into ``data``, taking only the bytes it needs.
+
+        Returns the records completed and how many bytes of ``data`` were taken; the rest of
+        ``data`` is then scanned in place, not copied behind the pending bytes.
+        """
+        view = memoryview(data)
+        taken = 0
+        records: list[bytes] = []
+        while True:
+            have = len(self._pending)
+            if have < HEADER_BYTES:
+                want = HEADER_BYTES - have
+            else:  # a header the scanner has already checked
+                (length,) = _U64.unpack_from(self._pending, 0)
+                want = length + OVERHEAD_BYTES - have
+            piece = view[taken : taken + want]
+            self._pending += piece
+            taken += len(piece)
+            if len(self._pending) < HEADER_BYTES:
+                return records, taken
+            more, pos = self._frame(self._pending, 0)
+            records += more
+            self._keep_tail(self._pending, 0, pos)
+            if (
+                not self._pending
+                or self._big_length >= 0
+                or self._discarding
+                or self._error is not None
+                or taken >= len(view)
+            ):
+                return records, taken
+
+    def _frame(self, buf: BytesLike, start: int) -> tuple[list[bytes], int]:
+        """Scan ``buf[start:]``; handle damage; return the records and where framing stopped."""
         records, pos, status, stored, computed = _scan(
-            buf, 0, self.verify_crc, _crc32c_package.crc32c, _LARGE_CRC_BYTES
+            buf, start, self.verify_crc, _crc32c_package.crc32c, _LARGE_CRC_BYTES
         )
         self._index += len(records)
         while status != _NEED_MORE:
             which = "length" if status == _BAD_LENGTH_CRC else "payload"
-            error = self._corrupt(which, stored, computed, pos)
+            error = self._corrupt(which, stored, computed, self._offset + pos - start)
             if not self.skip_corrupt:
-                if records:
-                    self._error = error  # deliver the good records first
-                    self._discarding = True
-                    return records, len(buf)
                 self._discarding = True
                 self._error = error
+                if records:
+                    return records, len(buf)  # deliver the good records first
                 raise error
             if status == _BAD_LENGTH_CRC:
                 self.abandon(error)
@@ -297,19 +331,16 @@ class RecordDecoder:
             records += more
         return records, pos
 
-    def _keep_tail(self, buf: BytesLike, pos: int) -> None:
-        self._offset += pos
+    def _keep_tail(self, buf: BytesLike, start: int, pos: int) -> None:
+        """Keep ``buf[pos:]`` (a partial record) for the next feed."""
+        self._offset += pos - start
         tail = len(buf) - pos
         if not self._discarding and self._error is None and tail >= HEADER_BYTES:
             # The scanner stopped at a complete header (its CRC already checked): a big
             # record is collected by reference rather than copied into the pending buffer.
             (length,) = _U64.unpack_from(buf, pos)
             if length + OVERHEAD_BYTES >= _BIG_RECORD_BYTES:
-                # Keep a view of an immutable chunk; copy out of anything that may change.
-                if isinstance(buf, bytes):
-                    piece = memoryview(buf)[pos:]
-                else:
-                    piece = memoryview(bytes(memoryview(buf)[pos:]))
+                piece = _stable_view(buf, pos)
                 self._pending.clear()
                 self._big, self._big_have, self._big_length = [piece], tail, length
                 return
@@ -320,7 +351,7 @@ class RecordDecoder:
 
     def _feed_big(self, data: BytesLike) -> list[bytes]:
         """Collect a big record's chunks; assemble it with one copy once it is complete."""
-        self._big.append(memoryview(data if isinstance(data, bytes) else bytes(data)))
+        self._big.append(_stable_view(data, 0))
         self._big_have += len(self._big[-1])
         length = self._big_length
         total = length + OVERHEAD_BYTES
@@ -336,7 +367,7 @@ class RecordDecoder:
         if computed == stored:
             records.append(payload)
         else:
-            error = self._corrupt("payload", stored, computed, 0)
+            error = self._corrupt("payload", stored, computed, self._offset)
             if not self.skip_corrupt:
                 self._discarding = True
                 self._error = error
@@ -348,14 +379,9 @@ class RecordDecoder:
             records += self.feed(rest)
         return records
 
-    def _corrupt(self, which: str, stored: int, computed: int, pos: int) -> CorruptRecordError:
+    def _corrupt(self, which: str, stored: int, computed: int, offset: int) -> CorruptRecordError:
         return CorruptRecordError(
-            which,
-            stored,
-            computed,
-            url=self.url,
-            offset=self._offset + pos,
-            record_index=self._index,
+            which, stored, computed, url=self.url, offset=offset, record_index=self._index
         )
 
     def _truncation_error(self) -> TruncatedRecordError:
@@ -375,6 +401,15 @@ class RecordDecoder:
         return TruncatedRecordError(
             problem, url=self.url, offset=self._offset, record_index=self._index
         )
+
+
+def _stable_view(data: BytesLike, start: int) -> memoryview:
+    """A view of ``data[start:]`` that stays valid: a view of immutable bytes, else a copy."""
+    if isinstance(data, bytes):
+        return memoryview(data)[start:]
+    if isinstance(data, memoryview) and isinstance(data.obj, bytes):
+        return data[start:]
+    return memoryview(bytes(memoryview(data)[start:]))
 
 
 def _slices(pieces: list[memoryview], start: int, stop: int) -> list[memoryview]:
