@@ -51,7 +51,9 @@ def test_encoder_frames_like_tensorflow() -> None:
     framed = RecordEncoder().encode(b"hello")
     length = struct.pack("<Q", 5)
     assert framed == (
-        length + struct.pack("<I", masked_crc32c(length)) + b"hello"
+        length
+        + struct.pack("<I", masked_crc32c(length))
+        + b"hello"
         + struct.pack("<I", masked_crc32c(b"hello"))
     )
 
@@ -122,7 +124,10 @@ def test_bad_payload_crc_names_record_offset_and_crcs(scanner: str) -> None:
         decoder.raise_pending()
     error = info.value
     assert (error.which, error.record_index, error.offset, error.url) == (
-        "payload", 2, bad_offset, "mem://x"
+        "payload",
+        2,
+        bad_offset,
+        "mem://x",
     )
     assert error.expected == masked_crc32c(b"c" * 30)
     assert error.actual == masked_crc32c(b"\x9c" + b"c" * 29)

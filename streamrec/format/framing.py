@@ -359,7 +359,10 @@ class RecordDecoder:
             return []
         payload = b"".join(_slices(self._big, HEADER_BYTES, HEADER_BYTES + length))
         footer = b"".join(_slices(self._big, HEADER_BYTES + length, total))
-        rest = b"".join(_slices(self._big, total, self._big_have))
+        # The record ends inside the last piece (the ones before it fell short): what follows
+        # it is a view of that piece, not a copy.
+        last = self._big[-1]
+        rest = last[len(last) - (self._big_have - total) :]
         self._big, self._big_have, self._big_length = [], 0, -1
         records: list[bytes] = []
         stored = _U32.unpack(footer)[0]
