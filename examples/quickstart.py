@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from streamrec.example import FixedLenFeature, RawFeature, decode_batch, encode
 
 import streamrec
+from streamrec.example import FixedLenFeature, RawFeature, decode_batch, encode
 
 NUM_SHARDS = 4
 RECORDS_PER_SHARD = 2_500

@@ -1,4 +1,4 @@
-"""Protobuf messages of TensorFlow's Example format, under the private package ``streamrec.tfexample``.
+"""TensorFlow's Example protobuf messages, under the private proto package ``streamrec.tfexample``.
 
 Wire-compatible with ``tensorflow/core/example/{example,feature}.proto`` (same messages and field
 numbers), registered under other proto and file names so that importing streamrec next to

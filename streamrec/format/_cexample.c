@@ -1,0 +1,650 @@
+/*
+ * streamrec.format._cexample: a small, strict protobuf wire-format parser for exactly
+ *
+ *     Example { Features features = 1; }
+ *     Features { map<string, Feature> feature = 1; }
+ *     Feature { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2;
+ *                            Int64List int64_list = 3; } }
+ *     BytesList { repeated bytes value = 1; }
+ *     FloatList { repeated float value = 1 [packed = true]; }
+ *     Int64List { repeated int64 value = 1 [packed = true]; }
+ *
+ * that decodes a batch of serialized Examples straight into preallocated output buffers
+ * (numpy arrays passed in through the buffer protocol). It backs decode_batch() in
+ * streamrec/format/example.py.
+ *
+ * Contract: parse_examples() either decodes the whole batch with exactly the result the
+ * pure-Python (upb) path would give, or returns None, and the caller then decodes the batch
+ * again in Python, which produces the values or raises the proper error. So anything this parser
+ * does not handle, or any problem at all (damaged wire format, wrong kind, wrong count, missing
+ * feature without default, invalid UTF-8 key, ...), simply returns None. In particular it gives
+ * up on the rare constructs where upb's result is not a plain "last map entry wins" reading:
+ * a map entry with unknown fields (upb drops the entry), a map entry with two values (merged),
+ * a Feature with more than one kind field (merged / last oneof wins), a known field with an
+ * unexpected wire type (upb treats it as unknown), and groups.
+ *
+ * Safety: every read is bounds-checked against the end of its (sub)message; varints are at
+ * most 10 bytes, tags at most 5 bytes and 32 bits, lengths at most INT32_MAX; writes go only
+ * to output buffers whose sizes were checked against the batch size up front.
+ *
+ * C99, CPython C API only (no numpy C API).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Spec modes, mirrored in example.py (_C_* constants). */
+enum {
+    M_INT64 = 0,     /* fixed count of int64 -> int64 out[n * count] */
+    M_FLOAT = 1,     /* fixed count of float -> float32 out[n * count] */
+    M_BYTES = 2,     /* fixed count of bytes -> int64 out[n * count * 2] (offset, length) */
+    M_RAW = 3,       /* one bytes value of exactly `count` bytes -> copied into out[n * count] */
+    M_VAR_INT64 = 4, /* any count -> appended int64 values, counts[n] */
+    M_VAR_FLOAT = 5, /* any count -> appended float32 values, counts[n] */
+    M_VAR_BYTES = 6  /* any count -> appended (offset, length) int64 pairs, counts[n] */
+};
+
+/* Feature kinds: the field numbers of the oneof. */
+enum { K_NONE = 0, K_BYTES = 1, K_FLOAT = 2, K_INT64 = 3 };
+
+typedef struct {
+    const char *key;
+    Py_ssize_t keylen;
+    int mode;
+    int kind;          /* the kind this spec accepts */
+    Py_ssize_t count;  /* values per record (fixed modes) or bytes per record (M_RAW) */
+    Py_ssize_t itemsize;
+    char *out;         /* fixed modes */
+    const char *dflt;  /* numeric default (count * itemsize bytes) or NULL */
+    int has_default;
+    int64_t *counts;   /* var modes */
+    char *vbuf;        /* var modes: growing buffer of values */
+    size_t vlen, vcap;
+    size_t rec_start;  /* var modes: where the current record's values start in vbuf */
+    int seen;
+    Py_buffer out_view, counts_view, dflt_view;
+    int have_out, have_counts, have_dflt;
+} Spec;
+
+typedef struct {
+    const uint8_t *base; /* start of the current payload (offsets are relative to it) */
+    Py_ssize_t record;
+    Spec *specs;
+    Py_ssize_t nspecs;
+} Ctx;
+
+/* ------------------------------------------------------------------ wire primitives */
+
+static inline int read_varint(const uint8_t **pp, const uint8_t *end, uint64_t *out) {
+    const uint8_t *p = *pp;
+    uint64_t v = 0;
+    int i;
+    for (i = 0; i < 10; i++) {
+        uint8_t b;
+        if (p >= end) return 0;
+        b = *p++;
+        v |= (uint64_t)(b & 0x7f) << (7 * i); /* bits past 64 are dropped, like upb */
+        if (!(b & 0x80)) {
+            *pp = p;
+            *out = v;
+            return 1;
+        }
+    }
+    return 0; /* more than 10 bytes */
+}
+
+static inline int read_tag(const uint8_t **pp, const uint8_t *end, uint32_t *field, uint32_t *wt) {
+    const uint8_t *p = *pp;
+    uint64_t v = 0;
+    int i;
+    for (i = 0; i < 5; i++) {
+        uint8_t b;
+        if (p >= end) return 0;
+        b = *p++;
+        v |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            if (v > 0xFFFFFFFFu) return 0;
+            *field = (uint32_t)(v >> 3);
+            *wt = (uint32_t)(v & 7);
+            if (*field == 0) return 0;
+            *pp = p;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A length-delimited field's length; the bytes must lie inside [*pp, end). */
+static inline int read_len(const uint8_t **pp, const uint8_t *end, size_t *len) {
+    uint64_t n;
+    if (!read_varint(pp, end, &n)) return 0;
+    if (n > (uint64_t)INT32_MAX || n > (uint64_t)(end - *pp)) return 0;
+    *len = (size_t)n;
+    return 1;
+}
+
+/* Skip an unknown field of wire type wt; groups (3, 4) and wire types 6, 7 give up. */
+static int skip_field(const uint8_t **pp, const uint8_t *end, uint32_t wt) {
+    uint64_t v;
+    size_t n;
+    switch (wt) {
+    case 0:
+        return read_varint(pp, end, &v);
+    case 1:
+        if (end - *pp < 8) return 0;
+        *pp += 8;
+        return 1;
+    case 2:
+        if (!read_len(pp, end, &n)) return 0;
+        *pp += n;
+        return 1;
+    case 5:
+        if (end - *pp < 4) return 0;
+        *pp += 4;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Strict UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF), as upb checks proto3
+ * string fields. */
+static int utf8_valid(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if (c >= 0xC2 && c <= 0xDF) {
+            if (n - i < 2 || (s[i + 1] & 0xC0) != 0x80) return 0;
+            i += 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            uint8_t c1;
+            if (n - i < 3) return 0;
+            c1 = s[i + 1];
+            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80) return 0;
+            if (c == 0xE0 && c1 < 0xA0) return 0; /* overlong */
+            if (c == 0xED && c1 > 0x9F) return 0; /* surrogate */
+            i += 3;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            uint8_t c1;
+            if (n - i < 4) return 0;
+            c1 = s[i + 1];
+            if ((c1 & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80 || (s[i + 3] & 0xC0) != 0x80)
+                return 0;
+            if (c == 0xF0 && c1 < 0x90) return 0; /* overlong */
+            if (c == 0xF4 && c1 > 0x8F) return 0; /* above U+10FFFF */
+            i += 4;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------ Feature / lists */
+
+/* Find the kind of a Feature and the span of its list; unknown fields are skipped. More than
+ * one kind field (which protobuf would merge) gives up. */
+static int scan_feature(const uint8_t *p, const uint8_t *end, int *kind, const uint8_t **lp,
+                        const uint8_t **lend) {
+    int nkinds = 0;
+    *kind = K_NONE;
+    *lp = *lend = p;
+    while (p < end) {
+        uint32_t field, wt;
+        if (!read_tag(&p, end, &field, &wt)) return 0;
+        if (field >= 1 && field <= 3) {
+            size_t n;
+            if (wt != 2 || ++nkinds > 1 || !read_len(&p, end, &n)) return 0;
+            *kind = (int)field;
+            *lp = p;
+            *lend = p + n;
+            p += n;
+        } else if (!skip_field(&p, end, wt)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Validate a BytesList / FloatList / Int64List and count its values. */
+static int count_values(int kind, const uint8_t *p, const uint8_t *end, Py_ssize_t *count) {
+    Py_ssize_t c = 0;
+    while (p < end) {
+        uint32_t field, wt;
+        if (!read_tag(&p, end, &field, &wt)) return 0;
+        if (field != 1) {
+            if (!skip_field(&p, end, wt)) return 0;
+            continue;
+        }
+        if (kind == K_BYTES) {
+            size_t n;
+            if (wt != 2 || !read_len(&p, end, &n)) return 0;
+            p += n;
+            c++;
+        } else if (kind == K_FLOAT) {
+            if (wt == 2) {
+                size_t n;
+                if (!read_len(&p, end, &n) || (n & 3) != 0) return 0;
+                p += n;
+                c += (Py_ssize_t)(n >> 2);
+            } else if (wt == 5) {
+                if (end - p < 4) return 0;
+                p += 4;
+                c++;
+            } else {
+                return 0;
+            }
+        } else { /* K_INT64 */
+            uint64_t v;
+            if (wt == 2) {
+                size_t n;
+                const uint8_t *pend;
+                if (!read_len(&p, end, &n)) return 0;
+                pend = p + n;
+                while (p < pend) {
+                    if (!read_varint(&p, pend, &v)) return 0;
+                    c++;
+                }
+            } else if (wt == 0) {
+                if (!read_varint(&p, end, &v)) return 0;
+                c++;
+            } else {
+                return 0;
+            }
+        }
+    }
+    *count = c;
+    return 1;
+}
+
+/* Write the values of a list that count_values() accepted to dst (int64 / float32 /
+ * (offset, length) int64 pairs relative to base). Checks everything again all the same. */
+static int write_values(int kind, const uint8_t *p, const uint8_t *end, char *dst,
+                        const uint8_t *base) {
+    while (p < end) {
+        uint32_t field = 0, wt = 0;
+        size_t n = 0;
+        uint64_t v = 0;
+        int64_t iv;
+        if (!read_tag(&p, end, &field, &wt)) return 0;
+        if (field != 1) {
+            if (!skip_field(&p, end, wt)) return 0;
+            continue;
+        }
+        if (kind == K_BYTES) {
+            int64_t pair[2];
+            if (wt != 2 || !read_len(&p, end, &n)) return 0;
+            pair[0] = (int64_t)(p - base);
+            pair[1] = (int64_t)n;
+            memcpy(dst, pair, sizeof pair);
+            dst += sizeof pair;
+            p += n;
+        } else if (kind == K_FLOAT) {
+            if (wt == 2) {
+                if (!read_len(&p, end, &n)) return 0;
+            } else {
+                n = 4;
+                if (wt != 5 || end - p < 4) return 0;
+            }
+            if (n) memcpy(dst, p, n);
+            dst += n;
+            p += n;
+        } else if (wt == 2) {
+            const uint8_t *pend;
+            if (!read_len(&p, end, &n)) return 0;
+            pend = p + n;
+            while (p < pend) {
+                if (!read_varint(&p, pend, &v)) return 0;
+                iv = (int64_t)v;
+                memcpy(dst, &iv, 8);
+                dst += 8;
+            }
+        } else {
+            if (wt != 0 || !read_varint(&p, end, &v)) return 0;
+            iv = (int64_t)v;
+            memcpy(dst, &iv, 8);
+            dst += 8;
+        }
+    }
+    return 1;
+}
+
+static int grow(Spec *s, size_t need) {
+    size_t cap;
+    char *nb;
+    if (s->vlen + need <= s->vcap) return 1;
+    cap = s->vcap ? s->vcap : 4096;
+    while (cap < s->vlen + need) {
+        if (cap > ((size_t)PY_SSIZE_T_MAX) / 2) return 0;
+        cap *= 2;
+    }
+    nb = (char *)realloc(s->vbuf, cap);
+    if (!nb) return 0;
+    s->vbuf = nb;
+    s->vcap = cap;
+    return 1;
+}
+
+/* Apply one (validated) map entry's Feature to the spec it names. */
+static int apply(Ctx *ctx, Spec *s, int kind, const uint8_t *lp, const uint8_t *lend,
+                 Py_ssize_t count) {
+    if (kind != K_NONE && kind != s->kind) return 0;
+    s->seen = 1;
+    switch (s->mode) {
+    case M_INT64:
+    case M_FLOAT:
+    case M_BYTES:
+        if (count != s->count) return 0;
+        return write_values(kind, lp, lend,
+                            s->out + (size_t)ctx->record * (size_t)s->count * (size_t)s->itemsize,
+                            ctx->base);
+    case M_RAW: {
+        const uint8_t *p = lp;
+        uint32_t field = 0, wt = 0;
+        size_t n = 0;
+        if (kind != K_BYTES || count != 1) return 0;
+        /* find the one value (unknown fields may come first) */
+        for (;;) {
+            if (!read_tag(&p, lend, &field, &wt)) return 0;
+            if (field == 1) break;
+            if (!skip_field(&p, lend, wt)) return 0;
+        }
+        if (wt != 2 || !read_len(&p, lend, &n)) return 0;
+        if ((Py_ssize_t)n != s->count) return 0;
+        if (n) memcpy(s->out + (size_t)ctx->record * n, p, n);
+        return 1;
+    }
+    default: { /* var modes: last entry wins, so drop what an earlier entry appended */
+        size_t width = s->mode == M_VAR_FLOAT ? 4 : s->mode == M_VAR_BYTES ? 16 : 8;
+        s->vlen = s->rec_start;
+        if (!grow(s, (size_t)count * width)) return 0;
+        if (!write_values(kind, lp, lend, s->vbuf + s->vlen, ctx->base)) return 0;
+        s->vlen += (size_t)count * width;
+        s->counts[ctx->record] = (int64_t)count;
+        return 1;
+    }
+    }
+}
+
+/* One map entry of Features: key = 1, value = 2 and nothing else. */
+static int parse_entry(Ctx *ctx, const uint8_t *p, const uint8_t *end) {
+    const uint8_t *key = p, *val = p, *vend = p, *lp, *lend;
+    size_t keylen = 0;
+    int have_val = 0, kind;
+    Py_ssize_t count = 0, i;
+    while (p < end) {
+        uint32_t field, wt;
+        size_t n;
+        if (!read_tag(&p, end, &field, &wt)) return 0;
+        if (wt != 2 || field > 2 || !read_len(&p, end, &n)) return 0;
+        if (field == 1) {
+            if (!utf8_valid(p, n)) return 0;
+            key = p;
+            keylen = n;
+        } else {
+            if (have_val) return 0;
+            have_val = 1;
+            val = p;
+            vend = p + n;
+        }
+        p += n;
+    }
+    if (!scan_feature(val, vend, &kind, &lp, &lend)) return 0;
+    if (kind != K_NONE && !count_values(kind, lp, lend, &count)) return 0;
+    for (i = 0; i < ctx->nspecs; i++) {
+        Spec *s = &ctx->specs[i];
+        if ((size_t)s->keylen == keylen && (keylen == 0 || memcmp(s->key, key, keylen) == 0))
+            return apply(ctx, s, kind, lp, lend, count);
+    }
+    return 1;
+}
+
+static int parse_features(Ctx *ctx, const uint8_t *p, const uint8_t *end) {
+    while (p < end) {
+        uint32_t field, wt;
+        if (!read_tag(&p, end, &field, &wt)) return 0;
+        if (field == 1) {
+            size_t n;
+            if (wt != 2 || !read_len(&p, end, &n)) return 0;
+            if (!parse_entry(ctx, p, p + n)) return 0;
+            p += n;
+        } else if (!skip_field(&p, end, wt)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int parse_example(Ctx *ctx, const uint8_t *p, const uint8_t *end) {
+    Py_ssize_t i;
+    for (i = 0; i < ctx->nspecs; i++) {
+        Spec *s = &ctx->specs[i];
+        s->seen = 0;
+        s->rec_start = s->vlen;
+    }
+    while (p < end) {
+        uint32_t field, wt;
+        if (!read_tag(&p, end, &field, &wt)) return 0;
+        if (field == 1) { /* repeated occurrences merge: their map entries add up */
+            size_t n;
+            if (wt != 2 || !read_len(&p, end, &n)) return 0;
+            if (!parse_features(ctx, p, p + n)) return 0;
+            p += n;
+        } else if (!skip_field(&p, end, wt)) {
+            return 0;
+        }
+    }
+    for (i = 0; i < ctx->nspecs; i++) {
+        Spec *s = &ctx->specs[i];
+        if (s->seen) continue;
+        switch (s->mode) {
+        case M_INT64:
+        case M_FLOAT: {
+            size_t sz = (size_t)s->count * (size_t)s->itemsize;
+            if (!s->dflt) return 0;
+            if (sz) memcpy(s->out + (size_t)ctx->record * sz, s->dflt, sz);
+            break;
+        }
+        case M_BYTES: {
+            /* offset -1 marks "use the default"; Python fills it in */
+            Py_ssize_t j;
+            int64_t *o = (int64_t *)(void *)(s->out + (size_t)ctx->record * (size_t)s->count * 16);
+            int64_t mark[2] = {-1, 0};
+            if (!s->has_default) return 0;
+            for (j = 0; j < s->count; j++) memcpy(o + 2 * j, mark, sizeof mark);
+            break;
+        }
+        case M_RAW:
+            return 0;
+        default:
+            s->counts[ctx->record] = 0;
+            break;
+        }
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------ Python entry point */
+
+static int little_endian(void) {
+    const uint16_t one = 1;
+    uint8_t first;
+    memcpy(&first, &one, 1);
+    return first == 1;
+}
+
+static void release_specs(Spec *specs, Py_ssize_t n) {
+    Py_ssize_t i;
+    for (i = 0; i < n; i++) {
+        if (specs[i].have_out) PyBuffer_Release(&specs[i].out_view);
+        if (specs[i].have_counts) PyBuffer_Release(&specs[i].counts_view);
+        if (specs[i].have_dflt) PyBuffer_Release(&specs[i].dflt_view);
+        free(specs[i].vbuf);
+    }
+    free(specs);
+}
+
+PyDoc_STRVAR(parse_examples_doc,
+"parse_examples(payloads, specs) -> list | None\n\n"
+"Decode serialized Examples into preallocated buffers. specs is a sequence of tuples\n"
+"(key: bytes, mode: int, count: int, out, default, counts): out is a writable C-contiguous\n"
+"buffer for the fixed modes, default a bytes-like (numeric modes) or any non-None object\n"
+"(bytes mode) or None, counts a writable int64 buffer of len(payloads) for the var modes.\n"
+"Returns a list with a bytearray of appended values for each var-mode spec (None for the\n"
+"others), or None when the batch must be decoded by the Python path instead.");
+
+static PyObject *parse_examples(PyObject *self, PyObject *args) {
+    PyObject *payloads, *spec_seq, *fast = NULL, *spec_fast = NULL, *result = NULL;
+    Spec *specs = NULL;
+    Py_ssize_t n, nspecs = 0, i;
+    Ctx ctx;
+    int ok = 1;
+    (void)self;
+
+    if (!PyArg_ParseTuple(args, "OO:parse_examples", &payloads, &spec_seq)) return NULL;
+    fast = PySequence_Fast(payloads, "payloads must be a sequence");
+    if (!fast) return NULL;
+    spec_fast = PySequence_Fast(spec_seq, "specs must be a sequence");
+    if (!spec_fast) goto done;
+    n = PySequence_Fast_GET_SIZE(fast);
+    nspecs = PySequence_Fast_GET_SIZE(spec_fast);
+    specs = (Spec *)calloc((size_t)(nspecs ? nspecs : 1), sizeof(Spec));
+    if (!specs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < nspecs; i++) {
+        Spec *s = &specs[i];
+        PyObject *t = PySequence_Fast_GET_ITEM(spec_fast, i), *out, *dflt, *counts;
+        size_t need = 0;
+        if (!PyArg_ParseTuple(t, "y#inOOO:spec", &s->key, &s->keylen, &s->mode, &s->count, &out,
+                              &dflt, &counts))
+            goto done;
+        if (s->mode < M_INT64 || s->mode > M_VAR_BYTES || s->count < 0) {
+            PyErr_SetString(PyExc_ValueError, "bad spec mode or count");
+            goto done;
+        }
+        s->kind = (s->mode == M_INT64 || s->mode == M_VAR_INT64)   ? K_INT64
+                  : (s->mode == M_FLOAT || s->mode == M_VAR_FLOAT) ? K_FLOAT
+                                                                   : K_BYTES;
+        s->itemsize = s->mode == M_FLOAT ? 4 : s->mode == M_RAW ? 1 : s->mode == M_BYTES ? 16 : 8;
+        if (s->mode <= M_RAW) {
+            if (PyObject_GetBuffer(out, &s->out_view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+                goto done;
+            s->have_out = 1;
+            s->out = (char *)s->out_view.buf;
+            if (n && (size_t)s->count > ((size_t)PY_SSIZE_T_MAX / 16) / (size_t)n) {
+                PyErr_SetString(PyExc_ValueError, "output too large");
+                goto done;
+            }
+            need = (size_t)n * (size_t)s->count * (size_t)s->itemsize;
+            if ((size_t)s->out_view.len < need) {
+                PyErr_SetString(PyExc_ValueError, "output buffer too small");
+                goto done;
+            }
+        } else {
+            if (PyObject_GetBuffer(counts, &s->counts_view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+                goto done;
+            s->have_counts = 1;
+            if ((size_t)s->counts_view.len < (size_t)n * 8) {
+                PyErr_SetString(PyExc_ValueError, "counts buffer too small");
+                goto done;
+            }
+            s->counts = (int64_t *)s->counts_view.buf;
+        }
+        if (dflt != Py_None) {
+            s->has_default = 1;
+            if (s->mode == M_INT64 || s->mode == M_FLOAT) {
+                if (PyObject_GetBuffer(dflt, &s->dflt_view, PyBUF_C_CONTIGUOUS) < 0) goto done;
+                s->have_dflt = 1;
+                if ((size_t)s->dflt_view.len != (size_t)s->count * (size_t)s->itemsize) {
+                    PyErr_SetString(PyExc_ValueError, "default has the wrong size");
+                    goto done;
+                }
+                s->dflt = (const char *)s->dflt_view.buf;
+            }
+        }
+    }
+
+    ctx.specs = specs;
+    ctx.nspecs = nspecs;
+    if (!little_endian()) ok = 0;
+    for (i = 0; ok && i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        ctx.record = i;
+        if (PyBytes_Check(item)) {
+            const uint8_t *p = (const uint8_t *)PyBytes_AS_STRING(item);
+            ctx.base = p;
+            ok = parse_example(&ctx, p, p + PyBytes_GET_SIZE(item));
+        } else { /* any C-contiguous buffer; hold a reference while exporting it */
+            Py_buffer view;
+            int got;
+            Py_INCREF(item);
+            got = PyObject_GetBuffer(item, &view, PyBUF_C_CONTIGUOUS);
+            if (got == 0) {
+                ctx.base = (const uint8_t *)view.buf;
+                ok = parse_example(&ctx, ctx.base, ctx.base + view.len);
+                PyBuffer_Release(&view);
+            }
+            Py_DECREF(item);
+            if (got < 0) {
+                PyErr_Clear();
+                ok = 0;
+            }
+        }
+    }
+    if (!ok) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    result = PyList_New(nspecs);
+    if (!result) goto done;
+    for (i = 0; i < nspecs; i++) {
+        PyObject *v;
+        if (specs[i].mode > M_RAW) {
+            v = PyByteArray_FromStringAndSize(specs[i].vbuf ? specs[i].vbuf : "",
+                                              (Py_ssize_t)specs[i].vlen);
+            if (!v) {
+                Py_CLEAR(result);
+                goto done;
+            }
+        } else {
+            v = Py_None;
+            Py_INCREF(v);
+        }
+        PyList_SET_ITEM(result, i, v);
+    }
+
+done:
+    if (specs) release_specs(specs, nspecs);
+    Py_XDECREF(spec_fast);
+    Py_XDECREF(fast);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"parse_examples", parse_examples, METH_VARARGS, parse_examples_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    "_cexample",
+    "C accelerator for streamrec.format.example.decode_batch (see _cexample.c).",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__cexample(void) { return PyModule_Create(&module); }
