@@ -9,8 +9,12 @@ The tree (catch a branch to catch everything below it)::
     │   └── CompressionError            a gzip / zlib stream fails to inflate
     ├── ExampleError (ValueError)       a payload is not the Example the caller asked for
     │   └── FeatureError (KeyError)     a feature is missing or has the wrong kind, length or shape
-    └── StorageError (OSError)          reading or writing an object failed
-        └── ObjectNotFoundError         (FileNotFoundError) no object, or a glob matched nothing
+    └── StorageError (OSError)          reading or writing an object failed; names the url
+        ├── ObjectNotFoundError         (FileNotFoundError) no object, or a glob matched nothing
+        ├── PermissionDeniedError       (PermissionError) 401/403, bad or missing credentials
+        ├── ObjectChangedError          the object was replaced while it was being read
+        ├── TransientStorageError       a retryable fault: reset, timeout, 5xx, 429, short read
+        └── RetriesExhaustedError       transient faults outlasted the attempts or the deadline
 
 Format errors carry ``url`` (the file or object), ``offset`` (byte offset of the record's 12-byte
 header in the *uncompressed* stream) and ``record_index`` (0-based index of the record in its
@@ -18,8 +22,10 @@ file); all three appear in the message. ``CorruptRecordError`` also says which C
 (``which`` is ``"length"`` or ``"payload"``) with the ``expected`` (stored) and ``actual``
 (computed) masked values.
 
-Foreign exceptions (OSError, zlib.error, protobuf's DecodeError, and later botocore / aiohttp)
-are translated into this tree where they enter streamrec, with the original as ``__cause__``.
+Foreign exceptions (OSError, zlib.error, protobuf's DecodeError, botocore, aiohttp, gcsfs) are
+translated into this tree where they enter streamrec, with the original as ``__cause__``.
+Whether a storage fault is retried is decided by its type: only ``TransientStorageError`` is;
+``RetriesExhaustedError`` carries the last one as its cause.
 """
 
 from __future__ import annotations
@@ -30,9 +36,13 @@ __all__ = [
     "ExampleError",
     "FeatureError",
     "FormatError",
+    "ObjectChangedError",
     "ObjectNotFoundError",
+    "PermissionDeniedError",
+    "RetriesExhaustedError",
     "StorageError",
     "StreamrecError",
+    "TransientStorageError",
     "TruncatedRecordError",
 ]
 
@@ -152,3 +162,19 @@ class StorageError(StreamrecError, OSError):
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """The object does not exist, or a glob matched no object."""
+
+
+class PermissionDeniedError(StorageError, PermissionError):
+    """Access was refused (HTTP 401/403): missing, wrong or insufficient credentials."""
+
+
+class ObjectChangedError(StorageError):
+    """The object's ETag or generation changed while it was being read (it was replaced)."""
+
+
+class TransientStorageError(StorageError):
+    """A fault worth retrying: connection reset, timeout, 5xx, 429/SlowDown, a short body."""
+
+
+class RetriesExhaustedError(StorageError):
+    """Transient faults outlasted the retry policy (attempts or deadline); see ``__cause__``."""

@@ -12,10 +12,12 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
+from streamrec.errors import StorageError
 from streamrec.format.crc import BytesLike
 from streamrec.format.shard import ShardEncoder
+from streamrec.storage.local import LocalStore
 from streamrec.storage.sinks import AtomicLocalSink
-from streamrec.storage.stores import open_store
+from streamrec.storage.stores import store_key
 from streamrec.sync import EventLoopThread
 
 __all__ = ["BlockingShardWriter", "ShardWriter", "open_writer"]
@@ -84,7 +86,9 @@ class ShardWriter:
     ) -> None:
         self.url = url
         self._encoded = _Encoded(url, compression, flush_bytes)
-        self._sink: AtomicLocalSink = open_store(url).open_sink(url)
+        if store_key(url) != "local":
+            raise StorageError(f"{url}: writing is supported for local paths only so far")
+        self._sink: AtomicLocalSink = LocalStore().open_sink(url)
         self._state = "open"
 
     @property

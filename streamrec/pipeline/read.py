@@ -1,4 +1,4 @@
-"""Read one shard: the store's byte stream driven through the format core, chunk by chunk."""
+"""Read one shard: its block stream driven through the format core, chunk by chunk."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from streamrec.errors import FormatError
 from streamrec.format.framing import OnCorrupt
 from streamrec.format.shard import ShardDecoder
 from streamrec.pipeline.stats import Stats
-from streamrec.storage.stores import LocalStore, ObjectInfo
+from streamrec.storage.stream import ObjectReader
 
 __all__ = ["read_shard"]
 
@@ -17,8 +17,7 @@ logger = logging.getLogger("streamrec")
 
 
 async def read_shard(
-    store: LocalStore,
-    shard: ObjectInfo,
+    reader: ObjectReader,
     *,
     compression: str | None,
     verify_crc: bool,
@@ -28,24 +27,25 @@ async def read_shard(
     """The payloads of one shard, in file order, as chunks (lists) of records.
 
     Records before any damage are always yielded before the error is raised; with
-    ``on_corrupt="skip"`` damage is logged and counted in ``stats`` instead.
+    ``on_corrupt="skip"`` damage is logged and counted in ``stats`` instead. The reader is
+    closed (its requests cancelled, its budget returned) however this generator ends.
     """
+    url = reader.obj.url
     decoder = ShardDecoder(
-        url=shard.url, compression=compression, verify_crc=verify_crc, on_corrupt=on_corrupt
+        url=url, compression=compression, verify_crc=verify_crc, on_corrupt=on_corrupt
     )
     reported = 0
-    stream = store.stream(shard.url)
     try:
-        async for data in stream:
-            stats.bytes_read += len(data)
-            records = decoder.feed(data)
+        async for block in reader:
+            stats.bytes_read += len(block)
+            records = decoder.feed(block)
             if records:
                 stats.records += len(records)
                 yield records
             reported = _report_drops(decoder.dropped, reported, stats)
             decoder.raise_pending()
     finally:
-        await stream.aclose()
+        await reader.aclose()
     records = decoder.close()
     if records:
         stats.records += len(records)

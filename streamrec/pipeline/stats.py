@@ -19,7 +19,13 @@ class Stats:
     """Damaged records or shard tails dropped under ``on_corrupt="skip"``."""
     shards_opened: int = 0
     """Shards whose reading began."""
+    retries: int = 0
+    """Storage requests retried after a transient fault (short reads included)."""
+    peak_prefetch_bytes: int = 0
+    """Most bytes held read-ahead at once (bounded by prefetch_bytes plus one block)."""
+    wait_s: float = 0.0
+    """Seconds the consumer spent waiting for records (storage or decoding was the bottleneck)."""
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, float]:
         """The counters as a plain dict (for logging or JSON)."""
         return asdict(self)

@@ -1,0 +1,57 @@
+"""What every store offers, and the one description of an object the pipeline passes around."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+__all__ = ["GLOB_CHARS", "ObjectInfo", "ObjectStore", "has_glob", "split_scheme"]
+
+GLOB_CHARS = frozenset("*?[")
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object: its url (scheme as the user spelled it), size in bytes, and version.
+
+    ``version`` is the ETag (S3, HTTP) or generation (GCS) seen when the object was listed;
+    every range read is pinned to it, so a replaced object raises ObjectChangedError instead of
+    splicing two versions. ``None`` where the store has no versions (local files, memory).
+    """
+
+    url: str
+    size: int
+    version: str | None = None
+
+
+def split_scheme(url: str) -> tuple[str, str]:
+    """``("s3", "bucket/key")`` for ``s3://bucket/key``; ``("file", path)`` for local paths."""
+    if "://" in url:
+        scheme, rest = url.split("://", 1)
+        return scheme.lower(), rest
+    return "file", url
+
+
+def has_glob(url: str) -> bool:
+    """True when ``url`` contains glob characters (``*``, ``?``, ``[``)."""
+    return not GLOB_CHARS.isdisjoint(split_scheme(url)[1])
+
+
+class ObjectStore(abc.ABC):
+    """Async access to the objects of one scheme, created inside the event loop that uses it.
+
+    Methods make one attempt and raise :mod:`streamrec.errors` types (translated from the
+    client's own exceptions); callers retry :class:`~streamrec.errors.TransientStorageError`
+    with a :class:`~streamrec.storage.retry.RetryPolicy`.
+    """
+
+    @abc.abstractmethod
+    async def expand(self, pattern: str) -> list[ObjectInfo]:
+        """Objects matching a url or glob, sorted by name; ObjectNotFoundError if none."""
+
+    @abc.abstractmethod
+    async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
+        """Bytes ``start:end`` of ``obj`` (may be fewer when the server sends a short body)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; the store is unusable afterwards."""

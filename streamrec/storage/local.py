@@ -1,0 +1,65 @@
+"""Local files (plain paths and ``file://`` urls), read and written off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+
+from streamrec.errors import ObjectNotFoundError, StorageError
+from streamrec.storage.base import ObjectInfo, ObjectStore, has_glob
+from streamrec.storage.sinks import AtomicLocalSink
+from streamrec.storage.translate import translate
+
+__all__ = ["LocalStore"]
+
+
+class LocalStore(ObjectStore):
+    """Local files. Range reads are ``os.pread`` calls in worker threads: the GIL is released
+    while the kernel copies, so reads overlap decoding."""
+
+    scheme = "file"
+
+    @staticmethod
+    def path(url: str) -> str:
+        """The filesystem path of a local url."""
+        return url[len("file://") :] if url.startswith("file://") else url
+
+    async def expand(self, pattern: str) -> list[ObjectInfo]:
+        path = self.path(pattern)
+        if not has_glob(pattern):
+            return [await asyncio.to_thread(self._info, pattern)]
+        files = [m for m in sorted(glob.glob(path)) if os.path.isfile(m)]
+        if not files:
+            raise ObjectNotFoundError(f"{pattern}: the glob matched no file")
+        prefix = "file://" if pattern.startswith("file://") else ""
+        return [ObjectInfo(prefix + m, os.path.getsize(m)) for m in files]
+
+    def _info(self, url: str) -> ObjectInfo:
+        path = self.path(url)
+        try:
+            size = os.stat(path).st_size
+        except OSError as exc:
+            raise translate(exc, url, "stat") from exc
+        if not os.path.isfile(path):
+            raise StorageError(f"{url}: not a regular file")
+        return ObjectInfo(url, size)
+
+    async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
+        try:
+            return await asyncio.to_thread(_pread, self.path(obj.url), start, end)
+        except OSError as exc:
+            raise translate(exc, obj.url, f"reading bytes {start}-{end - 1}") from exc
+
+    def open_sink(self, url: str) -> AtomicLocalSink:
+        """A sink that makes ``url`` appear only once it is complete."""
+        return AtomicLocalSink(self.path(url), url=url)
+
+
+
+def _pread(path: str, start: int, end: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, end - start, start)
+    finally:
+        os.close(fd)

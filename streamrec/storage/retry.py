@@ -1,0 +1,96 @@
+"""Retry policy for storage requests: which faults, how often, how long.
+
+streamrec owns this policy rather than relying on the clients' defaults (s3fs and gcsfs retry
+on their own for tens of seconds, and pass short reads on silently). The decision is made by
+exception *type*: a store translates every foreign exception into :mod:`streamrec.errors`, and
+only :class:`~streamrec.errors.TransientStorageError` is retried, with exponential backoff and
+full jitter, up to ``max_attempts`` per request and within ``deadline_s`` overall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from streamrec.errors import RetriesExhaustedError, TransientStorageError
+
+__all__ = ["RetryPolicy"]
+
+T = TypeVar("T")
+logger = logging.getLogger("streamrec")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a storage request is retried.
+
+    Attributes:
+        max_attempts: attempts per request, the first included.
+        initial_backoff_s: sleep before the first retry (before jitter).
+        max_backoff_s: cap on one sleep.
+        multiplier: growth of the sleep per retry.
+        deadline_s: overall time for one request, all attempts and sleeps included.
+        timeout_s: time allowed for one attempt (connect and read) before it counts as failed.
+    """
+
+    max_attempts: int = 6
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+    multiplier: float = 2.0
+    deadline_s: float = 120.0
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, not {self.max_attempts}")
+        if self.deadline_s <= 0 or self.timeout_s <= 0:
+            raise ValueError("deadline_s and timeout_s must be positive")
+
+    def backoff_s(self, retry: int, rng: random.Random | None = None) -> float:
+        """Sleep before retry number ``retry`` (1-based): full jitter over an exponential cap."""
+        cap = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (retry - 1))
+        return (rng or random).uniform(0, cap)
+
+    async def run(
+        self,
+        attempt: Callable[[], Awaitable[T]],
+        *,
+        describe: str,
+        on_retry: Callable[[TransientStorageError], None] | None = None,
+    ) -> T:
+        """Await ``attempt()`` until it succeeds, retrying transient faults per the policy.
+
+        Each attempt is bounded by ``timeout_s`` (a stall becomes a transient fault); anything
+        that is not a :class:`TransientStorageError` propagates at once.
+        """
+        started = time.monotonic()
+        for number in range(1, self.max_attempts + 1):
+            remaining = self.deadline_s - (time.monotonic() - started)
+            try:
+                return await asyncio.wait_for(
+                    attempt(), timeout=min(self.timeout_s, max(remaining, 0.001))
+                )
+            except asyncio.TimeoutError as exc:  # TimeoutError's alias from 3.11 on
+                error = TransientStorageError(
+                    f"{describe}: no answer within {min(self.timeout_s, remaining):.1f} s"
+                )
+                error.__cause__ = exc
+            except TransientStorageError as exc:
+                error = exc
+            elapsed = time.monotonic() - started
+            if number == self.max_attempts or elapsed >= self.deadline_s:
+                break
+            sleep = min(self.backoff_s(number), max(self.deadline_s - elapsed, 0))
+            logger.info("retrying %s in %.2f s after: %s", describe, sleep, error)
+            if on_retry is not None:
+                on_retry(error)
+            await asyncio.sleep(sleep)
+        raise RetriesExhaustedError(
+            f"{describe}: gave up after {number} attempt(s) in "
+            f"{time.monotonic() - started:.1f} s: {error}"
+        ) from error

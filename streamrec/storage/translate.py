@@ -1,0 +1,125 @@
+"""Foreign exceptions -> streamrec.errors, at the storage boundary.
+
+Every client raises its own types (botocore, aiohttp, gcsfs, OSError). Stores call
+:func:`translate` on anything they catch, so the rest of streamrec (and the retry policy, which
+decides by type) only ever sees :class:`~streamrec.errors.StorageError` subclasses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from streamrec.errors import (
+    ObjectChangedError,
+    ObjectNotFoundError,
+    PermissionDeniedError,
+    StorageError,
+    TransientStorageError,
+)
+
+__all__ = ["from_status", "translate"]
+
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "RequestTimeTooSkewed",
+        "InternalError",
+        "ServiceUnavailable",
+        "503",
+        "500",
+    }
+)
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
+_DENIED_CODES = frozenset(
+    {
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "403",
+        "401",
+    }
+)
+_CHANGED_CODES = frozenset({"PreconditionFailed", "412"})
+
+
+def from_status(status: int, url: str, action: str, detail: str = "") -> StorageError:
+    """The error for an HTTP status code."""
+    message = f"{url}: {action} failed with HTTP {status}" + (f": {detail}" if detail else "")
+    if status == 404:
+        return ObjectNotFoundError(message)
+    if status in (401, 403):
+        return PermissionDeniedError(message)
+    if status == 412:
+        return ObjectChangedError(f"{url}: the object changed while it was being read")
+    if status in (408, 429) or status >= 500:
+        return TransientStorageError(message)
+    return StorageError(message)
+
+
+def translate(exc: BaseException, url: str, action: str) -> StorageError:
+    """The streamrec error for ``exc``, raised while doing ``action`` on ``url``."""
+    if isinstance(exc, StorageError):
+        return exc
+    error = _translate(exc, url, action)
+    error.__cause__ = exc
+    return error
+
+
+def _translate(exc: BaseException, url: str, action: str) -> StorageError:
+    name = type(exc).__name__
+    module = type(exc).__module__
+    if module.startswith("botocore") and name == "ClientError":
+        return _from_botocore(exc, url, action)
+    if name == "HttpError" and module.startswith("gcsfs"):
+        code = getattr(exc, "code", None)
+        if isinstance(code, int):
+            return from_status(code, url, action, str(getattr(exc, "message", "")))
+    if module.startswith("botocore"):
+        # EndpointConnectionError, ConnectionClosedError, ReadTimeoutError,
+        # ResponseStreamingError (a body cut short), IncompleteReadError, ...
+        if name in ("NoCredentialsError", "PartialCredentialsError"):
+            return PermissionDeniedError(f"{url}: {action}: {exc}")
+        return TransientStorageError(f"{url}: {action}: {name}: {exc}")
+    if module.startswith("aiohttp"):
+        status = getattr(exc, "status", None)
+        if isinstance(status, int) and status >= 400:
+            return from_status(status, url, action, str(exc))
+        # ClientPayloadError (truncated body), ServerDisconnectedError, ClientConnectorError, ...
+        return TransientStorageError(f"{url}: {action}: {name}: {exc}")
+    if isinstance(exc, asyncio.TimeoutError):
+        return TransientStorageError(f"{url}: {action}: timed out")
+    if isinstance(exc, FileNotFoundError):
+        return ObjectNotFoundError(f"{url}: no such object ({action})")
+    if isinstance(exc, PermissionError):
+        return PermissionDeniedError(f"{url}: permission denied ({action}): {exc}")
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return TransientStorageError(f"{url}: {action}: {name}: {exc}")
+    if isinstance(exc, FileExistsError):  # gcsfs maps HTTP 412 to FileExistsError
+        return ObjectChangedError(f"{url}: the object changed while it was being read")
+    if isinstance(exc, OSError):
+        return StorageError(f"{url}: {action} failed: {exc.strerror or exc}")
+    return StorageError(f"{url}: {action} failed: {name}: {exc}")
+
+
+def _from_botocore(exc: BaseException, url: str, action: str) -> StorageError:
+    response = getattr(exc, "response", {}) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    detail = response.get("Error", {}).get("Message", "")
+    message = f"{url}: {action} failed: {code or 'error'} {detail}"
+    if code in _NOT_FOUND_CODES:
+        return ObjectNotFoundError(message.strip())
+    if code in _DENIED_CODES:
+        return PermissionDeniedError(message.strip())
+    if code in _CHANGED_CODES:
+        return ObjectChangedError(f"{url}: the object changed while it was being read")
+    if code in _TRANSIENT_CODES:
+        return TransientStorageError(message.strip())
+    if isinstance(status, int):
+        return from_status(status, url, action, code)
+    return StorageError(message.strip())

@@ -1,0 +1,189 @@
+"""The prefetching block reader, the shared budget and the retry policy (memory:// and local)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from pathlib import Path
+
+import fsspec
+import pytest
+
+import streamrec
+from streamrec.errors import (
+    ObjectNotFoundError,
+    RetriesExhaustedError,
+    StorageError,
+    TransientStorageError,
+)
+from streamrec.pipeline.budget import ByteBudget
+from streamrec.storage.base import ObjectInfo, ObjectStore
+from streamrec.storage.memory import MemoryStore
+from streamrec.storage.retry import RetryPolicy
+from streamrec.storage.stream import ObjectReader
+
+FAST = RetryPolicy(max_attempts=4, initial_backoff_s=0.001, max_backoff_s=0.002, timeout_s=5)
+
+
+@pytest.fixture
+def memory_root() -> str:
+    root = f"memory://streamrec-tests/{uuid.uuid4().hex}"
+    yield root
+    fsspec.filesystem("memory").rm(root.replace("memory://", "/"), recursive=True)
+
+
+def upload_corpus(corpus_dir: Path, root: str) -> None:
+    fs = fsspec.filesystem("memory")
+    for path in corpus_dir.rglob("*.tfrecord*"):
+        fs.pipe(f"{root}/{path.relative_to(corpus_dir)}", path.read_bytes())
+
+
+def test_memory_store_reads_the_corpus_exactly(
+    corpus_dir: Path, manifest: dict, memory_root: str
+) -> None:
+    upload_corpus(corpus_dir, memory_root)
+    for name, entry in manifest["files"].items():
+        if "records" not in entry:
+            continue
+        ds = streamrec.open_dataset(f"{memory_root}/{name}", block_bytes=1000)
+        got = [hashlib.sha256(p).hexdigest() for p in ds]
+        assert got == [r["sha256"] for r in entry["records"]], name
+
+
+def test_memory_glob_is_sorted_and_missing_objects_are_clear(
+    corpus_dir: Path, memory_root: str
+) -> None:
+    upload_corpus(corpus_dir, memory_root)
+    shards = asyncio.run(streamrec.open_dataset(f"{memory_root}/sharded/*.tfrecord").shards())
+    assert [s.url.rsplit("/", 1)[1] for s in shards] == sorted(
+        p.name for p in (corpus_dir / "sharded").iterdir()
+    )
+    assert shards[0].url.startswith("memory://")
+    with pytest.raises(ObjectNotFoundError, match="nothing"):
+        list(streamrec.open_dataset(f"{memory_root}/nothing.tfrecord"))
+    with pytest.raises(ObjectNotFoundError, match="matched no object"):
+        list(streamrec.open_dataset(f"{memory_root}/*.nothing"))
+
+
+def test_unknown_scheme_is_refused_at_open() -> None:
+    with pytest.raises(StorageError, match=r"unsupported scheme ftp://"):
+        streamrec.open_dataset("ftp://host/x.tfrecord")
+
+
+class ScriptedStore(ObjectStore):
+    """A real MemoryStore whose reads fail or come back short on a script (for the policy)."""
+
+    def __init__(self, data: bytes, script: list[str]) -> None:
+        self.inner = MemoryStore()
+        self.url = f"memory://scripted/{uuid.uuid4().hex}"
+        self.inner.fs.pipe(self.url, data)
+        self.script = list(script)
+        self.calls: list[tuple[int, int]] = []
+        self.active = 0
+        self.peak_active = 0
+
+    async def expand(self, pattern: str) -> list[ObjectInfo]:
+        return await self.inner.expand(pattern)
+
+    async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
+        self.calls.append((start, end))
+        self.active += 1
+        self.peak_active = max(self.peak_active, self.active)
+        try:
+            await asyncio.sleep(0)  # let other requests start: real concurrency
+            action = self.script.pop(0) if self.script else "ok"
+            if action == "fail":
+                raise TransientStorageError(f"{obj.url}: scripted fault")
+            if action == "denied":
+                raise ObjectNotFoundError(f"{obj.url}: scripted 404")
+            if action == "hang":
+                await asyncio.Event().wait()
+            data = await self.inner.read_range(obj, start, end)
+            return data[: max(1, len(data) // 2)] if action == "short" else data
+        finally:
+            self.active -= 1
+
+
+async def read_all(reader: ObjectReader) -> bytes:
+    try:
+        return b"".join([block async for block in reader])
+    finally:
+        await reader.aclose()
+
+
+async def test_short_reads_and_faults_resume_at_the_exact_offset() -> None:
+    data = bytes(range(256)) * 400
+    store = ScriptedStore(data, ["short", "fail", "short", "ok", "fail", "short"])
+    obj = (await store.expand(store.url))[0]
+    reader = ObjectReader(
+        store, obj, ByteBudget(1 << 20), block_bytes=10_000, max_concurrency=1, policy=FAST
+    )
+    assert await read_all(reader) == data
+    # every request after a short read starts exactly where the short body ended
+    starts = [start for start, _ in store.calls]
+    assert starts[0] == 0 and starts[1] == 5000
+
+
+async def test_permanent_errors_are_not_retried() -> None:
+    store = ScriptedStore(b"x" * 100, ["denied"])
+    obj = (await store.expand(store.url))[0]
+    reader = ObjectReader(store, obj, ByteBudget(1000), policy=FAST)
+    with pytest.raises(ObjectNotFoundError):
+        await read_all(reader)
+    assert len(store.calls) == 1
+
+
+async def test_persistent_faults_end_in_retries_exhausted() -> None:
+    store = ScriptedStore(b"x" * 100, ["fail"] * 10)
+    obj = (await store.expand(store.url))[0]
+    reader = ObjectReader(store, obj, ByteBudget(1000), policy=FAST)
+    with pytest.raises(RetriesExhaustedError, match="gave up after 4 attempt") as info:
+        await read_all(reader)
+    assert isinstance(info.value.__cause__, TransientStorageError)
+    assert len(store.calls) == 4
+
+
+async def test_a_stalled_request_times_out_and_is_retried() -> None:
+    store = ScriptedStore(b"y" * 100, ["hang"])
+    obj = (await store.expand(store.url))[0]
+    policy = RetryPolicy(max_attempts=2, initial_backoff_s=0.001, timeout_s=0.2)
+    reader = ObjectReader(store, obj, ByteBudget(1000), policy=policy)
+    assert await read_all(reader) == b"y" * 100
+    assert len(store.calls) == 2
+
+
+async def test_concurrency_and_budget_bound_what_is_in_flight() -> None:
+    data = bytes(1 << 20)
+    store = ScriptedStore(data, [])
+    obj = (await store.expand(store.url))[0]
+    budget = ByteBudget(300_000)
+    reader = ObjectReader(store, obj, budget, block_bytes=100_000, max_concurrency=8)
+    assert await read_all(reader) == data
+    assert store.peak_active <= 3  # the budget admits 3 blocks of 100 kB at a time
+    assert budget.peak <= 300_000
+    assert budget.reserved == 0
+
+
+async def test_closing_early_cancels_reads_and_returns_the_budget() -> None:
+    store = ScriptedStore(bytes(1 << 20), [])
+    obj = (await store.expand(store.url))[0]
+    budget = ByteBudget(1 << 20)
+    reader = ObjectReader(store, obj, budget, block_bytes=65536, max_concurrency=4)
+    first = await reader.__anext__()
+    assert len(first) == 65536 and budget.reserved > 0
+    await reader.aclose()
+    assert budget.reserved == 0
+    assert store.active == 0
+
+
+def test_many_shards_share_one_budget(tmp_path: Path) -> None:
+    for i in range(12):
+        with streamrec.sync.open_writer(str(tmp_path / f"s{i:02d}.tfrecord")) as w:
+            w.write_many([bytes([i]) * 5000] * 40)
+    ds = streamrec.open_dataset(
+        str(tmp_path / "*.tfrecord"), prefetch_bytes=50_000, block_bytes=20_000
+    )
+    assert [p[0] for p in ds] == [i for i in range(12) for _ in range(40)]
+    assert ds.stats.shards_opened == 12
+    assert 20_000 < ds.stats.peak_prefetch_bytes <= 50_000 + 20_000
