@@ -26,6 +26,9 @@ class ObjectReader:
 
     ``prime()`` requests the first blocks without waiting (used to hide the next shard's
     first-byte latency); ``aclose()`` cancels every request in flight and returns its budget.
+
+    Blocks start at ``first_block_bytes`` and double up to ``block_bytes``: the first records
+    arrive after one small transfer instead of a full block, and the pipe still fills.
     """
 
     def __init__(
@@ -37,6 +40,7 @@ class ObjectReader:
         start: int = 0,
         block_bytes: int = 8 << 20,
         max_concurrency: int = 4,
+        first_block_bytes: int = 256 << 10,
         policy: RetryPolicy | None = None,
         on_retry: Callable[[TransientStorageError], None] | None = None,
     ) -> None:
@@ -50,6 +54,7 @@ class ObjectReader:
         self.policy = policy or RetryPolicy()
         self._on_retry = on_retry
         self._next = start  # first byte not yet requested
+        self._block = min(max(first_block_bytes, 1), block_bytes)  # the next block's size
         self._inflight: deque[tuple[int, asyncio.Task[bytes]]] = deque()  # (length, task)
         self._closed = False
 
@@ -65,14 +70,18 @@ class ObjectReader:
             and len(self._inflight) < self.max_concurrency
             and self._next < self.obj.size
         ):
-            length = min(self.block_bytes, self.obj.size - self._next)
+            length = self._next_length()
             if not self.budget.try_reserve(length):
                 return
             self._request(length)
 
+    def _next_length(self) -> int:
+        return min(self._block, self.obj.size - self._next)
+
     def _request(self, length: int) -> None:
         start = self._next
         self._next += length
+        self._block = min(self._block * 2, self.block_bytes)
         task = asyncio.ensure_future(self._read_block(start, start + length))
         self._inflight.append((length, task))
 
@@ -86,7 +95,7 @@ class ObjectReader:
         if not self._inflight:
             if self._next >= self.obj.size:
                 raise StopAsyncIteration
-            length = min(self.block_bytes, self.obj.size - self._next)
+            length = self._next_length()
             await self.budget.reserve(length)  # other streams hold the budget: wait for them
             self._request(length)
         length, task = self._inflight[0]
