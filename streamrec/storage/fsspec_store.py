@@ -8,6 +8,7 @@ the loop and the process that made it, which breaks in forked or spawned DataLoa
 from __future__ import annotations
 
 import abc
+import asyncio
 from typing import Any
 
 from streamrec.errors import ObjectNotFoundError, StorageError
@@ -54,6 +55,11 @@ class FsspecStore(ObjectStore):
                 if info.get("type", "file") != "file":
                     raise StorageError(f"{pattern}: not an object (a directory or prefix)")
                 infos = [info]
+            # Some listings (HTML indexes over HTTP) carry no sizes: ask each object.
+            missing = [i for i in infos if i.get("size") is None]
+            if missing:
+                filled = await asyncio.gather(*(self._info(i["name"]) for i in missing))
+                infos = [i for i in infos if i.get("size") is not None] + list(filled)
         except Exception as exc:
             raise translate(exc, pattern, "listing") from exc
         objects = [

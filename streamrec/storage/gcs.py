@@ -2,7 +2,8 @@
 
 gcsfs retries every request 6 times over ~35 s, and that cannot be changed at run time; range
 reads therefore go straight to its authenticated session, with ``ifGenerationMatch`` pinned to
-the listed generation, so that streamrec's retry policy is the only one on the data path.
+the listed generation (and the ``X-Goog-Generation`` of every answer compared), so that
+streamrec's retry policy is the only one on the data path.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from streamrec.errors import ObjectChangedError
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import from_status, translate
@@ -57,10 +59,14 @@ class GCSStore(FsspecStore):
             async with session.get(url, headers=headers) as response:
                 data: bytes = await response.read()
                 status = response.status
+                generation = response.headers.get("X-Goog-Generation")
         except Exception as exc:
             raise translate(exc, obj.url, action) from exc
         if status not in (200, 206):
             raise from_status(status, obj.url, action, data[:200].decode("utf-8", "replace"))
+        # Also compare the generation served: not every server honours ifGenerationMatch.
+        if obj.version and generation and generation != obj.version:
+            raise ObjectChangedError(f"{obj.url}: the object changed while it was being read")
         if status == 200:  # the whole object despite the Range header
             data = data[start:end]
         return data

@@ -26,7 +26,8 @@ class S3Store(FsspecStore):
 
         options = dict(storage_options or {})
         config = dict(options.pop("config_kwargs", None) or {})
-        config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+        # botocore: total_max_attempts counts the first try (its max_attempts counts retries)
+        config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
         options.setdefault("skip_instance_cache", True)
         fs = s3fs.S3FileSystem(asynchronous=True, config_kwargs=config, **options)
         fs.retries = 1  # listing too: the retry policy is ours
