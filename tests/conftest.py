@@ -11,6 +11,8 @@ from corpus import CORPUS_DIR, MANIFEST
 
 from streamrec.format import framing
 
+pytest_plugins = ["conftest_servers"]
+
 
 @pytest.fixture(scope="session")
 def corpus_dir() -> Path:
