@@ -21,6 +21,7 @@ import streamrec
 from streamrec.errors import (
     ObjectChangedError,
     ObjectNotFoundError,
+    PermissionDeniedError,
     RetriesExhaustedError,
     StorageError,
 )
@@ -203,7 +204,9 @@ def test_async_and_sync_iteration_agree(remote: Remote) -> None:
 
 def test_object_replaced_mid_read_is_an_error_not_a_splice(served: Remote) -> None:
     first = [b"a" * 1000] * 300
-    second = [b"b" * 1000] * 300
+    # another size too: the HTTP test server's ETag is mtime_ns + size, and two writes within
+    # one kernel clock tick share an mtime
+    second = [b"b" * 1000] * 301
     served.put("changing.tfrecord", RecordEncoder().encode_many(first))
     ds = streamrec.open_dataset(
         served.url("changing.tfrecord"),
@@ -314,3 +317,36 @@ def test_a_dead_server_is_a_storage_error_not_a_hang(
     with pytest.raises(StorageError):
         for _ in records:
             pass
+
+
+def test_access_denied_fails_at_once_naming_the_url(
+    proxied: tuple[Remote, FaultProxy, str],
+) -> None:
+    remote, proxy, url = proxied
+    proxy.status(403, method="GET", range_only=True)
+    ds = _read(remote, proxy, url)
+    with pytest.raises(PermissionDeniedError, match=r"data\.tfrecord"):
+        list(ds)
+    assert ds.stats.retries == 0
+    ranges = [r.range for r in proxy.records if r.method == "GET" and r.range]
+    assert ranges and len(ranges) == len(set(ranges))  # no block was asked for twice
+
+
+def _count_records(url: str, storage_options: dict[str, Any] | None) -> int:
+    return sum(1 for _ in streamrec.open_dataset(url, storage_options=storage_options))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_child_processes_read_with_their_own_connections(
+    s3_server: MotoS3Server, s3_bucket: str, method: str
+) -> None:
+    # What DataLoader workers do: the parent has used the dataset (an event loop, sessions),
+    # then children read too; nothing bound to the parent's loop or PID may be reused.
+    import multiprocessing
+
+    s3_server.put(s3_bucket, "d.tfrecord", RecordEncoder().encode_many(PAYLOADS[:300]))
+    url = f"s3://{s3_bucket}/d.tfrecord"
+    assert _count_records(url, s3_server.storage_options) == 300
+    with multiprocessing.get_context(method).Pool(2) as pool:
+        counts = pool.starmap(_count_records, [(url, s3_server.storage_options)] * 2)
+    assert counts == [300, 300]

@@ -187,3 +187,19 @@ def test_many_shards_share_one_budget(tmp_path: Path) -> None:
     assert [p[0] for p in ds] == [i for i in range(12) for _ in range(40)]
     assert ds.stats.shards_opened == 12
     assert 20_000 < ds.stats.peak_prefetch_bytes <= 50_000 + 20_000
+
+
+async def test_the_overall_deadline_bounds_a_request() -> None:
+    import time
+
+    store = ScriptedStore(b"x" * 100, ["fail"] * 100)
+    obj = (await store.expand(store.url))[0]
+    policy = RetryPolicy(
+        max_attempts=100, initial_backoff_s=0.05, max_backoff_s=0.05, deadline_s=0.3
+    )
+    reader = ObjectReader(store, obj, ByteBudget(1000), policy=policy)
+    started = time.monotonic()
+    with pytest.raises(RetriesExhaustedError, match="gave up after"):
+        await read_all(reader)
+    assert time.monotonic() - started < 2
+    assert 2 <= len(store.calls) < 100

@@ -73,7 +73,7 @@ def translate(exc: BaseException, url: str, action: str) -> StorageError:
 def _translate(exc: BaseException, url: str, action: str) -> StorageError:
     name = type(exc).__name__
     module = type(exc).__module__
-    if module.startswith("botocore") and name == "ClientError":
+    if _is_botocore_client_error(exc):  # modeled errors (NoSuchKey, ...) are subclasses
         return _from_botocore(exc, url, action)
     if name == "HttpError" and module.startswith("gcsfs"):
         code = getattr(exc, "code", None)
@@ -104,6 +104,14 @@ def _translate(exc: BaseException, url: str, action: str) -> StorageError:
     if isinstance(exc, OSError):
         return StorageError(f"{url}: {action} failed: {exc.strerror or exc}")
     return StorageError(f"{url}: {action} failed: {name}: {exc}")
+
+
+def _is_botocore_client_error(exc: BaseException) -> bool:
+    if not type(exc).__module__.startswith("botocore"):
+        return False
+    from botocore.exceptions import ClientError
+
+    return isinstance(exc, ClientError)
 
 
 def _from_botocore(exc: BaseException, url: str, action: str) -> StorageError:
