@@ -153,8 +153,10 @@ def test_bad_options_are_refused_at_open() -> None:
         streamrec.open_dataset("x", compression="brotli")
     with pytest.raises(ValueError, match="at least one"):
         streamrec.open_dataset([])
-    with pytest.raises(NotImplementedError, match="cycle_length"):
-        streamrec.open_dataset("x", cycle_length=4)
+    with pytest.raises(ValueError, match="cycle_length must be positive"):
+        streamrec.open_dataset("x", cycle_length=0)
+    with pytest.raises(ValueError, match="host_index"):
+        streamrec.open_dataset("x", num_hosts=2, host_index=2)
 
 
 def test_breaking_out_of_a_sync_loop_joins_the_loop_thread(tmp_path: Path) -> None:

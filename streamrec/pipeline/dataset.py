@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
 from streamrec.format.codecs import normalize_compression
 from streamrec.format.framing import OnCorrupt
 from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
 from streamrec.pipeline.read import read_shard
+from streamrec.pipeline.shards import ShardPlan, plan_shards, seeded_random
+from streamrec.pipeline.shuffle import shuffle_chunks
 from streamrec.pipeline.stats import Stats
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import ObjectInfo, ObjectStore, open_store, store_key
@@ -18,19 +22,6 @@ from streamrec.storage.stream import ObjectReader
 from streamrec.sync import iterate_chunks
 
 __all__ = ["Dataset", "open_dataset"]
-
-# Options of the full pipeline (DESIGN.md) that this version accepts only at their defaults.
-_PIPELINE_DEFAULTS: dict[str, Any] = {
-    "cycle_length": 1,
-    "block_length": 1,
-    "deterministic": True,
-    "shuffle_shards": False,
-    "shuffle_buffer": 0,
-    "seed": 0,
-    "num_hosts": 1,
-    "host_index": 0,
-}
-
 
 class Dataset:
     """A sequence of TFRecord payloads (``bytes``) read from one or more shards.
@@ -53,6 +44,14 @@ class Dataset:
         max_concurrency: int = 4,
         retry: RetryPolicy | None = None,
         storage_options: dict[str, Any] | None = None,
+        cycle_length: int = 1,
+        block_length: int = 1,
+        deterministic: bool = True,
+        shuffle_shards: bool = False,
+        shuffle_buffer: int = 0,
+        seed: int = 0,
+        num_hosts: int = 1,
+        host_index: int = 0,
     ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
@@ -66,9 +65,16 @@ class Dataset:
             ("prefetch_bytes", prefetch_bytes),
             ("block_bytes", block_bytes),
             ("max_concurrency", max_concurrency),
+            ("cycle_length", cycle_length),
+            ("block_length", block_length),
+            ("num_hosts", num_hosts),
         ):
             if value <= 0:
                 raise ValueError(f"{name} must be positive, not {value}")
+        if shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be >= 0, not {shuffle_buffer}")
+        if not 0 <= host_index < num_hosts:
+            raise ValueError(f"host_index must be in [0, {num_hosts}), not {host_index}")
         self.compression = compression
         self.verify_crc = verify_crc
         self.on_corrupt: OnCorrupt = on_corrupt
@@ -77,7 +83,20 @@ class Dataset:
         self.max_concurrency = max_concurrency
         self.retry = retry or RetryPolicy()
         self.storage_options = storage_options
+        self.cycle_length = cycle_length
+        self.block_length = block_length
+        self.deterministic = deterministic
+        self.shuffle_shards = shuffle_shards
+        self.shuffle_buffer = shuffle_buffer
+        self.seed = seed
+        self.num_hosts = num_hosts
+        self.host_index = host_index
+        self.epoch = 0
         self.stats = Stats()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch: shard and record shuffling depend on ``(seed, epoch)``."""
+        self.epoch = epoch
 
     async def shards(self) -> list[ObjectInfo]:
         """Every shard to read, in reading order, with its size and version."""
@@ -113,41 +132,97 @@ class Dataset:
     async def record_chunks(self) -> AsyncGenerator[list[bytes], None]:
         """The records in reading order, as chunks (lists): the fast path for consumers.
 
-        The next shard's first blocks are requested as soon as the current shard has requested
-        its last one, so its first-byte latency hides behind the current shard's tail. All
-        shards share one prefetch budget of ``prefetch_bytes``.
+        Shards are planned (shuffled, split across hosts and workers), read (interleaved when
+        ``cycle_length`` > 1) and optionally shuffled through a record buffer. All shards
+        share one prefetch budget of ``prefetch_bytes``.
         """
         budget = ByteBudget(self.prefetch_bytes)
-        upcoming: ObjectReader | None = None
         async with _Stores(self.storage_options) as stores:
             try:
-                shards = await self._list(stores)
-                for index, shard in enumerate(shards):
-                    reader = upcoming or self._reader(stores, shard, budget)
-                    upcoming = None
+                plan = self._plan(await self._list(stores))
+
+                def open_shard(shard: ObjectInfo) -> AsyncGenerator[list[bytes], None]:
+                    reader = self._reader(stores, shard, budget)
                     reader.prime()
-                    following = shards[index + 1] if index + 1 < len(shards) else None
-                    async with aclosing(
-                        read_shard(
-                            reader,
-                            compression=self.compression,
-                            verify_crc=self.verify_crc,
-                            on_corrupt=self.on_corrupt,
-                            stats=self.stats,
-                        )
-                    ) as chunks:
+                    chunks = self._decode(reader)
+                    if plan.record_stride > 1:
+                        chunks = _every_nth(chunks, plan.record_stride, plan.record_offset)
+                    return chunks
+
+                chunks = self._interleave(plan.shards, open_shard, stores, budget, plan)
+                if self.shuffle_buffer:
+                    rng = seeded_random(self.seed, self.epoch, "records")
+                    chunks = shuffle_chunks(chunks, self.shuffle_buffer, rng)
+                async with aclosing(chunks) as ordered:
+                    waited = time.monotonic()
+                    async for chunk in ordered:
+                        self.stats.wait_s += time.monotonic() - waited
+                        yield chunk
                         waited = time.monotonic()
-                        async for chunk in chunks:
-                            self.stats.wait_s += time.monotonic() - waited
-                            if following and upcoming is None and reader.fully_requested:
-                                upcoming = self._reader(stores, following, budget)
-                                upcoming.prime()
-                            yield chunk
-                            waited = time.monotonic()
             finally:
-                if upcoming is not None:
-                    await upcoming.aclose()
                 self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
+
+    def _plan(self, shards: list[ObjectInfo]) -> ShardPlan[ObjectInfo]:
+        num_workers, worker_index = _torch_worker()
+        return plan_shards(
+            shards,
+            shuffle=self.shuffle_shards,
+            seed=self.seed,
+            epoch=self.epoch,
+            num_hosts=self.num_hosts,
+            host_index=self.host_index,
+            num_workers=num_workers,
+            worker_index=worker_index,
+        )
+
+    def _decode(self, reader: ObjectReader) -> AsyncGenerator[list[bytes], None]:
+        return read_shard(
+            reader,
+            compression=self.compression,
+            verify_crc=self.verify_crc,
+            on_corrupt=self.on_corrupt,
+            stats=self.stats,
+        )
+
+    def _interleave(
+        self,
+        shards: list[ObjectInfo],
+        open_shard: Callable[[ObjectInfo], AsyncGenerator[list[bytes], None]],
+        stores: _Stores,
+        budget: ByteBudget,
+        plan: ShardPlan[ObjectInfo],
+    ) -> AsyncGenerator[list[bytes], None]:
+        if self.cycle_length == 1 or len(shards) <= 1:
+            if plan.record_stride > 1:
+                return interleave_deterministic(shards, open_shard, 1, 1)
+            return self._sequential(shards, stores, budget)
+        if self.deterministic:
+            return interleave_deterministic(
+                shards, open_shard, self.cycle_length, self.block_length
+            )
+        return interleave_first_ready(shards, open_shard, self.cycle_length)
+
+    async def _sequential(
+        self, shards: list[ObjectInfo], stores: _Stores, budget: ByteBudget
+    ) -> AsyncGenerator[list[bytes], None]:
+        """One shard after another; the next shard's first blocks are requested as soon as
+        the current one has requested its last, so its first-byte latency hides."""
+        upcoming: ObjectReader | None = None
+        try:
+            for index, shard in enumerate(shards):
+                reader = upcoming or self._reader(stores, shard, budget)
+                upcoming = None
+                reader.prime()
+                following = shards[index + 1] if index + 1 < len(shards) else None
+                async with aclosing(self._decode(reader)) as chunks:
+                    async for chunk in chunks:
+                        if following and upcoming is None and reader.fully_requested:
+                            upcoming = self._reader(stores, following, budget)
+                            upcoming.prime()
+                        yield chunk
+        finally:
+            if upcoming is not None:
+                await upcoming.aclose()
 
     async def __aiter__(self) -> AsyncGenerator[bytes, None]:
         async with aclosing(self.record_chunks()) as chunks:
@@ -160,6 +235,34 @@ class Dataset:
 
     def __repr__(self) -> str:
         return f"Dataset({self.urls!r}, compression={self.compression!r})"
+
+
+def _torch_worker() -> tuple[int, int]:
+    """(num_workers, worker_id) inside a PyTorch DataLoader worker, else (1, 0).
+
+    torch is only consulted when the process has already imported it.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 1, 0
+    info = torch.utils.data.get_worker_info()
+    if info is None:
+        return 1, 0
+    return int(info.num_workers), int(info.id)
+
+
+async def _every_nth(
+    chunks: AsyncGenerator[list[bytes], None], stride: int, offset: int
+) -> AsyncGenerator[list[bytes], None]:
+    """The records whose index in their shard is ``offset`` modulo ``stride``."""
+    index = 0  # index in the shard of the chunk's first record
+    async with aclosing(chunks) as source:
+        async for chunk in source:
+            first = (offset - index) % stride
+            kept = chunk[first::stride]
+            index += len(chunk)
+            if kept:
+                yield kept
 
 
 class _Stores:
@@ -218,10 +321,18 @@ def open_dataset(
             :class:`~streamrec.errors.FormatError`; ``"skip"`` drops a record with a bad
             payload CRC, or the rest of a file whose framing is broken, logs a warning with the
             file and offset, and counts it in ``stats.corrupt_skipped``.
-        cycle_length, block_length, deterministic, shuffle_shards, shuffle_buffer, seed,
-        num_hosts, host_index: the interleaving, shuffling and splitting options of the full
-            pipeline; this version accepts them at their defaults only and raises
-            NotImplementedError otherwise.
+        cycle_length, block_length: read ``cycle_length`` shards at once, ``block_length``
+            records from each in turn, in exactly tf.data's ``interleave`` order when
+            ``deterministic``; otherwise records come from whichever open shard has them
+            first (one slow shard never stalls the rest; each record still comes once).
+        shuffle_shards: reorder shards by ``(seed, epoch)`` (see ``Dataset.set_epoch``).
+        shuffle_buffer: records pass a seeded shuffle buffer of this many (tf.data's
+            semantics); 0 for none.
+        seed: seed of both shuffles; the same seed and epoch give the same order anywhere.
+        num_hosts, host_index: this process's share of the shards (``shards[host_index::
+            num_hosts]``); PyTorch DataLoader workers split a host's share again. With
+            fewer shards than consumers, every n-th record of each shard instead (a warning
+            says so: each consumer then reads every shard).
         prefetch_bytes: the hard bound on bytes read ahead and not yet decoded, all shards
             together (plus at most one block).
         storage_options: passed to the fsspec filesystem (``endpoint_url`` via
@@ -237,22 +348,6 @@ def open_dataset(
     Returns:
         A :class:`Dataset`: iterate it with ``async for`` or ``for``.
     """
-    given = {
-        "cycle_length": cycle_length,
-        "block_length": block_length,
-        "deterministic": deterministic,
-        "shuffle_shards": shuffle_shards,
-        "shuffle_buffer": shuffle_buffer,
-        "seed": seed,
-        "num_hosts": num_hosts,
-        "host_index": host_index,
-    }
-    unsupported = [k for k, v in given.items() if v != _PIPELINE_DEFAULTS[k]]
-    if unsupported:
-        raise NotImplementedError(
-            f"open_dataset: {', '.join(unsupported)} not supported yet in this version "
-            "(they arrive with the cloud streaming and pipeline work)"
-        )
     return Dataset(
         urls,
         compression=compression,
@@ -263,4 +358,12 @@ def open_dataset(
         max_concurrency=max_concurrency,
         retry=retry,
         storage_options=storage_options,
+        cycle_length=cycle_length,
+        block_length=block_length,
+        deterministic=deterministic,
+        shuffle_shards=shuffle_shards,
+        shuffle_buffer=shuffle_buffer,
+        seed=seed,
+        num_hosts=num_hosts,
+        host_index=host_index,
     )

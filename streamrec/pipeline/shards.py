@@ -1,0 +1,82 @@
+"""Which shards this consumer reads, in which order: shuffling by (seed, epoch) and splitting
+across hosts and DataLoader workers.
+
+Shards are split first across hosts (``shards[host_index::num_hosts]``), then across the
+workers of each host. Where there are fewer shards than consumers, records are split instead:
+every consumer reads the shards but keeps only every n-th record of each (by the record's
+index in its shard, so the split holds in first-ready order too); a warning says so, because
+every consumer then reads all of those bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+__all__ = ["ShardPlan", "plan_shards", "seeded_random"]
+
+S = TypeVar("S")
+logger = logging.getLogger("streamrec")
+
+
+def seeded_random(seed: int, epoch: int, purpose: str) -> random.Random:
+    """A generator that gives the same numbers for the same arguments on every machine."""
+    return random.Random(f"streamrec/{purpose}/{seed}/{epoch}")
+
+
+@dataclass(frozen=True)
+class ShardPlan(Generic[S]):
+    """The shards one consumer reads, and which of their records it keeps.
+
+    ``record_stride`` 1 keeps every record; n keeps the records whose index in their shard is
+    ``record_offset`` modulo n.
+    """
+
+    shards: list[S]
+    record_stride: int = 1
+    record_offset: int = 0
+
+
+def plan_shards(
+    shards: Sequence[S],
+    *,
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+    num_hosts: int = 1,
+    host_index: int = 0,
+    num_workers: int = 1,
+    worker_index: int = 0,
+) -> ShardPlan[S]:
+    """The plan of consumer (``host_index``, ``worker_index``) for one epoch."""
+    if not 0 <= host_index < num_hosts:
+        raise ValueError(f"host_index must be in [0, {num_hosts}), not {host_index}")
+    if not 0 <= worker_index < num_workers:
+        raise ValueError(f"worker_index must be in [0, {num_workers}), not {worker_index}")
+    order = list(shards)
+    if shuffle:
+        seeded_random(seed, epoch, "shards").shuffle(order)
+    if len(order) < num_hosts:
+        consumers = num_hosts * num_workers
+        consumer = host_index * num_workers + worker_index
+        _warn(len(order), consumers, "consumers (hosts x workers)")
+        return ShardPlan(order, consumers, consumer)
+    mine = order[host_index::num_hosts]
+    if len(mine) < num_workers:
+        _warn(len(mine), num_workers, "workers on this host")
+        return ShardPlan(mine, num_workers, worker_index)
+    return ShardPlan(mine[worker_index::num_workers])
+
+
+def _warn(shards: int, consumers: int, who: str) -> None:
+    logger.warning(
+        "%d shard(s) for %d %s: splitting by record instead (each reads every shard and keeps "
+        "every %d-th record); write more shards to avoid the extra reading",
+        shards,
+        consumers,
+        who,
+        consumers,
+    )
