@@ -6,12 +6,15 @@ Public API (re-exports only)::
     for payload in ds: ...                 # or: async for payload in ds
     async with streamrec.open_writer("out.tfrecord") as w:
         await w.write(payload)
-    with streamrec.sync.open_writer("out.tfrecord") as w:
+    with streamrec.sync.open_writer("s3://b/out/part-{index:05d}.tfrecord",
+                                    max_bytes=256 << 20) as w:   # shards + _manifest.json
         w.write(payload)
+    entries = await streamrec.read_manifest("s3://b/out/_manifest.json")
     streamrec.example.encode({...}) / decode(payload)
 """
 
 from streamrec import errors, sync
+from streamrec.manifest import ManifestEntry, read_manifest
 from streamrec.pipeline.dataset import Dataset, open_dataset
 from streamrec.writer import ShardWriter, open_writer
 
@@ -19,11 +22,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Dataset",
+    "ManifestEntry",
     "ShardWriter",
     "__version__",
     "errors",
     "open_dataset",
     "open_writer",
+    "read_manifest",
     "sync",
 ]
 

@@ -1,68 +1,117 @@
-"""Writing TFRecord files: ``open_writer`` (async) and its blocking twin in ``streamrec.sync``.
+"""Writing TFRecord shards: ``open_writer`` (async) and its blocking twin in ``streamrec.sync``.
 
-Records are framed and compressed in the caller (cheap, chunked) and handed to the sink in
-blocks of ``flush_bytes``; the sink makes the file appear only when it is complete: a writer
-that fails, is cancelled, or leaves its ``with`` block by an exception leaves nothing at the
-final path.
+::
+
+    async with streamrec.open_writer("s3://b/out/part-{index:05d}.tfrecord",
+                                     max_bytes=256 << 20) as w:
+        await w.write(payload)            # or: await w.write_many(payloads)
+
+Three layers, each one thing:
+
+1. **Planning** (:class:`_Planner`, sans-I/O, runs in the caller's thread): frames and
+   compresses records, decides which shard each one goes to (rotation by ``max_records`` /
+   ``max_bytes``, or a fixed ``num_shards`` filled round-robin or contiguously) and cuts the
+   stored bytes into blocks of ``flush_bytes`` for the sinks.
+2. **Sinks** (``store.open_sink``): one per shard; S3 multipart and GCS resumable uploads run
+   while blocks arrive, local files are written under a temporary name. A shard object appears
+   only when its sink commits.
+3. **The writer** (:class:`ShardWriter`): hands blocks to sinks, commits finished shards in the
+   background (the next shard keeps filling meanwhile), raises any upload failure on the next
+   call, aborts everything on error or cancellation, and writes the manifest last.
+
+Rotation, exactly
+-----------------
+A new shard starts when the next record would make the current one exceed ``max_records``
+records or ``max_bytes`` bytes *as stored*; a record bigger than ``max_bytes`` on its own gets
+a shard of its own. Uncompressed, the stored size is the framed size (payload + 16 bytes), so
+the rule is exact by arithmetic. Compressed (gzip / zlib) it is exact too: while a worst-case
+bound on deflate's output shows that the record fits, it is simply added; near the limit the
+compressor is sync-flushed (``Z_SYNC_FLUSH``: the stream stays one standard gzip member / zlib
+stream, with a few empty stored blocks that every inflater skips) so that its output so far is
+known exactly, and then a copy of the compressor is given the record and finished: the record
+goes in if and only if that finished size is within ``max_bytes``. So every shard is at most
+``max_bytes`` bytes, and the record that opened the next shard would have pushed the previous
+one over, measured on the stream as written.
+
+``num_shards`` (fixed-size sets, TensorFlow's ``train-00003-of-00016`` names)
+---------------------------------------------------------------------------------
+``order="round_robin"`` (default): record *i* goes to shard *i* mod *N*; all *N* shards are
+open at once (each buffers up to one part: memory grows with *N*). ``order="contiguous"`` with
+``total_records=T``: shard *k* holds the next ``T // N`` records, one more for the first
+``T % N`` shards (``numpy.array_split``'s split); more records than ``T`` is an error at
+``write``, fewer is an error at ``close``. Either way exactly *N* shards are written (some may
+be empty when there are fewer records than shards).
+
+Manifest
+--------
+A writer whose template has an ``{index}`` field writes ``manifest`` (``"_manifest.json"``)
+beside the shards after the last one is committed (see :mod:`streamrec.manifest`). A single-file
+writer (no template field) writes none unless ``manifest=`` is passed explicitly;
+``manifest=None`` writes none.
+
+Failure
+-------
+An upload error (after its retries) is raised by the next ``write`` / ``write_many`` /
+``close``. Any error, a cancellation, or leaving ``async with`` by an exception aborts every
+open shard (multipart uploads aborted, resumable sessions cancelled, temporary files removed)
+and writes no manifest. Shards committed before the failure stay (each is complete); the
+missing manifest marks the set as incomplete.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import os
+import string
+import zlib
+from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from streamrec.errors import StorageError
+from streamrec.format.codecs import Compression, normalize_compression
 from streamrec.format.crc import BytesLike
-from streamrec.format.shard import ShardEncoder
-from streamrec.storage.local import LocalStore
-from streamrec.storage.sinks import AtomicLocalSink
-from streamrec.storage.stores import store_key
+from streamrec.format.framing import RecordEncoder
+from streamrec.manifest import Manifest, ManifestEntry, dumps
+from streamrec.storage.base import ObjectStore
+from streamrec.storage.retry import RetryPolicy
+from streamrec.storage.sinks import (
+    DEFAULT_PART_BYTES,
+    ObjectSink,
+    SinkContext,
+    run_to_completion,
+)
+from streamrec.storage.stores import open_store, store_key
 from streamrec.sync import EventLoopThread
 
-__all__ = ["BlockingShardWriter", "ShardWriter", "open_writer"]
+__all__ = ["DEFAULT_MANIFEST", "BlockingShardWriter", "ShardWriter", "open_writer"]
 
 _FLUSH_BYTES = 1 << 20
+_FRAME_BYTES = 16  # 12-byte header + 4-byte payload CRC
+# deflate's output for n new bytes is below n + n/8 + n/64 + this (zlib's own deflateBound is
+# about n + n/4096 + 13, plus the gzip header and trailer): far on the safe side.
+_DEFLATE_SLACK = 128
+_WBITS = {"gzip": 31, "zlib": 15}
+
+Order = Literal["round_robin", "contiguous"]
 
 
-class _Encoded:
-    """Payloads -> stored bytes, buffered until a block is worth handing to the sink."""
+class _DefaultName(str):
+    """The default manifest name: written for shard sets, not for single files."""
 
-    def __init__(self, url: str, compression: str | None, flush_bytes: int) -> None:
-        self.url = url
-        self.encoder = ShardEncoder(compression)
-        self.flush_bytes = flush_bytes
-        self._pieces: list[bytes] = []
-        self._size = 0
+    __slots__ = ()
 
-    def add(self, payload: BytesLike) -> bool:
-        """Encode one payload; True when a block is ready to flush."""
-        _check_payload(payload, self.url)
-        piece = self.encoder.encode_one(payload)
-        if piece:
-            self._pieces.append(piece)
-            self._size += len(piece)
-        return self._size >= self.flush_bytes
 
-    def add_many(self, payloads: Iterable[BytesLike]) -> bool:
-        """Encode a chunk of payloads; True when a block is ready to flush."""
-        chunk = list(payloads)
-        for payload in chunk:
-            _check_payload(payload, self.url)
-        piece = self.encoder.encode(chunk)
-        if piece:
-            self._pieces.append(piece)
-            self._size += len(piece)
-        return self._size >= self.flush_bytes
+#: ``manifest=`` default: ``"_manifest.json"`` beside the shards of a templated writer.
+DEFAULT_MANIFEST: str = _DefaultName("_manifest.json")
 
-    def take(self, final: bool = False) -> bytes:
-        """The buffered block (with the compressor's trailer when ``final``)."""
-        if final:
-            self._pieces.append(self.encoder.finish())
-        block = b"".join(self._pieces)
-        self._pieces.clear()
-        self._size = 0
-        return block
+
+def _deflate_bound(n: int) -> int:
+    return n + (n >> 3) + (n >> 6) + _DEFLATE_SLACK
+
+
+def _nbytes(payload: BytesLike) -> int:
+    return payload.nbytes if isinstance(payload, memoryview) else len(payload)
 
 
 def _check_payload(payload: object, url: str) -> None:
@@ -70,75 +119,634 @@ def _check_payload(payload: object, url: str) -> None:
         hint = ""
         if isinstance(payload, dict):
             hint = " (encode Examples with streamrec.example.encode)"
-        raise TypeError(
-            f"{url}: a record must be bytes-like, not {type(payload).__name__}{hint}"
+        raise TypeError(f"{url}: a record must be bytes-like, not {type(payload).__name__}{hint}")
+
+
+# ----------------------------------------------------------------------------------------------
+# the template
+
+
+class _Template:
+    """A url with ``{index}`` / ``{num_shards}`` fields (str.format syntax)."""
+
+    FIELDS = ("index", "num_shards")
+
+    def __init__(self, template: str, num_shards: int | None) -> None:
+        self.text = template
+        self.num_shards = num_shards
+        try:
+            parsed = list(string.Formatter().parse(template))
+        except ValueError as exc:
+            raise ValueError(f"{template}: not a valid shard template: {exc}") from exc
+        fields: set[str] = set()
+        for _, name, spec, _ in parsed:
+            if name is None:
+                continue
+            if name not in self.FIELDS or (spec and "{" in spec):
+                raise ValueError(
+                    f"{template}: unknown template field {{{name}}} (use {{index}} and, with "
+                    "num_shards, {num_shards}; double literal braces: {{ }})"
+                )
+            fields.add(name)
+        if "num_shards" in fields and num_shards is None:
+            raise ValueError(f"{template}: {{num_shards}} needs a fixed num_shards=")
+        try:
+            template.format(index=0, num_shards=num_shards or 1)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{template}: not a valid shard template: {exc}") from exc
+        self.fields = fields
+
+    @property
+    def sharded(self) -> bool:
+        return "index" in self.fields
+
+    def url(self, index: int) -> str:
+        if not self.fields:
+            return self.text.format()  # "{{" -> "{"
+        return self.text.format(index=index, num_shards=self.num_shards or 0)
+
+    def directory(self) -> str:
+        """The directory part shared by every shard (error if a field is in it)."""
+        scheme = ""
+        rest = self.text
+        if "://" in rest:
+            scheme, rest = rest.split("://", 1)
+            scheme += "://"
+        head = rest.rsplit("/", 1)[0] if "/" in rest else ""
+        if any(name is not None for _, name, _, _ in string.Formatter().parse(head)):
+            raise ValueError(
+                f"{self.text}: the shards' directory varies by shard; pass the manifest's full "
+                "url as manifest="
+            )
+        return scheme + head.format() if (head or scheme) else ""
+
+
+# ----------------------------------------------------------------------------------------------
+# planning (sans-I/O)
+
+
+class _Op:
+    """For the sink side: bytes for shard ``index``, and/or the end of that shard."""
+
+    __slots__ = ("data", "end", "index", "records")
+
+    def __init__(self, index: int, data: bytes, end: bool = False, records: int = 0) -> None:
+        self.index = index
+        self.data = data
+        self.end = end
+        self.records = records
+
+
+class _Shard:
+    """One shard being encoded: compressor state and exact stored-size accounting."""
+
+    __slots__ = (
+        "at_sync",
+        "compressor",
+        "index",
+        "pending",
+        "pieces",
+        "raw",
+        "records",
+        "since_sync",
+        "stored",
+    )
+
+    def __init__(self, index: int, compression: Compression, level: int) -> None:
+        self.index = index
+        self.records = 0
+        self.raw = 0  # framed (uncompressed) bytes
+        self.stored = 0  # bytes out of the compressor so far (exact)
+        self.at_sync = 0  # ``stored`` at the last sync flush
+        self.since_sync = 0  # framed bytes given to the compressor since then
+        self.pieces: list[bytes] = []
+        self.pending = 0  # stored bytes not yet handed out
+        self.compressor: Any = (
+            # memLevel 9, as TensorFlow's ZlibOutputBuffer: the same bytes as tf.io
+            zlib.compressobj(level, zlib.DEFLATED, _WBITS[compression], 9) if compression else None
         )
+
+    def _emit(self, data: bytes) -> None:
+        if data:
+            self.pieces.append(data)
+            self.pending += len(data)
+            self.stored += len(data)
+
+    def add(self, framed: bytes, count: int) -> None:
+        self.records += count
+        self.raw += len(framed)
+        if self.compressor is None:
+            self._emit(framed)
+        else:
+            self.since_sync += len(framed)
+            self._emit(self.compressor.compress(framed))
+
+    def bound_fits(self, extra: int, limit: int) -> bool:
+        """True when the stream, finished after ``extra`` more framed bytes, surely fits."""
+        if self.compressor is None:
+            return self.stored + extra <= limit
+        return self.at_sync + _deflate_bound(self.since_sync + extra) <= limit
+
+    def sync(self) -> None:
+        """Sync-flush: everything given so far is out, so ``stored`` is exact again."""
+        self._emit(self.compressor.flush(zlib.Z_SYNC_FLUSH))
+        self.at_sync = self.stored
+        self.since_sync = 0
+
+    def add_if_fits(self, framed: bytes, limit: int) -> bool:
+        """Add one framed record iff the stream finished right after it is within ``limit``."""
+        trial = self.compressor.copy()
+        out = trial.compress(framed)
+        tail = trial.copy().flush()
+        if self.stored + len(out) + len(tail) > limit:
+            return False
+        self.compressor = trial
+        self.records += 1
+        self.raw += len(framed)
+        self.since_sync += len(framed)
+        self._emit(out)
+        return True
+
+    def finish(self) -> None:
+        if self.compressor is not None:
+            self._emit(self.compressor.flush())
+            self.compressor = None
+
+    def take(self) -> bytes:
+        data = b"".join(self.pieces) if len(self.pieces) != 1 else self.pieces[0]
+        self.pieces = []
+        self.pending = 0
+        return data
+
+
+class _Planner:
+    """Payloads -> per-shard stored bytes and shard ends, as a list of ops (no I/O)."""
+
+    def __init__(
+        self,
+        template: _Template,
+        *,
+        compression: Compression,
+        level: int,
+        max_records: int | None,
+        max_bytes: int | None,
+        num_shards: int | None,
+        order: Order,
+        total_records: int | None,
+        flush_bytes: int,
+    ) -> None:
+        self.template = template
+        self.compression = compression
+        self.level = level
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.num_shards = num_shards
+        self.order = order
+        self.total_records = total_records
+        self.flush_bytes = flush_bytes
+        self.framer = RecordEncoder()
+        self.ops: list[_Op] = []
+        self.open: dict[int, _Shard] = {}
+        self.current: _Shard | None = None  # rotating / contiguous: the shard being filled
+        self.next_index = 0
+        self.records = 0
+        self.finished = False
+        if num_shards is None:
+            self.mode = "rotate"
+        else:
+            self.mode = order
+        if self.mode == "contiguous":
+            assert num_shards is not None and total_records is not None
+            quotient, remainder = divmod(total_records, num_shards)
+            self.sizes = [quotient + (1 if k < remainder else 0) for k in range(num_shards)]
+
+    # -- shards ---------------------------------------------------------------------------
+    def _new_shard(self) -> _Shard:
+        shard = _Shard(self.next_index, self.compression, self.level)
+        self.open[shard.index] = shard
+        self.next_index += 1
+        return shard
+
+    def _end(self, shard: _Shard) -> None:
+        shard.finish()
+        self.ops.append(_Op(shard.index, shard.take(), end=True, records=shard.records))
+        del self.open[shard.index]
+        if self.current is shard:
+            self.current = None
+
+    def _collect(self, shard: _Shard) -> None:
+        if shard.pending >= self.flush_bytes:
+            self.ops.append(_Op(shard.index, shard.take()))
+
+    def take_ops(self) -> list[_Op]:
+        ops, self.ops = self.ops, []
+        return ops
+
+    # -- adding ---------------------------------------------------------------------------
+    def add(self, payload: BytesLike) -> bool:
+        """Encode one payload; True when ops are ready for the sink side."""
+        _check_payload(payload, self.template.text)
+        self._check_more(1)
+        if self.mode == "round_robin":
+            assert self.num_shards is not None
+            shard = self._round_robin_shard(self.records % self.num_shards)
+            shard.add(self.framer.encode(payload), 1)
+            self._collect(shard)
+            self.records += 1
+        else:
+            self._add_sequential((payload,))
+        return bool(self.ops)
+
+    def add_many(self, payloads: Iterable[BytesLike]) -> bool:
+        """Encode many payloads; True when ops are ready for the sink side."""
+        chunk = payloads if isinstance(payloads, (list, tuple)) else list(payloads)
+        for payload in chunk:
+            _check_payload(payload, self.template.text)
+        if not chunk:
+            return bool(self.ops)
+        self._check_more(len(chunk))
+        if self.mode == "round_robin":
+            assert self.num_shards is not None
+            n = self.num_shards
+            start = self.records % n
+            for k in range(min(n, len(chunk))):
+                part = chunk[k::n]
+                shard = self._round_robin_shard((start + k) % n)
+                shard.add(self.framer.encode_many(part), len(part))
+                self._collect(shard)
+            self.records += len(chunk)
+        else:
+            self._add_sequential(chunk)
+        return bool(self.ops)
+
+    def _check_more(self, count: int) -> None:
+        if self.finished:
+            raise RuntimeError(f"{self.template.text}: writer is closing")
+        if self.mode == "contiguous":
+            assert self.total_records is not None
+            if self.records + count > self.total_records:
+                raise ValueError(
+                    f"{self.template.text}: more records than total_records={self.total_records}"
+                )
+
+    def _round_robin_shard(self, index: int) -> _Shard:
+        shard = self.open.get(index)
+        if shard is None:
+            shard = _Shard(index, self.compression, self.level)
+            self.open[index] = shard
+        return shard
+
+    def _sequential_shard(self) -> _Shard:
+        """The shard being filled (rotating or contiguous), a new one when needed."""
+        if self.current is None:
+            self.current = self._new_shard()
+        if self.mode == "contiguous":
+            while self.current.records >= self.sizes[self.current.index]:
+                self._end(self.current)
+                self.current = self._new_shard()
+        return self.current
+
+    def _room(self, shard: _Shard) -> int | None:
+        """Records that may still go into ``shard`` by count (None: no count limit)."""
+        if self.mode == "contiguous":
+            return self.sizes[shard.index] - shard.records
+        if self.max_records is not None:
+            return self.max_records - shard.records
+        return None
+
+    def _add_sequential(self, chunk: Sequence[BytesLike]) -> None:
+        i, n = 0, len(chunk)
+        limit = self.max_bytes if self.mode == "rotate" else None
+        while i < n:
+            shard = self._sequential_shard()
+            room = self._room(shard)
+            stop = n if room is None else min(n, i + room)
+            j = i
+            if limit is None:
+                j = stop
+            else:
+                extra = 0
+                while j < stop:
+                    size = _nbytes(chunk[j]) + _FRAME_BYTES
+                    if not shard.bound_fits(extra + size, limit) and (shard.records or j > i):
+                        break
+                    extra += size
+                    j += 1
+            if j > i:
+                if j - i == 1:
+                    shard.add(self.framer.encode(chunk[i]), 1)
+                else:
+                    shard.add(self.framer.encode_many(chunk[i:j]), j - i)
+                self.records += j - i
+                i = j
+                self._collect(shard)
+            if self._full(shard, limit):
+                self._end(shard)  # no record can follow: commit it now, not at the next one
+                continue
+            if i == n:
+                break
+            if i < stop and self._add_exact(shard, chunk[i], limit):
+                self.records += 1
+                i += 1
+                self._collect(shard)
+                continue
+            self._end(shard)  # full: the next record starts a new shard
+
+    def _full(self, shard: _Shard, limit: int | None) -> bool:
+        """True when no further record can go into ``shard``."""
+        room = self._room(shard)
+        if room is not None and room <= 0:
+            return True
+        # uncompressed, every record takes at least 16 bytes
+        return (
+            limit is not None and shard.compressor is None and shard.stored + _FRAME_BYTES > limit
+        )
+
+    def _add_exact(self, shard: _Shard, payload: BytesLike, limit: int | None) -> bool:
+        """The bound said no: decide exactly whether ``payload`` still fits (compressed)."""
+        if limit is None or shard.compressor is None:
+            return False  # uncompressed, the bound is exact
+        framed = self.framer.encode(payload)
+        if shard.since_sync:
+            shard.sync()
+            if shard.bound_fits(len(framed), limit):
+                shard.add(framed, 1)
+                return True
+        return shard.add_if_fits(framed, limit)
+
+    # -- the end --------------------------------------------------------------------------
+    def finish(self) -> None:
+        """End every shard still open (and write the empty ones a fixed set still lacks)."""
+        if self.finished:
+            return
+        if self.mode == "contiguous":
+            assert self.total_records is not None and self.num_shards is not None
+            if self.records != self.total_records:
+                raise ValueError(
+                    f"{self.template.text}: {self.records} records written, but "
+                    f"total_records={self.total_records}"
+                )
+        self.finished = True
+        if self.mode == "round_robin":
+            assert self.num_shards is not None
+            for index in range(self.num_shards):
+                self._end(self._round_robin_shard(index))
+            return
+        if self.current is None and self.next_index == 0:
+            self.current = self._new_shard()  # no record at all: one empty shard
+        if self.current is not None:
+            self._end(self.current)
+        if self.mode == "contiguous":
+            assert self.num_shards is not None
+            while self.next_index < self.num_shards:
+                self._end(self._new_shard())
+
+
+# ----------------------------------------------------------------------------------------------
+# the writer
 
 
 class ShardWriter:
-    """Writes one TFRecord file; it appears at ``url`` only after a clean ``close()``.
+    """Writes TFRecord shards; each appears only once complete, the manifest last.
 
-    Use as ``async with open_writer(url) as w: await w.write(payload)``.
+    Use as ``async with open_writer(template, ...) as w: await w.write(payload)``; see
+    :func:`open_writer` for the options and this module's docstring for the semantics.
     """
 
     def __init__(
-        self, url: str, *, compression: str | None = None, flush_bytes: int = _FLUSH_BYTES
+        self,
+        template: str,
+        *,
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        num_shards: int | None = None,
+        order: Order = "round_robin",
+        total_records: int | None = None,
+        compression: str | None = None,
+        part_bytes: int = DEFAULT_PART_BYTES,
+        max_concurrency: int = 4,
+        manifest: str | None = DEFAULT_MANIFEST,
+        storage_options: dict[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+        flush_bytes: int | None = None,
+        compression_level: int = 6,
     ) -> None:
-        self.url = url
-        self._encoded = _Encoded(url, compression, flush_bytes)
-        if store_key(url) != "local":
-            raise StorageError(f"{url}: writing is supported for local paths only so far")
-        self._sink: AtomicLocalSink = LocalStore().open_sink(url)
-        self._state = "open"
+        self.template = template
+        codec = normalize_compression(compression)
+        if codec == "auto":
+            raise ValueError("a writer needs an explicit compression: None, 'gzip' or 'zlib'")
+        for name, value in (
+            ("max_records", max_records),
+            ("max_bytes", max_bytes),
+            ("num_shards", num_shards),
+            ("flush_bytes", flush_bytes),
+        ):
+            if value is not None and (isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        if order not in ("round_robin", "contiguous"):
+            raise ValueError(f"order must be 'round_robin' or 'contiguous', not {order!r}")
+        if num_shards is not None and (max_records is not None or max_bytes is not None):
+            raise ValueError(
+                "num_shards fixes the number of shards: it cannot be combined with "
+                "max_records / max_bytes (use one or the other)"
+            )
+        if order == "contiguous":
+            if num_shards is None or total_records is None or total_records < 0:
+                raise ValueError(
+                    'order="contiguous" needs num_shards= and total_records= (the shards '
+                    "are cut by count, so the count must be known up front)"
+                )
+        elif total_records is not None:
+            raise ValueError('total_records= is only used with order="contiguous"')
+        self._template = _Template(template, num_shards)
+        several = max_records is not None or max_bytes is not None or (num_shards or 1) > 1
+        if several and not self._template.sharded:
+            raise ValueError(
+                f"{template}: more than one shard may be written "
+                f"({'num_shards' if num_shards else 'max_records / max_bytes'}) but the "
+                "template has no {index} field to tell them apart, e.g. "
+                "'out/part-{index:05d}.tfrecord'"
+            )
+        if store_key(template) == "http":
+            raise StorageError(f"{template}: http(s) urls are read-only")
+        self.compression: Compression = codec
+        self._context = SinkContext(
+            part_bytes=part_bytes, max_concurrency=max_concurrency, retry=retry or RetryPolicy()
+        )
+        self._plan = _Planner(
+            self._template,
+            compression=codec,
+            level=compression_level,
+            max_records=max_records,
+            max_bytes=max_bytes,
+            num_shards=num_shards,
+            order=order,
+            total_records=total_records,
+            flush_bytes=flush_bytes or min(_FLUSH_BYTES, part_bytes),
+        )
+        self.manifest_url = self._manifest_url(manifest)
+        self.storage_options = storage_options
+        self._store: ObjectStore | None = None
+        self._sinks: dict[int, ObjectSink] = {}
+        self._finishing: set[asyncio.Task[None]] = set()
+        self._committing: dict[int, ObjectSink] = {}  # sealed, commit under way
+        self._entries: dict[int, ManifestEntry] = {}
+        self._state = "open"  # open -> closed | aborted | failed
+        self._failure: BaseException | None = None
+
+    def _manifest_url(self, manifest: str | None) -> str | None:
+        if manifest is None:
+            return None
+        if isinstance(manifest, _DefaultName) and not self._template.sharded:
+            return None
+        if not manifest or manifest.endswith("/"):
+            raise ValueError(f"manifest must name a file, not {manifest!r}")
+        if "://" in manifest or os.path.isabs(manifest):
+            url = manifest
+        else:
+            directory = self._template.directory()
+            url = f"{directory.rstrip('/')}/{manifest}" if directory else manifest
+        if store_key(url) != store_key(self.template):
+            raise ValueError(f"the manifest {url} must be in the same store as the shards")
+        return url
+
+    # -- properties -----------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """The template (the file's url for a single-file writer)."""
+        return self.template
 
     @property
     def records(self) -> int:
         """Records written so far."""
-        return self._encoded.encoder.records
+        return self._plan.records
 
+    @property
+    def shards(self) -> list[ManifestEntry]:
+        """The shards committed so far, by index (all of them after ``close()``)."""
+        return [self._entries[i] for i in sorted(self._entries)]
+
+    # -- writing --------------------------------------------------------------------------
     async def write(self, payload: BytesLike) -> None:
         """Append one record (a serialized Example or any bytes)."""
         self._check_open()
-        if self._encoded.add(payload):
-            await self._flush()
+        if self._plan.add(payload) or self._context.failure is not None:
+            await self._drain()
 
     async def write_many(self, payloads: Iterable[BytesLike]) -> None:
         """Append many records at once (faster than ``write`` in a loop for small records)."""
         self._check_open()
-        if self._encoded.add_many(payloads):
-            await self._flush()
+        if self._plan.add_many(payloads) or self._context.failure is not None:
+            await self._drain()
 
     async def close(self) -> None:
-        """Finish the file and make it appear at ``url``. Idempotent."""
-        if self._state != "open":
+        """Finish every shard, wait for them to be committed, then write the manifest.
+
+        Idempotent. Raises the first upload failure (everything is aborted then).
+        """
+        if self._state in ("closed", "aborted"):
             return
+        if self._state == "failed":
+            raise StorageError(
+                f"{self.template}: the writer failed earlier: {self._failure}"
+            ) from self._failure
         try:
-            block = self._encoded.take(final=True)
-            if block:
-                await self._sink.write(block)
-            await self._sink.commit()
+            self._plan.finish()
+            await self._drain_ops()
+            while self._finishing:
+                await asyncio.gather(*list(self._finishing))
+            self._context.raise_failure()
+            if self.manifest_url is not None:
+                await self._write_manifest(self.manifest_url)
+            await self._close_store()
             self._state = "closed"
-        except BaseException:
-            await self.abort()
+        except BaseException as exc:
+            await self._fail(exc)
             raise
 
     async def abort(self) -> None:
-        """Drop the file: nothing appears at ``url``. Idempotent."""
-        if self._state == "aborted":
+        """Drop every shard not yet committed and write no manifest. Idempotent."""
+        if self._state != "open":
             return
         self._state = "aborted"
-        await self._sink.abort()
+        await run_to_completion(self._abort_all())
 
-    async def _flush(self) -> None:
-        try:
-            await self._sink.write(self._encoded.take())
-        except BaseException:
-            await self.abort()
-            raise
-
+    # -- inside ---------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._state != "open":
-            raise RuntimeError(f"{self.url}: writer is {self._state}")
+            raise RuntimeError(f"{self.template}: writer is {self._state}")
+
+    def _store_now(self) -> ObjectStore:
+        if self._store is None:
+            self._store = open_store(self.template, self.storage_options)
+        return self._store
+
+    async def _drain(self) -> None:
+        """Hand the planner's ops to the sinks; on any failure abort everything."""
+        try:
+            await self._drain_ops()
+        except BaseException as exc:
+            await self._fail(exc)
+            raise
+
+    async def _drain_ops(self) -> None:
+        self._context.raise_failure()
+        for op in self._plan.take_ops():
+            self._context.raise_failure()
+            sink = self._sinks.get(op.index)
+            if sink is None:
+                sink = self._sinks[op.index] = self._store_now().open_sink(
+                    self._template.url(op.index), self._context
+                )
+            if op.data:
+                await sink.write(op.data)
+            if op.end:
+                del self._sinks[op.index]
+                self._committing[op.index] = sink
+                await sink.seal()  # the last part starts here: waits for upload capacity
+                task = asyncio.ensure_future(self._commit(op.index, sink, op.records))
+                self._finishing.add(task)
+                task.add_done_callback(self._finishing.discard)
+                self._context.track(task)
+
+    async def _commit(self, index: int, sink: ObjectSink, records: int) -> None:
+        committed = await sink.commit()
+        del self._committing[index]
+        self._entries[index] = ManifestEntry(
+            committed.url, records, committed.bytes, committed.crc32c, index
+        )
+
+    async def _write_manifest(self, url: str) -> None:
+        manifest = Manifest(self.shards, compression=self.compression, template=self.template)
+        sink = self._store_now().open_sink(url, self._context)
+        await sink.write(dumps(manifest, url))
+        await sink.commit()
+
+    async def _fail(self, exc: BaseException) -> None:
+        if self._state == "open":
+            self._state = "failed"
+            self._failure = exc
+            await run_to_completion(self._abort_all())
+
+    async def _abort_all(self) -> None:
+        tasks = list(self._finishing)
+        for task in tasks:
+            task.cancel()  # each commit aborts its sink when cancelled
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        # a commit task cancelled before it ran never aborted its sink: abort them all here
+        # (abort is idempotent and leaves committed objects alone)
+        sinks = [*self._committing.values(), *self._sinks.values()]
+        self._committing.clear()
+        self._sinks.clear()
+        if sinks:
+            await asyncio.gather(*(sink.abort() for sink in sinks), return_exceptions=True)
+        await self._close_store()
+
+    async def _close_store(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            await store.close()
 
     async def __aenter__(self) -> ShardWriter:
         return self
@@ -155,56 +763,116 @@ class ShardWriter:
             await self.abort()
 
 
-def open_writer(url: str, *, compression: str | None = None, **options: Any) -> ShardWriter:
-    """Open a TFRecord file for writing (async).
+def open_writer(
+    template: str,
+    *,
+    max_records: int | None = None,
+    max_bytes: int | None = None,
+    num_shards: int | None = None,
+    compression: str | None = None,
+    part_bytes: int = DEFAULT_PART_BYTES,
+    max_concurrency: int = 4,
+    manifest: str | None = DEFAULT_MANIFEST,
+    storage_options: dict[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
+    **options: Any,
+) -> ShardWriter:
+    """Open TFRecord shards for writing (async): ``async with open_writer(...) as w``.
 
-    ``compression`` is ``None``, ``"gzip"`` or ``"zlib"``. The file is written under a temporary
-    name in the same directory and renamed into place by a clean ``close()``.
+    Args:
+        template: a path or url (``s3://``, ``gs://``, ``memory://``, local). Without fields
+            it names one file. ``{index}`` (0-based, format specs allowed: ``{index:05d}``)
+            numbers the shards; ``{num_shards}`` (with ``num_shards``) gives TensorFlow's
+            ``train-{index:05d}-of-{num_shards:05d}`` names.
+        max_records: start a new shard before a record would make this one hold more.
+        max_bytes: start a new shard before a record would make this one bigger, in bytes as
+            stored (after compression; exact, see the module docstring). A record bigger
+            than this alone gets a shard of its own.
+        num_shards: write exactly this many shards; ``order="round_robin"`` (default) or
+            ``order="contiguous"`` with ``total_records=`` (keyword options).
+        compression: ``None``, ``"gzip"`` or ``"zlib"`` (as TensorFlow writes them).
+        part_bytes: S3 part size (S3 needs >= 5 MiB for all parts but the last) and GCS chunk
+            size (rounded up to a multiple of 256 KiB). A shard no bigger than one part is
+            uploaded in a single request.
+        max_concurrency: data requests in flight at once over all shards; with ``part_bytes``
+            it bounds memory: about ``(max_concurrency + open shards) * part_bytes``.
+        manifest: file name (beside the shards) or full url of the manifest, written last;
+            ``None`` for none. Written by default for templated writers only.
+        storage_options: passed to the fsspec filesystem (``endpoint_url``, ``key``, ...).
+        retry: the :class:`~streamrec.storage.retry.RetryPolicy` of every upload request.
+        **options: ``order``, ``total_records``, ``flush_bytes`` (bytes handed to the sink at
+            a time, default ``min(1 MiB, part_bytes)``), ``compression_level`` (default 6).
+
+    Refused at open (ValueError): several shards possible but no ``{index}`` field, unknown
+    template fields, ``num_shards`` with ``max_records`` / ``max_bytes``, ``compression="auto"``.
     """
-    return ShardWriter(url, compression=compression, **options)
+    return ShardWriter(
+        template,
+        max_records=max_records,
+        max_bytes=max_bytes,
+        num_shards=num_shards,
+        compression=compression,
+        part_bytes=part_bytes,
+        max_concurrency=max_concurrency,
+        manifest=manifest,
+        storage_options=storage_options,
+        retry=retry,
+        **options,
+    )
 
 
 class BlockingShardWriter:
-    """Blocking twin of :class:`ShardWriter`: ``with streamrec.sync.open_writer(url) as w``."""
+    """Blocking twin of :class:`ShardWriter`: ``with streamrec.sync.open_writer(...) as w``.
 
-    def __init__(self, url: str, **options: Any) -> None:
+    Records are framed, compressed and routed to shards here, in the caller's thread; only
+    blocks (``flush_bytes``) and shard ends cross into the background event loop.
+    """
+
+    def __init__(self, template: str, **options: Any) -> None:
+        self._writer = open_writer(template, **options)  # bad options fail before any thread
         self._portal = EventLoopThread(name="streamrec-writer")
-        try:
-            self._writer = ShardWriter(url, **options)
-        except BaseException:
-            self._portal.close()
-            raise
-        self.url = url
+        self.url = template
 
     @property
     def records(self) -> int:
         """Records written so far."""
         return self._writer.records
 
+    @property
+    def shards(self) -> list[ManifestEntry]:
+        """The shards committed so far, by index (all of them after ``close()``)."""
+        return self._writer.shards
+
+    @property
+    def manifest_url(self) -> str | None:
+        """Where the manifest is written (None: no manifest)."""
+        return self._writer.manifest_url
+
     def write(self, payload: BytesLike) -> None:
         """Append one record."""
         writer = self._writer
         writer._check_open()
         # Encode here, in the caller's thread; cross into the loop only per block.
-        if writer._encoded.add(payload):
-            self._portal.call(writer._flush())
+        if writer._plan.add(payload) or writer._context.failure is not None:
+            self._portal.call(writer._drain())
 
     def write_many(self, payloads: Iterable[BytesLike]) -> None:
         """Append many records at once."""
         writer = self._writer
         writer._check_open()
-        if writer._encoded.add_many(payloads):
-            self._portal.call(writer._flush())
+        if writer._plan.add_many(payloads) or writer._context.failure is not None:
+            self._portal.call(writer._drain())
 
     def close(self) -> None:
-        """Finish the file and make it appear. Idempotent."""
+        """Finish every shard and write the manifest. Idempotent."""
         try:
-            self._portal.call(self._writer.close())
+            if not self._portal._closed:
+                self._portal.call(self._writer.close())
         finally:
             self._portal.close()
 
     def abort(self) -> None:
-        """Drop the file. Idempotent."""
+        """Drop every shard not yet committed. Idempotent."""
         try:
             if not self._portal._closed:
                 self._portal.call(self._writer.abort())

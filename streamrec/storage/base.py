@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from streamrec.storage.sinks import ObjectSink, SinkContext
 
 __all__ = ["GLOB_CHARS", "ObjectInfo", "ObjectStore", "has_glob", "split_scheme"]
 
@@ -52,6 +56,16 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
         """Bytes ``start:end`` of ``obj`` (may be fewer when the server sends a short body)."""
+
+    def open_sink(self, url: str, context: SinkContext | None = None) -> ObjectSink:
+        """A sink that makes the object ``url`` appear only once it is complete.
+
+        ``context`` (part size, upload window, retry policy) is shared by the sinks of one
+        writer. Stores that cannot write raise :class:`~streamrec.errors.StorageError`.
+        """
+        from streamrec.errors import StorageError
+
+        raise StorageError(f"{url}: this store cannot write objects")
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the store is unusable afterwards."""

@@ -9,12 +9,16 @@ streamrec's retry policy is the only one on the data path.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import ObjectChangedError
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import from_status, translate
+
+if TYPE_CHECKING:
+    from streamrec.storage.gcs_sink import GCSResumableSink
+    from streamrec.storage.sinks import SinkContext
 
 __all__ = ["GCSStore"]
 
@@ -70,6 +74,12 @@ class GCSStore(FsspecStore):
         if status == 200:  # the whole object despite the Range header
             data = data[start:end]
         return data
+
+    def open_sink(self, url: str, context: SinkContext | None = None) -> GCSResumableSink:
+        """A resumable upload that runs while bytes arrive; the object appears on commit."""
+        from streamrec.storage.gcs_sink import GCSResumableSink
+
+        return GCSResumableSink(self, url, context)
 
     async def close(self) -> None:
         if self._session_ready:

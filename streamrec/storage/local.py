@@ -8,7 +8,7 @@ import os
 
 from streamrec.errors import ObjectNotFoundError, StorageError
 from streamrec.storage.base import ObjectInfo, ObjectStore, has_glob
-from streamrec.storage.sinks import AtomicLocalSink
+from streamrec.storage.sinks import AtomicLocalSink, SinkContext
 from streamrec.storage.translate import translate
 
 __all__ = ["LocalStore"]
@@ -51,10 +51,9 @@ class LocalStore(ObjectStore):
         except OSError as exc:
             raise translate(exc, obj.url, f"reading bytes {start}-{end - 1}") from exc
 
-    def open_sink(self, url: str) -> AtomicLocalSink:
-        """A sink that makes ``url`` appear only once it is complete."""
-        return AtomicLocalSink(self.path(url), url=url)
-
+    def open_sink(self, url: str, context: SinkContext | None = None) -> AtomicLocalSink:
+        """A temporary file beside ``url``, fsynced and renamed into place on commit."""
+        return AtomicLocalSink(self.path(url), url=url, context=context)
 
 
 def _pread(path: str, start: int, end: int) -> bytes:

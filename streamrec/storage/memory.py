@@ -6,6 +6,7 @@ from typing import Any
 
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.fsspec_store import FsspecStore
+from streamrec.storage.sinks import MemorySink, SinkContext
 from streamrec.storage.translate import translate
 
 __all__ = ["MemoryStore"]
@@ -41,3 +42,7 @@ class MemoryStore(FsspecStore):
         except Exception as exc:
             raise translate(exc, obj.url, f"reading bytes {start}-{end - 1}") from exc
         return data
+
+    def open_sink(self, url: str, context: SinkContext | None = None) -> MemorySink:
+        """Bytes kept in memory and stored in one call on commit."""
+        return MemorySink(self.fs, url, context)

@@ -7,11 +7,15 @@ one (s3fs and botocore would otherwise retry for ~10 s underneath, and pass shor
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import translate
+
+if TYPE_CHECKING:
+    from streamrec.storage.s3_sink import S3MultipartSink
+    from streamrec.storage.sinks import SinkContext
 
 __all__ = ["S3Store"]
 
@@ -64,6 +68,12 @@ class S3Store(FsspecStore):
         except Exception as exc:
             raise translate(exc, obj.url, f"reading bytes {start}-{end - 1}") from exc
         return data
+
+    def open_sink(self, url: str, context: SinkContext | None = None) -> S3MultipartSink:
+        """A multipart upload that runs while bytes arrive; the object appears on commit."""
+        from streamrec.storage.s3_sink import S3MultipartSink
+
+        return S3MultipartSink(self, url, context)
 
     async def close(self) -> None:
         if self._session_ready:

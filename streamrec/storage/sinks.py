@@ -1,37 +1,225 @@
 """Sinks: where a writer's bytes go. An object appears only once it is complete.
 
-:class:`AtomicLocalSink` writes a temporary file in the destination's directory, fsyncs it and
-renames it over the final path on ``commit()``; ``abort()`` (on any error or cancellation)
-removes the temporary file, so a reader never sees a half-written shard.
+Every sink has the same life cycle::
+
+    sink = store.open_sink(url, context)
+    await sink.write(block)      # any number of times; may wait for upload capacity
+    await sink.seal()            # optional: hand the last buffered bytes to the uploads
+    entry = await sink.commit()  # the object appears, complete; -> CommittedObject
+    await sink.abort()           # instead of commit, or after any failure: nothing appears
+
+- :class:`AtomicLocalSink` writes a temporary file in the destination's directory, fsyncs it
+  and renames it over the final path on commit.
+- :class:`MemorySink` (``memory://``) keeps the bytes and stores them in one call on commit.
+- :class:`~streamrec.storage.s3_sink.S3MultipartSink` and
+  :class:`~streamrec.storage.gcs_sink.GCSResumableSink` upload while bytes arrive.
+
+Every sink counts the bytes it is given and their CRC32C as they pass (``bytes_written``,
+``crc32c``), so the manifest describes exactly what was stored. Sinks of one writer share a
+:class:`SinkContext`: the part size, the retry policy, the upload window (at most
+``max_concurrency`` requests carrying data in flight, which bounds memory) and the first
+upload failure, which the writer raises on its next call.
+
+``abort()`` always runs to the end, even when the task calling it is being cancelled
+(:func:`run_to_completion`), so a cancelled writer still removes its temporary files and
+aborts its uploads.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
+import logging
 import os
 import uuid
-from typing import BinaryIO
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, TypeVar
+
+import crc32c as _crc32c
 
 from streamrec.errors import StorageError
+from streamrec.storage.retry import RetryPolicy
+from streamrec.storage.translate import translate
 
-__all__ = ["AtomicLocalSink"]
+__all__ = [
+    "AtomicLocalSink",
+    "CommittedObject",
+    "MemorySink",
+    "ObjectSink",
+    "SinkContext",
+    "run_to_completion",
+]
+
+T = TypeVar("T")
+logger = logging.getLogger("streamrec")
+
+DEFAULT_PART_BYTES = 16 << 20
 
 
-class AtomicLocalSink:
-    """A local file written under a temporary name, renamed into place on commit.
+@dataclass(frozen=True)
+class CommittedObject:
+    """An object a sink made appear: its url, size in bytes and CRC32C (Castagnoli, unmasked)."""
 
-    Writes run in a worker thread (they never block the event loop); ``abort()`` is
-    synchronous inside, so it completes even when the calling task is being cancelled.
+    url: str
+    bytes: int
+    crc32c: int
+
+
+@dataclass
+class SinkContext:
+    """What the sinks of one writer share.
+
+    Attributes:
+        part_bytes: bytes per S3 part / GCS chunk (GCS rounds up to a 256 KiB multiple).
+        max_concurrency: data-carrying requests in flight at once, over all sinks.
+        retry: the policy every request is retried with.
     """
 
-    def __init__(self, path: str, *, url: str | None = None) -> None:
+    part_bytes: int = DEFAULT_PART_BYTES
+    max_concurrency: int = 4
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    failure: BaseException | None = None
+    _window: asyncio.Semaphore | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.part_bytes <= 0:
+            raise ValueError(f"part_bytes must be positive, not {self.part_bytes}")
+        if self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, not {self.max_concurrency}")
+
+    @property
+    def window(self) -> asyncio.Semaphore:
+        """The upload window (created on first use, inside the running loop)."""
+        if self._window is None:
+            self._window = asyncio.Semaphore(self.max_concurrency)
+        return self._window
+
+    def fail(self, error: BaseException) -> None:
+        """Record a background failure (the first one wins); the writer raises it next."""
+        if self.failure is None:
+            self.failure = error
+
+    def raise_failure(self) -> None:
+        """Raise the recorded background failure, if any."""
+        if self.failure is not None:
+            raise self.failure
+
+    def track(self, task: asyncio.Task[Any]) -> None:
+        """Record ``task``'s failure, when it fails, as the context's failure."""
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.fail(task.exception())  # type: ignore[arg-type]
+
+
+async def run_to_completion(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` to its end even if the calling task is cancelled meanwhile.
+
+    Cleanup (aborting uploads, removing temporary files) must not stop half-way because the
+    task running it was cancelled once more. A cancellation that arrives meanwhile is raised
+    again once the work is done.
+    """
+    task = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise  # the work itself was cancelled (loop shutdown): nothing to wait for
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
+
+
+class ObjectSink(abc.ABC):
+    """Bytes in; one complete object at ``url`` on :meth:`commit`, or nothing at all."""
+
+    def __init__(self, url: str, context: SinkContext | None = None) -> None:
+        self.url = url
+        self.context = context or SinkContext()
+        self.bytes_written = 0
+        self.crc32c = 0
+        self.state = "open"  # open -> sealed -> committed | aborted
+
+    async def write(self, data: bytes) -> None:
+        """Append bytes; may wait until the upload window has room."""
+        if self.state != "open":
+            raise RuntimeError(f"{self.url}: sink is {self.state}")
+        if not data:
+            return
+        self.bytes_written += len(data)
+        self.crc32c = _crc32c.crc32c(data, self.crc32c)
+        await self._write(data)
+
+    async def seal(self) -> None:
+        """No more bytes: start uploading what is buffered (waits for upload capacity)."""
+        if self.state != "open":
+            return
+        self.state = "sealed"
+        try:
+            await self._seal()
+        except BaseException:
+            await run_to_completion(self.abort())
+            raise
+
+    async def commit(self) -> CommittedObject:
+        """Make the object appear, complete. On any failure the sink aborts and re-raises."""
+        if self.state == "committed":
+            return CommittedObject(self.url, self.bytes_written, self.crc32c)
+        if self.state not in ("open", "sealed"):
+            raise RuntimeError(f"{self.url}: sink is {self.state}")
+        try:
+            if self.state == "open":
+                self.state = "sealed"
+                await self._seal()
+            await self._commit()
+        except BaseException:
+            await run_to_completion(self.abort())
+            raise
+        self.state = "committed"
+        return CommittedObject(self.url, self.bytes_written, self.crc32c)
+
+    async def abort(self) -> None:
+        """Drop everything: no object appears (an existing one is left as it was)."""
+        if self.state in ("committed", "aborted"):
+            return
+        self.state = "aborted"
+        await run_to_completion(self._abort())
+
+    @abc.abstractmethod
+    async def _write(self, data: bytes) -> None: ...
+
+    async def _seal(self) -> None:  # noqa: B027 - optional hook
+        """Start uploading the buffered rest."""
+
+    @abc.abstractmethod
+    async def _commit(self) -> None: ...
+
+    @abc.abstractmethod
+    async def _abort(self) -> None: ...
+
+
+class AtomicLocalSink(ObjectSink):
+    """A local file written under a temporary name, renamed into place on commit.
+
+    Writes run in a worker thread (they never block the event loop); the abort is synchronous
+    inside, so it completes even when the calling task is being cancelled.
+    """
+
+    def __init__(
+        self, path: str, *, url: str | None = None, context: SinkContext | None = None
+    ) -> None:
+        super().__init__(url or path, context)
         self.path = path
-        self.url = url or path
         directory, name = os.path.split(os.path.abspath(path))
         self.temp_path = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
         self._file: BinaryIO | None = None
-        self.bytes_written = 0
 
     def _open(self) -> BinaryIO:
         if self._file is None:
@@ -42,16 +230,14 @@ class AtomicLocalSink:
                 raise StorageError(f"{self.url}: cannot create {self.temp_path}: {exc}") from exc
         return self._file
 
-    async def write(self, data: bytes) -> None:
-        """Append bytes."""
+    async def _write(self, data: bytes) -> None:
         file = self._open()
         try:
             await asyncio.to_thread(file.write, data)
         except OSError as exc:
             raise StorageError(f"{self.url}: write failed: {exc}") from exc
-        self.bytes_written += len(data)
 
-    async def commit(self) -> None:
+    async def _commit(self) -> None:
         """Flush, fsync and rename into place: the file appears complete or not at all."""
         file = self._open()
         try:
@@ -60,11 +246,11 @@ class AtomicLocalSink:
             self._file = None
             os.replace(self.temp_path, self.path)
         except OSError as exc:
-            await self.abort()
             raise StorageError(f"{self.url}: commit failed: {exc}") from exc
+        with contextlib.suppress(OSError):  # make the rename durable too (best effort)
+            await asyncio.to_thread(_sync_directory, os.path.dirname(os.path.abspath(self.path)))
 
-    async def abort(self) -> None:
-        """Drop everything written; the destination is left as it was."""
+    async def _abort(self) -> None:
         file, self._file = self._file, None
         try:
             if file is not None:
@@ -77,3 +263,34 @@ class AtomicLocalSink:
 def _flush_and_sync(file: BinaryIO) -> None:
     file.flush()
     os.fsync(file.fileno())
+
+
+def _sync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class MemorySink(ObjectSink):
+    """``memory://``: bytes are kept and stored in fsspec's MemoryFileSystem in one call."""
+
+    def __init__(self, fs: Any, url: str, context: SinkContext | None = None) -> None:
+        super().__init__(url, context)
+        self._fs = fs
+        self._pieces: list[bytes] = []
+
+    async def _write(self, data: bytes) -> None:
+        self._pieces.append(bytes(data))
+
+    async def _commit(self) -> None:
+        data = b"".join(self._pieces)
+        self._pieces.clear()
+        try:
+            self._fs.pipe_file(self.url, data)
+        except Exception as exc:
+            raise translate(exc, self.url, "storing") from exc
+
+    async def _abort(self) -> None:
+        self._pieces.clear()

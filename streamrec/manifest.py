@@ -1,0 +1,252 @@
+"""The manifest of a shard set: one JSON object beside the shards, written last.
+
+A writer that produces a set of shards (its template has an ``{index}`` field) writes, after
+the last shard is committed, a manifest named ``_manifest.json`` by default in the shards'
+directory. Because it is written last, its presence means the set is complete; a failed or
+cancelled writer leaves no manifest.
+
+Schema (version 1)::
+
+    {
+      "format": "streamrec.manifest",       // constant
+      "version": 1,                         // readers refuse a version they do not know
+      "writer": "streamrec 0.1.0",
+      "compression": null,                  // null | "gzip" | "zlib" (every shard alike)
+      "template": "train-{index:05d}-of-{num_shards:05d}.tfrecord",   // as given
+      "num_shards": 16,                     // = len(shards)
+      "records": 1000000,                   // sum over the shards
+      "bytes": 123456789,                   // sum over the shards
+      "shards": [                           // by index, 0 .. num_shards-1
+        {
+          "index": 0,
+          "name": "train-00000-of-00016.tfrecord",   // relative to the manifest's directory
+          "url": "s3://bucket/data/train-00000-of-00016.tfrecord",   // as written
+          "records": 62500,                 // TFRecord records in the shard
+          "bytes": 7716049,                 // size of the object as stored (compressed)
+          "crc32c": 2309112387              // CRC-32C (Castagnoli, unmasked, as an unsigned
+        }                                   // 32-bit integer) of the object's stored bytes
+      ]
+    }
+
+``name`` is the shard's path relative to the manifest (no ``..``); a shard written elsewhere
+gets its full url as its name. :func:`read_manifest` resolves names against the manifest's own
+location, so a copied or moved directory (shards plus manifest) still reads correctly; ``url``
+is informational.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from streamrec.errors import FormatError, StorageError
+from streamrec.storage.retry import RetryPolicy
+from streamrec.storage.stores import open_store
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "Manifest",
+    "ManifestEntry",
+    "dumps",
+    "loads",
+    "read_manifest",
+    "relative_name",
+    "resolve_name",
+]
+
+FORMAT = "streamrec.manifest"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One shard: its url, index in the set, record count, stored size and CRC32C."""
+
+    url: str
+    records: int
+    bytes: int
+    crc32c: int
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A parsed manifest: the shards (by index) and what describes them all."""
+
+    shards: list[ManifestEntry]
+    compression: str | None = None
+    template: str | None = None
+    version: int = VERSION
+
+    @property
+    def records(self) -> int:
+        return sum(entry.records for entry in self.shards)
+
+    @property
+    def bytes(self) -> int:
+        return sum(entry.bytes for entry in self.shards)
+
+
+def _directory(url: str) -> str:
+    """The directory part of ``url`` (``s3://b/d/x`` -> ``s3://b/d``)."""
+    if "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://{posixpath.dirname(rest)}"
+    return posixpath.dirname(url)
+
+
+def relative_name(shard_url: str, manifest_url: str) -> str:
+    """The name a shard is listed under: relative to the manifest when beside or below it."""
+    directory = _directory(manifest_url)
+    prefix = directory.rstrip("/") + "/" if directory else ""
+    if prefix and shard_url.startswith(prefix):
+        return shard_url[len(prefix) :]
+    if not directory or "://" in shard_url or shard_url.startswith("/"):
+        return shard_url
+    return os.path.abspath(shard_url)  # a relative local path elsewhere: make it absolute
+
+
+def resolve_name(name: str, manifest_url: str) -> str:
+    """The url of a shard listed as ``name`` in the manifest at ``manifest_url``."""
+    if "://" in name or name.startswith("/"):
+        return name
+    directory = _directory(manifest_url)
+    return f"{directory.rstrip('/')}/{name}" if directory else name
+
+
+def dumps(manifest: Manifest, manifest_url: str) -> bytes:
+    """The JSON text of ``manifest`` (names relative to ``manifest_url``)."""
+    from streamrec import __version__
+
+    document: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "writer": f"streamrec {__version__}",
+        "compression": manifest.compression,
+        "template": manifest.template,
+        "num_shards": len(manifest.shards),
+        "records": manifest.records,
+        "bytes": manifest.bytes,
+        "shards": [
+            {
+                "index": entry.index,
+                "name": relative_name(entry.url, manifest_url),
+                "url": entry.url,
+                "records": entry.records,
+                "bytes": entry.bytes,
+                "crc32c": entry.crc32c,
+            }
+            for entry in manifest.shards
+        ],
+    }
+    return (json.dumps(document, indent=1) + "\n").encode("utf-8")
+
+
+def loads(data: bytes | str, manifest_url: str) -> Manifest:
+    """Parse and check a manifest; shard names are resolved against ``manifest_url``."""
+
+    def bad(problem: str) -> FormatError:
+        return FormatError(f"not a valid streamrec manifest: {problem}", url=manifest_url)
+
+    try:
+        document = json.loads(data)
+    except ValueError as exc:
+        raise bad(f"not JSON ({exc})") from exc
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise bad(f'"format" is not "{FORMAT}"')
+    version = document.get("version")
+    if not isinstance(version, int) or version < 1:
+        raise bad('"version" is missing')
+    if version > VERSION:
+        raise bad(f"version {version} is newer than this streamrec reads ({VERSION})")
+    shards = document.get("shards")
+    if not isinstance(shards, list):
+        raise bad('"shards" is not a list')
+    entries: list[ManifestEntry] = []
+    for position, item in enumerate(shards):
+        try:
+            entries.append(
+                ManifestEntry(
+                    url=resolve_name(str(item["name"]), manifest_url),
+                    records=_count(item["records"]),
+                    bytes=_count(item["bytes"]),
+                    crc32c=_count(item["crc32c"]),
+                    index=_count(item.get("index", position)),
+                )
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise bad(f"shard {position}: {exc!r}") from exc
+    if [entry.index for entry in entries] != list(range(len(entries))):
+        raise bad("shard indexes are not 0, 1, 2, ...")
+    totals = {
+        "records": sum(e.records for e in entries),
+        "bytes": sum(e.bytes for e in entries),
+        "num_shards": len(entries),
+    }
+    for key, total in totals.items():
+        if key in document and document[key] != total:
+            raise bad(f'"{key}" ({document[key]!r}) does not match the shards ({total})')
+    compression = document.get("compression")
+    template = document.get("template")
+    return Manifest(
+        shards=entries,
+        compression=compression if isinstance(compression, str) else None,
+        template=template if isinstance(template, str) else None,
+        version=version,
+    )
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} is not a non-negative integer")
+    return value
+
+
+async def read_manifest(
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    retry: RetryPolicy | None = None,
+) -> list[ManifestEntry]:
+    """The shards listed by the manifest at ``url``, by index (async).
+
+    Raises :class:`~streamrec.errors.ObjectNotFoundError` when there is no manifest (the set
+    is incomplete, or was never written) and :class:`~streamrec.errors.FormatError` when the
+    object is not a manifest this version understands.
+    """
+    return (await load_manifest(url, storage_options, retry=retry)).shards
+
+
+async def load_manifest(
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    retry: RetryPolicy | None = None,
+) -> Manifest:
+    """The whole parsed manifest at ``url`` (see :func:`read_manifest`)."""
+    policy = retry or RetryPolicy()
+    store = open_store(url, storage_options)
+    try:
+        [info] = await policy.run(lambda: store.expand(url), describe=f"{url}: listing")
+        data = await policy.run(
+            lambda: store.read_range(info, 0, info.size), describe=f"{url}: reading"
+        )
+        if len(data) != info.size:
+            raise StorageError(f"{url}: read {len(data)} of {info.size} bytes of the manifest")
+    finally:
+        await store.close()
+    return loads(data, url)
+
+
+def manifest_for(
+    entries: Sequence[ManifestEntry], *, compression: str | None, template: str | None
+) -> Manifest:
+    """A manifest of ``entries`` (sorted by index)."""
+    return Manifest(
+        shards=sorted(entries, key=lambda e: e.index), compression=compression, template=template
+    )

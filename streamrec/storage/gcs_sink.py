@@ -1,0 +1,326 @@
+"""``gs://`` sink: a resumable upload that runs while the bytes arrive.
+
+The JSON API's resumable protocol, spoken directly on gcsfs's authenticated aiohttp session
+(``gcsfs.core.initiate_upload`` / ``upload_chunk`` go through ``GCSFileSystem._call``, which
+retries every request 6 times over ~35 s whatever streamrec's policy says):
+
+- the session is initiated with the first full chunk (``POST ...?uploadType=resumable``);
+- chunks are ``part_bytes`` rounded up to a multiple of 256 KiB, sent in order with
+  ``Content-Range: bytes a-b/*``; one chunk is in flight while the next one fills;
+- the last request carries the total size (``bytes a-b/total``, or ``bytes */total`` when
+  nothing is left) and makes the object appear; its answer is checked (size, CRC32C);
+- an object no bigger than one chunk is a single media upload instead;
+- ``abort()`` cancels the session (``DELETE`` on the session url; GCS answers 499).
+
+A chunk that fails with a transient error is retried by streamrec's :class:`RetryPolicy`. On
+Google's endpoint the sink first asks how much the server kept (an empty ``PUT`` with
+``Content-Range: bytes */*``) and resends from there, as GCS asks clients to. Against any other
+endpoint (emulators) it resends the whole chunk: fake-gcs-server finalizes the object on such a
+status query and appends chunks without checking their offsets, so there a query would publish a
+partial object; a resend is exact whenever the failed request never reached the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from streamrec.errors import StorageError, TransientStorageError
+from streamrec.storage.sinks import ObjectSink, SinkContext
+from streamrec.storage.translate import from_status, translate
+
+if TYPE_CHECKING:
+    from streamrec.storage.gcs import GCSStore
+
+__all__ = ["CHUNK_ALIGN", "GCSResumableSink", "chunk_size", "next_offset"]
+
+logger = logging.getLogger("streamrec")
+
+CHUNK_ALIGN = 256 << 10  # every chunk but the last must be a multiple of this
+_RANGE = re.compile(r"bytes=(\d+)-(\d+)")
+
+
+def chunk_size(part_bytes: int) -> int:
+    """``part_bytes`` rounded up to a multiple of 256 KiB."""
+    return max(CHUNK_ALIGN, -(-part_bytes // CHUNK_ALIGN) * CHUNK_ALIGN)
+
+
+def next_offset(range_header: str | None) -> int:
+    """The first byte the server has not kept, from a 308's ``Range: bytes=0-N`` (or none)."""
+    if not range_header:
+        return 0
+    match = _RANGE.search(range_header)
+    if match is None:
+        raise StorageError(f"unexpected Range header in a resumable upload: {range_header!r}")
+    return int(match.group(2)) + 1
+
+
+class GCSResumableSink(ObjectSink):
+    """One GCS object, uploaded in chunks while it is written; it appears on commit only."""
+
+    def __init__(self, store: GCSStore, url: str, context: SinkContext | None = None) -> None:
+        super().__init__(url, context)
+        self._store = store
+        bucket, key, _ = store.fs.split_path(url)
+        if not bucket or not key:
+            raise StorageError(f"{url}: a GCS object url needs a bucket and a key")
+        self.bucket: str = bucket
+        self.key: str = key
+        self.chunk_bytes = chunk_size(self.context.part_bytes)
+        self._buffer = bytearray()
+        self.session_url: str | None = None
+        self._sent = 0  # bytes handed to chunk requests so far
+        self._inflight: asyncio.Task[None] | None = None
+        self._metadata: dict[str, Any] | None = None
+        location = str(store.fs._location)
+        # Only Google's own service is trusted with status queries (see the module docstring).
+        self.query_status = "googleapis.com" in location
+
+    @property
+    def _location(self) -> str:
+        return str(self._store.fs._location)
+
+    def _headers(self, extra: dict[str, str]) -> dict[str, str]:
+        headers: dict[str, str] = self._store.fs._get_headers(extra)
+        return headers
+
+    async def _request(
+        self, method: str, url: str, action: str, data: Any = None, headers: Any = None
+    ) -> tuple[int, Any, bytes]:
+        session = await self._store._session()
+        try:
+            async with session.request(
+                method, url, data=data, headers=self._headers(headers or {}), allow_redirects=False
+            ) as response:
+                body: bytes = await response.read()
+                return response.status, response.headers, body
+        except Exception as exc:
+            raise translate(exc, self.url, action) from exc
+
+    def _fail(self, status: int, action: str, body: bytes) -> StorageError:
+        return from_status(status, self.url, action, body[:300].decode("utf-8", "replace"))
+
+    # -- requests ---------------------------------------------------------------------------
+    async def _initiate(self) -> str:
+        action = "starting the resumable upload"
+        url = (
+            f"{self._location}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o"
+            f"?uploadType=resumable&name={quote(self.key, safe='')}"
+        )
+
+        async def attempt() -> str:
+            status, headers, body = await self._request(
+                "POST",
+                url,
+                action,
+                data=json.dumps({"name": self.key}),
+                headers={
+                    "Content-Type": "application/json; charset=UTF-8",
+                    "X-Upload-Content-Type": "application/octet-stream",
+                },
+            )
+            if status not in (200, 201) or not headers.get("Location"):
+                raise self._fail(status, action, body)
+            return str(headers["Location"])
+
+        return await self.context.retry.run(attempt, describe=f"{self.url}: {action}")
+
+    async def _simple_upload(self, data: bytes) -> None:
+        action = f"uploading {len(data)} bytes"
+        url = (
+            f"{self._location}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o"
+            f"?uploadType=media&name={quote(self.key, safe='')}"
+        )
+
+        async def attempt() -> None:
+            status, _, body = await self._request(
+                "POST", url, action, data=data, headers={"Content-Type": "application/octet-stream"}
+            )
+            if status not in (200, 201):
+                raise self._fail(status, action, body)
+            self._metadata = _json(body)
+
+        await self.context.retry.run(attempt, describe=f"{self.url}: {action}")
+
+    async def _query(self, total: int | None) -> int | None:
+        """How many bytes the server kept; None when the upload is already complete."""
+        action = "asking for the resumable upload's status"
+        assert self.session_url is not None
+        status, headers, body = await self._request(
+            "PUT",
+            self.session_url,
+            action,
+            data=b"",
+            headers={"Content-Range": f"bytes */{'*' if total is None else total}"},
+        )
+        if status == 308:
+            return next_offset(headers.get("Range"))
+        if status in (200, 201):
+            self._metadata = _json(body)
+            return None
+        raise self._fail(status, action, body)
+
+    async def _upload_chunk(self, data: bytes, offset: int, total: int | None) -> None:
+        """Send ``data`` (stream bytes ``offset...``); ``total`` only with the last request."""
+        end = offset + len(data)
+        what = "the last chunk" if total is not None else "a chunk"
+        action = f"uploading {what} (bytes {offset}-{end - 1})"
+        confirmed = offset  # bytes before this one are known to be on the server
+        tried = False
+        assert self.session_url is not None
+        session_url = self.session_url
+
+        async def attempt() -> None:
+            nonlocal confirmed, tried
+            if tried and self.query_status:
+                kept = await self._query(total)
+                if kept is None:
+                    return  # the last request had completed the upload before the fault
+                if not offset <= kept <= end:
+                    raise StorageError(
+                        f"{self.url}: the server kept {kept} bytes of a resumable upload, "
+                        f"outside the chunk {offset}-{end} being sent"
+                    )
+                confirmed = kept
+            tried = True
+            while True:
+                piece = memoryview(data)[confirmed - offset :]
+                if piece.nbytes:
+                    content_range = f"bytes {confirmed}-{end - 1}/{'*' if total is None else total}"
+                else:
+                    content_range = f"bytes */{total}"
+                status, headers, body = await self._request(
+                    "PUT", session_url, action, data=piece, headers={"Content-Range": content_range}
+                )
+                if status in (200, 201):
+                    if total is None:
+                        raise StorageError(f"{self.url}: the upload ended before its last chunk")
+                    self._metadata = _json(body)
+                    return
+                if status != 308:
+                    raise self._fail(status, action, body)
+                kept = next_offset(headers.get("Range"))
+                if kept >= end and total is None:
+                    return
+                if not confirmed < kept <= end:
+                    raise TransientStorageError(
+                        f"{self.url}: {action}: the server kept bytes up to {kept}"
+                    )
+                confirmed = kept  # GCS kept less than was sent: send the rest
+
+        await self.context.retry.run(attempt, describe=f"{self.url}: {action}")
+
+    # -- the data path --------------------------------------------------------------------
+    async def _write(self, data: bytes) -> None:
+        self.context.raise_failure()
+        self._buffer += data
+        size = self.chunk_bytes
+        while len(self._buffer) > size:  # an object of exactly one chunk stays one request
+            # Wait for the chunk in flight (in order) and for upload capacity first: meanwhile
+            # the bytes wait in the buffer, not in yet another copy.
+            await self._ready()
+            self._launch(self._cut(size), final=False)
+
+    def _cut(self, size: int) -> bytes:
+        with memoryview(self._buffer) as view:
+            chunk = bytes(view[:size])  # one copy (a bytearray slice would make two)
+        del self._buffer[:size]
+        return chunk
+
+    async def _ready(self) -> None:
+        """The session exists, the previous chunk is done, and an upload slot is ours."""
+        if self.session_url is None:
+            self.session_url = await self._initiate()
+        if self._inflight is not None:
+            await self._inflight  # in order: one chunk in flight, the next one filling
+        await self.context.window.acquire()
+
+    def _launch(self, chunk: bytes, *, final: bool) -> None:
+        window = self.context.window
+        offset = self._sent
+        self._sent += len(chunk)
+        task = asyncio.ensure_future(
+            self._upload_chunk(chunk, offset, self._sent if final else None)
+        )
+        task.add_done_callback(lambda _: window.release())
+        self.context.track(task)
+        self._inflight = task
+
+    async def _seal(self) -> None:
+        if self.session_url is None:
+            window = self.context.window
+            await window.acquire()
+            task = asyncio.ensure_future(self._simple_upload(self._cut(len(self._buffer))))
+            task.add_done_callback(lambda _: window.release())
+            self.context.track(task)
+            self._inflight = task
+        else:
+            await self._ready()
+            self._launch(self._cut(len(self._buffer)), final=True)
+        self._buffer = bytearray()
+
+    async def _commit(self) -> None:
+        assert self._inflight is not None
+        await self._inflight
+        metadata = self._metadata or {}
+        size = metadata.get("size")
+        if size is not None and int(size) != self.bytes_written:
+            await self._delete_object()
+            raise StorageError(
+                f"{self.url}: the server stored {size} bytes, not the {self.bytes_written} sent"
+            )
+        stored_crc = metadata.get("crc32c")
+        if stored_crc is not None:
+            ours = base64.b64encode(self.crc32c.to_bytes(4, "big")).decode()
+            if stored_crc != ours:
+                await self._delete_object()
+                raise StorageError(
+                    f"{self.url}: the server's CRC32C ({stored_crc}) differs from the bytes "
+                    f"sent ({ours})"
+                )
+
+    async def _delete_object(self) -> None:
+        """Remove an object that was stored wrong (best effort)."""
+        url = (
+            f"{self._location}/storage/v1/b/{quote(self.bucket, safe='')}"
+            f"/o/{quote(self.key, safe='')}"
+        )
+        try:
+            await self._request("DELETE", url, "removing the damaged object")
+        except StorageError as exc:
+            logger.warning("%s: could not remove the damaged object: %s", self.url, exc)
+
+    async def _abort(self) -> None:
+        task, self._inflight = self._inflight, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._buffer = bytearray()
+        session_url, self.session_url = self.session_url, None
+        if session_url is None:
+            return
+        action = "cancelling the resumable upload"
+
+        async def attempt() -> None:
+            status, _, body = await self._request("DELETE", session_url, action)
+            # 499: cancelled (GCS's answer); 404/410: the session is gone already
+            if status not in (200, 204, 404, 410, 499):
+                raise self._fail(status, action, body)
+
+        try:
+            await self.context.retry.run(attempt, describe=f"{self.url}: {action}")
+        except StorageError as exc:
+            logger.warning("%s: could not cancel the resumable upload: %s", self.url, exc)
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(body) if body else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,209 @@
+"""``s3://`` sink: a multipart upload that runs while the bytes arrive.
+
+Bytes are cut into parts of exactly ``part_bytes`` (the last one may be shorter); each part is
+uploaded by its own task as soon as it is full, with at most ``max_concurrency`` data requests
+in flight over the whole writer (``write()`` waits for a free slot: that bounds memory). The
+multipart upload is created with the first part and completed by ``commit()``; an object no
+bigger than one part is a single ``PutObject`` instead. ``abort()`` cancels the part uploads and
+aborts the multipart upload, so neither an object nor an orphaned upload (with its stored parts)
+is left behind.
+
+Requests go to s3fs's aiobotocore client directly, with botocore's retries off: every request
+(create, each part, complete, abort) is retried by streamrec's :class:`RetryPolicy` alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+from typing import TYPE_CHECKING, Any
+
+from streamrec.errors import ObjectNotFoundError, StorageError
+from streamrec.storage.sinks import ObjectSink, SinkContext
+from streamrec.storage.translate import translate
+
+if TYPE_CHECKING:
+    from streamrec.storage.s3 import S3Store
+
+__all__ = ["S3MultipartSink"]
+
+logger = logging.getLogger("streamrec")
+
+
+class _Body(io.BytesIO):
+    """A request body that owns its bytes and survives being sent.
+
+    botocore turns a ``bytes`` Body into ``io.BytesIO(body)``, which shares the bytes until
+    aiohttp calls ``getbuffer()`` on it: that copies them, doubling the memory of every part in
+    flight. A BytesIO that owns its buffer from the start is sent without a copy. aiohttp also
+    closes a BytesIO body once sent; a retry sends this one again, so ``close()`` does nothing.
+    """
+
+    def __init__(self, data: memoryview) -> None:
+        super().__init__()
+        self.write(data)
+        self.size = data.nbytes
+
+    def close(self) -> None:
+        pass
+
+
+class S3MultipartSink(ObjectSink):
+    """One S3 object, uploaded in parts while it is written; it appears on commit only."""
+
+    def __init__(self, store: S3Store, url: str, context: SinkContext | None = None) -> None:
+        super().__init__(url, context)
+        self._store = store
+        bucket, key, _ = store.fs.split_path(url)
+        if not bucket or not key:
+            raise StorageError(f"{url}: an S3 object url needs a bucket and a key")
+        self.bucket: str = bucket
+        self.key: str = key
+        self._buffer = bytearray()
+        self._create: asyncio.Task[str] | None = None  # CreateMultipartUpload -> UploadId
+        self._parts: list[asyncio.Task[str]] = []  # part i+1 -> its ETag
+        self._put: asyncio.Task[None] | None = None  # the single PutObject of a small object
+        self.upload_id: str | None = None
+
+    # -- requests ---------------------------------------------------------------------------
+    async def _call(
+        self, action: str, method: str, body: _Body | None = None, **kwargs: Any
+    ) -> Any:
+        """One request through the retry policy; errors translated, with the url."""
+
+        async def attempt() -> Any:
+            client = await self._store._client()
+            if body is not None:
+                body.seek(0)  # a retry sends the whole body again
+                kwargs["Body"] = body
+            try:
+                return await getattr(client, method)(Bucket=self.bucket, Key=self.key, **kwargs)
+            except Exception as exc:
+                raise translate(exc, self.url, action) from exc
+
+        return await self.context.retry.run(attempt, describe=f"{self.url}: {action}")
+
+    async def _create_upload(self) -> str:
+        response = await self._call("creating the multipart upload", "create_multipart_upload")
+        upload_id: str = response["UploadId"]
+        self.upload_id = upload_id
+        return upload_id
+
+    async def _upload_part(self, number: int, body: _Body) -> str:
+        assert self._create is not None
+        # shielded: cancelling this part must not cancel the creation, which abort() awaits
+        # to learn the UploadId of an upload the server may already have created
+        upload_id = await asyncio.shield(self._create)
+        response = await self._call(
+            f"uploading part {number} ({body.size} bytes)",
+            "upload_part",
+            body,
+            UploadId=upload_id,
+            PartNumber=number,
+        )
+        etag: str = response["ETag"]
+        return etag
+
+    async def _put_object(self, body: _Body) -> None:
+        await self._call(f"uploading {body.size} bytes", "put_object", body)
+
+    # -- the data path --------------------------------------------------------------------
+    async def _write(self, data: bytes) -> None:
+        self.context.raise_failure()
+        self._buffer += data
+        size = self.context.part_bytes
+        while len(self._buffer) > size:  # an object of exactly one part stays a single PUT
+            # Wait for upload capacity first: meanwhile the bytes wait in the buffer, not in
+            # yet another copy (memory: max_concurrency parts in flight + this buffer).
+            await self._reserve()
+            self._launch_part(self._cut(size))
+
+    def _cut(self, size: int) -> _Body:
+        with memoryview(self._buffer) as view:
+            body = _Body(view[:size])
+        del self._buffer[:size]
+        return body
+
+    async def _reserve(self) -> None:
+        if self._create is None:
+            self._create = asyncio.ensure_future(self._create_upload())
+            self.context.track(self._create)
+        await self.context.window.acquire()  # at most max_concurrency parts in flight
+
+    def _launch_part(self, body: _Body) -> None:
+        window = self.context.window
+        task = asyncio.ensure_future(self._upload_part(len(self._parts) + 1, body))
+        task.add_done_callback(lambda _: window.release())
+        self.context.track(task)
+        self._parts.append(task)
+
+    async def _seal(self) -> None:
+        if self._create is None:
+            window = self.context.window
+            await window.acquire()
+            self._put = asyncio.ensure_future(self._put_object(self._cut(len(self._buffer))))
+            self._put.add_done_callback(lambda _: window.release())
+            self.context.track(self._put)
+        elif self._buffer:
+            await self._reserve()
+            self._launch_part(self._cut(len(self._buffer)))
+        self._buffer = bytearray()
+
+    async def _commit(self) -> None:
+        if self._put is not None:
+            await self._put
+            return
+        assert self._create is not None
+        upload_id = await asyncio.shield(self._create)
+        etags = await asyncio.gather(*self._parts)
+        parts = [{"PartNumber": i + 1, "ETag": etag} for i, etag in enumerate(etags)]
+        try:
+            await self._call(
+                f"completing the upload of {len(parts)} parts",
+                "complete_multipart_upload",
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+            )
+        except ObjectNotFoundError:
+            # NoSuchUpload after a retry: the first attempt may have completed the upload and
+            # lost its answer. Accept only if the object is there with the size we wrote.
+            if not await self._exists_with_our_size():
+                raise
+
+    async def _exists_with_our_size(self) -> bool:
+        try:
+            head = await self._call("checking the completed object", "head_object")
+        except StorageError:
+            return False
+        return int(head.get("ContentLength", -1)) == self.bytes_written
+
+    async def _abort(self) -> None:
+        tasks = [t for t in (self._put, *self._parts) if t is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._buffer = bytearray()
+        if self._create is None:
+            return
+        with contextlib.suppress(BaseException):
+            await self._create  # it may have succeeded on the server: abort it then
+        upload_id = self.upload_id
+        if upload_id is None:
+            return
+        try:
+            await self._call(
+                "aborting the multipart upload", "abort_multipart_upload", UploadId=upload_id
+            )
+        except ObjectNotFoundError:
+            pass  # NoSuchUpload: already aborted (or completed) by an earlier attempt
+        except StorageError as exc:
+            logger.warning(
+                "%s: could not abort multipart upload %s (it keeps its parts until a bucket "
+                "lifecycle rule removes it): %s",
+                self.url,
+                upload_id,
+                exc,
+            )
