@@ -97,7 +97,8 @@ BUCKET = "bench"
 S3_KEY, S3_SECRET = "k", "s"
 START_MARK = "<!-- bench_remote:start -->"
 END_MARK = "<!-- bench_remote:end -->"
-WEED_PORT_OFFSET = 100  # SeaweedFS's fixed ports + this: clear of a default instance
+# SeaweedFS's fixed ports (HTTP; gRPC is each + 10000), shifted by a free offset per run
+WEED_PORTS = {"master": 9333, "volume": 9340, "filer": 8888, "admin": 23646, "s3": 8333}
 BULK_CONNECTIONS = 16
 BULK_RANGE = 8 * MIB
 SHAPE = netem.LinkShape(delay=0.030, rate=25e6)
@@ -134,7 +135,7 @@ class Settings:
 
 
 DEFAULTS = Settings(64 * MIB, 8 * MIB, 4)
-CANDIDATES = ("64/8/4", "64/4/8", "64/2/16")
+CANDIDATES = ("64/8/4", "64/4/8", "64/2/16", "128/8/16")
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ def ensure_dataset(spec: DataSpec) -> Dataset:
     spec.directory.mkdir(parents=True, exist_ok=True)
     pool = os.urandom(16 * MIB)
     per_shard = max(1, spec.shard_bytes // (spec.payload + 16))
-    files = []
+    written: list[Path] = []
     records = 0
     for shard in range(spec.shards):
         path = spec.directory / f"shard-{shard:05d}.tfrecord"
@@ -204,13 +205,13 @@ def ensure_dataset(spec: DataSpec) -> Dataset:
                 n = min(batch, per_shard - first)
                 w.write_many(_example_payloads(spec, n, records + first, pool))
         records += per_shard
-        files.append(path)
-    nbytes = sum(f.stat().st_size for f in files)
+        written.append(path)
+    nbytes = sum(f.stat().st_size for f in written)
     index.write_text(json.dumps(
-        {"files": [f.name for f in files], "records": records, "nbytes": nbytes}))
+        {"files": [f.name for f in written], "records": records, "nbytes": nbytes}))
     print(f"  wrote {spec.directory.name}: {records} records, {nbytes / MIB:.0f} MiB in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
-    return Dataset(spec, tuple(files), records, nbytes)
+    return Dataset(spec, tuple(written), records, nbytes)
 
 
 # ---------------------------------------------------------------- servers
@@ -261,20 +262,40 @@ def _wait_status(url: str, ok: Callable[[int | None], bool], timeout: float, wha
         time.sleep(0.1)
 
 
-def weed_args(data_dir: Path, port: int, offset: int) -> list[str]:
-    """``weed mini`` on loopback; ``offset`` shifts its fixed ports.
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
-    SeaweedFS names its local unix sockets after its ports (``/tmp/seaweedfs-*-<port>.sock``)
-    and /tmp is shared with the namespace: two instances on the same ports, even in different
-    network namespaces, talk to each other's filer and volume server (uploads then fail with
-    "volume N not found"). So each instance gets its own ports and its own socket paths.
+
+def weed_port_offset() -> int:
+    """An offset (100, 110, ...) at which every SeaweedFS port and its gRPC twin is free."""
+    for offset in range(100, 2000, 10):
+        ports = [p + offset + grpc for p in WEED_PORTS.values() for grpc in (0, 10000)]
+        if all(_port_free(p) for p in ports):
+            return offset
+    raise RuntimeError("no free set of ports for SeaweedFS")
+
+
+def weed_args(data_dir: Path, offset: int) -> list[str]:
+    """``weed mini`` on loopback, every port shifted by ``offset``.
+
+    SeaweedFS takes many fixed ports and names its local unix sockets after them
+    (``/tmp/seaweedfs-*-<port>.sock``, in the /tmp that every network namespace shares): two
+    instances on the same ports talk to each other's filer and volume server (uploads then fail
+    with "volume N not found"). So each run takes its own free ports, and socket paths in its
+    own directory where SeaweedFS lets us choose them.
     """
+    port = {name: base + offset for name, base in WEED_PORTS.items()}
     return [
         _weed_binary(), "mini", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-        f"-s3.port={port}", "-webdav=false", "-admin.ui=false", "-master.telemetry=false",
-        f"-bucket={BUCKET}", f"-master.port={9333 + offset}", f"-volume.port={9340 + offset}",
-        f"-filer.port={8888 + offset}", f"-admin.port={23646 + offset}",
-        "-s3.port.iceberg=0", "-s3.port.lance=0",
+        f"-s3.port={port['s3']}", "-webdav=false", "-admin.ui=false",
+        "-master.telemetry=false", f"-bucket={BUCKET}", f"-master.port={port['master']}",
+        f"-volume.port={port['volume']}", f"-filer.port={port['filer']}",
+        f"-admin.port={port['admin']}", "-s3.port.iceberg=0", "-s3.port.lance=0",
         f"-filer.localSocket={data_dir}/filer.sock", f"-s3.localSocket={data_dir}/s3.sock",
     ]
 
@@ -305,6 +326,7 @@ class Services:
         self.stores: dict[str, Store] = {}
         self.ns: netem.Namespace | None = None
         self.proxy_log = workdir / "proxy.log"
+        self.weed_offset: int | None = None
 
     def _spawn(self, args: list[str], log: str, ns: netem.Namespace | None = None,
                env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -318,9 +340,10 @@ class Services:
 
     def start(self) -> None:
         # S3 on loopback; the emulated link reaches the same server through the proxy
-        s3_port = free_port()
+        self.weed_offset = weed_port_offset()
+        s3_port = WEED_PORTS["s3"] + self.weed_offset
         (self.workdir / "weed").mkdir()
-        self._spawn(weed_args(self.workdir / "weed", s3_port, WEED_PORT_OFFSET), "weed.log",
+        self._spawn(weed_args(self.workdir / "weed", self.weed_offset), "weed.log",
                     env=weed_env())
         # GCS on loopback
         gcs_port = free_port()
@@ -358,10 +381,12 @@ class Services:
                     proc.terminate()  # SeaweedFS takes up to 10 s: stop all at once
             for proc in self.procs:
                 netem.stop_process(proc, timeout=15)
-            # SeaweedFS leaves these behind when it is killed or slow to stop
-            for name in ("master", "volume"):
-                port = (9333 if name == "master" else 9340) + WEED_PORT_OFFSET + 10000
-                Path(f"/tmp/seaweedfs-{name}-grpc-{port}.sock").unlink(missing_ok=True)
+            # SeaweedFS may leave its gRPC sockets behind when it is slow to stop; these
+            # ports were free when we started, so the sockets named after them are ours
+            if self.weed_offset is not None:
+                for name, base in WEED_PORTS.items():
+                    port = base + self.weed_offset + 10000
+                    Path(f"/tmp/seaweedfs-{name}-grpc-{port}.sock").unlink(missing_ok=True)
         finally:
             self._stack.close()
 
@@ -680,7 +705,7 @@ class Samples:
         return statistics.median(self.mbps(nbytes))
 
     def first_median(self) -> float:
-        return statistics.median(r["first"] for r in self.runs)
+        return float(statistics.median(r["first"] for r in self.runs))
 
     def rss_growth_mib(self) -> float | None:
         growth = [(r["rss_peak"] - r["rss_base"]) / KIB for r in self.runs
@@ -866,36 +891,48 @@ def analysis_notes(results: dict[Key, Samples], datasets: Sequence[Dataset],
     per_conn = SHAPE.rate / MB
     notes.append(
         f"Streams needed: the link limit ({fmt_mb(limit)} MB/s) over {per_conn:.0f} MB/s per "
-        f"connection is {limit / per_conn:.1f} range GETs in flight at all times. streamrec "
-        "keeps at most `max_concurrency` GETs in flight per shard (plus the next shard's first "
-        "ones once the current shard is fully requested), and each GET's connection idles one "
-        "round trip before its body flows, so C GETs of B bytes carry at most "
-        "C x 25 MB/s x (B/25 MB/s) / (B/25 MB/s + RTT) in steady state: "
-        + "; ".join(
-            f"`{c.label}` {_steady_bound(c, limit):.0f} MB/s" for c in candidates)
-        + ". Blocks also ramp from 256 KiB at the start of every shard.")
+        f"connection is {limit / per_conn:.1f} range GETs transferring at every moment, and "
+        "each GET's connection also idles a round trip before its body flows, so more than "
+        "that must be in flight. streamrec keeps at most `max_concurrency` GETs in flight per "
+        "shard (plus the next shard's first ones once the current shard is fully requested), "
+        "with blocks ramping from 256 KiB at the start of every shard: "
+        + "; ".join(f"`{c.label}` allows {c.max_concurrency} x {c.block_bytes // MIB} MiB"
+                    for c in candidates) + ".")
+    capped = []
     for c in candidates:
         if c.max_concurrency <= 10:
             continue
         label = Reader("streamrec", c).label
         conns = [results[("s3-link", d.spec.name, label)].conns_median() for d in datasets]
         if all(n is not None and n <= 10 for n in conns):
-            notes.append(
-                f"`{c.label}` asks for {c.max_concurrency} GETs in flight per shard but opened "
-                f"only {max(n or 0 for n in conns):.0f} connections: botocore's connection pool "
-                "(`max_pool_connections`, default 10) caps S3 requests in flight, and streamrec "
-                "does not size it from `max_concurrency` (a user can pass "
-                "`storage_options={'config_kwargs': {'max_pool_connections': N}}`).")
+            capped.append(f"`{c.label}` ({max(n or 0 for n in conns):.0f})")
+    if capped:
+        notes.append(
+            f"Connections opened by settings with `max_concurrency` > 10: {', '.join(capped)}. "
+            "botocore's connection pool (`max_pool_connections`, default 10) caps S3 requests "
+            "in flight, and streamrec does not size it from `max_concurrency`; a user can pass "
+            "`storage_options={'config_kwargs': {'max_pool_connections': N}}`.")
+    worst = max(
+        ((c, d) for c in candidates for d in datasets),
+        key=lambda cd: (results[("s3-link", cd[1].spec.name, Reader("streamrec", cd[0]).label)]
+                        .rss_growth_mib() or 0.0) / (cd[0].prefetch_bytes / MIB))
+    ws = results[("s3-link", worst[1].spec.name, Reader("streamrec", worst[0]).label)]
     notes.append(
-        "`wait` is streamrec's `stats.wait_s` over the read's wall time: near 100 % means the "
-        "consumer (a bare `for` loop here) sat waiting and the bottleneck was the read path "
-        "(the network, or the event-loop thread doing HTTP reads, CRCs and framing).")
+        f"Memory: the highest RSS growth relative to `prefetch_bytes` on the link was "
+        f"`{worst[0].label}` on {worst[1].spec.name}: +{ws.rss_growth_mib() or 0:.0f} MiB for a "
+        f"peak of {ws.peak_prefetch_mib() or 0:.0f} MiB reserved in the budget. The budget "
+        "counts one copy of each block, but a range GET's body is held twice while it "
+        "completes (aiohttp's `read()` gathers the chunks, then joins them into one `bytes`), "
+        "and records are copied out of a block while the consumer may still hold the "
+        "previous chunk; larger blocks and more of them in flight raise that overhead.")
+    notes.append(
+        "`wait` is streamrec's `stats.wait_s` over the read's wall time. The consumer here is a "
+        "bare `for` loop that does nothing with the records, so it really sits blocked in "
+        "`next()` nearly all the time; `wait` well below 100 % means `stats.wait_s` "
+        "under-counts on the blocking path: its clock starts only when the event-loop thread "
+        "resumes the generator, so the hand-over of each chunk to the consumer thread and back "
+        "(queued behind the loop's I/O callbacks) is not counted.")
     return notes
-
-
-def _steady_bound(c: Settings, limit: float) -> float:
-    transfer = c.block_bytes / SHAPE.rate
-    return min(limit, c.max_concurrency * SHAPE.rate / MB * transfer / (transfer + RTT))
 
 
 def machine_notes() -> str:
@@ -916,13 +953,14 @@ def machine_notes() -> str:
 
 
 def source_state() -> str:
+    """The commit measured, and which files under ``streamrec/`` differ from it (if any)."""
     def git(*args: str) -> str:
         try:
             done = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
                                   check=True)
         except (OSError, subprocess.CalledProcessError):
             return ""
-        return done.stdout.strip()
+        return done.stdout.rstrip("\n")  # not strip(): porcelain lines start with a space
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     changed = [line[3:] for line in git("status", "--porcelain", "streamrec").splitlines()]
@@ -1005,6 +1043,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("warning: the C framing accelerator is not built; run "
               "`python setup.py build_ext --inplace` first", flush=True)
     start = time.perf_counter()
+    load_start = os.getloadavg()[0]
+    source_start = source_state()
     rounds = args.rounds or (2 if args.quick else 3)
     shards, shard_mib = (2, 64) if args.quick else (16, 64)
     specs = [DataSpec("100KiB", 100 * KIB, shards, shard_mib * MIB),
@@ -1044,9 +1084,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     section = "\n".join([
         f"Command: `{command.strip()}` ({today}, {rounds} rounds, {elapsed:.0f} s in all).",
         "",
-        f"Machine: {machine_notes()}.",
+        f"Machine: {machine_notes()}; 1-minute load average {load_start:.2f} at the start "
+        f"and {os.getloadavg()[0]:.2f} at the end (the servers, the proxy and the reader share "
+        "the 2 cores, and so does anything else running on the machine).",
         "",
-        f"Source: {source_state()}.",
+        f"Source: {source_start}." if source_state() == source_start else
+        f"Source: {source_start} at the start, {source_state()} at the end (streamrec changed "
+        "during the run).",
         "",
         f"Data: {sizes}. Emulated link: 1 Gbit tbf, {RTT * 1000:.0f} ms RTT, "
         f"{SHAPE.rate / 1e6:.0f} MB/s per connection"
