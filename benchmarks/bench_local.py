@@ -444,9 +444,10 @@ def source_state() -> str:
             )
         except (OSError, subprocess.CalledProcessError):
             return ""
-        return done.stdout.strip()
+        # rstrip only: porcelain lines start with a status column that may be a space
+        return done.stdout.rstrip()
 
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    commit = git("rev-parse", "--short", "HEAD").strip() or "unknown"
     changed = [line[3:] for line in git("status", "--porcelain", "streamrec").splitlines()]
     if not changed:
         return f"commit {commit}, clean"

@@ -34,7 +34,6 @@ __all__ = [
     "RecordDecoder",
     "RecordEncoder",
     "accelerated",
-    "frame_size",
 ]
 
 HEADER_BYTES = 12
@@ -59,10 +58,6 @@ _U64 = struct.Struct("<Q")
 ScanResult = tuple[list[bytes], int, int, int, int]
 ScanFunction = Callable[[BytesLike, int, bool, object, int], ScanResult]
 
-
-def frame_size(payload_bytes: int) -> int:
-    """Bytes one record of ``payload_bytes`` occupies in an uncompressed TFRecord stream."""
-    return payload_bytes + OVERHEAD_BYTES
 
 
 def _scan_python(

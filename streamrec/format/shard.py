@@ -160,13 +160,6 @@ class ShardEncoder:
         self.raw_bytes += len(framed)
         return self._compressor.compress(framed)
 
-    def encode_one(self, payload: BytesLike) -> bytes:
-        """Frame and compress one payload; return the bytes ready to store so far."""
-        framed = self._framing.encode(payload)
-        self.records += 1
-        self.raw_bytes += len(framed)
-        return self._compressor.compress(framed)
-
     def finish(self) -> bytes:
         """The rest of the stream (compressor trailer); the encoder is done afterwards."""
         return self._compressor.flush()
