@@ -9,6 +9,7 @@ The tree (catch a branch to catch everything below it)::
     │   └── CompressionError            a gzip / zlib stream fails to inflate
     ├── ExampleError (ValueError)       a payload is not the Example the caller asked for
     │   └── FeatureError (KeyError)     a feature is missing or has the wrong kind, length or shape
+    ├── StateError (ValueError)         a resume state that does not fit this dataset
     └── StorageError (OSError)          reading or writing an object failed; names the url
         ├── ObjectNotFoundError         (FileNotFoundError) no object, or a glob matched nothing
         ├── PermissionDeniedError       (PermissionError) 401/403, bad or missing credentials
@@ -40,6 +41,7 @@ __all__ = [
     "ObjectNotFoundError",
     "PermissionDeniedError",
     "RetriesExhaustedError",
+    "StateError",
     "StorageError",
     "StreamrecError",
     "TransientStorageError",
@@ -154,6 +156,11 @@ class FeatureError(ExampleError, KeyError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.feature, self.problem))
+
+
+class StateError(StreamrecError, ValueError):
+    """``load_state_dict`` got a state from another configuration, other shards or a newer
+    streamrec; the message lists what differs."""
 
 
 class StorageError(StreamrecError, OSError):

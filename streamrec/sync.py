@@ -13,7 +13,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["EventLoopThread", "iterate_chunks", "open_writer"]
+__all__ = ["EventLoopThread", "iterate_blocking", "iterate_chunks", "open_writer"]
 
 T = TypeVar("T")
 
@@ -96,33 +96,44 @@ def iterate_chunks(make_chunks: Callable[[], AsyncIterator[list[T]]]) -> Iterato
     The generator runs in its own background loop; closing this iterator (break, exception,
     garbage collection, KeyboardInterrupt) closes the generator and joins the thread.
     """
+    for chunk in iterate_blocking(make_chunks):
+        yield from chunk
+        del chunk  # hold one chunk at a time, not two, while the next is fetched
+
+
+def iterate_blocking(make_items: Callable[[], AsyncIterator[T]]) -> Iterator[T]:
+    """Iterate, blocking, over what an async generator yields (one item per hand-over).
+
+    The generator runs in its own background loop; closing this iterator (break, exception,
+    garbage collection, KeyboardInterrupt) closes the generator and joins the thread.
+    """
     portal = EventLoopThread()
     try:
-        chunks = portal.call(_make(make_chunks))
+        items = portal.call(_make(make_items))
         try:
             while True:
                 try:
-                    chunk = portal.call(_next_chunk(chunks))
+                    item = portal.call(_next_item(items))
                 except StopAsyncIteration:
                     return
-                yield from chunk
-                del chunk  # hold one chunk at a time, not two, while the next is fetched
+                yield item
+                del item
         finally:
-            portal.call(_aclose(chunks))
+            portal.call(_aclose(items))
     finally:
         portal.close()
 
 
-async def _make(make_chunks: Callable[[], AsyncIterator[list[T]]]) -> AsyncIterator[list[T]]:
-    return make_chunks()
+async def _make(make_items: Callable[[], AsyncIterator[T]]) -> AsyncIterator[T]:
+    return make_items()
 
 
-async def _next_chunk(chunks: AsyncIterator[list[T]]) -> list[T]:
-    return await chunks.__anext__()
+async def _next_item(items: AsyncIterator[T]) -> T:
+    return await items.__anext__()
 
 
-async def _aclose(chunks: AsyncIterator[list[T]]) -> None:
-    aclose = getattr(chunks, "aclose", None)
+async def _aclose(items: AsyncIterator[T]) -> None:
+    aclose = getattr(items, "aclose", None)
     if aclose is not None:
         await aclose()
 

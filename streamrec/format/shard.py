@@ -31,7 +31,8 @@ class ShardDecoder:
 
     ``compression="auto"`` decides from ``url``'s suffix, else from the first 12 bytes fed
     (until then, bytes are held back). See :class:`RecordDecoder` for ``verify_crc``,
-    ``on_corrupt``, error delivery and :attr:`dropped`.
+    ``on_corrupt``, error delivery and :attr:`dropped`; ``start_offset`` / ``start_index``
+    describe where the bytes fed begin (resuming mid-file, uncompressed only).
     """
 
     def __init__(
@@ -41,9 +42,17 @@ class ShardDecoder:
         compression: str | None = "auto",
         verify_crc: bool = True,
         on_corrupt: OnCorrupt = "raise",
+        start_offset: int = 0,
+        start_index: int = 0,
     ) -> None:
         self.url = url
-        self.framing = RecordDecoder(url=url, verify_crc=verify_crc, on_corrupt=on_corrupt)
+        self.framing = RecordDecoder(
+            url=url,
+            verify_crc=verify_crc,
+            on_corrupt=on_corrupt,
+            start_offset=start_offset,
+            start_index=start_index,
+        )
         self._decompressor: Decompressor | None = None
         self._head = bytearray()  # bytes held back while "auto" sniffs
         self._held: FormatError | None = None  # a codec failure, raised again on later calls

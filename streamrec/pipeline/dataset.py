@@ -2,26 +2,39 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
+from streamrec.errors import StateError
 from streamrec.format.codecs import normalize_compression
 from streamrec.format.framing import OnCorrupt
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
-from streamrec.pipeline.read import read_shard
+from streamrec.pipeline.opener import ShardOpener, shards_digest
 from streamrec.pipeline.shards import ShardPlan, plan_shards, seeded_random
-from streamrec.pipeline.shuffle import shuffle_chunks
+from streamrec.pipeline.shuffle import shuffle_pieces
+from streamrec.pipeline.state import (
+    STATE_VERSION,
+    Cursor,
+    CycleTracker,
+    Event,
+    ReadyTracker,
+    ShuffleTracker,
+    Tracker,
+    rng_from_state,
+)
 from streamrec.pipeline.stats import Stats
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import ObjectInfo, ObjectStore, open_store, store_key
 from streamrec.storage.stream import ObjectReader
-from streamrec.sync import iterate_chunks
+from streamrec.sync import iterate_blocking
 
 __all__ = ["Dataset", "open_dataset"]
+
 
 class Dataset:
     """A sequence of TFRecord payloads (``bytes``) read from one or more shards.
@@ -93,9 +106,19 @@ class Dataset:
         self.host_index = host_index
         self.epoch = 0
         self.stats = Stats()
+        self._resume: dict[str, Any] | None = None  # loaded state, for the next iteration
+        self._cursor: Cursor | None = None  # the consumer's position in this epoch
+        self._finished = False  # this epoch has been read to its end
+        self._shards_digest: str | None = None
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch: shard and record shuffling depend on ``(seed, epoch)``."""
+        """Choose the epoch: shard and record shuffling depend on ``(seed, epoch)``.
+
+        A different epoch starts at its beginning; setting the epoch a loaded state or the
+        last iteration is in keeps that position.
+        """
+        if epoch != self.epoch:
+            self._resume, self._cursor, self._finished = None, None, False
         self.epoch = epoch
 
     async def shards(self) -> list[ObjectInfo]:
@@ -114,12 +137,15 @@ class Dataset:
             found += await self.retry.run(expand, describe=f"listing {url}")
         return found
 
-    def _reader(self, stores: _Stores, shard: ObjectInfo, budget: ByteBudget) -> ObjectReader:
+    def _reader(
+        self, stores: _Stores, shard: ObjectInfo, budget: ByteBudget, start: int = 0
+    ) -> ObjectReader:
         self.stats.shards_opened += 1
         return ObjectReader(
             stores.get(shard.url),
             shard,
             budget,
+            start=start,
             block_bytes=self.block_bytes,
             max_concurrency=self.max_concurrency,
             policy=self.retry,
@@ -129,38 +155,216 @@ class Dataset:
     def _count_retry(self, error: Exception) -> None:
         self.stats.retries += 1
 
+    # ------------------------------------------------------------------ resume state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the consumer is: JSON-serialisable, small (positions, never record data).
+
+        Taken between any two records (after the last one handed out), or before or after
+        an iteration. :meth:`load_state_dict` on a fresh dataset with the same
+        configuration continues with exactly the records that would have come next.
+        """
+        if self._resume is not None:
+            return copy.deepcopy(self._resume)
+        state: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "config": self._config(),
+            "shards": self._shards_digest,
+            "finished": self._finished,
+            "read": None,
+            "shuffle": None,
+        }
+        if self._cursor is not None and not self._finished:
+            position = self._cursor.state()
+            if self.shuffle_buffer:
+                state["read"], state["shuffle"] = position.pop("upstream"), position
+            else:
+                state["read"] = position
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`) on the next iteration.
+
+        Raises :class:`~streamrec.errors.StateError` when the state comes from a different
+        configuration (the message lists the differences); a different set of shards is
+        detected when the iteration lists them.
+        """
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            version = state.get("version") if isinstance(state, dict) else None
+            raise StateError(
+                f"not a streamrec dataset state of version {STATE_VERSION} (got {version!r})"
+            )
+        theirs, ours = state.get("config", {}), self._config()
+        differences = [
+            f"{key}: state has {theirs.get(key)!r}, dataset has {ours.get(key)!r}"
+            for key in sorted(set(theirs) | set(ours))
+            if theirs.get(key) != ours.get(key)
+        ]
+        if differences:
+            raise StateError(
+                "the state comes from a differently configured dataset; " + "; ".join(differences)
+            )
+        self.epoch = int(state["epoch"])
+        self._resume = copy.deepcopy(state)
+        self._cursor = None
+        self._finished = bool(state.get("finished"))
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "urls": list(self.urls),
+            "compression": self.compression,
+            "on_corrupt": self.on_corrupt,
+            "cycle_length": self.cycle_length,
+            "block_length": self.block_length,
+            "deterministic": self.deterministic,
+            "shuffle_shards": self.shuffle_shards,
+            "shuffle_buffer": self.shuffle_buffer,
+            "seed": self.seed,
+            "num_hosts": self.num_hosts,
+            "host_index": self.host_index,
+        }
+
+    def _begin(self) -> tuple[Cursor, dict[str, Any] | None]:
+        """Consumer side of a new iteration: its cursor, and the state it resumes from."""
+        resume, self._resume = self._resume, None
+        if resume is not None and resume.get("finished"):
+            resume = None
+            self._finished = True
+        else:
+            self._finished = False
+        read_state = resume["read"] if resume else None
+        upstream: CycleTracker | ReadyTracker
+        if self.deterministic or self.cycle_length == 1:
+            upstream = CycleTracker(self.cycle_length, read_state)
+        else:
+            upstream = ReadyTracker(read_state)
+        tracker: Tracker = upstream
+        if self.shuffle_buffer:
+            rng = seeded_random(self.seed, self.epoch, "records")
+            shuffle_state = resume["shuffle"] if resume else None
+            tracker = ShuffleTracker(upstream, self.shuffle_buffer, rng, shuffle_state)
+        self._cursor = Cursor(tracker)
+        return self._cursor, resume
+
+    def _end(self, cursor: Cursor) -> None:
+        """The iteration ran to its end: the epoch is finished."""
+        cursor.settle()
+        self._finished = True
+
+    # ------------------------------------------------------------------ the pipeline
+
+    async def _pieces(
+        self, resume: dict[str, Any] | None
+    ) -> AsyncGenerator[tuple[list[bytes], list[Event]], None]:
+        """The pipeline: ``(records, events)`` pieces in reading order (see state.py)."""
+        if self._finished:
+            return
+        budget = ByteBudget(self.prefetch_bytes)
+        async with _Stores(self.storage_options) as stores:
+            try:
+                plan = self._plan(await self._list(stores))
+                digest = shards_digest(plan)
+                if resume is not None and resume.get("shards") not in (None, digest):
+                    raise StateError(
+                        "the state was saved over different shards (other files, sizes or "
+                        "versions, or another host/worker split); it cannot resume here"
+                    )
+                self._shards_digest = digest
+                opener = ShardOpener(self, stores, budget, plan)
+                await opener.prepare(resume)
+                pieces = self._read(opener, resume["read"] if resume else None)
+                if self.shuffle_buffer:
+                    shuffle_state = resume["shuffle"] if resume else None
+                    rng = seeded_random(self.seed, self.epoch, "records")
+                    buffer: list[bytes] = []
+                    draining = False
+                    if shuffle_state is not None:
+                        rng.setstate(rng_from_state(shuffle_state["rng"]))
+                        buffer = await opener.fetch(shuffle_state["buffer"])
+                        draining = bool(shuffle_state["draining"])
+                    pieces = shuffle_pieces(
+                        pieces, self.shuffle_buffer, rng, buffer=buffer, draining=draining
+                    )
+                async with aclosing(pieces) as ordered:
+                    waited = time.monotonic()
+                    async for piece in ordered:
+                        self.stats.wait_s += time.monotonic() - waited
+                        yield piece
+                        waited = time.monotonic()
+            finally:
+                self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
+
+    def _read(
+        self, opener: ShardOpener, start: dict[str, Any] | None
+    ) -> AsyncGenerator[tuple[list[bytes], list[Event]], None]:
+        num_shards = len(opener.plan.shards)
+        if self.cycle_length == 1:
+            return self._sequential(opener, start)
+        if self.deterministic:
+            return interleave_deterministic(
+                num_shards, opener.chunks, self.cycle_length, self.block_length, start
+            )
+        jobs: list[tuple[int, int, int | None]] = []
+        started: set[int] = set()
+        if start is not None:
+            jobs = [(int(p[0]), int(p[1]), p[2]) for p in start["open"]]
+            started = {job[0] for job in jobs} | set(start["done"])
+        jobs += [(ordinal, 0, 0) for ordinal in range(num_shards) if ordinal not in started]
+        return interleave_first_ready(jobs, opener.chunks, self.cycle_length)
+
+    async def _sequential(
+        self, opener: ShardOpener, start: dict[str, Any] | None
+    ) -> AsyncGenerator[tuple[list[bytes], list[Event]], None]:
+        """One shard after another; the next shard's first blocks are requested as soon as
+        the current one has requested its last, so its first-byte latency hides."""
+        jobs: list[tuple[int, int, int | None]] = []
+        first = 0
+        if start is not None:
+            first = start["next"]
+            if start["slots"][0] is not None:
+                ordinal, records, offset = start["slots"][0]
+                jobs.append((ordinal, records, offset))
+        jobs += [(ordinal, 0, 0) for ordinal in range(first, len(opener.plan.shards))]
+        upcoming: ObjectReader | None = None
+        try:
+            for index, (ordinal, records, offset) in enumerate(jobs):
+                reader, upcoming = upcoming or opener.reader(ordinal, records, offset), None
+                reader.prime()
+                following = jobs[index + 1] if index + 1 < len(jobs) else None
+                events: list[Event] = [("open", 0, ordinal, records, offset)]
+                chunks = opener.chunks(ordinal, records, offset, reader)
+                async with aclosing(chunks) as source:
+                    async for chunk in source:
+                        if following and upcoming is None and reader.fully_requested:
+                            upcoming = opener.reader(*following)
+                            upcoming.prime()
+                        events.append(("take", 0, len(chunk), False))
+                        yield chunk, events
+                        events = []
+                events.append(("take", 0, 0, True))
+                yield [], events
+        finally:
+            if upcoming is not None:
+                await upcoming.aclose()
+
+    # ------------------------------------------------------------------ consumers
+
     async def record_chunks(self) -> AsyncGenerator[list[bytes], None]:
         """The records in reading order, as chunks (lists): the fast path for consumers.
 
         Shards are planned (shuffled, split across hosts and workers), read (interleaved when
         ``cycle_length`` > 1) and optionally shuffled through a record buffer. All shards
-        share one prefetch budget of ``prefetch_bytes``.
+        share one prefetch budget of ``prefetch_bytes``. A chunk counts as consumed (for
+        :meth:`state_dict`) once it has been handed out.
         """
-        budget = ByteBudget(self.prefetch_bytes)
-        async with _Stores(self.storage_options) as stores:
-            try:
-                plan = self._plan(await self._list(stores))
-
-                def open_shard(shard: ObjectInfo) -> AsyncGenerator[list[bytes], None]:
-                    reader = self._reader(stores, shard, budget)
-                    reader.prime()
-                    chunks = self._decode(reader)
-                    if plan.record_stride > 1:
-                        chunks = _every_nth(chunks, plan.record_stride, plan.record_offset)
-                    return chunks
-
-                chunks = self._interleave(plan.shards, open_shard, stores, budget, plan)
-                if self.shuffle_buffer:
-                    rng = seeded_random(self.seed, self.epoch, "records")
-                    chunks = shuffle_chunks(chunks, self.shuffle_buffer, rng)
-                async with aclosing(chunks) as ordered:
-                    waited = time.monotonic()
-                    async for chunk in ordered:
-                        self.stats.wait_s += time.monotonic() - waited
-                        yield chunk
-                        waited = time.monotonic()
-            finally:
-                self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
+        cursor, resume = self._begin()
+        async with aclosing(self._pieces(resume)) as pieces:
+            async for records, events in pieces:
+                cursor.take(records, events)
+                if records:
+                    yield records
+        self._end(cursor)
 
     def _plan(self, shards: list[ObjectInfo]) -> ShardPlan[ObjectInfo]:
         num_workers, worker_index = _torch_worker()
@@ -175,63 +379,23 @@ class Dataset:
             worker_index=worker_index,
         )
 
-    def _decode(self, reader: ObjectReader) -> AsyncGenerator[list[bytes], None]:
-        return read_shard(
-            reader,
-            compression=self.compression,
-            verify_crc=self.verify_crc,
-            on_corrupt=self.on_corrupt,
-            stats=self.stats,
-        )
-
-    def _interleave(
-        self,
-        shards: list[ObjectInfo],
-        open_shard: Callable[[ObjectInfo], AsyncGenerator[list[bytes], None]],
-        stores: _Stores,
-        budget: ByteBudget,
-        plan: ShardPlan[ObjectInfo],
-    ) -> AsyncGenerator[list[bytes], None]:
-        if self.cycle_length == 1 or len(shards) <= 1:
-            if plan.record_stride > 1:
-                return interleave_deterministic(shards, open_shard, 1, 1)
-            return self._sequential(shards, stores, budget)
-        if self.deterministic:
-            return interleave_deterministic(
-                shards, open_shard, self.cycle_length, self.block_length
-            )
-        return interleave_first_ready(shards, open_shard, self.cycle_length)
-
-    async def _sequential(
-        self, shards: list[ObjectInfo], stores: _Stores, budget: ByteBudget
-    ) -> AsyncGenerator[list[bytes], None]:
-        """One shard after another; the next shard's first blocks are requested as soon as
-        the current one has requested its last, so its first-byte latency hides."""
-        upcoming: ObjectReader | None = None
-        try:
-            for index, shard in enumerate(shards):
-                reader = upcoming or self._reader(stores, shard, budget)
-                upcoming = None
-                reader.prime()
-                following = shards[index + 1] if index + 1 < len(shards) else None
-                async with aclosing(self._decode(reader)) as chunks:
-                    async for chunk in chunks:
-                        if following and upcoming is None and reader.fully_requested:
-                            upcoming = self._reader(stores, following, budget)
-                            upcoming.prime()
-                        yield chunk
-        finally:
-            if upcoming is not None:
-                await upcoming.aclose()
-
     async def __aiter__(self) -> AsyncGenerator[bytes, None]:
-        async with aclosing(self.record_chunks()) as chunks:
-            async for chunk in chunks:
-                for record in chunk:
+        cursor, resume = self._begin()
+        async with aclosing(self._pieces(resume)) as pieces:
+            async for records, events in pieces:
+                it = iter(records)
+                cursor.take(records, events, it)
+                for record in it:
                     yield record
+        self._end(cursor)
 
     def __iter__(self) -> Iterator[bytes]:
-        return iterate_chunks(self.record_chunks)
+        cursor, resume = self._begin()
+        for records, events in iterate_blocking(lambda: self._pieces(resume)):
+            it = iter(records)
+            cursor.take(records, events, it)
+            yield from it
+        self._end(cursor)
 
     def __repr__(self) -> str:
         return f"Dataset({self.urls!r}, compression={self.compression!r})"
@@ -249,20 +413,6 @@ def _torch_worker() -> tuple[int, int]:
     if info is None:
         return 1, 0
     return int(info.num_workers), int(info.id)
-
-
-async def _every_nth(
-    chunks: AsyncGenerator[list[bytes], None], stride: int, offset: int
-) -> AsyncGenerator[list[bytes], None]:
-    """The records whose index in their shard is ``offset`` modulo ``stride``."""
-    index = 0  # index in the shard of the chunk's first record
-    async with aclosing(chunks) as source:
-        async for chunk in source:
-            first = (offset - index) % stride
-            kept = chunk[first::stride]
-            index += len(chunk)
-            if kept:
-                yield kept
 
 
 class _Stores:

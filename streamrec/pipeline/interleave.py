@@ -1,6 +1,8 @@
 """Interleaving shards: tf.data's deterministic order, or first-ready.
 
-Both take ``open_shard(shard) -> async generator of record chunks`` and hand on chunks.
+Both take ``open_shard(ordinal, records, offset) -> async generator of record chunks`` and
+hand on *pieces* ``(records, events)`` whose events say which shard each run of records came
+from (see :mod:`streamrec.pipeline.state`), so the consumer's position can be saved exactly.
 
 * :func:`interleave_deterministic` reproduces ``Dataset.from_tensor_slices(files).interleave(
   TFRecordDataset, cycle_length, block_length)`` exactly: ``cycle_length`` slots visited in turn,
@@ -17,12 +19,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
-from typing import TypeVar
+from typing import Any
 
-__all__ = ["interleave_deterministic", "interleave_first_ready"]
+from streamrec.pipeline.state import Event
 
-S = TypeVar("S")
+__all__ = ["OpenShard", "Pieces", "interleave_deterministic", "interleave_first_ready"]
+
 Chunks = AsyncGenerator[list[bytes], None]
+Pieces = AsyncGenerator[tuple[list[bytes], list[Event]], None]
+# open_shard(ordinal, records, offset): a shard's chunks, resumed after `records` records
+OpenShard = Callable[[int, int, "int | None"], Chunks]
 # Interleaving small blocks makes small lists; hand them on in batches of about this many.
 _OUTPUT_RECORDS = 1024
 
@@ -55,42 +61,59 @@ class _Slot:
 
 
 async def interleave_deterministic(
-    shards: Sequence[S],
-    open_shard: Callable[[S], Chunks],
+    num_shards: int,
+    open_shard: OpenShard,
     cycle_length: int,
     block_length: int,
-) -> Chunks:
-    """Chunks of records in tf.data's ``interleave(cycle_length, block_length)`` order."""
+    start: dict[str, Any] | None = None,
+) -> Pieces:
+    """Pieces of records in tf.data's ``interleave(cycle_length, block_length)`` order.
+
+    Shards are the ordinals ``0 .. num_shards - 1``; ``open_shard(ordinal, records, offset)``
+    opens one, resumed after ``records`` records at stream ``offset``. ``start`` is a
+    :class:`~streamrec.pipeline.state.CycleTracker` state to continue from.
+    """
     slots: list[_Slot | None] = [None] * cycle_length
-    inputs = iter(shards)
-    end_of_input = False
-    num_open = 0
-    index = 0
+    next_input, index, within = 0, 0, 0
+    events: list[Event] = []
+    if start is not None:
+        next_input, index, within = start["next"], start["index"], start["within"]
+        for number, position in enumerate(start["slots"]):
+            if position is not None:
+                ordinal, records, offset = position
+                slots[number] = _Slot(open_shard(ordinal, records, offset))
+                events.append(("open", number, ordinal, records, offset))
+    num_open = sum(slot is not None for slot in slots)
+    end_of_input = next_input >= num_shards
     out: list[bytes] = []
     try:
         while not end_of_input or num_open > 0:
             slot = slots[index]
             if slot is not None:
-                out += await slot.take(block_length)
+                taken = await slot.take(block_length - within)
+                within = 0
+                out += taken
+                events.append(("take", index, len(taken), slot.done))
                 if slot.done:
                     await slot.chunks.aclose()
                     slots[index] = None
                     num_open -= 1
                 index = (index + 1) % cycle_length
                 if len(out) >= _OUTPUT_RECORDS:
-                    yield out
-                    out = []
+                    yield out, events
+                    out, events = [], []
             elif not end_of_input:
-                shard = next(inputs, None)
-                if shard is None:
+                if next_input >= num_shards:
                     end_of_input = True
                 else:
-                    slots[index] = _Slot(open_shard(shard))
+                    slots[index] = _Slot(open_shard(next_input, 0, 0))
+                    events.append(("open", index, next_input, 0, 0))
+                    next_input += 1
                     num_open += 1
             else:
                 index = (index + 1) % cycle_length
-        if out:
-            yield out
+        if out or events:
+            yield out, events
     finally:
         for slot in slots:
             if slot is not None:
@@ -98,25 +121,32 @@ async def interleave_deterministic(
 
 
 async def interleave_first_ready(
-    shards: Sequence[S],
-    open_shard: Callable[[S], Chunks],
+    jobs: Sequence[tuple[int, int, int | None]],
+    open_shard: OpenShard,
     cycle_length: int,
-) -> Chunks:
-    """Chunks from up to ``cycle_length`` open shards, in the order they are decoded."""
+) -> Pieces:
+    """Pieces from up to ``cycle_length`` open shards, in the order they are decoded.
+
+    ``jobs`` are ``(ordinal, records, offset)``: the shards to read and where to resume each.
+    """
     ready: asyncio.Queue[tuple[int, list[bytes] | None]] = asyncio.Queue(maxsize=cycle_length)
-    inputs = iter(enumerate(shards))
+    inputs = iter(jobs)
     tasks: dict[int, asyncio.Task[None]] = {}
 
-    async def pump(slot: int, shard: S) -> None:
-        async with aclosing(open_shard(shard)) as chunks:
+    closing = False
+
+    async def pump(ordinal: int, records: int, offset: int | None) -> None:
+        async with aclosing(open_shard(ordinal, records, offset)) as chunks:
             async for chunk in chunks:
-                await ready.put((slot, chunk))
-        await ready.put((slot, None))
+                if closing:  # a cancellation some library swallowed must not leave us here
+                    return
+                await ready.put((ordinal, chunk))
+        await ready.put((ordinal, None))
 
     def start_next() -> None:
-        item = next(inputs, None)
-        if item is not None:
-            tasks[item[0]] = asyncio.ensure_future(pump(*item))
+        job = next(inputs, None)
+        if job is not None:
+            tasks[job[0]] = asyncio.ensure_future(pump(*job))
 
     try:
         for _ in range(cycle_length):
@@ -133,16 +163,23 @@ async def interleave_first_ready(
                     raise task.exception()  # type: ignore[misc]
             if not getter.done():
                 continue
-            slot, chunk = getter.result()
+            ordinal, chunk = getter.result()
             getter = None
             if chunk is None:
-                await tasks.pop(slot)
+                await tasks.pop(ordinal)
                 start_next()
+                yield [], [("take", ordinal, 0, True)]
             elif chunk:
-                yield chunk
+                yield chunk, [("take", ordinal, len(chunk), False)]
     finally:
+        closing = True
         if getter is not None:
             getter.cancel()
         for task in tasks.values():
             task.cancel()
+        while not all(task.done() for task in tasks.values()):
+            while not ready.empty():  # wake pumps blocked on a full queue
+                ready.get_nowait()
+            running = [task for task in tasks.values() if not task.done()]
+            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
         await asyncio.gather(*tasks.values(), return_exceptions=True)

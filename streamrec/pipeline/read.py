@@ -23,16 +23,25 @@ async def read_shard(
     verify_crc: bool,
     on_corrupt: OnCorrupt,
     stats: Stats,
+    start_offset: int = 0,
+    start_index: int = 0,
 ) -> AsyncGenerator[list[bytes], None]:
     """The payloads of one shard, in file order, as chunks (lists) of records.
 
     Records before any damage are always yielded before the error is raised; with
     ``on_corrupt="skip"`` damage is logged and counted in ``stats`` instead. The reader is
     closed (its requests cancelled, its budget returned) however this generator ends.
+    A reader that starts mid-object, at ``start_offset``, must start at the header of record
+    ``start_index`` of an uncompressed shard.
     """
     url = reader.obj.url
     decoder = ShardDecoder(
-        url=url, compression=compression, verify_crc=verify_crc, on_corrupt=on_corrupt
+        url=url,
+        compression=compression,
+        verify_crc=verify_crc,
+        on_corrupt=on_corrupt,
+        start_offset=start_offset,
+        start_index=start_index,
     )
     reported = 0
     try:

@@ -10,18 +10,36 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncGenerator, AsyncIterator
 
-__all__ = ["shuffle_chunks"]
+from streamrec.pipeline.state import Event
+
+__all__ = ["shuffle_pieces"]
 
 
-async def shuffle_chunks(
-    chunks: AsyncIterator[list[bytes]], buffer_size: int, rng: random.Random
-) -> AsyncGenerator[list[bytes], None]:
-    """Chunks of the records of ``chunks``, shuffled through a buffer of ``buffer_size``."""
+async def shuffle_pieces(
+    pieces: AsyncIterator[tuple[list[bytes], list[Event]]],
+    buffer_size: int,
+    rng: random.Random,
+    *,
+    buffer: list[bytes] | None = None,
+    draining: bool = False,
+) -> AsyncGenerator[tuple[list[bytes], list[Event]], None]:
+    """Pieces of the records of ``pieces``, shuffled through a buffer of ``buffer_size``.
+
+    Each output piece's events wrap the input events it consumed (``("in", events, lengths)``)
+    so a :class:`~streamrec.pipeline.state.ShuffleTracker` can mirror the buffer. A resumed
+    shuffle starts from ``buffer`` (and ``rng``'s state); ``draining`` means the input had
+    already ended: the buffer is handed on as it is.
+    """
     if buffer_size < 1:
         raise ValueError(f"shuffle_buffer must be >= 1, not {buffer_size}")
-    buffer: list[bytes] = []
+    buffer = list(buffer or ())
+    if draining:
+        yield buffer, [("drain", False)]
+        return
     pick = rng.randrange
-    async for chunk in chunks:
+    pending: list[Event] = []
+    async for chunk, events in pieces:
+        pending.append(("in", events, list(map(len, chunk))))
         out: list[bytes] = []
         append = out.append
         for record in chunk:
@@ -32,7 +50,8 @@ async def shuffle_chunks(
             append(buffer[index])
             buffer[index] = record
         if out:
-            yield out
+            yield out, pending
+            pending = []
     rng.shuffle(buffer)
-    if buffer:
-        yield buffer
+    pending.append(("drain", True))
+    yield buffer, pending

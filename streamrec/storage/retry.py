@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -72,9 +73,7 @@ class RetryPolicy:
         for number in range(1, self.max_attempts + 1):
             remaining = self.deadline_s - (time.monotonic() - started)
             try:
-                return await asyncio.wait_for(
-                    attempt(), timeout=min(self.timeout_s, max(remaining, 0.001))
-                )
+                return await _within(attempt(), min(self.timeout_s, max(remaining, 0.001)))
             except asyncio.TimeoutError as exc:  # TimeoutError's alias from 3.11 on
                 error = TransientStorageError(
                     f"{describe}: no answer within {min(self.timeout_s, remaining):.1f} s"
@@ -94,3 +93,16 @@ class RetryPolicy:
             f"{describe}: gave up after {number} attempt(s) in "
             f"{time.monotonic() - started:.1f} s: {error}"
         ) from error
+
+
+async def _within(awaitable: Awaitable[T], timeout_s: float) -> T:
+    """``await awaitable`` bounded by ``timeout_s`` (TimeoutError after it).
+
+    Python 3.10's and 3.11's ``wait_for`` can swallow a cancellation of the caller that
+    arrives as the inner call completes; ``asyncio.timeout`` (3.11+) cannot, and a lost
+    cancellation leaves a pipeline task running after its iterator was closed.
+    """
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(timeout_s):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, timeout_s)

@@ -1,0 +1,222 @@
+"""Opening the shards of one iteration, from their start or from a saved position.
+
+A shard resumes by seeking to its saved byte offset when that is exact: the shard is
+uncompressed, no corrupt record was skipped (``on_corrupt="raise"``) and records are not
+split every n-th across consumers. Otherwise (GZIP/ZLIB shards especially) it is read from
+its start and the records already handed on are dropped: compressed shards re-inflate their
+prefix. The shuffle buffer's records are fetched again from their locations the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+from streamrec.errors import StateError
+from streamrec.format.codecs import compression_from_name, normalize_compression, sniff
+from streamrec.format.framing import HEADER_BYTES
+from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.read import read_shard
+from streamrec.pipeline.shards import ShardPlan
+from streamrec.storage.base import ObjectInfo, ObjectStore
+from streamrec.storage.stream import ObjectReader
+
+if TYPE_CHECKING:
+    from streamrec.pipeline.dataset import Dataset, _Stores
+
+__all__ = ["ShardOpener", "shards_digest"]
+
+Chunks = AsyncGenerator[list[bytes], None]
+
+
+def shards_digest(plan: ShardPlan[ObjectInfo]) -> str:
+    """A short fingerprint of the shards a consumer reads (names, sizes, versions, split)."""
+    described = [
+        [[s.url, s.size, s.version] for s in plan.shards],
+        plan.record_stride,
+        plan.record_offset,
+    ]
+    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+
+
+class ShardOpener:
+    """Readers and record chunks for the shards of one plan, resumed where a state says."""
+
+    def __init__(
+        self, dataset: Dataset, stores: _Stores, budget: ByteBudget, plan: ShardPlan[ObjectInfo]
+    ) -> None:
+        self.dataset = dataset
+        self.stores = stores
+        self.budget = budget
+        self.plan = plan
+        self._exact = dataset.on_corrupt == "raise" and plan.record_stride == 1
+        self._uncompressed: dict[int, bool] = {}
+
+    async def prepare(self, resume: dict[str, Any] | None) -> None:
+        """Learn which of the shards a resume seeks into are uncompressed."""
+        if resume is None or not self._exact:
+            return
+        ordinals: set[int] = set()
+        read = resume.get("read") or {}
+        for position in read.get("slots", []) + read.get("open", []):
+            if position is not None and position[1] > 0:
+                ordinals.add(int(position[0]))
+        for location in (resume.get("shuffle") or {}).get("buffer", []):
+            ordinals.add(int(location[0]))
+        for ordinal in sorted(ordinals):
+            self._check(ordinal)
+            self._uncompressed[ordinal] = await self._is_uncompressed(self.plan.shards[ordinal])
+
+    def _check(self, ordinal: int) -> None:
+        if not 0 <= ordinal < len(self.plan.shards):
+            count = len(self.plan.shards)
+            raise StateError(f"resume state names shard {ordinal}; there are only {count}")
+
+    async def _is_uncompressed(self, shard: ObjectInfo) -> bool:
+        choice = normalize_compression(self.dataset.compression)
+        if choice != "auto":
+            return choice is None
+        by_name = compression_from_name(shard.url)
+        if by_name != "unknown":
+            return by_name is None
+        store: ObjectStore = self.stores.get(shard.url)
+
+        async def head() -> bytes:
+            return await store.read_range(shard, 0, min(HEADER_BYTES, shard.size))
+
+        first = await self.dataset.retry.run(head, describe=f"reading {shard.url}")
+        return sniff(first) is None
+
+    def _seeks(self, ordinal: int, records: int) -> bool:
+        return records > 0 and self._uncompressed.get(ordinal, False)
+
+    def reader(self, ordinal: int, records: int = 0, offset: int | None = 0) -> ObjectReader:
+        """A reader of shard ``ordinal`` that starts where resuming after ``records`` needs."""
+        start = (offset or 0) if self._seeks(ordinal, records) else 0
+        return self.dataset._reader(self.stores, self.plan.shards[ordinal], self.budget, start)
+
+    def chunks(
+        self,
+        ordinal: int,
+        records: int = 0,
+        offset: int | None = 0,
+        reader: ObjectReader | None = None,
+    ) -> Chunks:
+        """Record chunks of shard ``ordinal`` after its first ``records`` records."""
+        self._check(ordinal)
+        seeks = self._seeks(ordinal, records)
+        if reader is None:
+            reader = self.reader(ordinal, records, offset)
+            reader.prime()
+        dataset = self.dataset
+        chunks = read_shard(
+            reader,
+            compression=None if seeks else dataset.compression,
+            verify_crc=dataset.verify_crc,
+            on_corrupt=dataset.on_corrupt,
+            stats=dataset.stats,
+            start_offset=(offset or 0) if seeks else 0,
+            start_index=records if seeks else 0,
+        )
+        if self.plan.record_stride > 1:
+            chunks = every_nth(chunks, self.plan.record_stride, self.plan.record_offset)
+        if records and not seeks:
+            chunks = _drop_first(chunks, records)
+        return chunks
+
+    async def fetch(self, locations: Sequence[Sequence[Any]]) -> list[bytes]:
+        """The records at ``locations`` (``[ordinal, index, offset, length]``), in order."""
+        wanted: dict[int, list[Sequence[Any]]] = defaultdict(list)
+        for location in locations:
+            self._check(int(location[0]))
+            wanted[int(location[0])].append(location)
+        found: dict[tuple[int, int], bytes] = {}
+        for ordinal, places in wanted.items():
+            if self._exact and self._uncompressed.get(ordinal, False):
+                await self._fetch_span(ordinal, places, found)
+            else:
+                await self._fetch_prefix(ordinal, places, found)
+        try:
+            return [found[(int(loc[0]), int(loc[1]))] for loc in locations]
+        except KeyError as exc:
+            raise StateError(f"resume state names a record that is not there: {exc}") from None
+
+    async def _fetch_span(
+        self, ordinal: int, places: list[Sequence[Any]], found: dict[tuple[int, int], bytes]
+    ) -> None:
+        """One range read from the first to the last wanted record of an uncompressed shard."""
+        shard = self.plan.shards[ordinal]
+        first = min(places, key=lambda loc: int(loc[2]))
+        last = max(int(loc[2]) + int(loc[3]) + 16 for loc in places)
+        span = ObjectInfo(shard.url, min(last, shard.size), shard.version)
+        reader = ObjectReader(
+            self.stores.get(shard.url),
+            span,
+            self.budget,
+            start=int(first[2]),
+            block_bytes=self.dataset.block_bytes,
+            max_concurrency=self.dataset.max_concurrency,
+            policy=self.dataset.retry,
+        )
+        reader.prime()
+        offsets = {int(loc[2]): int(loc[1]) for loc in places}
+        offset = int(first[2])
+        chunks = read_shard(
+            reader,
+            compression=None,
+            verify_crc=self.dataset.verify_crc,
+            on_corrupt="raise",
+            stats=self.dataset.stats,
+            start_offset=offset,
+            start_index=int(first[1]),
+        )
+        async with aclosing(chunks) as source:
+            async for chunk in source:
+                for record in chunk:
+                    index = offsets.get(offset)
+                    if index is not None:
+                        found[(ordinal, index)] = record
+                    offset += len(record) + 16
+
+    async def _fetch_prefix(
+        self, ordinal: int, places: list[Sequence[Any]], found: dict[tuple[int, int], bytes]
+    ) -> None:
+        """Read the shard from its start up to the last wanted record."""
+        indices = {int(loc[1]) for loc in places}
+        last = max(indices)
+        index = 0
+        async with aclosing(self.chunks(ordinal)) as source:
+            async for chunk in source:
+                for record in chunk:
+                    if index in indices:
+                        found[(ordinal, index)] = record
+                    index += 1
+                if index > last:
+                    return
+
+
+async def every_nth(chunks: Chunks, stride: int, offset: int) -> Chunks:
+    """The records whose index in their shard is ``offset`` modulo ``stride``."""
+    index = 0  # index in the shard of the chunk's first record
+    async with aclosing(chunks) as source:
+        async for chunk in source:
+            first = (offset - index) % stride
+            kept = chunk[first::stride]
+            index += len(chunk)
+            if kept:
+                yield kept
+
+
+async def _drop_first(chunks: Chunks, count: int) -> Chunks:
+    """All but the first ``count`` records."""
+    async with aclosing(chunks) as source:
+        async for chunk in source:
+            if count >= len(chunk):
+                count -= len(chunk)
+                continue
+            yield chunk[count:] if count else chunk
+            count = 0

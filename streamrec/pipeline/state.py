@@ -1,0 +1,348 @@
+"""Exact resume: the consumer's position as a small JSON-serialisable state.
+
+The read pipeline runs ahead of its consumer (blocks in flight, the sync iterator's background
+thread, chunks in queues), so its own variables never say where the *consumer* is. Instead each
+stage hands on *pieces*: ``(records, events)``, where the events say where the records came
+from. The consumer's :class:`Cursor` applies the events of what it has actually taken to a
+tracker, so the tracker always describes exactly the consumer's position; ``state_dict()``
+applies the piece in hand up to the record last taken, on a copy.
+
+Events are tuples, one per block of records (never one per record):
+
+* ``("open", slot, ordinal, records, offset)``: shard ``ordinal`` of the epoch's shard plan is
+  opened into ``slot``, resuming after ``records`` records at stream ``offset``;
+* ``("take", slot, count, ended)``: the next ``count`` records came from the shard in ``slot``,
+  one interleave turn; ``ended``: that shard has no more records;
+* ``("in", events, lengths)`` (shuffle): input records of the given ``lengths``, described by
+  the upstream ``events``, went through the shuffle buffer;
+* ``("drain", reshuffle)`` (shuffle): the input ended; the buffer (shuffled first when
+  ``reshuffle``) is handed on.
+
+A shard's position is ``[ordinal, records, offset]``: records handed on from it, and the byte
+offset after them in its uncompressed stream. The offset is only used where it can be trusted
+(an uncompressed shard, no skipped corrupt records, no record-level splitting); other shards
+resume by reading and dropping their first ``records`` records. The shuffle buffer is kept as
+record *locations* ``[ordinal, index, offset, length]``, never as data; resuming fetches those
+records again.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from streamrec.errors import StateError
+
+__all__ = [
+    "STATE_VERSION",
+    "Cursor",
+    "CycleTracker",
+    "Event",
+    "ReadyTracker",
+    "ShuffleTracker",
+    "Tracker",
+    "rng_from_state",
+    "rng_state",
+]
+
+STATE_VERSION = 1
+HEADER_AND_CRCS = 16  # bytes of framing around every payload: length, its CRC, payload CRC
+
+Event = tuple[Any, ...]
+Position = list[Any]  # [ordinal, records, offset | None]
+Location = list[Any]  # [ordinal, index, offset | None, length]
+
+
+class Tracker(Protocol):
+    """Applies pieces' events; describes the consumer's position."""
+
+    def apply(self, events: Sequence[Event], records: Sequence[bytes], limit: int | None) -> None:
+        """Apply the events of the piece ``records`` for its first ``limit`` records (all
+        when ``None``)."""
+
+    def copy(self) -> Tracker:
+        """An independent copy."""
+
+    def state(self) -> dict[str, Any]:
+        """The position, JSON-serialisable."""
+
+
+class _ReadTracker:
+    """Shared part of the trackers of the read stage (which shard each record came from)."""
+
+    kind = ""
+
+    def position(self, slot: int) -> Position:
+        raise NotImplementedError
+
+    def open(self, slot: int, ordinal: int, records: int, offset: int | None) -> None:
+        raise NotImplementedError
+
+    def end_turn(self, slot: int, ended: bool) -> None:
+        raise NotImplementedError
+
+    def copy(self) -> _ReadTracker:
+        raise NotImplementedError
+
+    def state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def partial_turn(self, count: int) -> None:
+        """The consumer stopped ``count`` records into a turn."""
+
+    def apply(self, events: Sequence[Event], records: Sequence[bytes], limit: int | None) -> None:
+        pos = 0
+        for event in events:
+            if event[0] == "open":
+                self.open(*event[1:])
+                continue
+            _, slot, count, ended = event
+            partial = limit is not None and pos + count > limit
+            taken = limit - pos if partial else count  # type: ignore[operator]
+            if taken:
+                position = self.position(slot)
+                position[1] += taken
+                if position[2] is not None:
+                    size = sum(map(len, records[pos : pos + taken]))
+                    position[2] += size + HEADER_AND_CRCS * taken
+            if partial:
+                self.partial_turn(taken)
+                return
+            self.end_turn(slot, ended)
+            pos += count
+
+
+class CycleTracker(_ReadTracker):
+    """Position in a (deterministic) interleave of ``cycle_length`` slots; sequential reading
+    is the case ``cycle_length == 1``."""
+
+    kind = "cycle"
+
+    def __init__(self, cycle_length: int, state: dict[str, Any] | None = None) -> None:
+        self.cycle_length = cycle_length
+        self.next = 0  # ordinal of the next shard to open
+        self.index = 0  # the slot whose turn it is
+        self.within = 0  # records already taken in this turn
+        self.slots: list[Position | None] = [None] * cycle_length
+        if state is not None:
+            _expect(state, "kind", self.kind)
+            self.next, self.index, self.within = state["next"], state["index"], state["within"]
+            slots = state["slots"]
+            if len(slots) != cycle_length:
+                raise StateError(f"state has {len(slots)} interleave slots, not {cycle_length}")
+            self.slots = [list(s) if s is not None else None for s in slots]
+
+    def position(self, slot: int) -> Position:
+        position = self.slots[slot]
+        assert position is not None, "records from an empty slot"
+        return position
+
+    def open(self, slot: int, ordinal: int, records: int, offset: int | None) -> None:
+        self.slots[slot] = [ordinal, records, offset]
+        self.next = ordinal + 1
+
+    def end_turn(self, slot: int, ended: bool) -> None:
+        if ended:
+            self.slots[slot] = None
+        self.index = (slot + 1) % self.cycle_length
+        self.within = 0
+
+    def partial_turn(self, count: int) -> None:
+        self.within += count
+
+    def copy(self) -> CycleTracker:
+        other = copy.copy(self)
+        other.slots = [list(s) if s is not None else None for s in self.slots]
+        return other
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "next": self.next,
+            "index": self.index,
+            "within": self.within,
+            "slots": [list(s) if s is not None else None for s in self.slots],
+        }
+
+
+class ReadyTracker(_ReadTracker):
+    """Position in first-ready reading: which shards are finished, where the open ones are.
+
+    Shards the pipeline opened but the consumer has not taken a record from are neither: they
+    are read again from their start after a resume, so each record comes exactly once.
+    """
+
+    kind = "ready"
+
+    def __init__(self, state: dict[str, Any] | None = None) -> None:
+        self.open_shards: dict[int, Position] = {}
+        self.done: set[int] = set()
+        if state is not None:
+            _expect(state, "kind", self.kind)
+            self.open_shards = {int(p[0]): list(p) for p in state["open"]}
+            self.done = set(state["done"])
+
+    def position(self, slot: int) -> Position:
+        position = self.open_shards.get(slot)
+        if position is None:
+            position = self.open_shards[slot] = [slot, 0, 0]
+        return position
+
+    def open(self, slot: int, ordinal: int, records: int, offset: int | None) -> None:
+        self.open_shards[ordinal] = [ordinal, records, offset]
+
+    def end_turn(self, slot: int, ended: bool) -> None:
+        if ended:
+            self.open_shards.pop(slot, None)
+            self.done.add(slot)
+
+    def copy(self) -> ReadyTracker:
+        other = copy.copy(self)
+        other.open_shards = {k: list(v) for k, v in self.open_shards.items()}
+        other.done = set(self.done)
+        return other
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "open": [list(self.open_shards[k]) for k in sorted(self.open_shards)],
+            "done": sorted(self.done),
+        }
+
+
+class ShuffleTracker:
+    """Mirror of the shuffle buffer over record locations, driven by the same generator."""
+
+    def __init__(
+        self,
+        upstream: _ReadTracker,
+        buffer_size: int,
+        rng: random.Random,
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        self.upstream = upstream
+        self.buffer_size = buffer_size
+        self.rng = rng
+        self.buffer: list[Location] = []
+        self.draining = False
+        if state is not None:
+            self.buffer = [list(loc) for loc in state["buffer"]]
+            self.draining = bool(state["draining"])
+            self.rng.setstate(rng_from_state(state["rng"]))
+
+    def apply(self, events: Sequence[Event], records: Sequence[bytes], limit: int | None) -> None:
+        produced = 0
+        for event in events:
+            if event[0] == "in":
+                produced = self._inputs(event[1], event[2], produced, limit)
+                if produced < 0:
+                    return
+            else:  # ("drain", reshuffle)
+                if event[1]:
+                    self.rng.shuffle(self.buffer)
+                self.draining = True
+                del self.buffer[: len(self.buffer) if limit is None else limit - produced]
+
+    def _inputs(
+        self, events: Sequence[Event], lengths: Sequence[int], produced: int, limit: int | None
+    ) -> int:
+        """Push input records through the mirror; -1 once ``limit`` outputs are reached."""
+        upstream, buffer, size, pick = self.upstream, self.buffer, self.buffer_size, self.rng
+        li = 0
+        for event in events:
+            if event[0] == "open":
+                upstream.open(*event[1:])
+                continue
+            _, slot, count, ended = event
+            position = upstream.position(slot) if count else None
+            for taken in range(count):
+                if len(buffer) >= size and limit is not None and produced >= limit:
+                    upstream.partial_turn(taken)
+                    return -1
+                assert position is not None
+                length = lengths[li]
+                li += 1
+                location = [position[0], position[1], position[2], length]
+                position[1] += 1
+                if position[2] is not None:
+                    position[2] += length + HEADER_AND_CRCS
+                if len(buffer) < size:
+                    buffer.append(location)
+                else:
+                    buffer[pick.randrange(size)] = location
+                    produced += 1
+            upstream.end_turn(slot, ended)
+        return produced
+
+    def copy(self) -> ShuffleTracker:
+        other = copy.copy(self)
+        other.upstream = self.upstream.copy()
+        other.buffer = [list(loc) for loc in self.buffer]
+        other.rng = random.Random()
+        other.rng.setstate(self.rng.getstate())
+        return other
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "upstream": self.upstream.state(),
+            "buffer": [list(loc) for loc in self.buffer],
+            "rng": rng_state(self.rng),
+            "draining": self.draining,
+        }
+
+
+class Cursor:
+    """The consumer's position: the events of each piece are applied as it is taken.
+
+    ``take(records, events, it)``: the consumer now reads ``records`` through the iterator
+    ``it`` (``None``: the whole piece is taken at once). Records still left in ``it`` are
+    not consumed; the one last handed out is.
+    """
+
+    def __init__(self, tracker: Tracker) -> None:
+        self.tracker = tracker
+        self._records: Sequence[bytes] = ()
+        self._events: Sequence[Event] = ()
+        self._it: Any = None
+
+    def take(self, records: Sequence[bytes], events: Sequence[Event], it: Any = None) -> None:
+        self.settle()
+        self._records, self._events, self._it = records, events, it
+
+    def settle(self) -> None:
+        """The piece in hand is fully consumed."""
+        if self._events:
+            self.tracker.apply(self._events, self._records, None)
+        self._records, self._events, self._it = (), (), None
+
+    def state(self) -> dict[str, Any]:
+        """The position after the record last handed out."""
+        tracker = self.tracker.copy()
+        if self._events:
+            limit = None
+            if self._it is not None:
+                limit = len(self._records) - self._it.__length_hint__()
+            tracker.apply(self._events, self._records, limit)
+        return tracker.state()
+
+
+def rng_state(rng: random.Random) -> list[Any]:
+    """``rng``'s state as JSON-friendly lists."""
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def rng_from_state(state: Sequence[Any]) -> tuple[Any, ...]:
+    """The argument for ``Random.setstate`` from :func:`rng_state`'s output."""
+    try:
+        version, internal, gauss = state
+        return (version, tuple(int(x) for x in internal), gauss)
+    except (TypeError, ValueError) as exc:
+        raise StateError(f"bad shuffle generator state in the resume state: {exc}") from None
+
+
+def _expect(state: dict[str, Any], key: str, value: object) -> None:
+    if state.get(key) != value:
+        raise StateError(f"resume state has {key}={state.get(key)!r}, expected {value!r}")

@@ -1,0 +1,320 @@
+"""Exact resume: stop anywhere, restore into a fresh dataset, get exactly the rest."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import streamrec
+from streamrec.errors import StateError
+from streamrec.format.framing import RecordEncoder
+from streamrec.format.shard import ShardEncoder
+
+
+def payload(shard: int, index: int) -> bytes:
+    # lengths vary so that byte offsets are not a multiple of a record count
+    return f"{shard}:{index}:".encode() + b"x" * ((shard * 7 + index * 13) % 40)
+
+
+def write_shards(
+    root: Path, sizes: list[int], compressed: frozenset[int] = frozenset()
+) -> list[str]:
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for shard, size in enumerate(sizes):
+        records = [payload(shard, i) for i in range(size)]
+        if shard in compressed:
+            encoder = ShardEncoder("gzip")
+            data = encoder.encode(records) + encoder.finish()
+            path = root / f"shard-{shard:03d}.tfrecord.gz"
+        else:
+            data = b"".join(RecordEncoder().encode(r) for r in records)
+            path = root / f"shard-{shard:03d}.tfrecord"
+        path.write_bytes(data)
+        paths.append(str(path))
+    return paths
+
+
+def run_epochs(ds: streamrec.Dataset, epochs: int, first: int = 0) -> list[list[bytes]]:
+    out = []
+    for epoch in range(first, epochs):
+        ds.set_epoch(epoch)
+        out.append(list(ds))
+    return out
+
+
+def stop_after(ds: streamrec.Dataset, epochs: int, k: int) -> tuple[list[bytes], dict[str, Any]]:
+    """Consume ``k`` records over the epochs, then take the state (JSON round trip)."""
+    taken: list[bytes] = []
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)
+        if len(taken) == k:
+            break
+        for record in ds:
+            taken.append(record)
+            if len(taken) == k:
+                break
+        if len(taken) == k:
+            break
+    return taken, json.loads(json.dumps(ds.state_dict()))
+
+
+def resume_rest(make: Any, state: dict[str, Any], epochs: int) -> list[bytes]:
+    ds = make()
+    ds.load_state_dict(state)
+    rest: list[bytes] = []
+    for epoch in range(state["epoch"], epochs):
+        ds.set_epoch(epoch)
+        rest += list(ds)
+    return rest
+
+
+CONFIGS = [
+    {},
+    {"cycle_length": 3, "block_length": 2},
+    {"cycle_length": 4, "block_length": 1, "shuffle_shards": True},
+    {"shuffle_buffer": 7, "seed": 5},
+    {"cycle_length": 2, "block_length": 3, "shuffle_buffer": 50, "shuffle_shards": True},
+    {"cycle_length": 3, "block_length": 2, "deterministic": False},
+    {"cycle_length": 3, "deterministic": False, "shuffle_buffer": 9},
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: json.dumps(c, sort_keys=True))
+def test_resume_anywhere_equals_uninterrupted_run(tmp_path: Path, config: dict[str, Any]) -> None:
+    sizes = [5, 0, 17, 3, 11, 1, 8]
+    files = write_shards(tmp_path, sizes, compressed=frozenset({2, 5}))
+
+    def make() -> streamrec.Dataset:
+        return streamrec.open_dataset(files, **config)
+
+    epochs = 2
+    reference = run_epochs(make(), epochs)
+    flat = [r for epoch in reference for r in epoch]
+    assert len(flat) == 2 * sum(sizes)
+    deterministic = config.get("deterministic", True)
+    for k in [0, 1, 2, 9, 22, 44, 45, 46, 60, 89, 90]:
+        taken, state = stop_after(make(), epochs, k)
+        rest = resume_rest(make, state, epochs)
+        if deterministic:
+            assert taken + rest == flat, f"stopped after {k}"
+        else:
+            assert Counter(taken + rest) == Counter(flat), f"stopped after {k}"
+            assert len(taken + rest) == len(flat)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sizes=st.lists(st.integers(0, 12), min_size=1, max_size=7),
+    cycle=st.integers(1, 4),
+    block=st.integers(1, 3),
+    buffer=st.sampled_from([0, 0, 1, 4, 30]),
+    deterministic=st.booleans(),
+    gz=st.sets(st.integers(0, 6), max_size=3),
+    stop=st.floats(0, 1),
+)
+def test_resume_property(
+    tmp_path_factory: pytest.TempPathFactory,
+    sizes: list[int],
+    cycle: int,
+    block: int,
+    buffer: int,
+    deterministic: bool,
+    gz: set[int],
+    stop: float,
+) -> None:
+    files = write_shards(tmp_path_factory.mktemp("d"), sizes, frozenset(gz))
+    config = {
+        "cycle_length": cycle,
+        "block_length": block,
+        "shuffle_buffer": buffer,
+        "deterministic": deterministic,
+        "shuffle_shards": True,
+        "seed": 3,
+    }
+
+    def make() -> streamrec.Dataset:
+        return streamrec.open_dataset(files, **config)
+
+    flat = [r for epoch in run_epochs(make(), 2) for r in epoch]
+    k = round(stop * len(flat))
+    taken, state = stop_after(make(), 2, k)
+    rest = resume_rest(make, state, 2)
+    if deterministic or cycle == 1:
+        assert taken + rest == flat
+    else:
+        assert sorted(taken + rest) == sorted(flat)
+
+
+def test_resume_twice_in_a_row(tmp_path: Path) -> None:
+    files = write_shards(tmp_path, [9, 4, 12, 7])
+    config = {"cycle_length": 2, "block_length": 2, "shuffle_buffer": 5}
+    flat = list(streamrec.open_dataset(files, **config))
+    first = streamrec.open_dataset(files, **config)
+    a = [r for _, r in zip(range(10), first, strict=False)]
+    second = streamrec.open_dataset(files, **config)
+    second.load_state_dict(first.state_dict())
+    b = [r for _, r in zip(range(7), second, strict=False)]
+    third = streamrec.open_dataset(files, **config)
+    third.load_state_dict(second.state_dict())
+    assert a + b + list(third) == flat
+
+
+def test_async_iteration_and_chunks_resume(tmp_path: Path) -> None:
+    files = write_shards(tmp_path, [30, 20, 25])
+    config = {"cycle_length": 2, "block_length": 4}
+    flat = list(streamrec.open_dataset(files, **config))
+
+    async def first_part() -> tuple[list[bytes], dict[str, Any]]:
+        ds = streamrec.open_dataset(files, **config)
+        taken = []
+        async for record in ds:
+            taken.append(record)
+            if len(taken) == 13:
+                break
+        return taken, ds.state_dict()
+
+    taken, state = asyncio.run(first_part())
+
+    async def rest() -> list[bytes]:
+        ds = streamrec.open_dataset(files, **config)
+        ds.load_state_dict(state)
+        out: list[bytes] = []
+        async for chunk in ds.record_chunks():
+            out += chunk
+        return out
+
+    assert taken + asyncio.run(rest()) == flat
+
+
+def test_resume_seeks_instead_of_rereading(tmp_path: Path) -> None:
+    files = write_shards(tmp_path, [2000])
+    size = Path(files[0]).stat().st_size
+    ds = streamrec.open_dataset(files)
+    it = iter(ds)
+    for _ in range(1500):
+        next(it)
+    state = ds.state_dict()
+    it.close()
+    again = streamrec.open_dataset(files)
+    again.load_state_dict(state)
+    rest = list(again)
+    assert rest == [payload(0, i) for i in range(1500, 2000)]
+    offset = state["read"]["slots"][0][2]
+    assert again.stats.bytes_read == size - offset
+    assert offset == sum(len(payload(0, i)) + 16 for i in range(1500))
+
+
+def test_state_is_small_json_without_record_data(tmp_path: Path) -> None:
+    files = write_shards(tmp_path, [50] * 8)
+    ds = streamrec.open_dataset(files, cycle_length=4, shuffle_buffer=20)
+    it = iter(ds)
+    for _ in range(100):
+        next(it)
+    state = ds.state_dict()
+    it.close()
+    text = json.dumps(state)
+    assert b"0:1:" not in text.encode()  # locations, never payloads
+    assert len(state["shuffle"]["buffer"]) == 20
+    assert len(text) < 16_000  # mostly the shuffle generator's 625 words
+
+
+def test_state_from_another_configuration_is_refused(tmp_path: Path) -> None:
+    files = write_shards(tmp_path, [5, 5])
+    ds = streamrec.open_dataset(files, cycle_length=2, seed=1)
+    next(iter(ds))
+    state = ds.state_dict()
+    other = streamrec.open_dataset(files, cycle_length=2, seed=2)
+    with pytest.raises(StateError, match="seed: state has 1, dataset has 2"):
+        other.load_state_dict(state)
+    with pytest.raises(StateError, match="version"):
+        other.load_state_dict({"version": 99})
+
+
+def test_state_over_changed_shards_is_refused(tmp_path: Path) -> None:
+    files = write_shards(tmp_path, [5, 5])
+    ds = streamrec.open_dataset(files)
+    next(iter(ds))
+    state = ds.state_dict()
+    Path(files[1]).write_bytes(RecordEncoder().encode(b"changed"))
+    again = streamrec.open_dataset(files)
+    again.load_state_dict(state)
+    with pytest.raises(StateError, match="different shards"):
+        list(again)
+
+
+def test_finished_epoch_resumes_empty_and_next_epoch_starts(tmp_path: Path) -> None:
+    files = write_shards(tmp_path, [3, 4])
+    ds = streamrec.open_dataset(files, shuffle_shards=True)
+    first = list(ds)
+    state = ds.state_dict()
+    assert state["finished"] is True
+    again = streamrec.open_dataset(files, shuffle_shards=True)
+    again.load_state_dict(state)
+    assert list(again) == []
+    again.set_epoch(1)
+    reference = streamrec.open_dataset(files, shuffle_shards=True)
+    reference.set_epoch(1)
+    assert list(again) == list(reference)
+    assert sorted(first) == sorted(list(reference))
+
+
+def test_skipped_corrupt_records_resume_by_count(tmp_path: Path) -> None:
+    records = [payload(0, i) for i in range(40)]
+    data = bytearray(b"".join(RecordEncoder().encode(r) for r in records))
+    damaged = sum(len(r) + 16 for r in records[:10]) + 12  # first payload byte of record 10
+    data[damaged] ^= 0xFF
+    path = tmp_path / "bad.tfrecord"
+    path.write_bytes(bytes(data))
+    flat = list(streamrec.open_dataset(str(path), on_corrupt="skip"))
+    assert len(flat) == 39
+    ds = streamrec.open_dataset(str(path), on_corrupt="skip")
+    taken = [r for _, r in zip(range(25), ds, strict=False)]
+    again = streamrec.open_dataset(str(path), on_corrupt="skip")
+    again.load_state_dict(ds.state_dict())
+    assert taken + list(again) == flat
+
+
+_CHILD = """
+import json, sys
+import streamrec
+files = json.loads(sys.argv[1])
+ds = streamrec.open_dataset(files, cycle_length=3, block_length=2, shuffle_buffer=11, seed=4)
+ds.set_epoch(1)
+taken = []
+for record in ds:
+    taken.append(record.decode())
+    if len(taken) == int(sys.argv[2]):
+        break
+print(json.dumps({"taken": taken, "state": ds.state_dict()}))
+"""
+
+
+def test_resume_in_a_fresh_process(tmp_path: Path) -> None:
+    files = write_shards(tmp_path, [14, 9, 0, 21, 6], compressed=frozenset({3}))
+    config = {"cycle_length": 3, "block_length": 2, "shuffle_buffer": 11, "seed": 4}
+    reference = streamrec.open_dataset(files, **config)
+    reference.set_epoch(1)
+    flat = list(reference)
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(files), "23"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result = json.loads(child.stdout)
+    ds = streamrec.open_dataset(files, **config)
+    ds.load_state_dict(result["state"])
+    assert ds.epoch == 1
+    assert [t.encode() for t in result["taken"]] + list(ds) == flat
