@@ -10,12 +10,15 @@ Public API (re-exports only)::
                                     max_bytes=256 << 20) as w:   # shards + _manifest.json
         w.write(payload)
     entries = await streamrec.read_manifest("s3://b/out/_manifest.json")
+    streamrec.reshard(["gs://a/train-*"], "s3://b/out/part-{index:05d}.tfrecord",
+                      max_bytes=256 << 20)        # also: the `streamrec reshard` command
     streamrec.example.encode({...}) / decode(payload)
 """
 
 from streamrec import errors, sync
 from streamrec.manifest import ManifestEntry, read_manifest
 from streamrec.pipeline.dataset import Dataset, open_dataset
+from streamrec.reshard import ReshardSummary, reshard
 from streamrec.writer import ShardWriter, open_writer
 
 __version__ = "0.1.0"
@@ -23,12 +26,14 @@ __version__ = "0.1.0"
 __all__ = [
     "Dataset",
     "ManifestEntry",
+    "ReshardSummary",
     "ShardWriter",
     "__version__",
     "errors",
     "open_dataset",
     "open_writer",
     "read_manifest",
+    "reshard",
     "sync",
 ]
 

@@ -1,87 +1,99 @@
-"""The ``streamrec`` command line."""
+"""The ``streamrec`` command line: ``ls``, ``count``, ``verify``, ``head``, ``inspect`` (and
+``reshard`` when :mod:`streamrec.cli_reshard` is present).
+
+Each subcommand lives in a ``streamrec.cli_*`` module exposing ``register(commands)``, which adds
+its parser and stores its handler with ``set_defaults(run=handler)``; a handler takes the parsed
+arguments and returns the exit status. :func:`main` parses, dispatches and turns the errors a
+user can cause (:class:`~streamrec.errors.StreamrecError`) into one line on stderr and exit
+status 1. Usage errors exit with status 2 (argparse).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Callable, Sequence
 
 import streamrec
+from streamrec import cli_count, cli_head, cli_inspect, cli_ls
+from streamrec.cli_common import EXIT_DATA_ERROR, error
 from streamrec.errors import StreamrecError
-from streamrec.format.framing import OnCorrupt
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
+
+EPILOG = """\
+Urls may be local paths, globs, file://, s3://, gs://, http(s):// or memory:// urls. Every
+command takes --json (one JSON document on stdout), --storage-options JSON (passed to fsspec:
+endpoint, credentials) and --no-progress; `streamrec COMMAND --help` shows its output and
+examples.
+
+exit status: 0 ok; 1 damaged data, missing objects or storage errors; 2 usage error
+
+examples:
+  streamrec ls 'data/train-*.tfrecord'
+  streamrec verify 'gs://bucket/train-*.tfrecord.gz'
+  streamrec head -n 2 --decode data/train-00000.tfrecord
+  streamrec inspect 's3://bucket/train-*' --storage-options '{"anon": true}'
+"""
+
+Handler = Callable[[argparse.Namespace], int]
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``streamrec`` argument parser with every subcommand registered."""
     parser = argparse.ArgumentParser(
         prog="streamrec",
-        description=(
-            "Stream TFRecord shards between training jobs and storage, without TensorFlow. "
-            "Every record's CRCs are verified."
+        description=textwrap.fill(
+            "Inspect and check TFRecord shards on local disk or in object stores, without "
+            "TensorFlow. Every record's CRCs are verified.",
+            92,
         ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"streamrec {streamrec.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    count = commands.add_parser(
-        "count",
-        help="count the records of TFRecord files, verifying every CRC",
-        description=(
-            "Read TFRecord files (paths or globs, GZIP/ZLIB detected automatically), verify "
-            "every record's CRCs and print the number of records per file and in total."
-        ),
-    )
-    count.add_argument("paths", nargs="+", metavar="PATH", help="file, glob or directory/*")
-    count.add_argument(
-        "--compression",
-        default="auto",
-        choices=["auto", "none", "gzip", "zlib"],
-        help="codec of the files (default: auto, from the suffix or the first bytes)",
-    )
-    count.add_argument(
-        "--skip-corrupt",
-        action="store_true",
-        help="drop damaged records (logged) instead of stopping at the first one",
-    )
+    for module in (cli_ls, cli_count, cli_head, cli_inspect):
+        module.register(commands)
+    try:  # written separately; the other commands work without it
+        reshard = importlib.import_module("streamrec.cli_reshard")
+    except ImportError:
+        pass
+    else:
+        reshard.register(commands)
     return parser
 
 
-def _count(args: argparse.Namespace) -> int:
-    import asyncio
-
-    compression = None if args.compression == "none" else args.compression
-    on_corrupt: OnCorrupt = "skip" if args.skip_corrupt else "raise"
-
-    async def run() -> int:
-        total = 0
-        probe = streamrec.open_dataset(args.paths, compression=compression)
-        for shard in await probe.shards():
-            ds = streamrec.open_dataset(shard.url, compression=compression, on_corrupt=on_corrupt)
-            n = 0
-            async for chunk in ds.record_chunks():
-                n += len(chunk)
-            skipped = ds.stats.corrupt_skipped
-            note = f"  ({skipped} corrupt skipped)" if skipped else ""
-            print(f"{n:>12,}  {shard.url}{note}")
-            total += n
-        print(f"{total:>12,}  total")
-        return 0
-
-    return asyncio.run(run())
+def _silence_stdout() -> None:
+    """After a broken pipe (``streamrec head ... | head -1``), drop further output quietly."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (tests capturing it)
+        pass
+    finally:
+        os.close(devnull)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``streamrec`` console script."""
-    parser = _build_parser()
+    """Entry point of the ``streamrec`` console script; returns the exit status."""
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
+    handler: Handler | None = getattr(args, "run", None)
+    if handler is None:
         parser.print_help()
         return 0
     try:
-        return _count(args)
+        return handler(args)
     except StreamrecError as exc:
-        print(f"streamrec: error: {exc}", file=sys.stderr)
-        return 1
+        error(exc)
+        return EXIT_DATA_ERROR
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_DATA_ERROR
     except KeyboardInterrupt:
         return 130
 

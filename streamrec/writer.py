@@ -247,12 +247,6 @@ class _Shard:
             return self.stored + extra <= limit
         return self.at_sync + _deflate_bound(self.since_sync + extra) <= limit
 
-    def sync(self) -> None:
-        """Sync-flush: everything given so far is out, so ``stored`` is exact again."""
-        self._emit(self.compressor.flush(zlib.Z_SYNC_FLUSH))
-        self.at_sync = self.stored
-        self.since_sync = 0
-
     def add_if_fits(self, framed: bytes, limit: int) -> bool:
         """Add one framed record iff the stream finished right after it is within ``limit``."""
         trial = self.compressor.copy()
@@ -468,8 +462,14 @@ class _Planner:
             return False  # uncompressed, the bound is exact
         framed = self.framer.encode(payload)
         if shard.since_sync:
-            shard.sync()
-            if shard.bound_fits(len(framed), limit):
+            # Sync-flush a copy, kept only if the record then surely fits: the flush's own
+            # bytes could otherwise push a shard that is then closed past the limit.
+            trial = shard.compressor.copy()
+            synced = trial.flush(zlib.Z_SYNC_FLUSH)
+            if shard.stored + len(synced) + _deflate_bound(len(framed)) <= limit:
+                shard.compressor = trial
+                shard._emit(synced)
+                shard.at_sync, shard.since_sync = shard.stored, 0
                 shard.add(framed, 1)
                 return True
         return shard.add_if_fits(framed, limit)

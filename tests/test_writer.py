@@ -181,6 +181,22 @@ def test_rotation_by_bytes_compressed_is_exact(tmp_path: Path, compression: str,
     assert list(streamrec.open_dataset(str(tmp_path / "part-*"))) == payloads
 
 
+@pytest.mark.parametrize("compression", ["gzip", "zlib"])
+def test_compressed_shards_never_pass_max_bytes(tmp_path: Path, compression: str) -> None:
+    # Small limits over many offsets: the sync flush that makes the size exact must not
+    # itself push a shard that then closes past the limit.
+    payloads = [(b"record %d " % i) * (1 + i % 7) for i in range(400)]
+    for limit in range(300, 1700, 37):
+        out = tmp_path / f"{limit}"
+        with streamrec.sync.open_writer(
+            str(out / "p-{index:03d}.tfrecord"), max_bytes=limit, compression=compression
+        ) as w:
+            w.write_many(payloads)
+        sizes = [entry.bytes for entry in w.shards]
+        assert max(sizes) <= limit, (limit, sizes)
+        assert list(streamrec.open_dataset(str(out / "p-*"), compression=compression)) == payloads
+
+
 @pytest.mark.parametrize("compression", [None, "gzip"])
 def test_write_and_write_many_give_identical_shards(tmp_path: Path, compression: str) -> None:
     payloads = compressible(1500, seed=3)

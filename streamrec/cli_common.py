@@ -1,0 +1,202 @@
+"""What every ``streamrec`` subcommand shares: common options, output helpers, progress bars.
+
+A subcommand module exposes ``register(commands)``, which adds its parser with
+:func:`add_command` and stores its handler with ``set_defaults(run=handler)``; a handler takes
+the parsed arguments and returns the exit status (0 ok, 1 data error; argparse exits 2 on
+usage errors by itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+__all__ = [
+    "EXIT_DATA_ERROR",
+    "EXIT_OK",
+    "Progress",
+    "add_command",
+    "add_common_arguments",
+    "compression_of",
+    "error",
+    "human_bytes",
+    "non_negative_int",
+    "positive_int",
+    "print_json",
+    "storage_options_of",
+]
+
+EXIT_OK = 0
+EXIT_DATA_ERROR = 1
+
+URLS_HELP = (
+    "local path, glob, file://, s3://, gs://, http(s):// or memory:// url; globs are "
+    "expanded and sorted by name (quote them so the shell leaves them alone)"
+)
+
+
+def add_command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    *,
+    summary: str,
+    description: str,
+    epilog: str,
+) -> argparse.ArgumentParser:
+    """A subcommand parser whose ``--help`` keeps the description's and epilog's line breaks."""
+    return commands.add_parser(
+        name,
+        help=summary,
+        description=textwrap.fill(description, 92),
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be >= 1, not 0")
+    return value
+
+
+def add_common_arguments(
+    parser: argparse.ArgumentParser, *, urls: bool = True, compression: bool = True
+) -> None:
+    """``URLS...``, ``--json``, ``--storage-options``, ``--no-progress`` and ``--compression``."""
+    if urls:
+        parser.add_argument("urls", nargs="+", metavar="URL", help=URLS_HELP)
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON document on stdout instead of text"
+    )
+    parser.add_argument(
+        "--storage-options",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help=(
+            "JSON object passed to the fsspec filesystem, e.g. "
+            '\'{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}, "key": "..", '
+            '"secret": ".."}\' for S3, \'{"token": "anon"}\' for GCS'
+        ),
+    )
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (there is one on stderr only when stderr is a terminal)",
+    )
+    if compression:
+        parser.add_argument(
+            "--compression",
+            default="auto",
+            choices=["auto", "none", "gzip", "zlib"],
+            help="codec of the files (default: auto, from the suffix, else the first bytes)",
+        )
+
+
+def compression_of(args: argparse.Namespace) -> str | None:
+    """The ``compression=`` argument for the library, from ``--compression``."""
+    choice: str = getattr(args, "compression", "auto")
+    return None if choice == "none" else choice
+
+
+def storage_options_of(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``storage_options=`` argument for the library, from ``--storage-options``."""
+    options: dict[str, Any] | None = args.storage_options
+    return options
+
+
+def print_json(document: object, out: TextIO | None = None) -> None:
+    """Write ``document`` as one JSON document and a newline (stdout by default)."""
+    stream = out or sys.stdout
+    stream.write(json.dumps(document, indent=2) + "\n")
+
+
+def error(message: object) -> None:
+    """One ``streamrec: error: ...`` line on stderr."""
+    print(f"streamrec: error: {message}", file=sys.stderr)
+
+
+def human_bytes(size: int) -> str:
+    """``"1.5 MiB"``-style size (exact bytes below 1 KiB)."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class Progress:
+    """A tqdm bar on stderr when stderr is a terminal (and not disabled), else nothing."""
+
+    def __init__(
+        self, args: argparse.Namespace, *, total: int | None, unit: str, desc: str
+    ) -> None:
+        self._bar: tqdm[Any] | None = None
+        if getattr(args, "no_progress", False) or not sys.stderr.isatty():
+            return
+        from tqdm import tqdm
+
+        scaled = unit == "B"
+        self._bar = tqdm(
+            total=total,
+            unit=unit,
+            unit_scale=scaled,
+            unit_divisor=1024 if scaled else 1000,
+            desc=desc,
+            file=sys.stderr,
+            leave=False,
+            dynamic_ncols=True,
+        )
+
+    def update(self, n: int) -> None:
+        """Advance the bar by ``n`` units."""
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def close(self) -> None:
+        """Remove the bar."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

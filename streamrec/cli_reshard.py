@@ -1,0 +1,288 @@
+"""``streamrec reshard``: rewrite TFRecord shards as another set, store to store, resumably.
+
+``register(commands)`` adds the subcommand to the ``streamrec`` parser; ``main(argv)`` runs it
+on its own (``python -m streamrec.cli_reshard SRC... DST_TEMPLATE [options]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["main", "parse_bytes", "register"]
+
+EXIT_OK = 0
+EXIT_DATA_ERROR = 1
+EXIT_USAGE = 2
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "ki": 1 << 10,
+    "kib": 1 << 10,
+    "mi": 1 << 20,
+    "mib": 1 << 20,
+    "gi": 1 << 30,
+    "gib": 1 << 30,
+    "ti": 1 << 40,
+    "tib": 1 << 40,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+DESCRIPTION = """\
+Read TFRecord shards (paths, globs or urls; GZIP/ZLIB detected; every record's CRCs
+verified) and write them as a new set of shards: rotated by size or record count, or a fixed
+number of shards; optionally recompressed and shuffled. Streams store to store (s3://, gs://,
+local, memory://; http(s):// sources) without local staging; uploads are S3 multipart / GCS
+resumable; each shard appears only when complete; _manifest.json is written last.
+
+Resumable: interrupted (even killed) and run again with the same arguments, it skips the
+tasks an earlier run finished and ends with the same output as an uninterrupted run.
+
+Output names: with --num-shards (or no limit: one shard) the template gets the shard's index
+(and {num_shards}). With --max-bytes / --max-records the input is cut into tasks of whole
+input shards, and shard j of task t gets {index} = "<t>-<j>" in the field's format
+(part-{index:05d} -> part-00003-00001), or {task} and {index} when the template has {task}.
+The manifest lists every shard in order."""
+
+EPILOG = """\
+examples:
+  # 256 MiB gzip shards on S3 from GCS
+  streamrec reshard 'gs://src/train-*.tfrecord' 's3://dst/train/part-{index:05d}.tfrecord.gz' \\
+      --max-bytes 256MiB --compression gzip \\
+      --dst-storage-options '{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}'
+
+  # exactly 64 shards named like TensorFlow's, shuffled
+  streamrec reshard 'data/*.tfrecord' 'out/train-{index:05d}-of-{num_shards:05d}.tfrecord' \\
+      --num-shards 64 --shuffle --seed 7
+
+  # on a Dask cluster (omit --scheduler for a local cluster of --workers processes)
+  streamrec reshard 's3://src/*.tfrecord' 'gs://dst/part-{index:05d}.tfrecord' \\
+      --max-records 100000 --engine dask --scheduler tcp://10.0.0.5:8786
+
+sizes take units: 1048576, 64KiB, 256MiB, 1GiB (powers of 1024) or 1MB, 1GB (powers of 1000).
+exit status: 0 done, 1 data or storage error (one line on stderr), 2 usage error."""
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count from ``"1048576"``, ``"256MiB"``, ``"1GB"``, ``"1.5 GiB"`` (>= 1)."""
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"not a byte size: {text!r} (e.g. 1048576, 64KiB, 256MiB, 1GiB, 1GB)"
+        )
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte: {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``reshard`` subcommand to a ``streamrec`` parser's subcommands."""
+    parser = commands.add_parser(
+        "reshard",
+        help="rewrite TFRecord shards as another set of shards, store to store (resumable)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "sources",
+        nargs="+",
+        metavar="SRC",
+        help="input shards: paths, globs or urls (quote globs so the shell leaves them alone)",
+    )
+    parser.add_argument(
+        "template",
+        metavar="DST_TEMPLATE",
+        help="output shards' url with an {index} field, e.g. 's3://b/out/part-{index:05d}.tfrecord'",
+    )
+    limits = parser.add_argument_group("output shards (at most one of these; none: one shard)")
+    limits.add_argument(
+        "--max-bytes", type=parse_bytes, metavar="SIZE", help="rotate shards before this size"
+    )
+    limits.add_argument(
+        "--max-records", type=_positive_int, metavar="N", help="rotate shards before N records"
+    )
+    limits.add_argument(
+        "--num-shards", type=_positive_int, metavar="N", help="write exactly N shards"
+    )
+    parser.add_argument(
+        "--compression",
+        choices=["none", "gzip", "zlib"],
+        default="none",
+        help="compression of the output shards (default: none; inputs are detected)",
+    )
+    parser.add_argument(
+        "--shuffle",
+        action="store_true",
+        help="shuffle: inputs permuted by the seed, records shuffled within each task",
+    )
+    parser.add_argument("--seed", type=_int, default=0, metavar="N", help="shuffle seed (0)")
+    parser.add_argument(
+        "--engine",
+        choices=["local", "dask"],
+        default="local",
+        help="run tasks in this process (default) or on Dask",
+    )
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="Dask scheduler address (default: a local cluster of --workers processes)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=2,
+        metavar="N",
+        help="processes of the local Dask cluster (default 2)",
+    )
+    parser.add_argument(
+        "--task-bytes",
+        type=parse_bytes,
+        metavar="SIZE",
+        help="with --max-bytes/--max-records: input bytes per task (default 256MiB or 4 shards)",
+    )
+    for side, what in (("src", "sources'"), ("dst", "destination's")):
+        parser.add_argument(
+            f"--{side}-storage-options",
+            type=_json_object,
+            metavar="JSON",
+            help=(
+                f"JSON object for the {what} fsspec filesystem, e.g. "
+                '\'{"client_kwargs": {"endpoint_url": "http://host:9000"}}\' (S3) or '
+                '\'{"token": "anon"}\' (GCS)'
+            ),
+        )
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (there is one on stderr only when stderr is a terminal)",
+    )
+    parser.set_defaults(run=run)
+
+
+def _error(message: object) -> None:
+    print(f"streamrec reshard: error: {message}", file=sys.stderr)
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``reshard`` handler: run the job, print its summary; returns the exit status."""
+    from streamrec.errors import StreamrecError
+    from streamrec.reshard import reshard
+
+    sources, template = args.sources, args.template
+    limits = [args.max_bytes, args.max_records, args.num_shards]
+    if args.num_shards is not None and sum(v is not None for v in limits) > 1:
+        _error("--num-shards cannot be combined with --max-bytes / --max-records")
+        return EXIT_USAGE
+    if args.scheduler is not None and args.engine != "dask":
+        _error("--scheduler needs --engine dask")
+        return EXIT_USAGE
+    try:
+        summary = reshard(
+            sources,
+            template,
+            max_bytes=args.max_bytes,
+            max_records=args.max_records,
+            num_shards=args.num_shards,
+            compression=None if args.compression == "none" else args.compression,
+            shuffle=args.shuffle,
+            seed=args.seed,
+            engine=args.engine,
+            scheduler=args.scheduler,
+            src_storage_options=args.src_storage_options,
+            dst_storage_options=args.dst_storage_options,
+            progress=not args.no_progress,
+            task_bytes=args.task_bytes,
+            workers=args.workers,
+        )
+    except StreamrecError as exc:  # damaged data, storage faults: FormatError is a ValueError
+        _error(exc)
+        return EXIT_DATA_ERROR
+    except (ValueError, TypeError) as exc:
+        _error(exc)
+        return EXIT_USAGE
+    except (OSError, ImportError, TimeoutError, RuntimeError) as exc:  # no Dask, cluster failed
+        _error(exc)
+        return EXIT_DATA_ERROR
+    except KeyboardInterrupt:
+        _error("interrupted (run the same command again to resume)")
+        return 130
+    if args.json:
+        sys.stdout.write(json.dumps(summary.as_dict(), indent=2) + "\n")
+        return EXIT_OK
+    reused = f", {summary.tasks_skipped} done by an earlier run" if summary.tasks_skipped else ""
+    tasks = f"{summary.tasks} task{'s' if summary.tasks != 1 else ''}"
+    print(
+        f"{summary.records:,} records  {_size(summary.bytes_in)} in -> "
+        f"{_size(summary.bytes_out)} out  {len(summary.shards)} shards\n"
+        f"{summary.seconds:.2f} s  {summary.mb_per_s:.1f} MB/s  "
+        f"({tasks}{reused}, engine {summary.engine})\n"
+        f"manifest: {summary.manifest_url}"
+    )
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``streamrec reshard`` with ``argv`` (the arguments after ``reshard``)."""
+    parser = argparse.ArgumentParser(prog="streamrec")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    register(commands)
+    args = parser.parse_args(["reshard", *(sys.argv[1:] if argv is None else argv)])
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,411 @@
+"""Planning a reshard (sans-I/O): input shards -> deterministic tasks -> output names.
+
+Everything here is a pure function of the sorted input listing and the job's arguments, so a
+rerun (or another engine, or a Dask worker) computes exactly the same tasks, the same output
+names and the same job fingerprint. See :mod:`streamrec.reshard` for how the plan is run and
+resumed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import re
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from streamrec.pipeline.shards import seeded_random
+from streamrec.storage.base import ObjectInfo
+
+__all__ = [
+    "DEFAULT_SHUFFLE_BUFFER",
+    "MANIFEST_NAME",
+    "PLAN_VERSION",
+    "Mode",
+    "Naming",
+    "Plan",
+    "TaskSpec",
+    "default_task_bytes",
+    "group_by_bytes",
+    "make_plan",
+    "split_counts",
+    "split_groups",
+]
+
+PLAN_VERSION = 1
+MANIFEST_NAME = "_manifest.json"  # the writer's default manifest name
+SCRATCH_DIR = "_reshard"
+DEFAULT_SHUFFLE_BUFFER = 4096
+MIN_TASK_BYTES = 256 << 20
+MAX_CYCLE = 16
+
+Mode = Literal["rotate", "fixed"]
+
+
+# ----------------------------------------------------------------------------------------------
+# output names
+
+
+def _escape(text: str) -> str:
+    """``text`` as a str.format template that formats to itself."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _split_url(url: str) -> tuple[str, str]:
+    if "://" in url:
+        scheme, rest = url.split("://", 1)
+        return scheme + "://", rest
+    return "", url
+
+
+class Naming:
+    """The user's destination template and the names derived from it.
+
+    Fields: ``{index}`` (the output shard's number), ``{num_shards}`` (with ``num_shards``
+    only) and ``{task}`` (rotation only: the task that wrote the shard). In rotation mode
+    (``max_records`` / ``max_bytes``) a template without ``{task}`` has its ``{index}`` field
+    written as ``<task>-<index in task>``, both with the field's format spec:
+    ``part-{index:05d}.tfrecord`` -> ``part-00003-00001.tfrecord``.
+    """
+
+    def __init__(self, template: str, mode: Mode, num_shards: int | None) -> None:
+        self.text = template
+        self.mode = mode
+        self.num_shards = num_shards
+        try:
+            self.parts = list(string.Formatter().parse(template))
+        except ValueError as exc:
+            raise ValueError(f"{template}: not a valid shard template: {exc}") from exc
+        allowed = ("index", "num_shards") if mode == "fixed" else ("index", "task")
+        fields: set[str] = set()
+        for _, name, spec, conversion in self.parts:
+            if name is None:
+                continue
+            if name not in allowed or conversion or (spec and "{" in spec):
+                hint = (
+                    "{num_shards} needs a fixed num_shards="
+                    if name == "num_shards"
+                    else "{task} is only used with max_records / max_bytes"
+                    if name == "task"
+                    else "use {index}, and {num_shards} with num_shards"
+                )
+                raise ValueError(
+                    f"{template}: unsupported template field {{{name}}} ({hint}; double literal "
+                    "braces: {{ }})"
+                )
+            fields.add(name)
+        self.fields = fields
+        several = mode == "rotate" or (num_shards or 1) > 1
+        if several and "index" not in fields:
+            raise ValueError(
+                f"{template}: more than one output shard may be written but the template has "
+                "no {index} field to tell them apart, e.g. 'out/part-{index:05d}.tfrecord'"
+            )
+        try:
+            if mode == "fixed":
+                self.fixed_url(0)
+            else:
+                self.task_template(0).format(index=0)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{template}: not a valid shard template: {exc}") from exc
+        self.directory = self._directory()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Naming):
+            return NotImplemented
+        return (self.text, self.mode, self.num_shards) == (other.text, other.mode, other.num_shards)
+
+    def __hash__(self) -> int:
+        return hash((self.text, self.mode, self.num_shards))
+
+    def __repr__(self) -> str:
+        return f"Naming({self.text!r}, {self.mode!r}, {self.num_shards!r})"
+
+    def _directory(self) -> str:
+        scheme, rest = _split_url(self.text)
+        head = rest.rsplit("/", 1)[0] if "/" in rest else ""
+        if any(name is not None for _, name, _, _ in string.Formatter().parse(head)):
+            raise ValueError(
+                f"{self.text}: the output directory must not vary by shard (the manifest is "
+                "written beside the shards)"
+            )
+        return scheme + head.format() if (head or scheme) else ""
+
+    def matches(self, url: str) -> bool:
+        """True when ``url`` could be one of this template's output shards."""
+        pattern = "".join(
+            re.escape(literal) + ("" if name is None else "[^/]*")
+            for literal, name, _, _ in self.parts
+        )
+        return re.fullmatch(pattern, url) is not None
+
+    def beside(self, name: str) -> str:
+        """The url of ``name`` in the output directory."""
+        return f"{self.directory.rstrip('/')}/{name}" if self.directory else name
+
+    @property
+    def manifest_url(self) -> str:
+        """Where the final manifest goes (the writer's ``_manifest.json``)."""
+        return self.beside(MANIFEST_NAME)
+
+    def scratch_url(self, fingerprint: str, task: int) -> str:
+        """The per-task manifest of ``task`` for the job ``fingerprint``."""
+        return self.beside(f"{SCRATCH_DIR}/{fingerprint}/task-{task:05d}.json")
+
+    def scratch_glob(self, fingerprint: str) -> str:
+        """A glob matching every per-task manifest of the job."""
+        return self.beside(f"{SCRATCH_DIR}/{fingerprint}/task-*.json")
+
+    def fixed_url(self, index: int) -> str:
+        """Fixed mode: the url of output shard ``index``."""
+        return self.text.format(index=index, num_shards=self.num_shards or 1)
+
+    def task_template(self, task: int) -> str:
+        """Rotation mode: the writer template of ``task`` (``{index}``: its own count)."""
+        out: list[str] = []
+        for literal, name, spec, _ in self.parts:
+            out.append(_escape(literal))
+            if name is None:
+                continue
+            if name == "task":
+                out.append(_escape(format(task, spec or "")))
+            elif "task" in self.fields:
+                out.append("{index" + (":" + spec if spec else "") + "}")
+            else:
+                prefix = _escape(format(task, spec or "")) + "-"
+                out.append(prefix + "{index" + (":" + spec if spec else "") + "}")
+        return "".join(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# partitions
+
+
+def group_by_bytes(sizes: Sequence[int], target: int) -> list[list[int]]:
+    """Consecutive groups of positions, each closed once it holds ``target`` bytes or more."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    held = 0
+    for position, size in enumerate(sizes):
+        current.append(position)
+        held += size
+        if held >= target:
+            groups.append(current)
+            current, held = [], 0
+    if current:
+        groups.append(current)
+    return groups
+
+
+def split_groups(sizes: Sequence[int], parts: int) -> list[list[int]]:
+    """Exactly ``parts`` non-empty consecutive groups (``parts <= len(sizes)``), balanced by
+    bytes: the k-th cut is the position whose running total is nearest to k parts' share."""
+    n = len(sizes)
+    if not 1 <= parts <= n:
+        raise ValueError(f"cannot split {n} inputs into {parts} groups")
+    prefix = [0]
+    for size in sizes:
+        prefix.append(prefix[-1] + size)
+    total = prefix[-1]
+    bounds = [0]
+    for k in range(1, parts):
+        goal = total * k / parts
+        lowest, highest = bounds[-1] + 1, n - (parts - k)  # every group keeps >= 1 position
+        first_over = bisect.bisect_left(prefix, goal, lowest, highest + 1)
+        candidates = [c for c in (first_over - 1, first_over) if lowest <= c <= highest]
+        bounds.append(min(candidates, key=lambda c: (abs(prefix[c] - goal), c)))
+    bounds.append(n)
+    return [list(range(bounds[k], bounds[k + 1])) for k in range(parts)]
+
+
+def split_counts(sizes: Sequence[int], total: int) -> list[int]:
+    """``total`` split over positions in proportion to ``sizes``, each >= 1 (largest
+    remainder; ``total >= len(sizes)``)."""
+    n = len(sizes)
+    if not total >= n >= 1:
+        raise ValueError(f"cannot split {total} outputs over {n} inputs, one each at least")
+    weight = sum(sizes)
+    ideal = [total * s / weight if weight else total / n for s in sizes]
+    counts = [max(1, int(x)) for x in ideal]
+    left = total - sum(counts)
+    if left > 0:  # the largest remainders get one more each (left < n)
+        for i in sorted(range(n), key=lambda i: (counts[i] - ideal[i], i))[:left]:
+            counts[i] += 1
+    while left < 0:  # raised to 1 somewhere: take back from those furthest above their share
+        for i in sorted(range(n), key=lambda i: (ideal[i] - counts[i], i)):
+            if left < 0 and counts[i] > 1:
+                counts[i] -= 1
+                left += 1
+    return counts
+
+
+def default_task_bytes(max_bytes: int | None) -> int:
+    """Input bytes per rotation task: 256 MiB, or 4 output shards' worth when larger."""
+    return max(MIN_TASK_BYTES, 4 * (max_bytes or 0))
+
+
+# ----------------------------------------------------------------------------------------------
+# the plan
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One unit of work: read ``inputs`` in order, write output shards, record a manifest.
+
+    Rotation tasks (``outputs`` empty) write ``writer_template`` with the writer's rotation;
+    fixed tasks write the urls in ``outputs`` (global indexes ``first_index`` onwards), records
+    dealt round-robin when there are several.
+    """
+
+    index: int
+    inputs: tuple[ObjectInfo, ...]
+    scratch_url: str
+    writer_template: str | None = None
+    outputs: tuple[str, ...] = ()
+    first_index: int = 0
+    seed: int | None = None  # None: no shuffling
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(obj.size for obj in self.inputs)
+
+    @property
+    def cycle_length(self) -> int:
+        """Inputs read at once: all of them (up to 16) when shuffling, else one after another."""
+        return min(len(self.inputs), MAX_CYCLE) if self.seed is not None else 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every task of a job, and what identifies the job."""
+
+    tasks: list[TaskSpec]
+    naming: Naming
+    fingerprint: str
+    mode: Mode
+    compression: str | None
+    max_records: int | None = None
+    max_bytes: int | None = None
+    shuffle_buffer: int = 0
+    inputs: list[ObjectInfo] = field(default_factory=list)
+
+    @property
+    def manifest_url(self) -> str:
+        return self.naming.manifest_url
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(obj.size for obj in self.inputs)
+
+
+def _task_seed(seed: int, task: int) -> int:
+    digest = hashlib.sha256(f"streamrec/reshard/{seed}/{task}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def fingerprint_of(inputs: Sequence[ObjectInfo], settings: dict[str, Any]) -> str:
+    """16 hex digits naming the job: the inputs (url, size, version) and every setting that
+    changes the output."""
+    document = {
+        "plan": PLAN_VERSION,
+        "inputs": [[obj.url, obj.size, obj.version] for obj in inputs],
+        **settings,
+    }
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def make_plan(
+    inputs: Sequence[ObjectInfo],
+    template: str,
+    *,
+    max_records: int | None,
+    max_bytes: int | None,
+    num_shards: int | None,
+    compression: str | None,
+    shuffle: bool,
+    seed: int,
+    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
+    task_bytes: int | None = None,
+) -> Plan:
+    """The deterministic plan of a reshard of ``inputs`` (any order; sorted here by url)."""
+    ordered = sorted({obj.url: obj for obj in inputs}.values(), key=lambda o: o.url)
+    if not ordered:
+        raise ValueError("nothing to reshard: no input shard")
+    if num_shards is not None and (max_records is not None or max_bytes is not None):
+        raise ValueError(
+            "num_shards fixes the number of output shards: it cannot be combined with "
+            "max_records / max_bytes (use one or the other)"
+        )
+    for name, value in (
+        ("max_records", max_records),
+        ("max_bytes", max_bytes),
+        ("num_shards", num_shards),
+        ("task_bytes", task_bytes),
+        ("shuffle_buffer", shuffle_buffer if shuffle else None),
+    ):
+        if value is not None and (isinstance(value, bool) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, not {value!r}")
+    mode: Mode = "rotate" if (max_records is not None or max_bytes is not None) else "fixed"
+    shards = num_shards if mode == "fixed" else None
+    if mode == "fixed" and shards is None:
+        shards = 1  # no limit at all: everything into one output
+    naming = Naming(template, mode, shards)
+    order = list(ordered)
+    if shuffle:
+        seeded_random(seed, 0, "reshard-inputs").shuffle(order)
+    chosen_task_bytes = task_bytes or default_task_bytes(max_bytes)
+    settings: dict[str, Any] = {
+        "template": template,
+        "mode": mode,
+        "max_records": max_records,
+        "max_bytes": max_bytes,
+        "num_shards": shards,
+        "compression": compression,
+        "shuffle": [seed, shuffle_buffer] if shuffle else None,
+        "task_bytes": chosen_task_bytes if mode == "rotate" else None,
+    }
+    fingerprint = fingerprint_of(ordered, settings)
+    sizes = [obj.size for obj in order]
+    tasks: list[TaskSpec] = []
+
+    def add(positions: list[int], **kwargs: Any) -> None:
+        t = len(tasks)
+        tasks.append(
+            TaskSpec(
+                index=t,
+                inputs=tuple(order[p] for p in positions),
+                scratch_url=naming.scratch_url(fingerprint, t),
+                seed=_task_seed(seed, t) if shuffle else None,
+                **kwargs,
+            )
+        )
+
+    if mode == "rotate":
+        for positions in group_by_bytes(sizes, chosen_task_bytes):
+            add(positions, writer_template=naming.task_template(len(tasks)))
+    else:
+        assert shards is not None
+        if shards <= len(order):
+            for k, positions in enumerate(split_groups(sizes, shards)):
+                add(positions, outputs=(naming.fixed_url(k),), first_index=k)
+        else:
+            first = 0
+            for position, count in enumerate(split_counts(sizes, shards)):
+                urls = tuple(naming.fixed_url(first + j) for j in range(count))
+                add([position], outputs=urls, first_index=first)
+                first += count
+    return Plan(
+        tasks=tasks,
+        naming=naming,
+        fingerprint=fingerprint,
+        mode=mode,
+        compression=compression,
+        max_records=max_records,
+        max_bytes=max_bytes,
+        shuffle_buffer=shuffle_buffer if shuffle else 0,
+        inputs=ordered,
+    )

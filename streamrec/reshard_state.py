@@ -1,0 +1,191 @@
+"""What a reshard keeps in the destination: per-task manifests, the final manifest, clean-up.
+
+Per-task manifests are ordinary streamrec manifests (:mod:`streamrec.manifest`) listing one
+task's output shards (indexes local to the task), stored under
+``<output dir>/_reshard/<fingerprint>/task-NNNNN.json``. One is written only after every shard
+of its task is committed, so its presence (with every listed shard present at its listed size)
+means the task is done. The final ``_manifest.json`` is written last and lists every shard with
+its global index; the per-task manifests are then removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from streamrec.errors import FormatError, ObjectNotFoundError, StorageError
+from streamrec.manifest import Manifest, ManifestEntry, dumps, loads, manifest_for
+from streamrec.reshard_plan import Plan, TaskSpec
+from streamrec.storage.base import ObjectInfo, ObjectStore, split_scheme
+from streamrec.storage.retry import RetryPolicy
+from streamrec.storage.sinks import SinkContext
+from streamrec.storage.stores import open_store
+
+__all__ = ["delete_objects", "load_done_tasks", "same_url", "write_manifest"]
+
+logger = logging.getLogger("streamrec")
+
+_ALIASES = {"s3a": "s3", "gcs": "gs", "file": ""}
+_CHECKS_AT_ONCE = 16
+
+
+def same_url(url: str) -> str:
+    """A canonical spelling of ``url`` for comparisons (scheme aliases, absolute local paths)."""
+    scheme, rest = split_scheme(url)
+    scheme = _ALIASES.get(scheme, scheme)
+    if not scheme:
+        return os.path.abspath(rest)
+    return f"{scheme}://{rest}"
+
+
+async def write_manifest(
+    url: str,
+    entries: Sequence[ManifestEntry],
+    *,
+    compression: str | None,
+    template: str | None,
+    storage_options: dict[str, Any] | None,
+) -> None:
+    """Write the manifest of ``entries`` at ``url`` (atomically: it appears complete)."""
+    manifest = manifest_for(entries, compression=compression, template=template)
+    store = open_store(url, storage_options)
+    try:
+        sink = store.open_sink(url, SinkContext())
+        await sink.write(dumps(manifest, url))
+        await sink.commit()
+    finally:
+        await store.close()
+
+
+async def load_done_tasks(
+    plan: Plan, storage_options: dict[str, Any] | None, retry: RetryPolicy | None = None
+) -> dict[int, list[ManifestEntry]]:
+    """The tasks of ``plan`` already done by an earlier run: task index -> its shards.
+
+    A task counts as done when its manifest parses, lists exactly the shard names the plan
+    gives it, and every shard exists with the listed size. Anything else (no manifest, a
+    damaged one, a missing shard) means the task is run again.
+    """
+    policy = retry or RetryPolicy()
+    pattern = plan.naming.scratch_glob(plan.fingerprint)
+    store = open_store(pattern, storage_options)
+    try:
+        try:
+            found = await policy.run(lambda: store.expand(pattern), describe=f"listing {pattern}")
+        except ObjectNotFoundError:
+            return {}
+        by_url = {same_url(info.url): info for info in found}
+        checks = asyncio.Semaphore(_CHECKS_AT_ONCE)
+        candidates = [
+            (task, by_url[same_url(task.scratch_url)])
+            for task in plan.tasks
+            if same_url(task.scratch_url) in by_url
+        ]
+        results = await asyncio.gather(
+            *(_check_task(store, task, info, plan, policy, checks) for task, info in candidates)
+        )
+    finally:
+        await store.close()
+    return {
+        task.index: entries
+        for (task, _), entries in zip(candidates, results, strict=True)
+        if entries
+    }
+
+
+async def _check_task(
+    store: ObjectStore,
+    task: TaskSpec,
+    info: ObjectInfo,
+    plan: Plan,
+    policy: RetryPolicy,
+    checks: asyncio.Semaphore,
+) -> list[ManifestEntry] | None:
+    url = task.scratch_url
+    async with checks:
+        try:
+            data = await policy.run(
+                lambda: store.read_range(info, 0, info.size), describe=f"{url}: reading"
+            )
+        except StorageError as exc:
+            logger.warning("%s: cannot read the task manifest, redoing the task: %s", url, exc)
+            return None
+    if len(data) != info.size:
+        return None
+    try:
+        manifest = loads(data, url)
+    except FormatError as exc:
+        logger.warning("%s: redoing the task: %s", url, exc)
+        return None
+    if not _matches(manifest, task, plan):
+        logger.warning("%s: lists other shards than this job writes; redoing the task", url)
+        return None
+
+    async def present(entry: ManifestEntry) -> bool:
+        async with checks:
+            try:
+                [obj] = await policy.run(
+                    lambda: store.expand(entry.url), describe=f"{entry.url}: checking"
+                )
+            except (StorageError, ValueError):
+                return False
+            return obj.size == entry.bytes
+
+    there = await asyncio.gather(*(present(entry) for entry in manifest.shards))
+    if not all(there):
+        logger.warning("%s: a shard it lists is missing or changed; redoing the task", url)
+        return None
+    return manifest.shards
+
+
+def _matches(manifest: Manifest, task: TaskSpec, plan: Plan) -> bool:
+    if manifest.compression != plan.compression:
+        return False
+    names = [same_url(entry.url) for entry in manifest.shards]
+    if task.outputs:
+        return names == [same_url(url) for url in task.outputs]
+    template = task.writer_template
+    assert template is not None
+    return names == [same_url(template.format(index=j)) for j in range(len(names))]
+
+
+async def delete_objects(urls: Sequence[str], storage_options: dict[str, Any] | None) -> None:
+    """Remove ``urls`` (best effort: a failure is logged, never raised)."""
+    if not urls:
+        return
+    store = open_store(urls[0], storage_options)
+    try:
+        for url in urls:
+            try:
+                await _delete(store, url)
+            except Exception as exc:  # scratch left behind is harmless: log and go on
+                logger.warning("%s: could not remove: %s", url, exc)
+    finally:
+        await store.close()
+    local = [u for u in urls if split_scheme(u)[0] == "file"]
+    for directory in sorted({os.path.dirname(split_scheme(u)[1]) for u in local}):
+        try:  # the job's scratch directory, and _reshard/ when nothing else is in it
+            os.rmdir(directory)
+            os.rmdir(os.path.dirname(directory))
+        except OSError:
+            pass
+
+
+async def _delete(store: ObjectStore, url: str) -> None:
+    scheme, path = split_scheme(url)
+    if scheme == "file":
+        with contextlib.suppress(FileNotFoundError):
+            await asyncio.to_thread(os.remove, path)
+        return
+    fs = getattr(store, "fs", None)
+    if fs is None:
+        raise StorageError(f"{url}: this store cannot delete objects")
+    await store.expand(url)  # opens the client session; raises if it is already gone
+    if getattr(fs, "async_impl", False):
+        await fs._rm_file(url)
+    else:
+        fs.rm_file(url)

@@ -1,0 +1,183 @@
+"""Running one reshard task: read its input shards, write its output shards, then its manifest.
+
+Runs wherever the engine puts it (the driver's event loop for the local engine, a Dask worker
+for the Dask engine). Records are read with :func:`streamrec.open_dataset` (both CRCs of every
+record verified; payloads handed on as they are, never decoded) and written with
+:func:`streamrec.open_writer` (atomic commits: S3 multipart, GCS resumable, local rename). The
+task manifest is written only after every output shard is committed.
+
+Test hooks (environment variables, read when a task runs; used by the crash tests):
+
+``STREAMREC_RESHARD_TEST_KILL_AFTER=K``
+    the process sends itself SIGKILL once it has committed K output shards (over all the
+    tasks it ran).
+``STREAMREC_RESHARD_TEST_EXIT_ONCE=PATH``
+    the first task (over all processes) that has committed an output shard creates ``PATH``
+    and ends its process with ``os._exit(70)`` before writing its task manifest; later
+    attempts find ``PATH`` and carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamrec.manifest import ManifestEntry
+from streamrec.pipeline.dataset import open_dataset
+from streamrec.reshard_plan import TaskSpec
+from streamrec.reshard_state import write_manifest
+from streamrec.writer import ShardWriter, open_writer
+
+__all__ = ["TaskOptions", "TaskResult", "run_task", "run_task_blocking"]
+
+KILL_AFTER_ENV = "STREAMREC_RESHARD_TEST_KILL_AFTER"
+EXIT_ONCE_ENV = "STREAMREC_RESHARD_TEST_EXIT_ONCE"
+
+#: output shards this process has committed in finished tasks (for the kill hook)
+_committed_before = 0
+
+ProgressFn = Callable[[int, int], None]  # (records, bytes read) since the last call
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """What every task of a job shares (picklable: it travels to Dask workers)."""
+
+    template: str
+    compression: str | None
+    max_records: int | None = None
+    max_bytes: int | None = None
+    shuffle_buffer: int = 0
+    src_storage_options: dict[str, Any] | None = None
+    dst_storage_options: dict[str, Any] | None = None
+    prefetch_bytes: int = 64 << 20
+    part_bytes: int = 16 << 20
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """What a task wrote (its shards, indexes local to the task) and what it read."""
+
+    index: int
+    entries: list[ManifestEntry] = field(default_factory=list)
+    records: int = 0
+    bytes_read: int = 0
+    seconds: float = 0.0
+    skipped: bool = False
+
+
+def _hooks(committed_in_task: int) -> None:
+    """The crash-test hooks (see the module docstring); no-ops unless their variable is set."""
+    kill_after = os.environ.get(KILL_AFTER_ENV)
+    if kill_after and _committed_before + committed_in_task >= int(kill_after):
+        os.kill(os.getpid(), signal.SIGKILL)
+    marker = os.environ.get(EXIT_ONCE_ENV)
+    if marker and committed_in_task >= 1:
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.close(fd)
+        os._exit(70)
+
+
+def _escape(url: str) -> str:
+    return url.replace("{", "{{").replace("}", "}}")
+
+
+async def run_task(
+    spec: TaskSpec, options: TaskOptions, on_progress: ProgressFn | None = None
+) -> TaskResult:
+    """Run one task to its end: every output shard committed, then the task manifest."""
+    global _committed_before
+    started = time.monotonic()
+    dataset = open_dataset(
+        [obj.url for obj in spec.inputs],
+        compression="auto",
+        storage_options=options.src_storage_options,
+        cycle_length=spec.cycle_length,
+        shuffle_buffer=options.shuffle_buffer if spec.seed is not None else 0,
+        seed=spec.seed or 0,
+        prefetch_bytes=options.prefetch_bytes,
+    )
+    common: dict[str, Any] = {
+        "compression": options.compression,
+        "manifest": None,
+        "storage_options": options.dst_storage_options,
+        "part_bytes": options.part_bytes,
+    }
+    if spec.outputs:
+        writers = [open_writer(_escape(url), **common) for url in spec.outputs]
+    else:
+        assert spec.writer_template is not None
+        writers = [
+            open_writer(
+                spec.writer_template,
+                max_records=options.max_records,
+                max_bytes=options.max_bytes,
+                **common,
+            )
+        ]
+    records = 0
+    reported = 0
+    try:
+        async with aclosing(dataset.record_chunks()) as chunks:
+            async for chunk in chunks:
+                await _deal(writers, chunk, records)
+                records += len(chunk)
+                if on_progress is not None:
+                    read = dataset.stats.bytes_read
+                    on_progress(len(chunk), read - reported)
+                    reported = read
+                _hooks(sum(len(w.shards) for w in writers))
+        await asyncio.gather(*(w.close() for w in writers))
+    except BaseException:
+        await asyncio.gather(*(w.abort() for w in writers), return_exceptions=True)
+        raise
+    if on_progress is not None and dataset.stats.bytes_read > reported:
+        on_progress(0, dataset.stats.bytes_read - reported)
+    shards = [entry for w in writers for entry in w.shards]
+    _hooks(len(shards))
+    entries = [
+        ManifestEntry(e.url, e.records, e.bytes, e.crc32c, index=j) for j, e in enumerate(shards)
+    ]
+    await write_manifest(
+        spec.scratch_url,
+        entries,
+        compression=options.compression,
+        template=spec.writer_template or options.template,
+        storage_options=options.dst_storage_options,
+    )
+    _committed_before += len(entries)
+    return TaskResult(
+        spec.index,
+        entries,
+        records=records,
+        bytes_read=dataset.stats.bytes_read,
+        seconds=time.monotonic() - started,
+    )
+
+
+async def _deal(writers: list[ShardWriter], chunk: list[bytes], position: int) -> None:
+    """Append ``chunk`` (whose first record is the task's record ``position``): to the one
+    writer, or record i to writer i mod n."""
+    n = len(writers)
+    if n == 1:
+        await writers[0].write_many(chunk)
+        return
+    for j, writer in enumerate(writers):
+        part = chunk[(j - position) % n :: n]
+        if part:
+            await writer.write_many(part)
+
+
+def run_task_blocking(spec: TaskSpec, options: TaskOptions) -> TaskResult:
+    """:func:`run_task` in a fresh event loop (what a Dask worker runs)."""
+    return asyncio.run(run_task(spec, options))

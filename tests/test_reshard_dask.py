@@ -1,0 +1,102 @@
+"""The Dask engine of streamrec.reshard on a real LocalCluster (2 worker processes) against the
+S3 server (moto): the same output as the local engine, and a worker that dies in the middle of
+a task (after committing a shard, before the task manifest) is retried without duplicates."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from servers import MotoS3Server
+from test_reshard import check_output, input_files, make_records, relative
+
+from streamrec.manifest import load_manifest
+from streamrec.reshard import reshard
+from streamrec.reshard_task import EXIT_ONCE_ENV
+
+distributed = pytest.importorskip("dask.distributed")
+
+
+@pytest.fixture(scope="module")
+def dask_client() -> Iterator[Any]:
+    """A LocalCluster of two worker processes on loopback, for the module."""
+    cluster = distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        host="127.0.0.1",
+    )
+    client = distributed.Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+
+
+def upload_inputs(s3_server: MotoS3Server, bucket: str, records: list[bytes]) -> str:
+    for name, data in input_files(records).items():
+        s3_server.put(bucket, f"src/{name}", data)
+    return f"s3://{bucket}/src/in-*"
+
+
+def test_dask_writes_what_the_local_engine_writes(
+    s3_server: MotoS3Server, s3_bucket: str, dask_client: Any
+) -> None:
+    case = {"max_bytes": 1500, "compression": "gzip", "task_bytes": 6000, "shuffle": True}
+    records = make_records(salt="d")
+    options = s3_server.storage_options
+    sources = upload_inputs(s3_server, s3_bucket, records)
+    runs = {}
+    for engine in ("local", "dask"):
+        runs[engine] = reshard(
+            sources,
+            f"s3://{s3_bucket}/{engine}/part-{{index:04d}}.tfrecord",
+            engine=engine,  # type: ignore[arg-type]
+            scheduler=dask_client if engine == "dask" else None,
+            src_storage_options=options,
+            dst_storage_options=options,
+            progress=False,
+            **case,
+        )
+    dask = runs["dask"]
+    assert dask.engine == "dask" and dask.tasks > 1 and dask.bytes_read == dask.bytes_in
+    listed = [f"s3://{s3_bucket}/{k}" for k in s3_server.list(s3_bucket, "dask/")]
+    check_output(dask, collections.Counter(records), options, listed)
+    manifests = {
+        engine: relative(
+            asyncio.run(load_manifest(summary.manifest_url, options)),
+            f"s3://{s3_bucket}/{engine}/",
+        )
+        for engine, summary in runs.items()
+    }
+    assert manifests["dask"] == manifests["local"]  # same names, counts, sizes, CRCs
+
+
+def test_a_task_whose_worker_dies_is_retried_without_duplicates(
+    tmp_path: Path, s3_server: MotoS3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = make_records(salt="x")
+    options = s3_server.storage_options
+    sources = upload_inputs(s3_server, s3_bucket, records)
+    marker = tmp_path / "worker-died"
+    monkeypatch.setenv(EXIT_ONCE_ENV, str(marker))  # the cluster's workers inherit it
+    summary = reshard(  # no scheduler: reshard starts (and closes) its own LocalCluster
+        sources,
+        f"s3://{s3_bucket}/out/part-{{index:04d}}.tfrecord",
+        num_shards=3,
+        engine="dask",
+        src_storage_options=options,
+        dst_storage_options=options,
+        progress=False,
+    )
+    assert marker.exists()  # a worker did exit in the middle of a task
+    listed = [f"s3://{s3_bucket}/{k}" for k in s3_server.list(s3_bucket, "out/")]
+    check_output(summary, collections.Counter(records), options, listed)
+    assert summary.tasks == 3 and summary.tasks_skipped == 0
+    assert summary.shards == [f"s3://{s3_bucket}/out/part-{k:04d}.tfrecord" for k in range(3)]
