@@ -45,9 +45,10 @@ from typing import Any
 
 from streamrec.errors import FormatError, StorageError
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.stores import open_store
+from streamrec.storage.stores import ObjectStore, open_store
 
 __all__ = [
+    "is_manifest_url",
     "FORMAT",
     "VERSION",
     "Manifest",
@@ -227,10 +228,13 @@ async def load_manifest(
     storage_options: dict[str, Any] | None = None,
     *,
     retry: RetryPolicy | None = None,
+    store: ObjectStore | None = None,
 ) -> Manifest:
-    """The whole parsed manifest at ``url`` (see :func:`read_manifest`)."""
+    """The whole parsed manifest at ``url`` (see :func:`read_manifest`); ``store`` is an open
+    store for ``url``'s scheme to use (and leave open) instead of a new one."""
     policy = retry or RetryPolicy()
-    store = open_store(url, storage_options)
+    owned = store is None
+    store = store or open_store(url, storage_options)
     try:
         [info] = await policy.run(lambda: store.expand(url), describe=f"{url}: listing")
         data = await policy.run(
@@ -239,8 +243,14 @@ async def load_manifest(
         if len(data) != info.size:
             raise StorageError(f"{url}: read {len(data)} of {info.size} bytes of the manifest")
     finally:
-        await store.close()
+        if owned:
+            await store.close()
     return loads(data, url)
+
+
+def is_manifest_url(url: str) -> bool:
+    """True for urls that name a manifest (``*.json``) rather than TFRecord shards."""
+    return url.rstrip("/").lower().endswith(".json")
 
 
 def manifest_for(

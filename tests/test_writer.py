@@ -498,3 +498,19 @@ async def test_close_after_a_failure_raises_again(tmp_path: Path) -> None:
     with pytest.raises(streamrec.errors.StorageError, match="failed earlier"):
         await w.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]
+
+
+def test_open_dataset_reads_a_manifest_and_only_its_shards(tmp_path: Path) -> None:
+    payloads = [b"p%d" % i for i in range(50)]
+    with streamrec.sync.open_writer(str(tmp_path / "out-{index}.tfrecord"), max_records=7) as w:
+        w.write_many(payloads)
+    # a stray file a glob would pick up is not part of the set
+    (tmp_path / "out-99.tfrecord").write_bytes(RecordEncoder().encode(b"stray"))
+    manifest = str(tmp_path / "_manifest.json")
+    assert list(streamrec.open_dataset(manifest)) == payloads
+    assert len(list(streamrec.open_dataset(str(tmp_path / "out-*.tfrecord")))) == 51
+    ds = streamrec.open_dataset(manifest, cycle_length=3)
+    assert sorted(ds) == sorted(payloads)
+    (tmp_path / "out-3.tfrecord").unlink()
+    with pytest.raises(streamrec.errors.ObjectNotFoundError, match="out-3.tfrecord"):
+        list(streamrec.open_dataset(manifest))

@@ -180,6 +180,8 @@ async def test_rotating_set_round_trip_with_manifest(
     entries = await read_manifest(f"{target.base}/_manifest.json", target.storage_options)
     assert entries == shards
     assert sum(e.records for e in entries) == len(data)
+    # the manifest is a source too: exactly its shards, in index order
+    assert read_all(f"{target.base}/_manifest.json", target.storage_options) == data
 
 
 def test_tensorflow_names_round_robin_with_the_blocking_writer(target: Target) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from streamrec.errors import StateError
 from streamrec.format.codecs import normalize_compression
 from streamrec.format.framing import OnCorrupt
+from streamrec.manifest import is_manifest_url, load_manifest
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
 from streamrec.pipeline.opener import ShardOpener, shards_digest
@@ -130,6 +131,11 @@ class Dataset:
         found: list[ObjectInfo] = []
         for url in self.urls:
             store = stores.get(url)
+            if is_manifest_url(url):
+                # the writer's manifest: exactly the committed shards, sizes known
+                manifest = await load_manifest(url, retry=self.retry, store=store)
+                found += [ObjectInfo(e.url, e.bytes) for e in manifest.shards]
+                continue
 
             async def expand(store: ObjectStore = store, url: str = url) -> list[ObjectInfo]:
                 return await store.expand(url)
@@ -461,7 +467,8 @@ def open_dataset(
     """Open TFRecord shards for reading.
 
     Args:
-        urls: a path, a glob (expanded and sorted by name, like ``tf.io.gfile.glob``), or a
+        urls: a path, a glob (expanded and sorted by name, like ``tf.io.gfile.glob``), a
+            writer's manifest (a url ending in ``.json``: its shards, in index order), or a
             list of them (read in the order given).
         compression: ``"auto"`` (by suffix ``.gz``/``.gzip``/``.zlib``/``.zz``, else by the
             first bytes), ``None``, ``"gzip"`` or ``"zlib"`` (TF's ``"GZIP"``/``"ZLIB"``/``""``
