@@ -318,3 +318,30 @@ def test_resume_in_a_fresh_process(tmp_path: Path) -> None:
     ds.load_state_dict(result["state"])
     assert ds.epoch == 1
     assert [t.encode() for t in result["taken"]] + list(ds) == flat
+
+
+def test_shuffle_buffer_refetch_with_records_far_apart(tmp_path: Path) -> None:
+    # 64 KiB records: the buffer's records lie more than 1 MiB apart in places, so they
+    # come back through several range reads per shard
+    root = tmp_path / "big"
+    root.mkdir()
+    files = []
+    for shard in range(3):
+        path = root / f"s{shard}.tfrecord"
+        path.write_bytes(
+            b"".join(
+                RecordEncoder().encode(payload(shard, i) + bytes(64 << 10)) for i in range(80)
+            )
+        )
+        files.append(str(path))
+    config = {"cycle_length": 2, "shuffle_buffer": 60, "seed": 9}
+    flat = list(streamrec.open_dataset(files, **config))
+    for k in (70, 150):
+        first = streamrec.open_dataset(files, **config)
+        taken = [r for _, r in zip(range(k), first, strict=False)]
+        state = first.state_dict()
+        offsets = sorted(loc[2] for loc in state["shuffle"]["buffer"] if loc[0] == 0)
+        assert offsets[-1] - offsets[0] > 2 << 20
+        again = streamrec.open_dataset(files, **config)
+        again.load_state_dict(state)
+        assert taken + list(again) == flat
