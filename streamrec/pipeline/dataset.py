@@ -5,9 +5,10 @@ from __future__ import annotations
 import copy
 import sys
 import time
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections import deque
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import StateError
 from streamrec.format.codecs import normalize_compression
@@ -33,6 +34,10 @@ from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import ObjectInfo, ObjectStore, open_store, store_key
 from streamrec.storage.stream import ObjectReader
 from streamrec.sync import iterate_blocking
+
+if TYPE_CHECKING:  # the transforms load protobuf: only on first use
+    from streamrec.format.example import FeatureSpec
+    from streamrec.pipeline.transform import BatchedDataset, ParsedDataset
 
 __all__ = ["Dataset", "open_dataset"]
 
@@ -356,21 +361,88 @@ class Dataset:
 
     # ------------------------------------------------------------------ consumers
 
-    async def record_chunks(self) -> AsyncGenerator[list[bytes], None]:
+    async def record_chunks(
+        self, *, auto_consume: bool = True
+    ) -> AsyncGenerator[list[bytes], None]:
         """The records in reading order, as chunks (lists): the fast path for consumers.
 
         Shards are planned (shuffled, split across hosts and workers), read (interleaved when
         ``cycle_length`` > 1) and optionally shuffled through a record buffer. All shards
-        share one prefetch budget of ``prefetch_bytes``. A chunk counts as consumed (for
-        :meth:`state_dict`) once it has been handed out.
+        share one prefetch budget of ``prefetch_bytes``.
+
+        For :meth:`state_dict`, a chunk counts as consumed once it has been handed out; with
+        ``auto_consume=False`` records count only once :meth:`mark_consumed` says so (for
+        consumers that hand records on later, like ``.batch()``).
         """
         cursor, resume = self._begin()
+        self._pending: deque[tuple[list[bytes], list[Event]]] = deque()
+        self._marked = 0  # records of the pending pieces marked consumed
+        self._in_hand: tuple[list[bytes], list[Event]] | None = None
+        self._left = _Remaining(0)
+        self._source_done = False
         async with aclosing(self._pieces(resume)) as pieces:
             async for records, events in pieces:
-                cursor.take(records, events)
+                if auto_consume:
+                    cursor.take(records, events)
+                else:
+                    self._pending.append((records, events))
+                    self._advance()
                 if records:
                     yield records
-        self._end(cursor)
+        if auto_consume:
+            self._end(cursor)
+        else:
+            self._source_done = True
+            self._advance()
+
+    def mark_consumed(self, n: int) -> None:
+        """``n`` more records from ``record_chunks(auto_consume=False)`` reached the consumer
+        (in order); :meth:`state_dict` then counts them."""
+        self._marked += n
+        self._advance()
+
+    def _advance(self) -> None:
+        cursor, pending = self._cursor, self._pending
+        assert cursor is not None
+        while pending:
+            head = pending[0]
+            records, events = head
+            if self._in_hand is not head:
+                self._left = _Remaining(len(records))
+                cursor.take(records, events, self._left)
+                self._in_hand = head
+            left = len(records) - self._marked
+            if left > 0:
+                self._left.n = left
+                return
+            cursor.settle()
+            pending.popleft()
+            self._marked -= len(records)
+            self._in_hand = None
+        if self._source_done:
+            self._end(cursor)
+
+    def parse(self, spec: Mapping[str, FeatureSpec]) -> ParsedDataset:
+        """Records decoded with ``spec``: one dict of numpy arrays per record (see
+        :class:`~streamrec.pipeline.transform.ParsedDataset`); ``.batch(n)`` stacks them."""
+        from streamrec.pipeline.transform import ParsedDataset
+
+        return ParsedDataset(self, spec)
+
+    def batch(self, batch_size: int, drop_remainder: bool = False) -> BatchedDataset[list[bytes]]:
+        """Lists of ``batch_size`` payloads (the last one shorter unless ``drop_remainder``)."""
+        from streamrec.pipeline.transform import BatchedDataset
+
+        return BatchedDataset(self, batch_size, drop_remainder)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled into DataLoader workers: configuration and position, never records in hand
+        state = dict(self.__dict__)
+        for transient in ("_pending", "_in_hand", "_left", "_marked", "_source_done"):
+            state.pop(transient, None)
+        if self._cursor is not None and not self._finished:
+            state["_resume"], state["_cursor"] = self.state_dict(), None
+        return state
 
     def _plan(self, shards: list[ObjectInfo]) -> ShardPlan[ObjectInfo]:
         num_workers, worker_index = _torch_worker()
@@ -405,6 +477,18 @@ class Dataset:
 
     def __repr__(self) -> str:
         return f"Dataset({self.urls!r}, compression={self.compression!r})"
+
+
+class _Remaining:
+    """Stands in for a piece's iterator: how many of its records are not consumed yet."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __length_hint__(self) -> int:
+        return self.n
 
 
 def _torch_worker() -> tuple[int, int]:
