@@ -6,7 +6,7 @@ import copy
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -272,6 +272,7 @@ class Dataset:
         if self._finished:
             return
         budget = ByteBudget(self.prefetch_bytes)
+        closers: list[Callable[[], Awaitable[None]]] = []
         async with _Stores(self.storage_options) as stores:
             try:
                 plan = self._plan(await self._list(stores))
@@ -283,6 +284,7 @@ class Dataset:
                     )
                 self._shards_digest = digest
                 opener = ShardOpener(self, stores, budget, plan)
+                closers.append(opener.aclose)
                 await opener.prepare(resume)
                 pieces = self._read(opener, resume["read"] if resume else None)
                 if self.shuffle_buffer:
@@ -304,6 +306,8 @@ class Dataset:
                         yield piece
                         waited = time.monotonic()
             finally:
+                for close in closers:
+                    await close()
                 self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
 
     def _read(
@@ -314,7 +318,12 @@ class Dataset:
             return self._sequential(opener, start)
         if self.deterministic:
             return interleave_deterministic(
-                num_shards, opener.chunks, self.cycle_length, self.block_length, start
+                num_shards,
+                opener.chunks,
+                self.cycle_length,
+                self.block_length,
+                start,
+                prefetch=opener.prefetch,
             )
         jobs: list[tuple[int, int, int | None]] = []
         started: set[int] = set()

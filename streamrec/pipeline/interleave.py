@@ -42,6 +42,10 @@ class _Slot:
         self.pos = 0
         self.done = False
 
+    def has(self, n: int) -> bool:
+        """True when ``n`` records are decoded already (taking them will not wait)."""
+        return self.pos + n <= len(self.buf)
+
     async def take(self, n: int) -> list[bytes]:
         """Up to ``n`` records; fewer means the shard ended (``done`` is then set)."""
         out: list[bytes] = []
@@ -66,12 +70,17 @@ async def interleave_deterministic(
     cycle_length: int,
     block_length: int,
     start: dict[str, Any] | None = None,
+    *,
+    prefetch: Callable[[int], None] | None = None,
 ) -> Pieces:
     """Pieces of records in tf.data's ``interleave(cycle_length, block_length)`` order.
 
     Shards are the ordinals ``0 .. num_shards - 1``; ``open_shard(ordinal, records, offset)``
     opens one, resumed after ``records`` records at stream ``offset``. ``start`` is a
-    :class:`~streamrec.pipeline.state.CycleTracker` state to continue from.
+    :class:`~streamrec.pipeline.state.CycleTracker` state to continue from. ``prefetch(
+    ordinal)`` (optional) starts reading a shard before its turn: every free slot's next shard
+    and one more are kept reading, so slots do not open one round trip at a time.
+    Records already decoded are handed on before any wait for more.
     """
     slots: list[_Slot | None] = [None] * cycle_length
     next_input, index, within = 0, 0, 0
@@ -86,10 +95,24 @@ async def interleave_deterministic(
     num_open = sum(slot is not None for slot in slots)
     end_of_input = next_input >= num_shards
     out: list[bytes] = []
+    prefetched = next_input  # shards below this were opened or prefetched
+
+    def read_ahead() -> None:
+        nonlocal prefetched
+        if prefetch is not None:
+            wanted = min(num_shards, next_input + cycle_length - num_open + 1)
+            while prefetched < wanted:
+                prefetch(prefetched)
+                prefetched += 1
+
     try:
+        read_ahead()
         while not end_of_input or num_open > 0:
             slot = slots[index]
             if slot is not None:
+                if out and not slot.has(block_length - within):
+                    yield out, events  # hand on what is decoded before waiting for more
+                    out, events = [], []
                 taken = await slot.take(block_length - within)
                 within = 0
                 out += taken
@@ -98,6 +121,7 @@ async def interleave_deterministic(
                     await slot.chunks.aclose()
                     slots[index] = None
                     num_open -= 1
+                    read_ahead()
                 index = (index + 1) % cycle_length
                 if len(out) >= _OUTPUT_RECORDS:
                     yield out, events

@@ -56,6 +56,19 @@ class ShardOpener:
         self.plan = plan
         self._exact = dataset.on_corrupt == "raise" and plan.record_stride == 1
         self._uncompressed: dict[int, bool] = {}
+        self._primed: dict[int, ObjectReader] = {}  # readers opened ahead of their turn
+
+    def prefetch(self, ordinal: int) -> None:
+        """Start reading shard ``ordinal`` from its start now, before :meth:`chunks` asks."""
+        if ordinal not in self._primed:
+            reader = self._primed[ordinal] = self.reader(ordinal)
+            reader.prime()
+
+    async def aclose(self) -> None:
+        """Close the readers opened ahead that were never used."""
+        primed, self._primed = self._primed, {}
+        for reader in primed.values():
+            await reader.aclose()
 
     async def prepare(self, resume: dict[str, Any] | None) -> None:
         """Learn which of the shards a resume seeks into are uncompressed."""
@@ -110,6 +123,8 @@ class ShardOpener:
         """Record chunks of shard ``ordinal`` after its first ``records`` records."""
         self._check(ordinal)
         seeks = self._seeks(ordinal, records)
+        if reader is None and records == 0:
+            reader = self._primed.pop(ordinal, None)
         if reader is None:
             reader = self.reader(ordinal, records, offset)
             reader.prime()
