@@ -512,5 +512,5 @@ def test_open_dataset_reads_a_manifest_and_only_its_shards(tmp_path: Path) -> No
     ds = streamrec.open_dataset(manifest, cycle_length=3)
     assert sorted(ds) == sorted(payloads)
     (tmp_path / "out-3.tfrecord").unlink()
-    with pytest.raises(streamrec.errors.ObjectNotFoundError, match="out-3.tfrecord"):
+    with pytest.raises(streamrec.errors.ObjectNotFoundError, match=r"out-3\.tfrecord"):
         list(streamrec.open_dataset(manifest))
