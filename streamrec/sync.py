@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -90,32 +91,47 @@ class EventLoopThread:
         self.close()
 
 
-def iterate_chunks(make_chunks: Callable[[], AsyncIterator[list[T]]]) -> Iterator[T]:
+def iterate_chunks(
+    make_chunks: Callable[[], AsyncIterator[list[T]]],
+    on_wait: Callable[[float], None] | None = None,
+) -> Iterator[T]:
     """Iterate, blocking, over the items of the chunks an async generator yields.
 
     The generator runs in its own background loop; closing this iterator (break, exception,
     garbage collection, KeyboardInterrupt) closes the generator and joins the thread.
+    ``on_wait`` is as for :func:`iterate_blocking`.
     """
-    for chunk in iterate_blocking(make_chunks):
+    for chunk in iterate_blocking(make_chunks, on_wait):
         yield from chunk
         del chunk  # hold one chunk at a time, not two, while the next is fetched
 
 
-def iterate_blocking(make_items: Callable[[], AsyncIterator[T]]) -> Iterator[T]:
+def iterate_blocking(
+    make_items: Callable[[], AsyncIterator[T]],
+    on_wait: Callable[[float], None] | None = None,
+) -> Iterator[T]:
     """Iterate, blocking, over what an async generator yields (one item per hand-over).
 
     The generator runs in its own background loop; closing this iterator (break, exception,
     garbage collection, KeyboardInterrupt) closes the generator and joins the thread.
+
+    ``on_wait(seconds)`` is called, in the consuming thread, with the time it spent blocked
+    waiting for each item (and for the end): the consumer's whole wait, hand-over between the
+    threads included, which the generator cannot see from inside the loop.
     """
     portal = EventLoopThread()
     try:
         items = portal.call(_make(make_items))
         try:
             while True:
+                started = time.perf_counter()
                 try:
                     item = portal.call(_next_item(items))
                 except StopAsyncIteration:
                     return
+                finally:
+                    if on_wait is not None:
+                        on_wait(time.perf_counter() - started)
                 yield item
                 del item
         finally:

@@ -5,6 +5,7 @@ the exact same records or end in a clear StorageError."""
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -132,9 +133,9 @@ def _valid_files(manifest: dict[str, Any]) -> list[str]:
 def _expected(manifest: dict[str, Any], name: str) -> list[str]:
     files = manifest["files"]
     if name == "gzip/concatenated_members.tfrecord.gz":
-        records = files["plain/images.tfrecord"]["records"] + files["plain/features.tfrecord"][
-            "records"
-        ]
+        records = (
+            files["plain/images.tfrecord"]["records"] + files["plain/features.tfrecord"]["records"]
+        )
     else:
         entry = files[name]
         records = files[entry.get("records_same_as", name)]["records"]
@@ -234,11 +235,16 @@ PAYLOADS = [hashlib.sha256(b"%d" % i).digest() * (1 + i % 97) for i in range(200
 def proxied(
     served: Remote, fault_proxy: Callable[..., FaultProxy]
 ) -> tuple[Remote, FaultProxy, str]:
-    """The served store with an object on it, and a fault proxy between client and server."""
+    """The served store with an object on it, and a fault proxy between client and server.
+
+    The url is a glob matching that one object, so the object is found by a listing and every
+    range GET is a data read. (A single-object url's size comes from its first range GET
+    instead: faults there are tested on their own below.)
+    """
     served.put("data.tfrecord", RecordEncoder().encode_many(PAYLOADS))
     assert served.upstream is not None
     proxy = fault_proxy(served.upstream)
-    url = served.url("data.tfrecord")
+    url = served.url("data.tfrecor[d]")
     if served.kind == "http":
         url = url.replace(served.upstream, proxy.url)
     return served, proxy, url
@@ -283,6 +289,57 @@ def test_transient_faults_heal_with_the_exact_records(
     assert list(ds) == PAYLOADS
     assert injected.fired >= 1  # type: ignore[attr-defined]
     assert ds.stats.retries >= 1
+
+
+@pytest.mark.parametrize("fault", ["503 burst", "reset mid-body", "stall past the timeout"])
+def test_faults_on_a_single_objects_first_read_heal(
+    proxied: tuple[Remote, FaultProxy, str], fault: str
+) -> None:
+    # Without a glob, the size comes from the first range GET (no HEAD): faults there are
+    # retried like a listing's, and the records come out exactly.
+    remote, proxy, url = proxied
+    url = url.replace("data.tfrecor[d]", "data.tfrecord")
+    injected = FAULTS[fault](proxy)
+    policy = RetryPolicy(max_attempts=6, initial_backoff_s=0.01, max_backoff_s=0.05, timeout_s=1)
+    ds = _read(remote, proxy, url, retry=policy)
+    assert list(ds) == PAYLOADS
+    assert injected.fired >= 1  # type: ignore[attr-defined]
+    gets = [r for r in proxy.records if r.method == "GET" and r.range]
+    assert not any(r.method == "HEAD" for r in proxy.records)
+    assert gets[0].range is not None and gets[0].range.startswith("bytes=0-")
+
+
+def test_a_single_object_costs_one_request_before_its_first_bytes(
+    proxied: tuple[Remote, FaultProxy, str],
+) -> None:
+    remote, proxy, url = proxied
+    url = url.replace("data.tfrecor[d]", "data.tfrecord")
+    ds = _read(remote, proxy, url)
+    records = iter(ds)
+    assert next(records) == PAYLOADS[0]
+    # the object was looked up by reading its first bytes (no HEAD) ...
+    first = proxy.records[0]
+    assert (first.method, first.range) == ("GET", "bytes=0-262143")
+    assert list(records) == PAYLOADS[1:]
+    # ... which also served the first blocks: no other GET asks for them
+    requests = [(r.method, r.range) for r in proxy.records]
+    assert not any(method == "HEAD" for method, _ in requests)
+    ranges = sorted(int(r.split("=")[1].split("-")[0]) for _, r in requests if r is not None)
+    assert ranges[:2] == [0, 262144]
+    assert ds.stats.bytes_read == len(RecordEncoder().encode_many(PAYLOADS))
+
+
+def test_wait_time_counts_a_slow_storage(proxied: tuple[Remote, FaultProxy, str]) -> None:
+    # One block at a time, the first four GETs held back 0.25 s each: a consumer that does
+    # nothing with its records spends about a second waiting, and stats.wait_s says so.
+    remote, proxy, url = proxied
+    proxy.delay(0.25, method="GET", range_only=True, times=4)
+    ds = _read(remote, proxy, url, max_concurrency=1, prefetch_bytes=32_768)
+    started = time.perf_counter()
+    count = sum(1 for _ in ds)
+    wall = time.perf_counter() - started
+    assert count == len(PAYLOADS)
+    assert 0.9 <= ds.stats.wait_s <= wall
 
 
 def test_a_fault_that_persists_ends_in_a_clear_error(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import fsspec
@@ -22,6 +24,7 @@ from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.memory import MemoryStore
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stream import ObjectReader
+from streamrec.sync import iterate_blocking
 
 FAST = RetryPolicy(max_attempts=4, initial_backoff_s=0.001, max_backoff_s=0.002, timeout_s=5)
 
@@ -203,3 +206,103 @@ async def test_the_overall_deadline_bounds_a_request() -> None:
         await read_all(reader)
     assert time.monotonic() - started < 2
     assert 2 <= len(store.calls) < 100
+
+
+def test_the_blocking_iterator_reports_the_consumers_wait() -> None:
+    async def slow() -> AsyncIterator[int]:
+        for i in range(4):
+            await asyncio.sleep(0.1)
+            yield i
+
+    waits: list[float] = []
+    assert list(iterate_blocking(slow, waits.append)) == [0, 1, 2, 3]
+    assert len(waits) == 5  # four items and the end
+    assert 0.38 <= sum(waits) < 2
+
+
+def test_wait_time_is_small_when_the_consumer_is_the_bottleneck(tmp_path: Path) -> None:
+    for i in range(3):
+        with streamrec.sync.open_writer(str(tmp_path / f"s{i}.tfrecord")) as w:
+            w.write_many([bytes([i]) * 1000] * 200)
+    ds = streamrec.open_dataset(str(tmp_path / "*.tfrecord"), block_bytes=20_000)
+    slept = 0.0
+    for index, _ in enumerate(ds):
+        if index % 100 == 0:
+            time.sleep(0.1)  # a consumer slower than the local disk
+            slept += 0.1
+    assert slept == pytest.approx(0.6)
+    assert ds.stats.wait_s < 0.25 * slept
+
+
+def test_budget_wakes_streams_waiting_for_room_in_order() -> None:
+    async def main() -> list[str]:
+        budget = ByteBudget(100)
+        woken: list[str] = []
+        budget.try_reserve(100)
+        budget.wake_on_release(lambda: woken.append("a"))
+        budget.wake_on_release(lambda: woken.append("b"))
+        budget.release(10)
+        assert woken == []  # not in the releasing step: the releaser re-requests first
+        await asyncio.sleep(0)
+        return woken
+
+    assert asyncio.run(main()) == ["a", "b"]
+
+
+async def test_a_stream_the_consumer_waits_for_may_overdraw_by_one_block() -> None:
+    budget = ByteBudget(100)
+    assert budget.try_reserve(100)
+    await asyncio.wait_for(budget.reserve(50, overdraw=True), 1)
+    assert budget.reserved == 150  # the limit plus one block
+    with pytest.raises(asyncio.TimeoutError):  # a second overdraft waits
+        await asyncio.wait_for(budget.reserve(50, overdraw=True), 0.05)
+
+
+async def test_a_primed_reader_keeps_requesting_as_the_budget_frees() -> None:
+    # The next shard's reader is primed once; as the current one hands bytes on, it must
+    # request more by itself (nobody reads it yet), up to what the budget allows.
+    data = bytes(1 << 20)
+    current = ScriptedStore(data, [])
+    upcoming = ScriptedStore(data, [])
+    budget = ByteBudget(400_000)
+    first = ObjectReader(
+        current,
+        (await current.expand(current.url))[0],
+        budget,
+        block_bytes=100_000,
+        first_block_bytes=100_000,
+    )
+    first.prime()
+    second = ObjectReader(
+        upcoming,
+        (await upcoming.expand(upcoming.url))[0],
+        budget,
+        block_bytes=100_000,
+        first_block_bytes=100_000,
+    )
+    second.prime()
+    assert len(upcoming.calls) == 0  # the budget is full of the first reader's blocks
+    await read_all(first)
+    await asyncio.sleep(0.01)
+    assert len(upcoming.calls) == 4  # it took the room the first one gave back
+    assert await read_all(second) == data
+    assert budget.reserved == 0
+
+
+async def test_pieces_are_handed_on_one_by_one_and_released_as_they_go() -> None:
+    class Pieces(ScriptedStore):
+        async def read_range_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
+            data = await self.read_range(obj, start, end)
+            return [data[i : i + 1000] for i in range(0, len(data), 1000)]
+
+    data = bytes(range(256)) * 100
+    store = Pieces(data, [])
+    budget = ByteBudget(1 << 20)
+    reader = ObjectReader(store, (await store.expand(store.url))[0], budget, block_bytes=10_000)
+    got = []
+    async for piece in reader:
+        got.append(piece)
+        assert len(piece) <= 1000
+    await reader.aclose()
+    assert b"".join(got) == data
+    assert budget.reserved == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 __all__ = ["ByteBudget"]
 
@@ -10,10 +11,17 @@ __all__ = ["ByteBudget"]
 class ByteBudget:
     """Bytes fetched (or being fetched) and not yet handed to the consumer.
 
-    A stream reserves a block's bytes before requesting it and releases them when it hands the
-    block on. The total never exceeds ``limit``, except that one reservation is always granted
-    when nothing is reserved, so a block larger than the whole budget still makes progress
-    (the bound is therefore ``limit`` plus at most one block).
+    A stream reserves a block's bytes before requesting it and releases them as it hands the
+    block on. The total never exceeds ``limit``, except by at most one block: one reservation
+    is always granted when nothing is reserved, and a stream the consumer is blocked on with
+    nothing in flight may *overdraw* by one block while no one else does (so a block larger
+    than the whole budget still makes progress, and bytes prefetched by streams the consumer
+    reaches later can never starve the one it is waiting for).
+
+    Streams that stopped requesting for lack of room ask to be woken (:meth:`wake_on_release`)
+    and are called back, in the order they asked, soon after bytes are released: the budget
+    keeps being used while the stream that released the bytes runs first (it re-requests in
+    the same step, before any callback runs).
     """
 
     def __init__(self, limit: int) -> None:
@@ -23,18 +31,31 @@ class ByteBudget:
         self.reserved = 0
         self.peak = 0
         self._released = asyncio.Event()
+        self._wakers: dict[Callable[[], object], None] = {}  # ordered set
+        self._wake_scheduled = False
+
+    def _take(self, n: int) -> None:
+        self.reserved += n
+        self.peak = max(self.peak, self.reserved)
 
     def try_reserve(self, n: int) -> bool:
         """Reserve ``n`` bytes if that fits now; never waits."""
         if self.reserved and self.reserved + n > self.limit:
             return False
-        self.reserved += n
-        self.peak = max(self.peak, self.reserved)
+        self._take(n)
         return True
 
-    async def reserve(self, n: int) -> None:
-        """Reserve ``n`` bytes, waiting for other streams to hand bytes on if needed."""
+    async def reserve(self, n: int, *, overdraw: bool = False) -> None:
+        """Reserve ``n`` bytes, waiting for other streams to hand bytes on if needed.
+
+        With ``overdraw`` (the caller is the stream the consumer waits for and has nothing in
+        flight), the reservation is granted beyond ``limit`` as long as no other overdraft is
+        outstanding, so ``reserved`` stays within ``limit`` plus one block.
+        """
         while not self.try_reserve(n):
+            if overdraw and self.reserved <= self.limit:
+                self._take(n)
+                return
             self._released.clear()
             await self._released.wait()
 
@@ -43,3 +64,29 @@ class ByteBudget:
         self.reserved -= n
         assert self.reserved >= 0, "released more than reserved"
         self._released.set()
+        if self._wakers and not self._wake_scheduled:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (tests, teardown): wake now
+                self._wake()
+                return
+            self._wake_scheduled = True
+            loop.call_soon(self._wake)
+
+    def wake_on_release(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` once, soon after the next release (ordered, no duplicates)."""
+        self._wakers[callback] = None
+
+    def forget(self, callback: Callable[[], object]) -> None:
+        """Drop ``callback`` from the streams waiting to be woken (closed or no longer hungry)."""
+        self._wakers.pop(callback, None)
+
+    def _wake(self) -> None:
+        self._wake_scheduled = False
+        wakers, self._wakers = list(self._wakers), {}
+        for index, callback in enumerate(wakers):
+            if self.reserved >= self.limit:
+                # full again: the rest keep their place in the queue, ahead of newcomers
+                self._wakers = {**dict.fromkeys(wakers[index:]), **self._wakers}
+                return
+            callback()  # a stream still short of room asks again (goes to the back)

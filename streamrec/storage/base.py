@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from streamrec.storage.sinks import ObjectSink, SinkContext
 
-__all__ = ["GLOB_CHARS", "ObjectInfo", "ObjectStore", "has_glob", "split_scheme"]
+__all__ = ["GLOB_CHARS", "PIECE_BYTES", "ObjectInfo", "ObjectStore", "has_glob", "split_scheme"]
 
 GLOB_CHARS = frozenset("*?[")
+PIECE_BYTES = 1 << 20
+"""Response bodies are kept in pieces of about this size (see ObjectStore.read_range_pieces)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,10 @@ class ObjectStore(abc.ABC):
     with a :class:`~streamrec.storage.retry.RetryPolicy`.
     """
 
+    concurrency_limit: int | None = None
+    """Most range reads of one object worth having in flight (None: no limit of the store's
+    own; a remote store needs many to fill a link, a local disk gains nothing past a few)."""
+
     @abc.abstractmethod
     async def expand(self, pattern: str) -> list[ObjectInfo]:
         """Objects matching a url or glob, sorted by name; ObjectNotFoundError if none."""
@@ -56,6 +62,20 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
         """Bytes ``start:end`` of ``obj`` (may be fewer when the server sends a short body)."""
+
+    async def read_range_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
+        """Bytes ``start:end`` of ``obj`` as consecutive pieces (fewer bytes on a short body).
+
+        Stores that read a body off the network keep it in the pieces it arrives in (joined
+        up to about :data:`PIECE_BYTES`), so a block is never held twice (the chunks plus
+        their join); the prefetching reader hands pieces on one by one.
+        """
+        return [await self.read_range(obj, start, end)]
+
+    def read_range_cached(self, obj: ObjectInfo, start: int, end: int) -> list[bytes] | None:
+        """Bytes ``start:end`` as pieces when the store already holds them (the first bytes
+        of an object it looked up by reading them), else None; never does I/O."""
+        return None
 
     def open_sink(self, url: str, context: SinkContext | None = None) -> ObjectSink:
         """A sink that makes the object ``url`` appear only once it is complete.

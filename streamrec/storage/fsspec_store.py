@@ -3,6 +3,12 @@
 Filesystems are created with ``asynchronous=True`` inside the running loop, one per store and
 never from fsspec's instance cache (``skip_instance_cache=True``): a cached instance is bound to
 the loop and the process that made it, which breaks in forked or spawned DataLoader workers.
+
+A single object (a url without glob characters) is not looked up with a HEAD or metadata
+request before it is read: stores that can (:meth:`FsspecStore._read_head`) ask for its first
+bytes straight away and learn its size and version from that answer (``Content-Range``, ETag,
+generation). The bytes are kept (up to :attr:`FsspecStore.head_cache_bytes` per store) and
+serve the object's first range reads, so the first record costs one round trip, not two.
 """
 
 from __future__ import annotations
@@ -15,16 +21,23 @@ from streamrec.errors import ObjectNotFoundError, StorageError
 from streamrec.storage.base import ObjectInfo, ObjectStore, has_glob
 from streamrec.storage.translate import translate
 
-__all__ = ["FsspecStore"]
+__all__ = ["HEAD_BYTES", "FsspecStore"]
+
+HEAD_BYTES = 256 << 10
+"""How much of a single object the size lookup reads (the reader's first block)."""
 
 
 class FsspecStore(ObjectStore):
     """A store over one fsspec async filesystem (``self.fs``), for one url scheme."""
 
     scheme: str
+    head_cache_bytes = 4 << 20
+    """Most bytes of first-read answers kept for later range reads, per store."""
 
     def __init__(self, fs: Any) -> None:
         self.fs = fs
+        self._heads: dict[tuple[str, str | None], list[bytes]] = {}
+        self._head_bytes = 0
 
     def url_of(self, name: str) -> str:
         """The url of a path as fsspec names it (``bucket/key`` -> ``s3://bucket/key``)."""
@@ -42,7 +55,20 @@ class FsspecStore(ObjectStore):
         info: dict[str, Any] = await self.fs._info(path)
         return info
 
+    async def _read_head(self, url: str, length: int) -> tuple[ObjectInfo, list[bytes]] | None:
+        """One range GET of bytes ``0:length`` of ``url``: the object (size and version from
+        the answer) and the bytes received. None when this store cannot (the caller then
+        looks the object up the usual way). Raises translated errors (a missing object)."""
+        return None
+
     async def expand(self, pattern: str) -> list[ObjectInfo]:
+        if not has_glob(pattern):
+            room = self.head_cache_bytes - self._head_bytes
+            head = await self._read_head(pattern, max(1, min(HEAD_BYTES, room)))
+            if head is not None:
+                obj, pieces = head
+                self._keep_head(obj, pieces, room)
+                return [obj]
         path = pattern if self.scheme == "http" else self.fs._strip_protocol(pattern)
         try:
             if has_glob(pattern):
@@ -68,3 +94,69 @@ class FsspecStore(ObjectStore):
         if not has_glob(pattern):
             objects = [ObjectInfo(pattern, objects[0].size, objects[0].version)]
         return sorted(objects, key=lambda o: o.url)
+
+    # ------------------------------------------------------------------ the head cache
+
+    def _keep_head(self, obj: ObjectInfo, pieces: list[bytes], room: int) -> None:
+        size = sum(map(len, pieces))
+        key = (obj.url, obj.version)
+        self._drop_head(key)
+        if size and size <= room:
+            self._heads[key] = pieces
+            self._head_bytes += size
+
+    def _drop_head(self, key: tuple[str, str | None]) -> None:
+        dropped = self._heads.pop(key, None)
+        if dropped is not None:
+            self._head_bytes -= sum(map(len, dropped))
+
+    def _from_head(self, obj: ObjectInfo, start: int, end: int) -> tuple[list[bytes], int]:
+        """The pieces of bytes ``start:min(end, head)`` kept from the first read, and where
+        they stop (``start`` when nothing is kept there). A read that reaches the end of
+        the kept bytes uses them up."""
+        key = (obj.url, obj.version)
+        pieces = self._heads.get(key)
+        if pieces is None:
+            return [], start
+        held = sum(map(len, pieces))
+        if start >= held:
+            self._drop_head(key)  # the reader has moved past them
+            return [], start
+        stop = min(end, held)
+        out = pieces if start == 0 and stop == held else _cut(pieces, start, stop)
+        if stop == held:
+            self._drop_head(key)
+        return out, stop
+
+    def read_range_cached(self, obj: ObjectInfo, start: int, end: int) -> list[bytes] | None:
+        pieces = self._heads.get((obj.url, obj.version))
+        if pieces is None or sum(map(len, pieces)) < end:
+            return None
+        return self._from_head(obj, start, end)[0]
+
+    async def read_range_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
+        kept, start = self._from_head(obj, start, end) if self._heads else ([], start)
+        if start >= end:
+            return kept
+        return kept + await self._fetch_pieces(obj, start, end)
+
+    async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
+        """Bytes ``start:end`` from the server, as pieces (network stores override this)."""
+        return [await self.read_range(obj, start, end)]
+
+    async def _read_joined(self, obj: ObjectInfo, start: int, end: int) -> bytes:
+        """:meth:`read_range` for stores whose reads are :meth:`read_range_pieces`."""
+        pieces = await self.read_range_pieces(obj, start, end)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def _cut(pieces: list[bytes], start: int, stop: int) -> list[bytes]:
+    """Bytes ``start:stop`` of the concatenation of ``pieces``, as pieces."""
+    out: list[bytes] = []
+    position = 0
+    for piece in pieces:
+        end = position + len(piece)
+        if end > start and position < stop:
+            out.append(piece[max(start - position, 0) : min(stop, end) - position])
+        position = end
+    return out

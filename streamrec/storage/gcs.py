@@ -3,7 +3,10 @@
 gcsfs retries every request 6 times over ~35 s, and that cannot be changed at run time; range
 reads therefore go straight to its authenticated session, with ``ifGenerationMatch`` pinned to
 the listed generation (and the ``X-Goog-Generation`` of every answer compared), so that
-streamrec's retry policy is the only one on the data path.
+streamrec's retry policy is the only one on the data path. Bodies are read off aiohttp's
+stream in pieces (:func:`~streamrec.storage.body.read_pieces`), never joined into a second copy.
+gcsfs's aiohttp connector allows 100 connections (aiohttp's default), which does not cap a
+dataset's range reads.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from streamrec.errors import ObjectChangedError
+from streamrec.errors import ObjectChangedError, StorageError
 from streamrec.storage.base import ObjectInfo
+from streamrec.storage.body import parse_content_range, read_pieces
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import from_status, translate
 
@@ -52,7 +56,36 @@ class GCSStore(FsspecStore):
         generation = info.get("generation")
         return str(generation) if generation else None
 
-    async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
+    async def _read_head(self, url: str, length: int) -> tuple[ObjectInfo, list[bytes]] | None:
+        if "?" in url or "#" in url:
+            return None
+        session = await self._session()
+        headers = self.fs._get_headers({"Range": f"bytes=0-{length - 1}"})
+        action = "reading its first bytes"
+        try:
+            async with session.get(self.fs.url(url), headers=headers) as response:
+                status = response.status
+                content_range = parse_content_range(response.headers.get("Content-Range"))
+                generation = response.headers.get("X-Goog-Generation")
+                if status == 206 and content_range is not None and content_range[2] is not None:
+                    size = content_range[2]
+                elif status == 200 and (response.content_length or length + 1) <= length:
+                    size = response.content_length or 0  # the whole (small) object
+                elif status in (200, 206, 416):
+                    return None  # an empty or transcoded object: look it up instead
+                else:
+                    detail = (await response.read())[:200].decode("utf-8", "replace")
+                    raise from_status(status, url, action, detail)
+                pieces = await read_pieces(response.content)
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise translate(exc, url, action) from exc
+        if sum(map(len, pieces)) > length:
+            return None
+        return ObjectInfo(url, size, generation), pieces
+
+    async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
         session = await self._session()
         url = self.fs.url(obj.url)
         if obj.version:
@@ -61,19 +94,28 @@ class GCSStore(FsspecStore):
         action = f"reading bytes {start}-{end - 1}"
         try:
             async with session.get(url, headers=headers) as response:
-                data: bytes = await response.read()
                 status = response.status
                 generation = response.headers.get("X-Goog-Generation")
+                if status not in (200, 206):
+                    detail = (await response.read())[:200].decode("utf-8", "replace")
+                    raise from_status(status, obj.url, action, detail)
+                # Also compare the generation served: not every server honours
+                # ifGenerationMatch.
+                if obj.version and generation and generation != obj.version:
+                    raise ObjectChangedError(
+                        f"{obj.url}: the object changed while it was being read"
+                    )
+                if status == 200:  # the whole object despite the Range header
+                    data = await response.read()
+                    return [data[start:end]]
+                return await read_pieces(response.content)
+        except StorageError:
+            raise
         except Exception as exc:
             raise translate(exc, obj.url, action) from exc
-        if status not in (200, 206):
-            raise from_status(status, obj.url, action, data[:200].decode("utf-8", "replace"))
-        # Also compare the generation served: not every server honours ifGenerationMatch.
-        if obj.version and generation and generation != obj.version:
-            raise ObjectChangedError(f"{obj.url}: the object changed while it was being read")
-        if status == 200:  # the whole object despite the Range header
-            data = data[start:end]
-        return data
+
+    async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
+        return await self._read_joined(obj, start, end)
 
     def open_sink(self, url: str, context: SinkContext | None = None) -> GCSResumableSink:
         """A resumable upload that runs while bytes arrive; the object appears on commit."""
@@ -82,6 +124,7 @@ class GCSStore(FsspecStore):
         return GCSResumableSink(self, url, context)
 
     async def close(self) -> None:
+        self._heads.clear()
         if self._session_ready:
             self._session_ready = False
             await self.fs.session.close()

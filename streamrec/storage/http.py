@@ -2,14 +2,17 @@
 
 Every block is a ``Range`` GET carrying ``If-Match`` with the ETag seen first, and the ETag of
 every answer is compared too (servers that ignore If-Match still cannot splice versions).
+Bodies are read in pieces (:func:`~streamrec.storage.body.read_pieces`); fsspec's aiohttp
+session allows 100 connections (aiohttp's default), which does not cap a dataset's reads.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from streamrec.errors import ObjectChangedError
+from streamrec.errors import ObjectChangedError, StorageError
 from streamrec.storage.base import ObjectInfo
+from streamrec.storage.body import parse_content_range, read_pieces
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import from_status, translate
 
@@ -42,7 +45,32 @@ class HTTPStore(FsspecStore):
         etag = info.get("ETag") or info.get("etag")
         return str(etag) if etag else None
 
-    async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
+    async def _read_head(self, url: str, length: int) -> tuple[ObjectInfo, list[bytes]] | None:
+        session = await self._get_session()
+        action = "reading its first bytes"
+        try:
+            async with session.get(url, headers={"Range": f"bytes=0-{length - 1}"}) as response:
+                status = response.status
+                content_range = parse_content_range(response.headers.get("Content-Range"))
+                etag = response.headers.get("ETag")
+                if status == 206 and content_range is not None and content_range[2] is not None:
+                    size = content_range[2]
+                elif status == 200 and (response.content_length or length + 1) <= length:
+                    size = response.content_length or 0  # the whole (small) object
+                elif status in (200, 206, 416):
+                    return None  # empty, or no ranges: look it up (HEAD) instead
+                else:
+                    raise from_status(status, url, action)
+                pieces = await read_pieces(response.content)
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise translate(exc, url, action) from exc
+        if sum(map(len, pieces)) > length:
+            return None
+        return ObjectInfo(url, size, etag), pieces
+
+    async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
         session = await self._get_session()
         headers = {"Range": f"bytes={start}-{end - 1}"}
         if obj.version:
@@ -50,19 +78,27 @@ class HTTPStore(FsspecStore):
         action = f"reading bytes {start}-{end - 1}"
         try:
             async with session.get(obj.url, headers=headers) as response:
-                data: bytes = await response.read()
                 status, etag = response.status, response.headers.get("ETag")
+                if status not in (200, 206):
+                    raise from_status(status, obj.url, action)
+                if obj.version and etag and etag != obj.version:
+                    raise ObjectChangedError(
+                        f"{obj.url}: the object changed while it was being read"
+                    )
+                if status == 200:  # the server ignored the Range header
+                    data: bytes = await response.read()
+                    return [data[start:end]]
+                return await read_pieces(response.content)
+        except StorageError:
+            raise
         except Exception as exc:
             raise translate(exc, obj.url, action) from exc
-        if status not in (200, 206):
-            raise from_status(status, obj.url, action)
-        if obj.version and etag and etag != obj.version:
-            raise ObjectChangedError(f"{obj.url}: the object changed while it was being read")
-        if status == 200:  # the server ignored the Range header
-            data = data[start:end]
-        return data
+
+    async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
+        return await self._read_joined(obj, start, end)
 
     async def close(self) -> None:
+        self._heads.clear()
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()

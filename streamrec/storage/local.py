@@ -19,6 +19,7 @@ class LocalStore(ObjectStore):
     while the kernel copies, so reads overlap decoding."""
 
     scheme = "file"
+    concurrency_limit = 4  # preads in threads: more in flight only holds more memory
 
     @staticmethod
     def path(url: str) -> str:

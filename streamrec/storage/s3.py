@@ -3,13 +3,30 @@
 Range reads call the aiobotocore client's ``get_object`` ourselves, with ``IfMatch`` pinned to
 the listed ETag and botocore's own retries off, so that streamrec's retry policy is the only
 one (s3fs and botocore would otherwise retry for ~10 s underneath, and pass short bodies on).
+Bodies are read off aiohttp's stream in pieces (:func:`~streamrec.storage.body.read_pieces`),
+never gathered and joined into a second copy.
+
+Client set-up, sized for streaming unless ``storage_options`` say otherwise:
+
+* botocore's connection pool (``max_pool_connections``, default 10) would cap the range GETs
+  in flight across all shards; it is sized from ``max_connections`` (what the dataset may have
+  in flight), through ``config_kwargs``.
+* botocore's data loader (the parsed service model, endpoint rules and partitions, ~50-100 ms
+  of JSON per client) is shared by every client of the process, so the second and later
+  iterations (epochs, DataLoader workers forked after a first read) create theirs quickly.
+* the TLS context (loading the CA bundle, ~30-40 ms of CPU that aiobotocore spends before the
+  first request) is built in a worker thread while the client is being created, which takes
+  the same time on the event loop's thread (the bundle is parsed without holding the GIL).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 from typing import TYPE_CHECKING, Any
 
 from streamrec.storage.base import ObjectInfo
+from streamrec.storage.body import parse_content_range, read_pieces
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import translate
 
@@ -17,21 +34,35 @@ if TYPE_CHECKING:
     from streamrec.storage.s3_sink import S3MultipartSink
     from streamrec.storage.sinks import SinkContext
 
-__all__ = ["S3Store"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "S3Store"]
+
+DEFAULT_MAX_CONNECTIONS = 64
+"""botocore's pool size when neither the caller nor ``config_kwargs`` says (botocore's own
+default, 10, caps a dataset's range GETs in flight)."""
+
+_shared_loader: Any = None  # botocore's data loader, shared by every client of the process
 
 
 class S3Store(FsspecStore):
-    """Objects in S3 or an S3-compatible server (``endpoint_url`` in ``client_kwargs``)."""
+    """Objects in S3 or an S3-compatible server (``endpoint_url`` in ``client_kwargs``).
+
+    ``max_connections``: the most requests the caller will have in flight at once (the pool
+    is sized to it, at least 10); ``config_kwargs={"max_pool_connections": n}`` wins over it.
+    """
 
     scheme = "s3"
 
-    def __init__(self, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, storage_options: dict[str, Any] | None = None, *, max_connections: int | None = None
+    ) -> None:
         import s3fs
 
         options = dict(storage_options or {})
         config = dict(options.pop("config_kwargs", None) or {})
         # botocore: total_max_attempts counts the first try (its max_attempts counts retries)
         config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+        pool = DEFAULT_MAX_CONNECTIONS if max_connections is None else max(10, max_connections)
+        config.setdefault("max_pool_connections", pool)
         options.setdefault("skip_instance_cache", True)
         fs = s3fs.S3FileSystem(asynchronous=True, config_kwargs=config, **options)
         fs.retries = 1  # listing too: the retry policy is ours
@@ -40,7 +71,11 @@ class S3Store(FsspecStore):
 
     async def _client(self) -> Any:
         if not self._session_ready:
+            _share_loader(self.fs)
+            tls = _start_tls_context(self.fs)
             await self.fs.set_session()
+            if tls is not None:
+                await _use_tls_context(self.fs._s3, *tls)
             self._session_ready = True
         return self.fs._s3
 
@@ -52,7 +87,31 @@ class S3Store(FsspecStore):
         etag = info.get("ETag") or info.get("etag")
         return str(etag) if etag else None
 
-    async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
+    async def _read_head(self, url: str, length: int) -> tuple[ObjectInfo, list[bytes]] | None:
+        bucket, key, version_id = self.fs.split_path(url)
+        if not key or version_id:
+            return None
+        client = await self._client()
+        try:
+            response = await client.get_object(
+                Bucket=bucket, Key=key, Range=f"bytes=0-{length - 1}"
+            )
+            pieces = await _body_pieces(response["Body"])
+        except Exception as exc:
+            if _error_code(exc) in ("InvalidRange", "416"):
+                return None  # an empty object: no byte to ask for; look it up instead
+            raise translate(exc, url, "reading its first bytes") from exc
+        etag = response.get("ETag")
+        content_range = parse_content_range(response.get("ContentRange"))
+        if content_range is not None and content_range[2] is not None:
+            size = content_range[2]
+        elif content_range is None:  # the whole object, the range ignored
+            size = sum(map(len, pieces))
+        else:
+            return None
+        return ObjectInfo(url, size, str(etag) if etag else None), _first(pieces, length)
+
+    async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
         client = await self._client()
         bucket, key, _ = self.fs.split_path(obj.url)
         extra = {"IfMatch": obj.version} if obj.version else {}
@@ -60,14 +119,12 @@ class S3Store(FsspecStore):
             response = await client.get_object(
                 Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra
             )
-            body = response["Body"]
-            try:
-                data: bytes = await body.read()
-            finally:
-                body.close()
+            return await _body_pieces(response["Body"])
         except Exception as exc:
             raise translate(exc, obj.url, f"reading bytes {start}-{end - 1}") from exc
-        return data
+
+    async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
+        return await self._read_joined(obj, start, end)
 
     def open_sink(self, url: str, context: SinkContext | None = None) -> S3MultipartSink:
         """A multipart upload that runs while bytes arrive; the object appears on commit."""
@@ -76,8 +133,107 @@ class S3Store(FsspecStore):
         return S3MultipartSink(self, url, context)
 
     async def close(self) -> None:
+        self._heads.clear()
         if self._session_ready:
             self._session_ready = False
             client = self.fs._s3
             if client is not None:
                 await client.__aexit__(None, None, None)
+
+
+async def _body_pieces(body: Any) -> list[bytes]:
+    """A get_object body as pieces: straight off aiohttp's stream when it is a plain body
+    (not one that verifies a checksum as it is read), else through ``read()``."""
+    from aiobotocore.response import AioStreamingBody  # type: ignore[import-untyped]
+
+    try:
+        content = getattr(body.raw_stream, "content", None)
+        if type(body) is AioStreamingBody and hasattr(content, "readany"):
+            return await read_pieces(content)
+        data: bytes = await body.read()
+        return [data] if data else []
+    finally:
+        body.close()
+
+
+def _first(pieces: list[bytes], size: int) -> list[bytes]:
+    out: list[bytes] = []
+    for piece in pieces:
+        if size <= 0:
+            break
+        out.append(piece if len(piece) <= size else piece[:size])
+        size -= len(out[-1])
+    return out
+
+
+def _error_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return ""
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code or str(status or "")
+
+
+def _share_loader(fs: Any) -> None:
+    """Give ``fs`` a botocore session whose data loader is the process-wide one (unless the
+    user passed a session of their own)."""
+    global _shared_loader
+    if getattr(fs, "session", None) is not None:
+        return
+    try:
+        import aiobotocore.session  # type: ignore[import-untyped]
+
+        session = aiobotocore.session.AioSession(**getattr(fs, "kwargs", {}))
+        if _shared_loader is None:
+            _shared_loader = session.get_component("data_loader")
+        else:
+            session.register_component("data_loader", _shared_loader)
+    except Exception:  # an optimisation only: s3fs then makes its own session
+        return
+    fs.session = session
+    if hasattr(fs, "_session_is_owned"):
+        fs._session_is_owned = True
+
+
+def _start_tls_context(fs: Any) -> tuple[Any, asyncio.Future[Any]] | None:
+    """Start building, in a worker thread, the TLS context aiobotocore will want for the
+    client ``fs`` is about to create: ``(verify, future)``, or None when it cannot tell."""
+    try:
+        from aiobotocore.httpsession import AIOHTTPSession  # type: ignore[import-untyped]
+
+        verify = (fs.client_kwargs or {}).get("verify")
+        if verify is None and fs.session is not None:
+            verify = fs.session.get_config_variable("ca_bundle")
+        if verify is None:
+            verify = os.environ.get("REQUESTS_CA_BUNDLE", True)
+        if not verify:
+            return None  # nothing slow to build
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(
+            None, lambda: AIOHTTPSession(verify=verify)._build_ssl_contexts(None)[0]
+        )
+    except Exception:  # an optimisation only
+        return None
+    future.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return verify, future
+
+
+async def _use_tls_context(client: Any, verify: Any, future: asyncio.Future[Any]) -> None:
+    """Hand the context built by :func:`_start_tls_context` to the client's HTTP session, if
+    the client resolved the same ``verify`` and needs nothing else (client certificate)."""
+    try:
+        context = await future
+        http = client._endpoint.http_session
+        original = http._build_ssl_contexts
+        if http._verify != verify or getattr(http, "_cert_file", None):
+            return
+    except Exception:  # an optimisation only: aiobotocore builds its own
+        return
+
+    def prebuilt(proxy_url: str | None) -> tuple[Any, Any]:
+        if proxy_url is None:
+            return context, None
+        return original(proxy_url)  # type: ignore[no-any-return]
+
+    http._build_ssl_contexts = prebuilt

@@ -34,15 +34,22 @@ def store_key(url: str) -> str:
         ) from None
 
 
-def open_store(url: str, storage_options: dict[str, Any] | None = None) -> ObjectStore:
-    """A new store for ``url``'s scheme; ``storage_options`` go to the fsspec filesystem."""
+def open_store(
+    url: str, storage_options: dict[str, Any] | None = None, *, max_connections: int | None = None
+) -> ObjectStore:
+    """A new store for ``url``'s scheme; ``storage_options`` go to the fsspec filesystem.
+
+    ``max_connections``: the most requests the caller may have in flight at once; stores whose
+    client caps its connection pool below that (botocore: 10) are sized to it. Default: a pool
+    large enough for any dataset with default settings (see ``S3Store``).
+    """
     kind = store_key(url)
     if kind == "local":
         return LocalStore()
     if kind == "s3":
         from streamrec.storage.s3 import S3Store
 
-        return S3Store(storage_options)
+        return S3Store(storage_options, max_connections=max_connections)
     if kind == "gcs":
         from streamrec.storage.gcs import GCSStore
 
