@@ -60,7 +60,8 @@ def add_command(
     )
 
 
-def _json_object(text: str) -> dict[str, Any]:
+def json_object(text: str) -> dict[str, Any]:
+    """argparse type: a JSON object."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -100,7 +101,7 @@ def add_common_arguments(
     )
     parser.add_argument(
         "--storage-options",
-        type=_json_object,
+        type=json_object,
         default=None,
         metavar="JSON",
         help=(

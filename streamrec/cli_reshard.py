@@ -11,7 +11,8 @@ import json
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+
+from streamrec.cli_common import json_object, positive_int
 
 __all__ = ["main", "parse_bytes", "register"]
 
@@ -90,33 +91,6 @@ def parse_bytes(text: str) -> int:
     return value
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"must be a JSON object, not {type(value).__name__}")
-    return value
-
-
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``reshard`` subcommand to a ``streamrec`` parser's subcommands."""
     parser = commands.add_parser(
@@ -142,10 +116,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--max-bytes", type=parse_bytes, metavar="SIZE", help="rotate shards before this size"
     )
     limits.add_argument(
-        "--max-records", type=_positive_int, metavar="N", help="rotate shards before N records"
+        "--max-records", type=positive_int, metavar="N", help="rotate shards before N records"
     )
     limits.add_argument(
-        "--num-shards", type=_positive_int, metavar="N", help="write exactly N shards"
+        "--num-shards", type=positive_int, metavar="N", help="write exactly N shards"
     )
     parser.add_argument(
         "--compression",
@@ -158,7 +132,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         action="store_true",
         help="shuffle: inputs permuted by the seed, records shuffled within each task",
     )
-    parser.add_argument("--seed", type=_int, default=0, metavar="N", help="shuffle seed (0)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help="shuffle seed (0)")
     parser.add_argument(
         "--engine",
         choices=["local", "dask"],
@@ -172,7 +146,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     parser.add_argument(
         "--workers",
-        type=_positive_int,
+        type=positive_int,
         default=2,
         metavar="N",
         help="processes of the local Dask cluster (default 2)",
@@ -186,7 +160,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     for side, what in (("src", "sources'"), ("dst", "destination's")):
         parser.add_argument(
             f"--{side}-storage-options",
-            type=_json_object,
+            type=json_object,
             metavar="JSON",
             help=(
                 f"JSON object for the {what} fsspec filesystem, e.g. "

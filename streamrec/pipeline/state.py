@@ -51,8 +51,8 @@ STATE_VERSION = 1
 HEADER_AND_CRCS = 16  # bytes of framing around every payload: length, its CRC, payload CRC
 
 Event = tuple[Any, ...]
-Position = list[Any]  # [ordinal, records, offset | None]
-Location = list[Any]  # [ordinal, index, offset | None, length]
+Position = list[Any]  # [ordinal, records, offset]
+Location = list[Any]  # [ordinal, index, offset, length]
 
 
 class Tracker(Protocol):
@@ -104,9 +104,7 @@ class _ReadTracker:
             if taken:
                 position = self.position(slot)
                 position[1] += taken
-                if position[2] is not None:
-                    size = sum(map(len, records[pos : pos + taken]))
-                    position[2] += size + HEADER_AND_CRCS * taken
+                position[2] += sum(map(len, records[pos : pos + taken])) + HEADER_AND_CRCS * taken
             if partial:
                 self.partial_turn(taken)
                 return
@@ -266,8 +264,7 @@ class ShuffleTracker:
                 li += 1
                 location = [position[0], position[1], position[2], length]
                 position[1] += 1
-                if position[2] is not None:
-                    position[2] += length + HEADER_AND_CRCS
+                position[2] += length + HEADER_AND_CRCS
                 if len(buffer) < size:
                     buffer.append(location)
                 else:

@@ -50,3 +50,21 @@ def parse_content_range(value: str | None) -> tuple[int, int, int | None] | None
         return None
     first, last, total = match.groups()
     return int(first), int(last), None if total == "*" else int(total)
+
+
+PROBE_STATUSES = frozenset({200, 206, 416})
+"""Answers to a probing range GET that are not errors (416: the object is empty)."""
+
+
+def probed_size(
+    status: int, content_range: str | None, content_length: int | None, length: int
+) -> int | None:
+    """The object's size from the answer (one of :data:`PROBE_STATUSES`) to a GET of its first
+    ``length`` bytes; None when the answer cannot tell (empty, ranges ignored on a big object,
+    transcoded): the caller looks the object up instead."""
+    parsed = parse_content_range(content_range)
+    if status == 206 and parsed is not None and parsed[2] is not None:
+        return parsed[2]
+    if status == 200 and (content_length or length + 1) <= length:
+        return content_length or 0  # the whole (small) object
+    return None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import ObjectChangedError, StorageError
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.body import parse_content_range, read_pieces
+from streamrec.storage.body import PROBE_STATUSES, probed_size, read_pieces
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import from_status, translate
 
@@ -65,17 +65,15 @@ class GCSStore(FsspecStore):
         try:
             async with session.get(self.fs.url(url), headers=headers) as response:
                 status = response.status
-                content_range = parse_content_range(response.headers.get("Content-Range"))
                 generation = response.headers.get("X-Goog-Generation")
-                if status == 206 and content_range is not None and content_range[2] is not None:
-                    size = content_range[2]
-                elif status == 200 and (response.content_length or length + 1) <= length:
-                    size = response.content_length or 0  # the whole (small) object
-                elif status in (200, 206, 416):
-                    return None  # an empty or transcoded object: look it up instead
-                else:
+                if status not in PROBE_STATUSES:
                     detail = (await response.read())[:200].decode("utf-8", "replace")
                     raise from_status(status, url, action, detail)
+                size = probed_size(
+                    status, response.headers.get("Content-Range"), response.content_length, length
+                )
+                if size is None:
+                    return None  # empty, transcoded or no ranges: look it up instead
                 pieces = await read_pieces(response.content)
         except StorageError:
             raise
