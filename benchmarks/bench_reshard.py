@@ -208,6 +208,37 @@ def delete_output(servers: Servers, summary: dict[str, Any]) -> None:
             fs.rm_file(url)
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by these processes (children not included)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        times = psutil.Process(pid).cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def worker_cpu_seconds(client: Any) -> float:
+    """CPU seconds used so far by every worker process of a Dask cluster."""
+
+    def own() -> float:
+        import psutil
+
+        times = psutil.Process().cpu_times()
+        return float(times.user + times.system)
+
+    return sum(client.run(own).values())
+
+
+def ceiling(seconds_1: float, cpu: dict[str, float], cores: int, workers: int) -> float:
+    """The best speedup ``workers`` workers could reach over the one-worker run on ``cores``
+    cores: its worker CPU spread over ``workers`` processes, and all of its CPU (servers and
+    driver too) fitting in the machine's cores."""
+    floor = max(cpu["workers"] / workers, sum(cpu.values()) / cores)
+    return seconds_1 / floor
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=int, default=1024, help="input size in MB (1024)")
@@ -229,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
 
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     times: dict[str, list[float]] = {c: [] for c in configs}
+    cpus: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory(prefix="bench-reshard-") as tmp, Servers(Path(tmp)) as srv:
         records, nbytes = write_input(srv, args.size_mb, args.shards)
         clusters: dict[str, tuple[Any, Any]] = {}
@@ -250,16 +282,31 @@ def main(argv: list[str] | None = None) -> int:
                 order = configs[round_ % len(configs) :] + configs[: round_ % len(configs)]
                 for config in order:
                     client = clusters[config][1] if config in clusters else None
+                    server_pids = [proc.pid for proc in srv.procs]
+                    before = {
+                        "servers": cpu_seconds(server_pids),
+                        "driver": cpu_seconds([os.getpid()]),
+                        "workers": 0.0 if client is None else worker_cpu_seconds(client),
+                    }
                     started = time.perf_counter()
                     summary = run_once(srv, config, client, args, round_)
                     seconds = time.perf_counter() - started
+                    after = {
+                        "servers": cpu_seconds(server_pids),
+                        "driver": cpu_seconds([os.getpid()]),
+                        "workers": 0.0 if client is None else worker_cpu_seconds(client),
+                    }
+                    cpu = {k: after[k] - before[k] for k in before}
+                    cpus[config].append(cpu)
                     if summary["records"] != records:
                         raise SystemExit(f"{config}: {summary['records']} records, not {records}")
                     times[config].append(seconds)
                     print(
                         f"  round {round_} {config}: {seconds:.1f} s, "
                         f"{nbytes / seconds / MB:.1f} MB/s, {len(summary['shards'])} shards, "
-                        f"{summary['tasks']} tasks, {summary['bytes_out'] / MB:.0f} MB out",
+                        f"{summary['tasks']} tasks, {summary['bytes_out'] / MB:.0f} MB out; CPU s: "
+                        f"workers {cpu['workers']:.1f}, servers {cpu['servers']:.1f}, "
+                        f"driver {cpu['driver']:.1f}",
                         flush=True,
                     )
                     delete_output(srv, summary)
@@ -275,20 +322,36 @@ def main(argv: list[str] | None = None) -> int:
         f"Python {platform.python_version()}, {args.rounds} round(s)"
     )
     print()
-    print("| engine | MB/s best | MB/s median | seconds median | vs dask 1 |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        "| engine | MB/s best | MB/s median | seconds median | vs dask 1 "
+        "| CPU s: workers | servers | driver |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     base = statistics.median(times["dask 1"]) if times.get("dask 1") else None
+    median_cpu = {
+        config: {k: statistics.median(c[k] for c in cpus[config]) for k in cpus[config][0]}
+        for config in configs
+    }
     for config in configs:
         median = statistics.median(times[config])
         ratio = f"{base / median:.2f}x" if base else "-"
+        cpu = median_cpu[config]
+        workers = f"{cpu['workers']:.1f}" if config.startswith("dask") else "(in driver)"
         print(
             f"| {config} | {nbytes / min(times[config]) / MB:.1f} | {nbytes / median / MB:.1f} "
-            f"| {median:.1f} | {ratio} |"
+            f"| {median:.1f} | {ratio} | {workers} | {cpu['servers']:.1f} "
+            f"| {cpu['driver']:.1f} |"
         )
     if base and times.get("dask 2"):
         speedup = base / statistics.median(times["dask 2"])
         met = "met" if speedup >= TARGET_SPEEDUP else "NOT met"
         print(f"\ntarget dask 2 >= {TARGET_SPEEDUP}x dask 1: {speedup:.2f}x ({met})")
+        best = ceiling(base, median_cpu["dask 1"], os.cpu_count() or 1, 2)
+        print(
+            f"this machine's ceiling for dask 2 (dask 1's worker CPU over 2 processes, and all "
+            f"of its CPU - servers and driver included - over {os.cpu_count()} cores): "
+            f"{best:.2f}x; reached {speedup / best:.0%} of it"
+        )
     return 0
 
 

@@ -407,3 +407,20 @@ def test_child_processes_read_with_their_own_connections(
     with multiprocessing.get_context(method).Pool(2) as pool:
         counts = pool.starmap(_count_records, [(url, s3_server.storage_options)] * 2)
     assert counts == [300, 300]
+
+
+def test_s3_shared_loader_reads_what_botocore_reads() -> None:
+    """The process-wide botocore loader (plain dicts, for speed) loads the same data as
+    botocore's own loader, from the same places."""
+    import botocore.session
+
+    from streamrec.storage.s3 import _plain_dict_loader
+
+    default = botocore.session.get_session().get_component("data_loader")
+    fast = _plain_dict_loader(default)
+    assert list(fast.search_paths) == list(default.search_paths)
+    for name, kind in (("s3", "service-2"), ("s3", "endpoint-rule-set-1")):
+        loaded = fast.load_service_model(name, kind)
+        assert type(loaded) is dict
+        assert loaded == default.load_service_model(name, kind)
+    assert fast.load_data("endpoints") == default.load_data("endpoints")
