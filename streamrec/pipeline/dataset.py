@@ -28,6 +28,7 @@ from streamrec.pipeline.state import (
     ShuffleTracker,
     Tracker,
     rng_from_state,
+    take_event,
 )
 from streamrec.pipeline.stats import Stats
 from streamrec.storage.retry import RetryPolicy
@@ -366,10 +367,10 @@ class Dataset:
                         if following and upcoming is None and reader.fully_requested:
                             upcoming = opener.reader(*following)
                             upcoming.prime()
-                        events.append(("take", 0, len(chunk), False))
+                        events.append(take_event(0, chunk, False))
                         yield chunk, events
                         events = []
-                events.append(("take", 0, 0, True))
+                events.append(take_event(0, [], True))
                 yield [], events
         finally:
             if upcoming is not None:

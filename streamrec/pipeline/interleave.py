@@ -21,7 +21,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
-from streamrec.pipeline.state import Event
+from streamrec.pipeline.state import Event, take_event
 
 __all__ = ["OpenShard", "Pieces", "interleave_deterministic", "interleave_first_ready"]
 
@@ -116,7 +116,7 @@ async def interleave_deterministic(
                 taken = await slot.take(block_length - within)
                 within = 0
                 out += taken
-                events.append(("take", index, len(taken), slot.done))
+                events.append(take_event(index, taken, slot.done))
                 if slot.done:
                     await slot.chunks.aclose()
                     slots[index] = None
@@ -192,9 +192,9 @@ async def interleave_first_ready(
             if chunk is None:
                 await tasks.pop(ordinal)
                 start_next()
-                yield [], [("take", ordinal, 0, True)]
+                yield [], [take_event(ordinal, [], True)]
             elif chunk:
-                yield chunk, [("take", ordinal, len(chunk), False)]
+                yield chunk, [take_event(ordinal, chunk, False)]
     finally:
         closing = True
         if getter is not None:

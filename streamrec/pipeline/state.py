@@ -11,8 +11,11 @@ Events are tuples, one per block of records (never one per record):
 
 * ``("open", slot, ordinal, records, offset)``: shard ``ordinal`` of the epoch's shard plan is
   opened into ``slot``, resuming after ``records`` records at stream ``offset``;
-* ``("take", slot, count, ended)``: the next ``count`` records came from the shard in ``slot``,
-  one interleave turn; ``ended``: that shard has no more records;
+* ``("take", slot, count, ended, nbytes)``: the next ``count`` records came from the shard in
+  ``slot``, one interleave turn; ``ended``: that shard has no more records; ``nbytes``: their
+  bytes in the shard's stream, framing included (:func:`take_event` counts them where the
+  records were just made: in the consumer's thread, reading every record's length again
+  costs more than decoding them did);
 * ``("in", events, lengths)`` (shuffle): input records of the given ``lengths``, described by
   the upstream ``events``, went through the shuffle buffer;
 * ``("drain", reshuffle)`` (shuffle): the input ended; the buffer (shuffled first when
@@ -40,6 +43,7 @@ __all__ = [
     "Cursor",
     "CycleTracker",
     "Event",
+    "take_event",
     "ReadyTracker",
     "ShuffleTracker",
     "Tracker",
@@ -51,6 +55,19 @@ STATE_VERSION = 1
 HEADER_AND_CRCS = 16  # bytes of framing around every payload: length, its CRC, payload CRC
 
 Event = tuple[Any, ...]
+
+
+def take_event(slot: int, records: Sequence[bytes], ended: bool) -> Event:
+    """The ``take`` event of ``records``, all from the shard in ``slot``."""
+    return (
+        "take",
+        slot,
+        len(records),
+        ended,
+        sum(map(len, records)) + HEADER_AND_CRCS * len(records),
+    )
+
+
 Position = list[Any]  # [ordinal, records, offset]
 Location = list[Any]  # [ordinal, index, offset, length]
 
@@ -98,13 +115,15 @@ class _ReadTracker:
             if event[0] == "open":
                 self.open(*event[1:])
                 continue
-            _, slot, count, ended = event
+            _, slot, count, ended, nbytes = event
             partial = limit is not None and pos + count > limit
             taken = limit - pos if partial else count  # type: ignore[operator]
             if taken:
                 position = self.position(slot)
                 position[1] += taken
-                position[2] += sum(map(len, records[pos : pos + taken])) + HEADER_AND_CRCS * taken
+                if partial:
+                    nbytes = sum(map(len, records[pos : pos + taken])) + HEADER_AND_CRCS * taken
+                position[2] += nbytes
             if partial:
                 self.partial_turn(taken)
                 return
@@ -253,7 +272,7 @@ class ShuffleTracker:
             if event[0] == "open":
                 upstream.open(*event[1:])
                 continue
-            _, slot, count, ended = event
+            _, slot, count, ended, _ = event
             position = upstream.position(slot) if count else None
             for taken in range(count):
                 if len(buffer) >= size and limit is not None and produced >= limit:
