@@ -1112,6 +1112,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              f"max_concurrency (default: {' '.join(CANDIDATES)})")
     parser.add_argument("--handshake", action="store_true",
                         help="the proxy charges one round trip per new connection")
+    parser.add_argument("--first-only", action="store_true",
+                        help="only time to first record (100 KiB dataset), rounds x 3 "
+                             "fresh processes each for the glob and one object")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -1143,6 +1146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             Services(Path(tmp), args.handshake) as services:
         services.start()
         print(f"  servers up in {time.perf_counter() - start:.1f} s", flush=True)
+        if args.first_only:
+            upload_all(services, datasets[:1])
+            measure_first(services.stores["s3-link"], datasets[0], rounds, results)
+            return 0
         upload_all(services, datasets)
         link = [services.stores["s3-link"]]
         loop = [services.stores["s3-lo"], services.stores["gcs-lo"]]

@@ -9,9 +9,11 @@ Records cross the thread boundary in chunks, so the hand-over costs nothing per 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 __all__ = ["EventLoopThread", "iterate_blocking", "iterate_chunks", "open_writer"]
@@ -24,6 +26,15 @@ class EventLoopThread:
 
     def __init__(self, name: str = "streamrec-loop") -> None:
         self._loop = asyncio.new_event_loop()
+        # the loop's executor (local file reads, TLS set-up) is ours, so that close() can
+        # wait for its threads to be really gone (see _wait_until_gone)
+        self._worker_ids: list[int] = []
+        self._executor = ThreadPoolExecutor(
+            thread_name_prefix=f"{name}-worker",
+            initializer=_record_native_id,
+            initargs=(self._worker_ids,),
+        )
+        self._loop.set_default_executor(self._executor)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed = False
         self._thread.start()
@@ -41,7 +52,8 @@ class EventLoopThread:
                 if pending:
                     loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
                 loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())
+                # not loop.shutdown_default_executor(): it starts one more thread to wait in
+                self._executor.shutdown(wait=True)
             finally:
                 loop.close()
 
@@ -83,12 +95,33 @@ class EventLoopThread:
         self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
+        if self._thread.native_id is not None:
+            _wait_until_gone([*self._worker_ids, self._thread.native_id])
 
     def __enter__(self) -> EventLoopThread:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _record_native_id(ids: list[int]) -> None:
+    ids.append(threading.get_native_id())
+
+
+def _wait_until_gone(thread_ids: list[int], timeout_s: float = 1.0) -> None:
+    """Wait (Linux; at most ``timeout_s``) until these OS threads have really exited.
+
+    ``Thread.join()`` returns when the thread's Python code is done, before the C library
+    has run its thread-exit handlers (OpenSSL's among them, which take a process-wide lock).
+    A process forked in that window - a DataLoader starting its workers right after a first
+    epoch - inherits the lock held and hangs in its first TLS handshake.
+    """
+    deadline = time.monotonic() + timeout_s
+    for tid in thread_ids:
+        path = f"/proc/self/task/{tid}"
+        while os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.0005)
 
 
 def iterate_chunks(
