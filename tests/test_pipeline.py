@@ -155,8 +155,10 @@ def test_shuffles_depend_on_seed_and_epoch_only(tmp_path: Path) -> None:
     assert order(1, 0) == first
     assert order(1, 1) != first
     assert order(2, 0) != first
-    assert sorted(order(1, 1)) == sorted(first) == sorted(
-        b"%d:%d" % (s, r) for s in range(8) for r in range(50)
+    assert (
+        sorted(order(1, 1))
+        == sorted(first)
+        == sorted(b"%d:%d" % (s, r) for s in range(8) for r in range(50))
     )
 
 
@@ -184,9 +186,7 @@ def test_fewer_shards_than_hosts_splits_records_with_a_warning(
     assert all(parts)  # nobody gets nothing
 
 
-def test_first_ready_does_not_wait_for_a_slow_shard(
-    http_dir: Any, fault_proxy: Any
-) -> None:
+def test_first_ready_does_not_wait_for_a_slow_shard(http_dir: Any, fault_proxy: Any) -> None:
     for shard in range(4):
         data = RecordEncoder().encode_many([b"%d:%d" % (shard, r) for r in range(20)])
         http_dir.write(f"s{shard}.tfrecord", data)

@@ -329,9 +329,7 @@ def test_shuffle_buffer_refetch_with_records_far_apart(tmp_path: Path) -> None:
     for shard in range(3):
         path = root / f"s{shard}.tfrecord"
         path.write_bytes(
-            b"".join(
-                RecordEncoder().encode(payload(shard, i) + bytes(64 << 10)) for i in range(80)
-            )
+            b"".join(RecordEncoder().encode(payload(shard, i) + bytes(64 << 10)) for i in range(80))
         )
         files.append(str(path))
     config = {"cycle_length": 2, "shuffle_buffer": 60, "seed": 9}

@@ -62,9 +62,7 @@ def normalize_compression(value: str | None) -> Compression | Literal["auto"]:
     if key == "auto":
         return "auto"
     if key not in _ALIASES:
-        raise ValueError(
-            f"unknown compression {value!r}: use 'auto', None, 'gzip' or 'zlib'"
-        )
+        raise ValueError(f"unknown compression {value!r}: use 'auto', None, 'gzip' or 'zlib'")
     return _ALIASES[key]
 
 
@@ -203,9 +201,7 @@ class _Inflater:
         self._error = self._make_error("compressed stream ends early (no end-of-stream marker)")
         raise self._error
 
-    def _fail(
-        self, pieces: list[bytes], problem: str, cause: BaseException | None
-    ) -> list[bytes]:
+    def _fail(self, pieces: list[bytes], problem: str, cause: BaseException | None) -> list[bytes]:
         """Deliver the pieces inflated before the damage; raise now or on the next call."""
         self._error = self._make_error(problem)
         self._error.__cause__ = cause

@@ -59,7 +59,6 @@ ScanResult = tuple[list[bytes], int, int, int, int]
 ScanFunction = Callable[[BytesLike, int, bool, object, int], ScanResult]
 
 
-
 def _scan_python(
     buf: BytesLike, start: int, verify: bool, large_crc: object, large_threshold: int
 ) -> ScanResult:
