@@ -329,7 +329,7 @@ class Setting:
         return cls(*parts)  # type: ignore[arg-type]
 
 
-B_SETTINGS = ("64/8/4", "128/4/4/64")
+B_SETTINGS = ("64/4/16", "128/4/16")
 
 
 def work_interleave(job: dict[str, Any]) -> dict[str, Any]:
