@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from streamrec.storage.base import PIECE_BYTES
+from streamrec.errors import StorageError
+from streamrec.storage.base import PIECE_BYTES, ObjectInfo
+from streamrec.storage.translate import from_status, translate
 
 __all__ = ["parse_content_range", "read_pieces"]
 
@@ -68,3 +70,38 @@ def probed_size(
     if status == 200 and (content_length or length + 1) <= length:
         return content_length or 0  # the whole (small) object
     return None
+
+
+async def probe_first_bytes(
+    session: Any,
+    request_url: str,
+    url: str,
+    headers: dict[str, str],
+    length: int,
+    version_header: str,
+) -> tuple[ObjectInfo, list[bytes]] | None:
+    """GET ``request_url`` (the object ``url``) with ``headers`` asking for its first ``length``
+    bytes, on an aiohttp ``session``: the object (size from the answer, version from the
+    ``version_header`` response header) and those bytes, or None when the answer cannot tell
+    the size or holds more than was asked (the caller looks the object up instead)."""
+    action = "reading its first bytes"
+    try:
+        async with session.get(request_url, headers=headers) as response:
+            status = response.status
+            version = response.headers.get(version_header)
+            if status not in PROBE_STATUSES:
+                detail = (await response.read())[:200].decode("utf-8", "replace")
+                raise from_status(status, url, action, detail)
+            size = probed_size(
+                status, response.headers.get("Content-Range"), response.content_length, length
+            )
+            if size is None:
+                return None  # empty, transcoded or no ranges
+            pieces = await read_pieces(response.content)
+    except StorageError:
+        raise
+    except Exception as exc:
+        raise translate(exc, url, action) from exc
+    if sum(map(len, pieces)) > length:
+        return None
+    return ObjectInfo(url, size, version), pieces

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import ObjectChangedError, StorageError
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.body import PROBE_STATUSES, probed_size, read_pieces
+from streamrec.storage.body import probe_first_bytes, read_pieces
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import from_status, translate
 
@@ -59,29 +59,10 @@ class GCSStore(FsspecStore):
     async def _read_head(self, url: str, length: int) -> tuple[ObjectInfo, list[bytes]] | None:
         if "?" in url or "#" in url:
             return None
-        session = await self._session()
         headers = self.fs._get_headers({"Range": f"bytes=0-{length - 1}"})
-        action = "reading its first bytes"
-        try:
-            async with session.get(self.fs.url(url), headers=headers) as response:
-                status = response.status
-                generation = response.headers.get("X-Goog-Generation")
-                if status not in PROBE_STATUSES:
-                    detail = (await response.read())[:200].decode("utf-8", "replace")
-                    raise from_status(status, url, action, detail)
-                size = probed_size(
-                    status, response.headers.get("Content-Range"), response.content_length, length
-                )
-                if size is None:
-                    return None  # empty, transcoded or no ranges: look it up instead
-                pieces = await read_pieces(response.content)
-        except StorageError:
-            raise
-        except Exception as exc:
-            raise translate(exc, url, action) from exc
-        if sum(map(len, pieces)) > length:
-            return None
-        return ObjectInfo(url, size, generation), pieces
+        return await probe_first_bytes(
+            await self._session(), self.fs.url(url), url, headers, length, "X-Goog-Generation"
+        )
 
     async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
         session = await self._session()

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from streamrec.errors import StorageError, TransientStorageError
-from streamrec.storage.sinks import ObjectSink, SinkContext
+from streamrec.storage.sinks import ObjectSink, SinkContext, bucket_and_key
 from streamrec.storage.translate import from_status, translate
 
 if TYPE_CHECKING:
@@ -66,11 +66,7 @@ class GCSResumableSink(ObjectSink):
     def __init__(self, store: GCSStore, url: str, context: SinkContext | None = None) -> None:
         super().__init__(url, context)
         self._store = store
-        bucket, key, _ = store.fs.split_path(url)
-        if not bucket or not key:
-            raise StorageError(f"{url}: a GCS object url needs a bucket and a key")
-        self.bucket: str = bucket
-        self.key: str = key
+        self.bucket, self.key = bucket_and_key(store.fs, url, "a GCS object url")
         self.chunk_bytes = chunk_size(self.context.part_bytes)
         self._buffer = bytearray()
         self.session_url: str | None = None

@@ -12,7 +12,7 @@ from typing import Any
 
 from streamrec.errors import ObjectChangedError, StorageError
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.body import PROBE_STATUSES, probed_size, read_pieces
+from streamrec.storage.body import probe_first_bytes, read_pieces
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import from_status, translate
 
@@ -46,27 +46,8 @@ class HTTPStore(FsspecStore):
         return str(etag) if etag else None
 
     async def _read_head(self, url: str, length: int) -> tuple[ObjectInfo, list[bytes]] | None:
-        session = await self._get_session()
-        action = "reading its first bytes"
-        try:
-            async with session.get(url, headers={"Range": f"bytes=0-{length - 1}"}) as response:
-                status = response.status
-                etag = response.headers.get("ETag")
-                if status not in PROBE_STATUSES:
-                    raise from_status(status, url, action)
-                size = probed_size(
-                    status, response.headers.get("Content-Range"), response.content_length, length
-                )
-                if size is None:
-                    return None  # empty, transcoded or no ranges: look it up instead
-                pieces = await read_pieces(response.content)
-        except StorageError:
-            raise
-        except Exception as exc:
-            raise translate(exc, url, action) from exc
-        if sum(map(len, pieces)) > length:
-            return None
-        return ObjectInfo(url, size, etag), pieces
+        headers = {"Range": f"bytes=0-{length - 1}"}
+        return await probe_first_bytes(await self._get_session(), url, url, headers, length, "ETag")
 
     async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
         session = await self._get_session()

@@ -21,7 +21,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import ObjectNotFoundError, StorageError
-from streamrec.storage.sinks import ObjectSink, SinkContext
+from streamrec.storage.sinks import ObjectSink, SinkContext, bucket_and_key
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
@@ -56,11 +56,7 @@ class S3MultipartSink(ObjectSink):
     def __init__(self, store: S3Store, url: str, context: SinkContext | None = None) -> None:
         super().__init__(url, context)
         self._store = store
-        bucket, key, _ = store.fs.split_path(url)
-        if not bucket or not key:
-            raise StorageError(f"{url}: an S3 object url needs a bucket and a key")
-        self.bucket: str = bucket
-        self.key: str = key
+        self.bucket, self.key = bucket_and_key(store.fs, url, "an S3 object url")
         self._buffer = bytearray()
         self._create: asyncio.Task[str] | None = None  # CreateMultipartUpload -> UploadId
         self._parts: list[asyncio.Task[str]] = []  # part i+1 -> its ETag

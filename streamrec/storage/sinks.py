@@ -260,6 +260,15 @@ class AtomicLocalSink(ObjectSink):
                 os.remove(self.temp_path)
 
 
+def bucket_and_key(fs: Any, url: str, what: str) -> tuple[str, str]:
+    """``(bucket, key)`` of an object ``url`` split by the fsspec filesystem ``fs``; a url
+    without both is refused (``what`` names the kind: "an S3 object url")."""
+    bucket, key, _ = fs.split_path(url)
+    if not bucket or not key:
+        raise StorageError(f"{url}: {what} needs a bucket and a key")
+    return bucket, key
+
+
 def _flush_and_sync(file: BinaryIO) -> None:
     file.flush()
     os.fsync(file.fileno())
