@@ -142,9 +142,9 @@ def print_json(document: object, out: TextIO | None = None) -> None:
     stream.write(json.dumps(document, indent=2) + "\n")
 
 
-def error(message: object) -> None:
-    """One ``streamrec: error: ...`` line on stderr."""
-    print(f"streamrec: error: {message}", file=sys.stderr)
+def error(message: object, command: str = "streamrec") -> None:
+    """One ``streamrec: error: ...`` line on stderr (``command`` names who speaks)."""
+    print(f"{command}: error: {message}", file=sys.stderr)
 
 
 def human_bytes(size: int) -> str:

@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from streamrec.cli_common import json_object, positive_int
+from streamrec.cli_common import error, human_bytes, json_object, positive_int
 
 __all__ = ["main", "parse_bytes", "register"]
 
@@ -178,16 +178,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _error(message: object) -> None:
-    print(f"streamrec reshard: error: {message}", file=sys.stderr)
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
+    error(message, "streamrec reshard")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -239,8 +230,8 @@ def run(args: argparse.Namespace) -> int:
     reused = f", {summary.tasks_skipped} done by an earlier run" if summary.tasks_skipped else ""
     tasks = f"{summary.tasks} task{'s' if summary.tasks != 1 else ''}"
     print(
-        f"{summary.records:,} records  {_size(summary.bytes_in)} in -> "
-        f"{_size(summary.bytes_out)} out  {len(summary.shards)} shards\n"
+        f"{summary.records:,} records  {human_bytes(summary.bytes_in)} in -> "
+        f"{human_bytes(summary.bytes_out)} out  {len(summary.shards)} shards\n"
         f"{summary.seconds:.2f} s  {summary.mb_per_s:.1f} MB/s  "
         f"({tasks}{reused}, engine {summary.engine})\n"
         f"manifest: {summary.manifest_url}"
