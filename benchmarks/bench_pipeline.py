@@ -347,18 +347,11 @@ def work_interleave(job: dict[str, Any]) -> dict[str, Any]:
         block_bytes=s.block_mib * MIB,
         max_concurrency=s.concurrency,
     )
-    t0 = time.perf_counter()
-    first = None
-    n = 0
-    for _ in ds:
-        if first is None:
-            first = time.perf_counter()
-        n += 1
-    seconds = time.perf_counter() - t0
+    seconds, first, n = bench_remote.timed_iteration(ds)
     stats = ds.stats.as_dict()
     return {
         "seconds": seconds,
-        "first": (first or t0) - t0,
+        "first": first,
         "records": n,
         "nbytes": stats["bytes_read"],
         "stats": stats,

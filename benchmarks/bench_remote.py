@@ -473,6 +473,15 @@ def work_streamrec(job: dict[str, Any]) -> dict[str, Any]:
     )
     base = reset_peak_rss()
     cpu0 = time.process_time()
+    elapsed, first, n = timed_iteration(ds)
+    stats = ds.stats.as_dict()
+    return {"seconds": elapsed, "first": first, "records": n,
+            "nbytes": stats["bytes_read"], "rss_base": base, "stats": stats,
+            "cpu": time.process_time() - cpu0}
+
+
+def timed_iteration(ds: Any) -> tuple[float, float, int]:
+    """``for record in ds`` to the end: (seconds, seconds to the first record, records)."""
     t0 = time.perf_counter()
     first = None
     n = 0
@@ -480,11 +489,7 @@ def work_streamrec(job: dict[str, Any]) -> dict[str, Any]:
         if first is None:
             first = time.perf_counter()
         n += 1
-    elapsed = time.perf_counter() - t0
-    stats = ds.stats.as_dict()
-    return {"seconds": elapsed, "first": (first or t0) - t0, "records": n,
-            "nbytes": stats["bytes_read"], "rss_base": base, "stats": stats,
-            "cpu": time.process_time() - cpu0}
+    return time.perf_counter() - t0, (first or t0) - t0, n
 
 
 def work_first(job: dict[str, Any]) -> dict[str, Any]:

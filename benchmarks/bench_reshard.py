@@ -231,6 +231,15 @@ def worker_cpu_seconds(client: Any) -> float:
     return sum(client.run(own).values())
 
 
+def cpu_used(servers: Servers, client: Any) -> dict[str, float]:
+    """CPU seconds used so far by the servers, this process and the Dask workers (if any)."""
+    return {
+        "servers": cpu_seconds([proc.pid for proc in servers.procs]),
+        "driver": cpu_seconds([os.getpid()]),
+        "workers": 0.0 if client is None else worker_cpu_seconds(client),
+    }
+
+
 def ceiling(seconds_1: float, cpu: dict[str, float], cores: int, workers: int) -> float:
     """The best speedup ``workers`` workers could reach over the one-worker run on ``cores``
     cores: its worker CPU spread over ``workers`` processes, and all of its CPU (servers and
@@ -282,20 +291,11 @@ def main(argv: list[str] | None = None) -> int:
                 order = configs[round_ % len(configs) :] + configs[: round_ % len(configs)]
                 for config in order:
                     client = clusters[config][1] if config in clusters else None
-                    server_pids = [proc.pid for proc in srv.procs]
-                    before = {
-                        "servers": cpu_seconds(server_pids),
-                        "driver": cpu_seconds([os.getpid()]),
-                        "workers": 0.0 if client is None else worker_cpu_seconds(client),
-                    }
+                    before = cpu_used(srv, client)
                     started = time.perf_counter()
                     summary = run_once(srv, config, client, args, round_)
                     seconds = time.perf_counter() - started
-                    after = {
-                        "servers": cpu_seconds(server_pids),
-                        "driver": cpu_seconds([os.getpid()]),
-                        "workers": 0.0 if client is None else worker_cpu_seconds(client),
-                    }
+                    after = cpu_used(srv, client)
                     cpu = {k: after[k] - before[k] for k in before}
                     cpus[config].append(cpu)
                     if summary["records"] != records:
