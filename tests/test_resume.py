@@ -343,3 +343,69 @@ def test_shuffle_buffer_refetch_with_records_far_apart(tmp_path: Path) -> None:
         again = streamrec.open_dataset(files, **config)
         again.load_state_dict(state)
         assert taken + list(again) == flat
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    cycle=st.integers(1, 5),
+    block=st.integers(1, 3),
+    rounds=st.integers(1, 4),
+    gaps=st.sets(st.integers(0, 4)),
+    start=st.integers(0, 4),
+    lengths=st.lists(st.integers(0, 30), min_size=60, max_size=60),
+)
+def test_rounds_event_applies_as_its_take_events(
+    cycle: int,
+    block: int,
+    rounds: int,
+    gaps: set[int],
+    start: int,
+    lengths: list[int],
+) -> None:
+    """Whole rounds taken at once describe exactly the position that one event per turn
+    describes, wherever the consumer stops inside them."""
+    from streamrec.pipeline.state import CycleTracker, rounds_event, take_event
+
+    open_slots = [n for n in range(cycle) if n not in gaps] or [0]
+    first = start % cycle
+    order = [(first + k) % cycle for k in range(cycle)]
+    order = [n for n in order if n in open_slots]
+    records = [b"r" * n for n in lengths[: rounds * len(order) * block]]
+    step = len(order) * block
+    mine: dict[int, list[bytes]] = {n: [] for n in order}
+    per_turn = []
+    for r in range(rounds):
+        for k, n in enumerate(order):
+            part = records[r * step + k * block : r * step + (k + 1) * block]
+            mine[n] += part
+            per_turn.append(take_event(n, part, False))
+    nbytes = [sum(map(len, mine[n])) + 16 * len(mine[n]) for n in order]
+    batched = [rounds_event(order, block, rounds, nbytes)]
+
+    def tracker() -> CycleTracker:
+        t = CycleTracker(cycle)
+        for n in open_slots:
+            t.open(n, n * 10, 2, 100 * n)
+        t.index = first
+        return t
+
+    for limit in [None, *range(len(records) + 1)]:
+        expected, got = tracker(), tracker()
+        expected.apply(per_turn, records, limit)
+        got.apply(batched, records, limit)
+        assert got.state() == expected.state(), f"limit {limit}"
+
+
+def test_resume_inside_whole_rounds_of_big_pieces(tmp_path: Path) -> None:
+    # shards decoded in big chunks: the interleave takes many rounds per piece
+    sizes = [1500, 1400, 1700, 900]
+    files = write_shards(tmp_path, sizes)
+
+    def make() -> streamrec.Dataset:
+        return streamrec.open_dataset(files, cycle_length=3, block_length=2)
+
+    flat = list(make())
+    assert len(flat) == sum(sizes)
+    for k in [1, 1023, 1024, 2047, 4001, 4200, 5000]:
+        taken, state = stop_after(make(), 1, k)
+        assert taken + resume_rest(make, state, 1) == flat, f"stopped after {k}"

@@ -18,6 +18,14 @@ class ByteBudget:
     than the whole budget still makes progress, and bytes prefetched by streams the consumer
     reaches later can never starve the one it is waiting for).
 
+    Streams read side by side (an interleave) may each be given a *share*. The reader of the
+    streams sets :attr:`kept`, the sum of the shares of every stream it will have open at
+    once, whether opened yet or not; streams count the part of their share they hold in
+    :attr:`covered`; the rest is :attr:`owed`. A stream always gets room within its share;
+    beyond it, only room that nobody is owed (``reserved + owed <= limit`` holds after every
+    grant). So the first streams opened cannot take the room the ones the consumer needs
+    next are owed, and room nobody needs is still used.
+
     Streams that stopped requesting for lack of room ask to be woken (:meth:`wake_on_release`)
     and are called back, in the order they asked, soon after bytes are released: the budget
     keeps being used while the stream that released the bytes runs first (it re-requests in
@@ -30,6 +38,8 @@ class ByteBudget:
         self.limit = limit
         self.reserved = 0
         self.peak = 0
+        self.kept = 0  # the shares of all streams open at once (see the class docstring)
+        self.covered = 0  # the part of their shares streams hold
         self._released = asyncio.Event()
         self._wakers: dict[Callable[[], object], None] = {}  # ordered set
         self._wake_scheduled = False
@@ -38,9 +48,15 @@ class ByteBudget:
         self.reserved += n
         self.peak = max(self.peak, self.reserved)
 
-    def try_reserve(self, n: int) -> bool:
-        """Reserve ``n`` bytes if that fits now; never waits."""
-        if self.reserved and self.reserved + n > self.limit:
+    @property
+    def owed(self) -> int:
+        """Bytes kept for streams' shares that they do not hold yet."""
+        return max(0, self.kept - self.covered)
+
+    def try_reserve(self, n: int, *, keep_free: int = 0) -> bool:
+        """Reserve ``n`` bytes if that fits now, leaving ``keep_free`` bytes (what other
+        streams are owed); never waits."""
+        if self.reserved and self.reserved + n + keep_free > self.limit:
             return False
         self._take(n)
         return True

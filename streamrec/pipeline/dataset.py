@@ -42,6 +42,8 @@ if TYPE_CHECKING:  # the transforms load protobuf: only on first use
 
 __all__ = ["Dataset", "open_dataset"]
 
+_MIN_STREAM_SHARE = 64 << 10  # a smaller share would mean tiny range reads
+
 
 class Dataset:
     """A sequence of TFRecord payloads (``bytes``) read from one or more shards.
@@ -152,19 +154,47 @@ class Dataset:
         return found
 
     def _reader(
-        self, stores: _Stores, shard: ObjectInfo, budget: ByteBudget, start: int = 0
+        self,
+        stores: _Stores,
+        shard: ObjectInfo,
+        budget: ByteBudget,
+        start: int = 0,
+        *,
+        ahead: bool = False,
     ) -> ObjectReader:
         self.stats.shards_opened += 1
+        share = cap = self._stream_share()
+        block_bytes = self.block_bytes
+        if share is not None:
+            # a few blocks per share, so that one arrives while another is decoded
+            block_bytes = max(1, min(block_bytes, share // 4))
+            if ahead:  # a quarter is kept for it; up to a full share if nobody needs it
+                share //= 4
         return ObjectReader(
             stores.get(shard.url),
             shard,
             budget,
             start=start,
-            block_bytes=self.block_bytes,
+            block_bytes=block_bytes,
             max_concurrency=self.max_concurrency,
+            share_bytes=share,
+            max_held_bytes=cap,
             policy=self.retry,
             on_retry=self._count_retry,
         )
+
+    def _stream_share(self) -> int | None:
+        """The part of the budget kept for one shard's reader when several are read at once.
+
+        An interleave consumes its open shards side by side, so each gets an equal share.
+        Deterministic interleaving also starts the next ``cycle_length`` shards before their
+        turn: those only need to bridge their first round trips and are kept a quarter share
+        until they are opened. One shard at a time: no shares.
+        """
+        if self.cycle_length == 1:
+            return None
+        streams = 1.25 * self.cycle_length if self.deterministic else self.cycle_length
+        return max(int(self.prefetch_bytes / streams), _MIN_STREAM_SHARE)
 
     def _count_retry(self, error: Exception) -> None:
         self.stats.retries += 1
@@ -290,6 +320,12 @@ class Dataset:
                         "versions, or another host/worker split); it cannot resume here"
                     )
                 self._shards_digest = digest
+                share = self._stream_share()
+                if share is not None:  # see ByteBudget: room kept for every stream's share
+                    streams = min(self.cycle_length, len(plan.shards))
+                    ahead = min(self.cycle_length, len(plan.shards) - streams)
+                    ahead = ahead if self.deterministic else 0
+                    budget.kept = streams * share + ahead * (share // 4)
                 opener = ShardOpener(self, stores, budget, plan)
                 closers.append(opener.aclose)
                 await opener.prepare(resume)

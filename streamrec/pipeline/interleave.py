@@ -21,7 +21,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
-from streamrec.pipeline.state import Event, take_event
+from streamrec.pipeline.state import HEADER_AND_CRCS, Event, rounds_event, take_event
 
 __all__ = ["OpenShard", "Pieces", "interleave_deterministic", "interleave_first_ready"]
 
@@ -78,8 +78,9 @@ async def interleave_deterministic(
     Shards are the ordinals ``0 .. num_shards - 1``; ``open_shard(ordinal, records, offset)``
     opens one, resumed after ``records`` records at stream ``offset``. ``start`` is a
     :class:`~streamrec.pipeline.state.CycleTracker` state to continue from. ``prefetch(
-    ordinal)`` (optional) starts reading a shard before its turn: every free slot's next shard
-    and one more are kept reading, so slots do not open one round trip at a time.
+    ordinal)`` (optional) starts reading a shard before its turn: the next ``cycle_length``
+    shards are kept reading, so that when a generation of shards ends together (equal sizes)
+    the next one is already under way instead of opening one round trip at a time.
     Records already decoded are handed on before any wait for more.
     """
     slots: list[_Slot | None] = [None] * cycle_length
@@ -100,7 +101,7 @@ async def interleave_deterministic(
     def read_ahead() -> None:
         nonlocal prefetched
         if prefetch is not None:
-            wanted = min(num_shards, next_input + cycle_length - num_open + 1)
+            wanted = min(num_shards, next_input + cycle_length)
             while prefetched < wanted:
                 prefetch(prefetched)
                 prefetched += 1
@@ -113,6 +114,23 @@ async def interleave_deterministic(
                 if out and not slot.has(block_length - within):
                     yield out, events  # hand on what is decoded before waiting for more
                     out, events = [], []
+                if not within and slot.has(block_length):
+                    rounds = _whole_rounds(slots, block_length, next_input >= num_shards)
+                    if rounds:
+                        # every open slot has its next turns decoded: take them all at once
+                        order = [(index + k) % cycle_length for k in range(cycle_length)]
+                        order = [n for n in order if slots[n] is not None]
+                        taken, nbytes = _take_rounds(
+                            [slots[n] for n in order],  # type: ignore[misc]
+                            block_length,
+                            rounds,
+                        )
+                        out += taken
+                        events.append(rounds_event(order, block_length, rounds, nbytes))
+                        if len(out) >= _OUTPUT_RECORDS:
+                            yield out, events
+                            out, events = [], []
+                        continue
                 taken = await slot.take(block_length - within)
                 within = 0
                 out += taken
@@ -121,7 +139,6 @@ async def interleave_deterministic(
                     await slot.chunks.aclose()
                     slots[index] = None
                     num_open -= 1
-                    read_ahead()
                 index = (index + 1) % cycle_length
                 if len(out) >= _OUTPUT_RECORDS:
                     yield out, events
@@ -134,6 +151,7 @@ async def interleave_deterministic(
                     events.append(("open", index, next_input, 0, 0))
                     next_input += 1
                     num_open += 1
+                    read_ahead()
             else:
                 index = (index + 1) % cycle_length
         if out or events:
@@ -142,6 +160,44 @@ async def interleave_deterministic(
         for slot in slots:
             if slot is not None:
                 await slot.chunks.aclose()
+
+
+def _whole_rounds(slots: Sequence[_Slot | None], block_length: int, inputs_done: bool) -> int:
+    """How many whole rounds of the cycle can be taken without waiting or opening a shard."""
+    least = -1
+    for slot in slots:
+        if slot is None:
+            if not inputs_done:
+                return 0  # this slot opens a shard on its turn
+            continue
+        n = (len(slot.buf) - slot.pos) // block_length
+        if n < least or least < 0:
+            least = n
+            if not n:
+                return 0
+    return max(least, 0)
+
+
+def _take_rounds(
+    slots: Sequence[_Slot], block_length: int, rounds: int
+) -> tuple[list[bytes], list[int]]:
+    """``rounds`` whole rounds of turns over ``slots`` (in turn order), all decoded already:
+    the records in interleave order, and each slot's bytes in its stream."""
+    n = len(slots)
+    step, count = n * block_length, rounds * block_length
+    merged: list[bytes] = [b""] * (rounds * step)
+    nbytes: list[int] = []
+    for k, slot in enumerate(slots):
+        part = slot.buf[slot.pos : slot.pos + count]
+        slot.pos += count
+        # slot k's j-th record of round r goes to r * step + k * block_length + j
+        if block_length == 1:
+            merged[k::n] = part
+        else:
+            for j in range(block_length):
+                merged[k * block_length + j :: step] = part[j::block_length]
+        nbytes.append(sum(map(len, part)) + HEADER_AND_CRCS * count)
+    return merged, nbytes
 
 
 async def interleave_first_ready(

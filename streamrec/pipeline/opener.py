@@ -61,7 +61,9 @@ class ShardOpener:
     def prefetch(self, ordinal: int) -> None:
         """Start reading shard ``ordinal`` from its start now, before :meth:`chunks` asks."""
         if ordinal not in self._primed:
-            reader = self._primed[ordinal] = self.reader(ordinal)
+            shard = self.plan.shards[ordinal]
+            reader = self.dataset._reader(self.stores, shard, self.budget, ahead=True)
+            self._primed[ordinal] = reader
             reader.prime()
 
     async def aclose(self) -> None:
@@ -125,6 +127,9 @@ class ShardOpener:
         seeks = self._seeks(ordinal, records)
         if reader is None and records == 0:
             reader = self._primed.pop(ordinal, None)
+            if reader is not None:  # its turn: from now on it gets a full share
+                reader.share_bytes = self.dataset._stream_share()
+                reader.prime()
         if reader is None:
             reader = self.reader(ordinal, records, offset)
             reader.prime()

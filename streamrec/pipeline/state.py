@@ -16,6 +16,12 @@ Events are tuples, one per block of records (never one per record):
   bytes in the shard's stream, framing included (:func:`take_event` counts them where the
   records were just made: in the consumer's thread, reading every record's length again
   costs more than decoding them did);
+* ``("rounds", order, block_length, rounds, nbytes)``: ``rounds`` whole rounds of the
+  interleave cycle, one turn of ``block_length`` records from each slot in ``order`` (the
+  open slots, in turn order) per round; ``nbytes[k]``: the stream bytes taken from slot
+  ``order[k]``. Deterministic interleaving takes whole rounds at once when every open slot
+  has them decoded (one event instead of one per turn: with ``block_length=1``, one per
+  record);
 * ``("in", events, lengths)`` (shuffle): input records of the given ``lengths``, described by
   the upstream ``events``, went through the shuffle buffer;
 * ``("drain", reshuffle)`` (shuffle): the input ended; the buffer (shuffled first when
@@ -33,7 +39,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from streamrec.errors import StateError
@@ -43,7 +49,9 @@ __all__ = [
     "Cursor",
     "CycleTracker",
     "Event",
+    "rounds_event",
     "take_event",
+    "turns",
     "ReadyTracker",
     "ShuffleTracker",
     "Tracker",
@@ -66,6 +74,26 @@ def take_event(slot: int, records: Sequence[bytes], ended: bool) -> Event:
         ended,
         sum(map(len, records)) + HEADER_AND_CRCS * len(records),
     )
+
+
+def rounds_event(
+    order: Sequence[int], block_length: int, rounds: int, nbytes: Sequence[int]
+) -> Event:
+    """The ``rounds`` event of whole rounds of turns over the slots ``order``."""
+    return ("rounds", tuple(order), block_length, rounds, tuple(nbytes))
+
+
+def turns(events: Sequence[Event]) -> Iterator[Event]:
+    """``events`` with each ``rounds`` event spelled out as its ``take`` events (whose
+    ``nbytes`` are then 0: for consumers that count bytes record by record)."""
+    for event in events:
+        if event[0] == "rounds":
+            _, order, block_length, rounds, _ = event
+            for _ in range(rounds):
+                for slot in order:
+                    yield ("take", slot, block_length, False, 0)
+        else:
+            yield event
 
 
 Position = list[Any]  # [ordinal, records, offset]
@@ -115,6 +143,11 @@ class _ReadTracker:
             if event[0] == "open":
                 self.open(*event[1:])
                 continue
+            if event[0] == "rounds":
+                pos = self._rounds(event, records, pos, limit)
+                if pos < 0:
+                    return
+                continue
             _, slot, count, ended, nbytes = event
             partial = limit is not None and pos + count > limit
             taken = limit - pos if partial else count  # type: ignore[operator]
@@ -129,6 +162,38 @@ class _ReadTracker:
                 return
             self.end_turn(slot, ended)
             pos += count
+
+    def _rounds(self, event: Event, records: Sequence[bytes], pos: int, limit: int | None) -> int:
+        """Apply a ``rounds`` event starting at record ``pos`` of the piece; the position
+        after it, or -1 when the consumer stopped inside it. The calls are those the same
+        records as ``take`` events would make."""
+        _, order, block_length, rounds, nbytes = event
+        step = len(order) * block_length
+        count = rounds * step
+        if limit is None or pos + count <= limit:
+            for slot, n in zip(order, nbytes, strict=True):
+                position = self.position(slot)
+                position[1] += rounds * block_length
+                position[2] += n
+            self.end_turn(order[-1], False)
+            return pos + int(count)
+        taken = limit - pos
+        end = pos + taken
+        for k, slot in enumerate(order):
+            first = pos + k * block_length
+            mine = [records[first + j : end : step] for j in range(block_length)]
+            n = sum(map(len, mine))
+            if n:
+                position = self.position(slot)
+                position[1] += n
+                position[2] += sum(sum(map(len, m)) for m in mine) + HEADER_AND_CRCS * n
+        whole, within = divmod(taken % step, block_length)
+        if whole:
+            self.end_turn(order[whole - 1], False)
+        elif taken >= step:
+            self.end_turn(order[-1], False)
+        self.partial_turn(within)
+        return -1
 
 
 class CycleTracker(_ReadTracker):
@@ -268,7 +333,7 @@ class ShuffleTracker:
         """Push input records through the mirror; -1 once ``limit`` outputs are reached."""
         upstream, buffer, size, pick = self.upstream, self.buffer, self.buffer_size, self.rng
         li = 0
-        for event in events:
+        for event in turns(events):
             if event[0] == "open":
                 upstream.open(*event[1:])
                 continue

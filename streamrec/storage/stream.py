@@ -53,6 +53,13 @@ class ObjectReader:
 
     Blocks start at ``first_block_bytes`` and double up to ``block_bytes``: the first records
     arrive after one small transfer instead of a full block, and the pipe still fills.
+
+    ``share_bytes`` is room the budget keeps for this reader (see
+    :class:`~streamrec.pipeline.budget.ByteBudget`); beyond it, up to ``max_held_bytes``
+    (a hard cap on what it holds), it only takes room nobody else is owed. Streams consumed
+    side by side (an interleave cycle) each get a share: without shares the first streams
+    opened take the whole budget and the consumer, who needs every stream in turn, waits on
+    the others one round trip at a time.
     """
 
     def __init__(
@@ -65,6 +72,8 @@ class ObjectReader:
         block_bytes: int = DEFAULT_BLOCK_BYTES,
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
         first_block_bytes: int = DEFAULT_FIRST_BLOCK_BYTES,
+        share_bytes: int | None = None,
+        max_held_bytes: int | None = None,
         policy: RetryPolicy | None = None,
         on_retry: Callable[[TransientStorageError], None] | None = None,
     ) -> None:
@@ -73,15 +82,43 @@ class ObjectReader:
         self.store = store
         self.obj = obj
         self.budget = budget
+        self._block = min(max(first_block_bytes, 1), block_bytes)  # the next block's size
+        self._next = start  # first byte not yet requested
+        self._held = 0  # bytes reserved by this reader and not yet handed on
+        self._covered = 0  # the part of its share this reader holds
+        self._share: int | None = None
+        self._closed = False
         self.block_bytes = block_bytes
+        self.max_held_bytes = max_held_bytes  # a hard cap on what it holds
+        self.share_bytes = share_bytes
         self.max_concurrency = min(max_concurrency, store.concurrency_limit or max_concurrency)
         self.policy = policy or RetryPolicy()
         self._on_retry = on_retry
-        self._next = start  # first byte not yet requested
-        self._block = min(max(first_block_bytes, 1), block_bytes)  # the next block's size
         self._inflight: deque[tuple[int, asyncio.Future[list[bytes]]]] = deque()  # (length, task)
         self._ready: deque[bytes] = deque()  # pieces of the oldest block, not yet handed on
-        self._closed = False
+
+    @property
+    def share_bytes(self) -> int | None:
+        """Room the budget keeps for this reader (``None``: none of its own)."""
+        return self._share
+
+    @share_bytes.setter
+    def share_bytes(self, value: int | None) -> None:
+        self._share = value
+        self._hold(0)
+
+    def _hold(self, change: int) -> None:
+        """This reader now holds ``change`` more bytes of the budget."""
+        self._held += change
+        share = self._share
+        if share is None or self._closed:
+            covered = 0
+        elif self.fully_requested:  # it will never need more: what it does not hold is spare
+            covered = share
+        else:
+            covered = min(share, self._held)
+        self.budget.covered += covered - self._covered
+        self._covered = covered
 
     @property
     def fully_requested(self) -> bool:
@@ -96,7 +133,13 @@ class ObjectReader:
             and self._next < self.obj.size
         ):
             length = self._next_length()
-            if not self.budget.try_reserve(length):
+            cap = self.max_held_bytes
+            if cap is not None and self._held and self._held + length > cap:
+                break  # handing a piece on primes again
+            # within its share a reader may use what it is owed; beyond, only spare room
+            mine = 0 if self._share is None else self._share - self._covered
+            keep_free = self.budget.owed - min(mine, length)
+            if not self.budget.try_reserve(length, keep_free=keep_free):
                 self.budget.wake_on_release(self.prime)  # try again when bytes come back
                 return
             self._request(length)
@@ -108,6 +151,7 @@ class ObjectReader:
     def _request(self, length: int) -> None:
         start = self._next
         self._next += length
+        self._hold(length)
         self._block = min(self._block * 2, self.block_bytes)
         task: asyncio.Future[list[bytes]]
         cached = self.store.read_range_cached(self.obj, start, start + length)
@@ -140,6 +184,7 @@ class ObjectReader:
             self._inflight.popleft()
             self._ready.extend(pieces)
         piece = self._ready.popleft()
+        self._hold(-len(piece))
         self.budget.release(len(piece))
         self.prime()
         return piece
@@ -147,6 +192,7 @@ class ObjectReader:
     async def aclose(self) -> None:
         """Cancel what is in flight and give its budget back. Idempotent."""
         self._closed = True
+        self._hold(-self._held)
         self.budget.forget(self.prime)
         inflight, self._inflight = self._inflight, deque()
         ready, self._ready = self._ready, deque()
