@@ -634,11 +634,14 @@ def open_dataset(
             fewer shards than consumers, every n-th record of each shard instead (a warning
             says so: each consumer then reads every shard).
         prefetch_bytes: the hard bound on bytes read ahead and not yet decoded, all shards
-            together (plus at most one block).
+            together (plus at most one block). With ``cycle_length`` > 1 each open shard is
+            kept an equal share of it (deterministic mode: ``prefetch_bytes / (1.25 x
+            cycle_length)``, the rest for the next ``cycle_length`` shards read ahead),
+            and may use room no other shard needs.
         storage_options: passed to the fsspec filesystem (``endpoint_url`` via
             ``client_kwargs`` for s3fs, ``token``, ``key``/``secret``, ``anon``, ...).
         block_bytes: size of one range read (a shard's first is 256 KiB, doubling up to
-            this).
+            this; interleaved shards use at most a quarter of their share).
         max_concurrency: range reads in flight per shard, at most (the prefetch budget
             binds too: 64 MiB / 4 MiB blocks = 16; local files: 4).
         retry: the :class:`~streamrec.storage.retry.RetryPolicy` for every storage request
