@@ -38,9 +38,10 @@ dataset. Exact resume is supported with ``num_workers=0``: the state then descri
 loader has taken from the dataset (which, with ``num_workers=0``, is what it handed out:
 the default loader reads no further ahead than the batch it builds). With ``num_workers`` > 0
 every worker iterates its own copy of the dataset, so the object in the main process does not
-know the workers' positions; a loader that saves per-worker state by calling
-``state_dict()``/``load_state_dict()`` inside each worker (torchdata's ``StatefulDataLoader``)
-can use these methods, but streamrec does not test that. ``set_epoch`` must be called before the
+know the workers' positions: use torchdata's ``StatefulDataLoader``, which calls
+``state_dict()`` inside each worker after every batch it hands out and ``load_state_dict()``
+in each worker on resume; ``loader.state_dict()`` then resumes every worker exactly (tested
+with 2 workers and a shuffle buffer). ``set_epoch`` must be called before the
 loader starts an epoch's workers (not with ``persistent_workers=True``, which keeps the
 first epoch's copies).
 """

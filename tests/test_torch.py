@@ -272,3 +272,34 @@ def test_exact_resume_of_batches_with_num_workers_0(tmp_path: Path) -> None:
     second.load_state_dict(first.state_dict())
     tail = [i for b in DataLoader(second, batch_size=None) for i in b["idx"].tolist()]
     assert head + tail == list(range(83))
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata 0.11 on torch 2.13
+@pytest.mark.parametrize("stop_after", [1, 4, 9])
+def test_stateful_dataloader_resumes_each_worker_exactly(tmp_path: Path, stop_after: int) -> None:
+    # torchdata's StatefulDataLoader saves every worker's own dataset state (state_dict() in
+    # the worker, after each batch it hands out) and loads it into that worker on resume.
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    files = write_local(tmp_path)
+
+    def loader() -> Any:
+        ds = streamrec.open_dataset(files, shuffle_buffer=5, seed=7)
+        return StatefulDataLoader(
+            streamrec.torch.IterableDataset(ds), batch_size=3, num_workers=2, collate_fn=list
+        )
+
+    reference = [[idx(r) for r in batch] for batch in loader()]
+    assert Counter(i for batch in reference for i in batch) == ALL
+    first = loader()
+    head = []
+    for batch in first:
+        head.append([idx(r) for r in batch])
+        if len(head) == stop_after:
+            break
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    del first
+    second = loader()
+    second.load_state_dict(state)
+    tail = [[idx(r) for r in batch] for batch in second]
+    assert head + tail == reference
