@@ -325,7 +325,8 @@ class Dataset:
                     streams = min(self.cycle_length, len(plan.shards))
                     ahead = min(self.cycle_length, len(plan.shards) - streams)
                     ahead = ahead if self.deterministic else 0
-                    budget.kept = streams * share + ahead * (share // 4)
+                    # (more than the limit only with tiny budgets, where shares have a floor)
+                    budget.kept = min(budget.limit, streams * share + ahead * (share // 4))
                 opener = ShardOpener(self, stores, budget, plan)
                 closers.append(opener.aclose)
                 await opener.prepare(resume)
