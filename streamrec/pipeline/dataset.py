@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from streamrec.errors import StateError
 from streamrec.format.codecs import normalize_compression
@@ -522,16 +531,42 @@ class Dataset:
         self._end(cursor)
 
     def __iter__(self) -> Iterator[bytes]:
+        return _Records.from_iterable(self._record_lists())
+
+    def _record_lists(self) -> Generator[Iterator[bytes], None, None]:
+        """The iterators over each piece's records (see :class:`_Records`)."""
         cursor, resume = self._begin()
         pieces = iterate_blocking(lambda: self._pieces(resume, timed=False), self._add_wait)
         for records, events in pieces:
             it = iter(records)
             cursor.take(records, events, it)
-            yield from it
+            yield it
         self._end(cursor)
 
     def __repr__(self) -> str:
         return f"Dataset({self.urls!r}, compression={self.compression!r})"
+
+
+class _Records(itertools.chain):  # type: ignore[type-arg]
+    """The plain ``for`` iterator: the records of every piece, one after another.
+
+    ``itertools.chain`` steps through each piece's list iterator in C: a generator doing
+    ``yield from`` costs a Python frame resumption per record, which at 1 KiB records was a
+    measurable part of the whole loop. ``close()`` closes the pieces' generator (and with it
+    the background thread), as a generator's would.
+    """
+
+    _lists: Generator[Iterator[bytes], None, None]
+
+    @classmethod
+    def from_iterable(cls, lists: Any) -> _Records:
+        self = cast(_Records, super().from_iterable(lists))  # an instance of cls
+        self._lists = lists
+        return self
+
+    def close(self) -> None:
+        """Stop reading: close the pipeline and join its thread."""
+        self._lists.close()
 
 
 class _Remaining:
