@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from streamrec.storage.sinks import ObjectSink, SinkContext
 
-__all__ = ["GLOB_CHARS", "PIECE_BYTES", "ObjectInfo", "ObjectStore", "has_glob", "split_scheme"]
+__all__ = [
+    "GLOB_CHARS",
+    "PIECE_BYTES",
+    "ObjectInfo",
+    "ObjectStore",
+    "first_bytes",
+    "has_glob",
+    "split_scheme",
+]
 
 GLOB_CHARS = frozenset("*?[")
 PIECE_BYTES = 1 << 20
@@ -89,3 +97,14 @@ class ObjectStore(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the store is unusable afterwards."""
+
+
+def first_bytes(pieces: list[bytes], size: int) -> list[bytes]:
+    """The first ``size`` bytes of ``pieces`` (a body kept in pieces), still in pieces."""
+    out: list[bytes] = []
+    for piece in pieces:
+        if size <= 0:
+            break
+        out.append(piece if len(piece) <= size else piece[:size])
+        size -= len(out[-1])
+    return out

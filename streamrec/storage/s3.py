@@ -31,7 +31,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from streamrec.storage.base import ObjectInfo
+from streamrec.storage.base import ObjectInfo, first_bytes
 from streamrec.storage.body import parse_content_range, read_pieces
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import translate
@@ -115,7 +115,7 @@ class S3Store(FsspecStore):
             size = sum(map(len, pieces))
         else:
             return None
-        return ObjectInfo(url, size, str(etag) if etag else None), _first(pieces, length)
+        return ObjectInfo(url, size, str(etag) if etag else None), first_bytes(pieces, length)
 
     async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
         client = await self._client()
@@ -160,16 +160,6 @@ async def _body_pieces(body: Any) -> list[bytes]:
         return [data] if data else []
     finally:
         body.close()
-
-
-def _first(pieces: list[bytes], size: int) -> list[bytes]:
-    out: list[bytes] = []
-    for piece in pieces:
-        if size <= 0:
-            break
-        out.append(piece if len(piece) <= size else piece[:size])
-        size -= len(out[-1])
-    return out
 
 
 def _error_code(exc: BaseException) -> str:

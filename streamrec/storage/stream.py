@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from streamrec.errors import RetriesExhaustedError, TransientStorageError
 from streamrec.pipeline.budget import ByteBudget
-from streamrec.storage.base import ObjectInfo, ObjectStore
+from streamrec.storage.base import ObjectInfo, ObjectStore, first_bytes
 from streamrec.storage.retry import RetryPolicy
 
 __all__ = [
@@ -221,7 +221,7 @@ class ObjectReader:
             want = end - offset
             size = sum(map(len, got))
             if size > want:  # a server that ignored the range end
-                got, size = _trim(got, want), want
+                got, size = first_bytes(got, want), want
             if size < want:
                 # s3fs and gcsfs pass such bodies on silently; we keep them and ask for the rest
                 short_reads += 1
@@ -238,14 +238,3 @@ class ObjectReader:
             pieces.extend(piece for piece in got if piece)
             have += size
         return pieces
-
-
-def _trim(pieces: list[bytes], size: int) -> list[bytes]:
-    """The first ``size`` bytes of ``pieces``."""
-    out: list[bytes] = []
-    for piece in pieces:
-        if size <= 0:
-            break
-        out.append(piece if len(piece) <= size else piece[:size])
-        size -= len(out[-1])
-    return out
