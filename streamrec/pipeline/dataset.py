@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # the transforms load protobuf: only on first use
 __all__ = ["Dataset", "open_dataset"]
 
 _MIN_STREAM_SHARE = 64 << 10  # a smaller share would mean tiny range reads
+_READ_AHEAD_PART = 4  # a shard read ahead of its turn is kept 1/4 of a share
 
 
 class Dataset:
@@ -177,8 +178,8 @@ class Dataset:
         if share is not None:
             # a few blocks per share, so that one arrives while another is decoded
             block_bytes = max(1, min(block_bytes, share // 4))
-            if ahead:  # a quarter is kept for it; up to a full share if nobody needs it
-                share //= 4
+            if ahead:  # a part is kept for it; up to a full share if nobody needs it
+                share //= _READ_AHEAD_PART
         return ObjectReader(
             stores.get(shard.url),
             shard,
@@ -202,7 +203,9 @@ class Dataset:
         """
         if self.cycle_length == 1:
             return None
-        streams = 1.25 * self.cycle_length if self.deterministic else self.cycle_length
+        streams = float(self.cycle_length)
+        if self.deterministic:
+            streams *= 1 + 1 / _READ_AHEAD_PART
         return max(int(self.prefetch_bytes / streams), _MIN_STREAM_SHARE)
 
     def _count_retry(self, error: Exception) -> None:
@@ -335,7 +338,8 @@ class Dataset:
                     ahead = min(self.cycle_length, len(plan.shards) - streams)
                     ahead = ahead if self.deterministic else 0
                     # (more than the limit only with tiny budgets, where shares have a floor)
-                    budget.kept = min(budget.limit, streams * share + ahead * (share // 4))
+                    kept = streams * share + ahead * (share // _READ_AHEAD_PART)
+                    budget.kept = min(budget.limit, kept)
                 opener = ShardOpener(self, stores, budget, plan)
                 closers.append(opener.aclose)
                 await opener.prepare(resume)

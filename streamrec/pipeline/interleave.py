@@ -114,23 +114,16 @@ async def interleave_deterministic(
                 if out and not slot.has(block_length - within):
                     yield out, events  # hand on what is decoded before waiting for more
                     out, events = [], []
+                whole = None
                 if not within and slot.has(block_length):
-                    rounds = _whole_rounds(slots, block_length, next_input >= num_shards)
-                    if rounds:
-                        # every open slot has its next turns decoded: take them all at once
-                        order = [(index + k) % cycle_length for k in range(cycle_length)]
-                        order = [n for n in order if slots[n] is not None]
-                        taken, nbytes = _take_rounds(
-                            [slots[n] for n in order],  # type: ignore[misc]
-                            block_length,
-                            rounds,
-                        )
-                        out += taken
-                        events.append(rounds_event(order, block_length, rounds, nbytes))
-                        if len(out) >= _OUTPUT_RECORDS:
-                            yield out, events
-                            out, events = [], []
-                        continue
+                    whole = _whole_rounds(slots, index, block_length, next_input >= num_shards)
+                if whole is not None:
+                    out += whole[0]
+                    events.append(whole[1])
+                    if len(out) >= _OUTPUT_RECORDS:
+                        yield out, events
+                        out, events = [], []
+                    continue
                 taken = await slot.take(block_length - within)
                 within = 0
                 out += taken
@@ -162,42 +155,31 @@ async def interleave_deterministic(
                 await slot.chunks.aclose()
 
 
-def _whole_rounds(slots: Sequence[_Slot | None], block_length: int, inputs_done: bool) -> int:
-    """How many whole rounds of the cycle can be taken without waiting or opening a shard."""
-    least = -1
-    for slot in slots:
-        if slot is None:
-            if not inputs_done:
-                return 0  # this slot opens a shard on its turn
-            continue
-        n = (len(slot.buf) - slot.pos) // block_length
-        if n < least or least < 0:
-            least = n
-            if not n:
-                return 0
-    return max(least, 0)
-
-
-def _take_rounds(
-    slots: Sequence[_Slot], block_length: int, rounds: int
-) -> tuple[list[bytes], list[int]]:
-    """``rounds`` whole rounds of turns over ``slots`` (in turn order), all decoded already:
-    the records in interleave order, and each slot's bytes in its stream."""
-    n = len(slots)
-    step, count = n * block_length, rounds * block_length
+def _whole_rounds(
+    slots: Sequence[_Slot | None], first: int, block_length: int, inputs_done: bool
+) -> tuple[list[bytes], Event] | None:
+    """As many whole rounds of the cycle (turns from slot ``first`` on) as every open slot has
+    decoded already: the records in interleave order and their ``rounds`` event. ``None``
+    when not one round is (a slot must wait for records, or open a shard on its turn)."""
+    if not inputs_done and None in slots:
+        return None
+    cycle = len(slots)
+    turns = [(n, s) for k in range(cycle) if (s := slots[n := (first + k) % cycle]) is not None]
+    rounds = min((len(s.buf) - s.pos) // block_length for _, s in turns)
+    if not rounds:
+        return None
+    step, count = len(turns) * block_length, rounds * block_length
     merged: list[bytes] = [b""] * (rounds * step)
     nbytes: list[int] = []
-    for k, slot in enumerate(slots):
+    for k, (_, slot) in enumerate(turns):
         part = slot.buf[slot.pos : slot.pos + count]
         slot.pos += count
         # slot k's j-th record of round r goes to r * step + k * block_length + j
-        if block_length == 1:
-            merged[k::n] = part
-        else:
-            for j in range(block_length):
-                merged[k * block_length + j :: step] = part[j::block_length]
+        for j in range(block_length):
+            merged[k * block_length + j :: step] = part[j::block_length]
         nbytes.append(sum(map(len, part)) + HEADER_AND_CRCS * count)
-    return merged, nbytes
+    order = [n for n, _ in turns]
+    return merged, rounds_event(order, block_length, rounds, nbytes)
 
 
 async def interleave_first_ready(
