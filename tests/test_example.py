@@ -1,7 +1,7 @@
 """streamrec.format.example against the TensorFlow-written corpus, and its API and errors.
 
 The corpus payloads are read with a tiny local TFRecord frame reader (independent of
-streamrec's framing), decoded, rendered the way ``shared/corpus/generate.py`` renders them and
+streamrec's framing), decoded, rendered the way ``tests/data/corpus/generate.py`` renders them and
 compared with ``manifest.json`` exactly (float32 bits, int64 values, bytes or their sha256).
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from corpus import CORPUS_DIR
 from google.protobuf.internal import api_implementation
 
 import streamrec.example as public
@@ -36,11 +37,8 @@ exact_nans = pytest.mark.skipif(CANONICAL_NANS, reason="this protobuf backend re
 
 
 def corpus_path() -> Path:
-    """The shared corpus: $STREAMREC_CORPUS, else shared/corpus beside the repository."""
-    env = os.environ.get("STREAMREC_CORPUS")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / "shared" / "corpus"
+    """The reference corpus the project carries (tests/data/corpus)."""
+    return CORPUS_DIR
 
 
 @functools.lru_cache(maxsize=1)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from corpus import CORPUS_DIR
 from google.protobuf.internal import api_implementation
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,9 +31,8 @@ PATHS = ["c", "python"] if CEXAMPLE is not None else ["python"]
 
 
 def corpus_path() -> Path:
-    """The shared corpus: $STREAMREC_CORPUS, else shared/corpus beside the repository."""
-    env = os.environ.get("STREAMREC_CORPUS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "corpus"
+    """The reference corpus the project carries (tests/data/corpus)."""
+    return CORPUS_DIR
 
 
 def read_payloads(rel: str) -> list[bytes]:
