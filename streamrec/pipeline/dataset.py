@@ -129,6 +129,9 @@ class Dataset:
         self._cursor: Cursor | None = None  # the consumer's position in this epoch
         self._finished = False  # this epoch has been read to its end
         self._shards_digest: str | None = None
+        # a consumer that reports records handed out lazily (a transform's hand-out counter):
+        # asked to report before any state is described, so the state is never behind it
+        self._report_consumed: Callable[[], None] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: shard and record shuffling depend on ``(seed, epoch)``.
@@ -138,6 +141,7 @@ class Dataset:
         """
         if epoch != self.epoch:
             self._resume, self._cursor, self._finished = None, None, False
+            self._report_consumed = None
         self.epoch = epoch
 
     async def shards(self) -> list[ObjectInfo]:
@@ -223,6 +227,8 @@ class Dataset:
         an iteration. :meth:`load_state_dict` on a fresh dataset with the same
         configuration continues with exactly the records that would have come next.
         """
+        if self._report_consumed is not None:
+            self._report_consumed()
         if self._resume is not None:
             return copy.deepcopy(self._resume)
         state: dict[str, Any] = {
@@ -267,6 +273,7 @@ class Dataset:
         self.epoch = int(state["epoch"])
         self._resume = copy.deepcopy(state)
         self._cursor = None
+        self._report_consumed = None
         self._finished = bool(state.get("finished"))
 
     def _config(self) -> dict[str, Any]:
@@ -429,7 +436,10 @@ class Dataset:
     # ------------------------------------------------------------------ consumers
 
     async def record_chunks(
-        self, *, auto_consume: bool = True
+        self,
+        *,
+        auto_consume: bool = True,
+        report_consumed: Callable[[], None] | None = None,
     ) -> AsyncGenerator[list[bytes], None]:
         """The records in reading order, as chunks (lists): the fast path for consumers.
 
@@ -439,9 +449,13 @@ class Dataset:
 
         For :meth:`state_dict`, a chunk counts as consumed once it has been handed out; with
         ``auto_consume=False`` records count only once :meth:`mark_consumed` says so (for
-        consumers that hand records on later, like ``.batch()``).
+        consumers that hand records on later, like ``.batch()``). Such a consumer may count
+        lazily: ``report_consumed()`` is called whenever :meth:`state_dict` is about to
+        describe the position (also when asked on this dataset, not on the consumer), and
+        makes its outstanding :meth:`mark_consumed` calls.
         """
         cursor, resume = self._begin()
+        self._report_consumed = None if auto_consume else report_consumed
         self._pending: deque[tuple[list[bytes], list[Event]]] = deque()
         self._marked = 0  # records of the pending pieces marked consumed
         self._in_hand: tuple[list[bytes], list[Event]] | None = None
@@ -505,6 +519,7 @@ class Dataset:
     def __getstate__(self) -> dict[str, Any]:
         # pickled into DataLoader workers: configuration and position, never records in hand
         state = dict(self.__dict__)
+        state["_report_consumed"] = None
         for transient in ("_pending", "_in_hand", "_left", "_marked", "_source_done"):
             state.pop(transient, None)
         if self._cursor is not None and not self._finished:

@@ -84,20 +84,20 @@ class _Handout:
             self._marked = total
 
 
-def _open_chunks(
-    dataset: Dataset,
-) -> tuple[AsyncGenerator[list[bytes], None], Callable[[int], None] | None]:
-    """The dataset's record chunks, read so that only ``mark(n)`` counts records consumed.
+def _open_chunks(dataset: Dataset, handout: _Handout) -> AsyncGenerator[list[bytes], None]:
+    """The dataset's record chunks, read so that only ``handout`` counts records consumed.
 
-    A dataset without ``mark_consumed`` is read with plain ``record_chunks()`` (iteration
-    works; ``state_dict()`` is refused).
+    The dataset asks ``handout`` to report before it describes its position, so its own
+    ``state_dict()`` is as exact as the transform's. A dataset without ``mark_consumed`` is read
+    with plain ``record_chunks()`` (iteration works; ``state_dict()`` is refused).
     """
-    mark: Callable[[int], None] | None = getattr(dataset, "mark_consumed", None)
-    if mark is None:
-        return dataset.record_chunks(), None
+    if not hasattr(dataset, "mark_consumed"):
+        return dataset.record_chunks()
     record_chunks: Any = dataset.record_chunks
-    chunks: AsyncGenerator[list[bytes], None] = record_chunks(auto_consume=False)
-    return chunks, mark
+    chunks: AsyncGenerator[list[bytes], None] = record_chunks(
+        auto_consume=False, report_consumed=handout.flush
+    )
+    return chunks
 
 
 class _Transformed(Generic[T]):
@@ -115,8 +115,8 @@ class _Transformed(Generic[T]):
     # ---------------------------------------------------------------- iteration
 
     async def __aiter__(self) -> AsyncGenerator[T, None]:
-        chunks, mark = _open_chunks(self.dataset)
-        handout = self._handout = _Handout(mark)
+        handout = self._handout = _Handout(getattr(self.dataset, "mark_consumed", None))
+        chunks = _open_chunks(self.dataset, handout)
         async with aclosing(self._pieces(chunks)) as pieces:
             try:
                 async for items, sizes, skipped in pieces:
@@ -128,8 +128,8 @@ class _Transformed(Generic[T]):
                 handout.flush()  # before the dataset's iteration closes
 
     def __iter__(self) -> Iterator[T]:
-        chunks, mark = _open_chunks(self.dataset)
-        handout = self._handout = _Handout(mark)
+        handout = self._handout = _Handout(getattr(self.dataset, "mark_consumed", None))
+        chunks = _open_chunks(self.dataset, handout)
 
         async def one_per_handover() -> AsyncGenerator[list[_Piece[T]], None]:
             async with aclosing(self._pieces(chunks)) as pieces:
