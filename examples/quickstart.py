@@ -75,15 +75,25 @@ def read_dataset(pattern: str) -> None:
         labels += np.bincount(decoded["label"], minlength=10)
     elapsed = time.perf_counter() - started
     stats = dataset.stats
-    print(f"read {stats.records:,} records ({stats.bytes_read / 1e6:.1f} MB) from "
-          f"{stats.shards_opened} shards in {elapsed:.2f} s, every CRC verified")
+    print(
+        f"read {stats.records:,} records ({stats.bytes_read / 1e6:.1f} MB) from "
+        f"{stats.shards_opened} shards in {elapsed:.2f} s, every CRC verified"
+    )
     print(f"batch shapes: {shapes}")
     print(f"labels 0-9:   {labels.tolist()}")
     print(f"pixels agree with labels: {squares_match}")
 
 
 def main() -> None:
-    directory = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp("-streamrec"))
+    if len(sys.argv) > 1:  # a directory of the user's: the dataset stays there
+        run(Path(sys.argv[1]))
+        return
+    with tempfile.TemporaryDirectory(prefix="streamrec-quickstart-") as tmp:
+        run(Path(tmp))
+    print("(removed again; `python examples/quickstart.py DIR` keeps the dataset in DIR)")
+
+
+def run(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     paths = write_dataset(directory)

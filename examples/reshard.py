@@ -2,9 +2,11 @@
 
     python examples/reshard.py
 
-Writes 10 small input shards to a temporary directory, reshards them into gzip shards of at
-most 8 KiB with ``streamrec.reshard.reshard``, prints the summary and the manifest, and checks
-that every record arrived exactly once. The same call works store to store: pass
+Writes 10 small input shards to a temporary directory and reshards them into gzip shards of at
+most 8 KiB with ``streamrec.reshard.reshard``. The first run is interrupted after two of its
+tasks (as Ctrl-C or a preempted machine would); the second run, the same call, skips the
+finished tasks and does the rest. It prints the summary and the manifest and checks that every
+record arrived exactly once. The same call works store to store: pass
 ``s3://...`` / ``gs://...`` urls and ``src_storage_options`` / ``dst_storage_options``; add
 ``engine="dask"`` to spread the tasks over a Dask cluster. The command-line twin is
 ``streamrec reshard 'in/*.tfrecord' 'out/part-{index:05d}.tfrecord.gz' --max-bytes 8KiB
@@ -17,10 +19,11 @@ import collections
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import streamrec
 from streamrec.example import encode
-from streamrec.reshard import reshard
+from streamrec.reshard import ReshardProgress, ReshardSummary, reshard
 
 
 def main() -> None:
@@ -39,16 +42,29 @@ def main() -> None:
         ) as writer:
             writer.write_many(payloads)
 
-        summary = reshard(
-            str(root / "in" / "train-*.tfrecord"),
-            str(root / "out" / "part-{index:05d}.tfrecord.gz"),
-            max_bytes=8 << 10,
-            compression="gzip",
-            task_bytes=128 << 10,  # small tasks, to show several (default: 256 MiB of input)
-            shuffle=True,
-            seed=42,
-            progress=False,
-        )
+        def run(progress: Any) -> ReshardSummary:
+            return reshard(
+                str(root / "in" / "train-*.tfrecord"),
+                str(root / "out" / "part-{index:05d}.tfrecord.gz"),
+                max_bytes=8 << 10,
+                compression="gzip",
+                task_bytes=128 << 10,  # small tasks, to show several (default: 256 MiB of input)
+                shuffle=True,
+                seed=42,
+                progress=progress,
+            )
+
+        def interrupt_after_two_tasks(progress: ReshardProgress) -> None:
+            if progress.tasks_done == 2:
+                raise KeyboardInterrupt  # what Ctrl-C does to a running reshard
+
+        try:
+            run(interrupt_after_two_tasks)
+        except KeyboardInterrupt:
+            print("first run interrupted after 2 tasks; running the same call again")
+        summary = run(False)
+        print(f"second run: {summary.tasks_skipped} of {summary.tasks} tasks already done")
+        assert summary.tasks_skipped == 2, "the rerun redid finished tasks"
         inputs = len(list(root.glob("in/train-*")))
         print(
             f"{summary.records} records: {summary.bytes_in:,} B in {inputs}"

@@ -21,8 +21,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
         ("reshard.py", "exactly once"),
     ],
 )
-def test_example_runs(script: str, expected: str) -> None:
-    env = dict(os.environ, PYTHONPATH=str(EXAMPLES.parent))
+def test_example_runs(script: str, expected: str, tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"  # the examples' temporary files go here: it must end up empty
+    temp.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(EXAMPLES.parent), TMPDIR=str(temp))
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / script)],
         capture_output=True,
@@ -32,3 +34,5 @@ def test_example_runs(script: str, expected: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert expected in done.stdout, done.stdout
+    left = [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")]
+    assert left == [], "the example left temporary files behind (torch's own cache aside)"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from streamrec.format.accel import pure_python_requested
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,9 +36,7 @@ def test_format_core_does_no_io() -> None:
             assert word not in text, f"{path.name} uses {word!r}"
 
 
-@pytest.mark.skipif(
-    bool(os.environ.get("STREAMREC_PURE_PYTHON")), reason="pure-Python build requested"
-)
+@pytest.mark.skipif(pure_python_requested(), reason="STREAMREC_PURE_PYTHON=1: C paths not wanted")
 def test_c_accelerators_are_built() -> None:
     # Without this, a broken compiler would silently leave CI testing only the fallbacks.
     from streamrec.format import _cexample, _cframing  # type: ignore[attr-defined]

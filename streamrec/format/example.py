@@ -64,7 +64,6 @@ This module does no I/O.
 
 from __future__ import annotations
 
-import importlib
 import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -76,6 +75,7 @@ import numpy.typing as npt
 from google.protobuf.message import DecodeError
 
 from streamrec.errors import ExampleError, FeatureError
+from streamrec.format.accel import load_accelerator
 from streamrec.format.proto import example_pb2, feature_pb2
 
 __all__ = [
@@ -97,10 +97,7 @@ Array: TypeAlias = npt.NDArray[Any]
 #: ``bytes_list`` features without a spec, a list of bytes.
 Decoded: TypeAlias = Array | list[bytes]
 
-try:  # the optional C accelerator of decode_batch
-    _cexample: Any = importlib.import_module("streamrec.format._cexample")
-except ImportError:  # pragma: no cover - depends on the build
-    _cexample = None
+_cexample: Any = load_accelerator("_cexample")  # the optional C parser of decode_batch
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1

@@ -25,6 +25,7 @@ from typing import Literal
 import crc32c as _crc32c_package
 
 from streamrec.errors import CorruptRecordError, FormatError, TruncatedRecordError
+from streamrec.format.accel import load_accelerator
 from streamrec.format.crc import BytesLike, masked_crc32c
 
 __all__ = [
@@ -97,14 +98,9 @@ def _scan_python(
         view.release()
 
 
-try:
-    from streamrec.format import _cframing  # type: ignore[attr-defined]
-
-    _scan: ScanFunction = _cframing.scan
-    accelerated = True
-except ImportError:  # pragma: no cover - exercised by STREAMREC_PURE_PYTHON builds
-    _scan = _scan_python
-    accelerated = False
+_cframing = load_accelerator("_cframing")
+_scan: ScanFunction = _scan_python if _cframing is None else _cframing.scan
+accelerated = _cframing is not None
 
 
 class RecordEncoder:
