@@ -18,7 +18,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 
 import streamrec
-from streamrec import cli_count, cli_head, cli_inspect, cli_ls
+from streamrec import cli_cleanup, cli_count, cli_head, cli_inspect, cli_ls
 from streamrec.cli_common import EXIT_DATA_ERROR, error
 from streamrec.errors import StreamrecError
 
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"streamrec {streamrec.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (cli_ls, cli_count, cli_head, cli_inspect):
+    for module in (cli_ls, cli_count, cli_head, cli_inspect, cli_cleanup):
         module.register(commands)
     try:  # written separately; the other commands work without it
         reshard = importlib.import_module("streamrec.cli_reshard")

@@ -86,7 +86,13 @@ from streamrec.format.codecs import normalize_compression
 from streamrec.manifest import ManifestEntry
 from streamrec.pipeline.dataset import open_dataset
 from streamrec.reshard_plan import DEFAULT_SHUFFLE_BUFFER, Naming, Plan, make_plan
-from streamrec.reshard_state import delete_objects, load_done_tasks, same_url, write_manifest
+from streamrec.reshard_state import (
+    abort_unfinished_writes,
+    delete_objects,
+    load_done_tasks,
+    same_url,
+    write_manifest,
+)
 from streamrec.reshard_task import TaskOptions, TaskResult, run_task
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.stores import store_key
@@ -322,6 +328,7 @@ def reshard(
             task_bytes=task_bytes,
         )
         _check_overlap(plan)
+        portal.call(abort_unfinished_writes(plan.naming, dst_storage_options))
         done = portal.call(load_done_tasks(plan, dst_storage_options))
         pending = [task for task in plan.tasks if task.index not in done]
         options = TaskOptions(

@@ -19,8 +19,9 @@ from typing import Any
 
 from streamrec.errors import FormatError, ObjectNotFoundError, StorageError
 from streamrec.manifest import Manifest, ManifestEntry, dumps, loads, manifest_for
-from streamrec.reshard_plan import Plan, TaskSpec
+from streamrec.reshard_plan import Naming, Plan, TaskSpec
 from streamrec.storage.base import ObjectInfo, ObjectStore, split_scheme
+from streamrec.storage.leftovers import find_leftovers, remove_leftover
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.sinks import SinkContext
 from streamrec.storage.stores import open_store
@@ -189,3 +190,23 @@ async def _delete(store: ObjectStore, url: str) -> None:
         await fs._rm_file(url)
     else:
         fs.rm_file(url)
+
+
+async def abort_unfinished_writes(naming: Naming, storage_options: dict[str, Any] | None) -> int:
+    """Abort the writes a killed earlier run left open for this job's output shards (S3
+    multipart uploads, local temporary files): a rerun knows its own names. Returns how many."""
+    prefix = (naming.directory or ".").rstrip("/") + "/"
+    store = open_store(prefix, storage_options)
+    try:
+        found = [f for f in await find_leftovers(store, prefix) if naming.matches(f.url)]
+        for leftover in found:
+            logger.warning(
+                "%s: aborting the %s an earlier, killed run left (started %.0f s ago)",
+                leftover.url,
+                leftover.kind,
+                leftover.age_s(),
+            )
+            await remove_leftover(store, leftover)
+        return len(found)
+    finally:
+        await store.close()

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -218,7 +219,7 @@ class AtomicLocalSink(ObjectSink):
         super().__init__(url or path, context)
         self.path = path
         directory, name = os.path.split(os.path.abspath(path))
-        self.temp_path = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
+        self.temp_path = os.path.join(directory, temp_name(name))
         self._file: BinaryIO | None = None
 
     def _open(self) -> BinaryIO:
@@ -258,6 +259,16 @@ class AtomicLocalSink(ObjectSink):
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.temp_path)
+
+
+TEMP_NAME = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{12}\.tmp")
+"""What :func:`temp_name` makes (``name`` is the file it becomes): the only hidden files a
+local writer leaves behind when it is killed, and all ``streamrec cleanup`` removes."""
+
+
+def temp_name(name: str) -> str:
+    """The hidden temporary name a local sink writes ``name`` under until it commits."""
+    return f".{name}.{uuid.uuid4().hex[:12]}.tmp"
 
 
 def bucket_and_key(fs: Any, url: str, what: str) -> tuple[str, str]:

@@ -32,7 +32,7 @@ _TRANSIENT_CODES = frozenset(
         "500",
     }
 )
-_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NoSuchUpload", "404", "NotFound"})
 _DENIED_CODES = frozenset(
     {
         "AccessDenied",

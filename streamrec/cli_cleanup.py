@@ -1,0 +1,102 @@
+"""``streamrec cleanup``: abort what killed writers left unfinished under a url prefix."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+
+from streamrec.cli_common import EXIT_OK, add_command, add_common_arguments, print_json
+from streamrec.storage.leftovers import Leftover, find_leftovers, remove_leftover
+from streamrec.storage.stores import open_store
+
+__all__ = ["parse_duration", "register"]
+
+EPILOG = """\
+What is found (nothing here is ever visible as an object):
+  s3://     open multipart uploads under the prefix (invisible, but billed until aborted)
+  local     streamrec's own hidden temporary files (.NAME.<12 hex>.tmp) under the prefix
+  gs://     nothing: resumable upload sessions cannot be listed; GCS drops them after a week
+
+Only writes begun more than --older-than ago are touched (default 1h), so writers still at
+work are left alone; `streamrec reshard` aborts the open uploads of the shards it is about to
+write by itself.
+
+examples:
+  streamrec cleanup s3://bucket/out/ --dry-run
+  streamrec cleanup out/ --older-than 0
+  streamrec cleanup s3://bucket/ --older-than 2d --json
+
+--json: {"leftovers": [{"url", "kind", "age_s", "handle"}], "removed": N, "dry_run": bool}
+exit status: 0 ok; 1 storage failed; 2 usage error
+"""
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """argparse type: seconds from ``90``, ``90s``, ``30m``, ``1h`` or ``2d``."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([smhd]?)\s*", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {text!r} (a number with s, m, h or d, e.g. 30m)"
+        )
+    return float(match[1]) * _UNITS[match[2] or "s"]
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``cleanup`` subcommand."""
+    parser = add_command(
+        commands,
+        "cleanup",
+        summary="abort uploads and remove temporary files killed writers left behind",
+        description=(
+            "Find the unfinished writes under a url prefix that killed writers left behind "
+            "(S3 multipart uploads, local temporary files) and abort or remove them."
+        ),
+        epilog=EPILOG,
+    )
+    parser.add_argument("prefix", metavar="URL_PREFIX", help="s3://bucket/prefix or a local path")
+    add_common_arguments(parser, urls=False, compression=False)
+    parser.add_argument(
+        "--older-than",
+        type=parse_duration,
+        default=3600.0,
+        metavar="DURATION",
+        help="only writes begun longer ago than this (default: 1h; 0 for all)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="list what would be removed, remove nothing"
+    )
+    parser.set_defaults(run=run)
+
+
+async def _cleanup(args: argparse.Namespace) -> tuple[list[Leftover], int]:
+    store = open_store(args.prefix, args.storage_options)
+    try:
+        found = await find_leftovers(store, args.prefix, older_than_s=args.older_than)
+        removed = 0
+        if not args.dry_run:
+            for leftover in found:
+                await remove_leftover(store, leftover)
+                removed += 1
+        return found, removed
+    finally:
+        await store.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    """List (and unless --dry-run, remove) the leftovers under the prefix."""
+    found, removed = asyncio.run(_cleanup(args))
+    if args.json:
+        leftovers = [
+            {"url": f.url, "kind": f.kind, "age_s": round(f.age_s(), 1), "handle": f.handle}
+            for f in found
+        ]
+        print_json({"leftovers": leftovers, "removed": removed, "dry_run": args.dry_run})
+        return EXIT_OK
+    verb = "would remove" if args.dry_run else "removed"
+    for leftover in found:
+        print(f"{verb}: {leftover.kind} of {leftover.url} ({leftover.age_s():,.0f} s old)")
+    print(f"{len(found)} leftover(s) found, {removed} removed")
+    return EXIT_OK
