@@ -171,7 +171,8 @@ class RecordDecoder:
     uncompressed object's size): a header whose record cannot fit before it raises
     :class:`TruncatedRecordError` at once, before a byte is buffered for it.
     ``max_record_bytes`` caps a payload where the end is unknown (a compressed stream): a
-    header claiming more raises :class:`FormatError` at once. Either way, the bad length ends
+    header claiming more raises :class:`FormatError` at once (the cap is checked when a record
+    would be buffered, i.e. it does not end in the chunk its header came in). Either way, the bad length ends
     the stream, as a bad length CRC does. Chunks may be any C-contiguous buffer (bytes-like
     with items of any size: their bytes are framed, as in a ``bytes`` copy).
     """
