@@ -172,9 +172,9 @@ class RecordDecoder:
     :class:`TruncatedRecordError` at once, before a byte is buffered for it.
     ``max_record_bytes`` caps a payload where the end is unknown (a compressed stream): a
     header claiming more raises :class:`FormatError` at once (the cap is checked when a record
-    would be buffered, i.e. it does not end in the chunk its header came in). Either way, the bad length ends
-    the stream, as a bad length CRC does. Chunks may be any C-contiguous buffer (bytes-like
-    with items of any size: their bytes are framed, as in a ``bytes`` copy).
+    would be buffered: it does not end in the chunk its header came in). Either way, the bad
+    length ends the stream, as a bad length CRC does. Chunks may be any buffer (items of any
+    size: their bytes are framed, as in a ``bytes`` copy).
     """
 
     def __init__(
