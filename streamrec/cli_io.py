@@ -142,7 +142,9 @@ class ShardReader:
         self.stores = stores
         self.shard = shard
         self.budget = budget
-        self.decoder = ShardDecoder(url=shard.url, compression=compression, on_corrupt=on_corrupt)
+        self.decoder = ShardDecoder(
+            url=shard.url, compression=compression, on_corrupt=on_corrupt, size=shard.size
+        )
         self.on_bytes = on_bytes
         self.records = 0
 
@@ -156,11 +158,9 @@ class ShardReader:
             async for block in reader:
                 if self.on_bytes is not None:
                     self.on_bytes(len(block))
-                records = decoder.feed(block)
-                if records:
+                for records in decoder.stream(block):  # raises after the records before it
                     self.records += len(records)
                     yield records
-                decoder.raise_pending()
         finally:
             await reader.aclose()
         records = decoder.close()

@@ -630,8 +630,32 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(shortest_bytes_doc,
+"shortest_bytes(payloads) -> int\n\n"
+"The length of the shortest payload when every payload is exactly bytes (PY_SSIZE_T_MAX\n"
+"for none), -1 when one is any other object (the caller then makes them flat bytes).");
+
+static PyObject *shortest_bytes(PyObject *self, PyObject *payloads) {
+    PyObject *fast = PySequence_Fast(payloads, "payloads must be a sequence");
+    Py_ssize_t i, n, best = PY_SSIZE_T_MAX;
+    (void)self;
+    if (!fast) return NULL;
+    n = PySequence_Fast_GET_SIZE(fast);
+    for (i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        if (!PyBytes_CheckExact(item)) {
+            best = -1;
+            break;
+        }
+        if (PyBytes_GET_SIZE(item) < best) best = PyBytes_GET_SIZE(item);
+    }
+    Py_DECREF(fast);
+    return PyLong_FromSsize_t(best);
+}
+
 static PyMethodDef methods[] = {
     {"parse_examples", parse_examples, METH_VARARGS, parse_examples_doc},
+    {"shortest_bytes", shortest_bytes, METH_O, shortest_bytes_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -2,7 +2,9 @@
 
 Sans-I/O, like the framing: a decompressor is fed the bytes as stored and returns uncompressed
 pieces; ``close()`` says whether the stream ended cleanly. Output is produced in pieces of at most
-``max_piece_bytes`` so that a small, highly compressed input never becomes one huge allocation.
+``max_piece_bytes``, and :meth:`Decompressor.stream` inflates the next piece only when the one
+before it has been taken, so a small, highly compressed input (a gzip bomb) never costs more
+than one piece at a time.
 
 GZIP streams may hold several concatenated members (``cat a.gz b.gz``); all are read, as
 TensorFlow does. ``compression="auto"`` picks the codec from the file name (``.gz``/``.gzip``,
@@ -13,7 +15,8 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Literal, Protocol
+from collections.abc import Iterator
+from typing import Literal, NoReturn, Protocol
 
 import crc32c as _crc32c_package
 
@@ -114,6 +117,14 @@ class Decompressor(Protocol):
         """Uncompressed pieces that ``data`` completes."""
         ...
 
+    def stream(self, data: BytesLike) -> Iterator[bytes]:
+        """The pieces of :meth:`feed`, each produced only when the one before it is taken.
+
+        A failure is raised after the pieces before it; consume it to the end before feeding
+        more.
+        """
+        ...
+
     def close(self) -> list[bytes]:
         """The last pieces; raise CompressionError if the stream ended early."""
         ...
@@ -133,7 +144,10 @@ class Compressor(Protocol):
 
 class _Passthrough:
     def feed(self, data: BytesLike) -> list[bytes]:
-        return [bytes(data)] if data else []
+        return [data if isinstance(data, bytes) else bytes(data)] if data else []
+
+    def stream(self, data: BytesLike) -> Iterator[bytes]:
+        return iter(self.feed(data))
 
     def close(self) -> list[bytes]:
         return []
@@ -160,24 +174,29 @@ class _Inflater:
         self._stream_done = False  # zlib: the one stream has ended
 
     def feed(self, data: BytesLike) -> list[bytes]:
+        pieces: list[bytes] = []
+        try:
+            for piece in self.stream(data):
+                pieces.append(piece)
+        except CompressionError:
+            if not pieces:
+                raise
+            # held back in self._error: raised on the next call, after these pieces
+        return pieces
+
+    def stream(self, data: BytesLike) -> Iterator[bytes]:
         if self._error is not None:
             raise self._error
-        pieces: list[bytes] = []
         pending = data if isinstance(data, bytes) else bytes(data)
         more_output = False  # the last call filled a whole piece: zlib may hold more
         while pending or more_output:
             if self._stream_done:
-                return self._fail(
-                    pieces, f"{len(pending)} trailing bytes after the zlib stream", None
-                )
+                self._fail(f"{len(pending)} trailing bytes after the zlib stream", None)
             self._member_open = True
             try:
                 piece = self._inflate.decompress(pending, self._max_piece)
             except zlib.error as exc:
-                return self._fail(pieces, f"cannot inflate: {exc}", exc)
-            if piece:
-                pieces.append(piece)
-                self._produced += len(piece)
+                self._fail(f"cannot inflate: {exc}", exc)
             if self._inflate.eof:
                 rest = self._inflate.unused_data
                 self._consumed += len(pending) - len(rest)
@@ -186,11 +205,14 @@ class _Inflater:
                 # gzip: another member may follow (``cat a.gz b.gz``); zlib: one stream only
                 self._stream_done = self._wbits != _GZIP_WBITS
                 self._inflate = zlib.decompressobj(self._wbits)
-                continue
-            tail = self._inflate.unconsumed_tail
-            self._consumed += len(pending) - len(tail)
-            pending, more_output = tail, len(piece) == self._max_piece
-        return pieces
+            else:
+                tail = self._inflate.unconsumed_tail
+                self._consumed += len(pending) - len(tail)
+                pending, more_output = tail, len(piece) == self._max_piece
+            if piece:
+                self._produced += len(piece)
+                yield piece
+                del piece  # the consumer holds it now, or nobody does
 
     def close(self) -> list[bytes]:
         if self._error is not None:
@@ -201,12 +223,10 @@ class _Inflater:
         self._error = self._make_error("compressed stream ends early (no end-of-stream marker)")
         raise self._error
 
-    def _fail(self, pieces: list[bytes], problem: str, cause: BaseException | None) -> list[bytes]:
-        """Deliver the pieces inflated before the damage; raise now or on the next call."""
+    def _fail(self, problem: str, cause: BaseException | None) -> NoReturn:
+        """Damage: raised now (after the pieces before it) and again on every later call."""
         self._error = self._make_error(problem)
         self._error.__cause__ = cause
-        if pieces:
-            return pieces
         raise self._error
 
     def _make_error(self, problem: str) -> CompressionError:

@@ -98,6 +98,8 @@ Array: TypeAlias = npt.NDArray[Any]
 Decoded: TypeAlias = Array | list[bytes]
 
 _cexample: Any = load_accelerator("_cexample")  # the optional C parser of decode_batch
+# shortest_bytes(payloads): the shortest payload's length, -1 if one is not exactly bytes
+_shortest_bytes: Any = None if _cexample is None else _cexample.shortest_bytes
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -654,11 +656,15 @@ def _decode_batch_python(
     out: dict[str, Array | list[Any]] = {}
     # (name, spec, kind wanted, flat row target or None, value count, output)
     plan: list[tuple[str, FeatureSpec, str, Array | None, int, Array | list[Any]]] = []
+    sizes = (memoryview(payload).nbytes for payload in payloads)
+    unfillable = _unfillable(min(sizes, default=sys.maxsize), items)
     for name, entry in items:
         target: Array | list[Any]
         flat: Array | None = None
         count = 0
-        if isinstance(entry, FixedLenFeature):
+        if name in unfillable:
+            target = []  # some record cannot hold it: decoding raises at or before that one
+        elif isinstance(entry, FixedLenFeature):
             dtype = object if entry._kind == "bytes" else _numpy_dtype(entry._kind)
             target = np.empty((n, *entry.shape), dtype=dtype)
             count = entry._count
@@ -700,7 +706,28 @@ def _decode_batch_python(
                 target.append(value)
             else:
                 target[index, ...] = value
+    for name in unfillable:  # (only reached if every record held it after all)
+        out[name] = np.stack(list(out[name]))
     return out
+
+
+def _unfillable(shortest: int, items: list[tuple[str, FeatureSpec]]) -> set[str]:
+    """Fixed-size features with no default that a payload of ``shortest`` bytes cannot hold.
+
+    Every value takes at least one byte on the wire, so a record of ``k`` bytes cannot hold
+    more than ``k`` values (or a raw value of more than ``k`` bytes): decoding that record
+    raises :class:`FeatureError` (or :class:`ExampleError`), as :func:`decode` does. The
+    batch's ``(n, *shape)`` output is then never allocated: a spec shape is checked against
+    the payloads before memory is taken for it.
+    """
+    found: set[str] = set()
+    for name, entry in items:
+        if isinstance(entry, FixedLenFeature):
+            if entry._default is None and entry._count > shortest:
+                found.add(name)
+        elif isinstance(entry, RawFeature) and entry._nbytes > shortest:
+            found.add(name)
+    return found
 
 
 def _kind_name(entry: FeatureSpec) -> str:
@@ -782,6 +809,24 @@ def _split_var(payloads: Sequence[bytes], kind: str, counts: Array, flat: bytear
     return [values[a:b] for a, b in zip(starts, ends, strict=True)]
 
 
+def _byte_view(payload: Any) -> Any:
+    """``payload``'s bytes, indexed by byte (what ``memoryview(payload).tobytes()`` holds).
+
+    The C parser reads a buffer's bytes and returns byte offsets into it; a buffer whose items
+    are not single bytes (``memoryview.cast("I")``, a 2-d uint8 array) is cast to a flat byte
+    view (copied when it is not contiguous) so that those offsets index bytes.
+    """
+    if isinstance(payload, bytes):
+        return payload
+    view = memoryview(payload)
+    if view.ndim == 1 and view.itemsize == 1:
+        return payload
+    try:
+        return view.cast("B")
+    except (TypeError, ValueError):  # not C-contiguous, or a format cast() cannot read
+        return view.tobytes()
+
+
 def decode_batch(
     payloads: Sequence[bytes], spec: Mapping[str, FeatureSpec]
 ) -> dict[str, Array | list[Any]]:
@@ -799,11 +844,17 @@ def decode_batch(
     built (see :func:`has_c_accelerator`); any batch it cannot decode cleanly is decoded again
     by the Python path, so errors are the same either way: :class:`~streamrec.errors.ExampleError`
     for a damaged payload and :class:`~streamrec.errors.FeatureError` for a spec mismatch, both
-    naming the record index in the batch (and the feature).
+    naming the record index in the batch (and the feature). Payloads may be any buffers
+    (their bytes are decoded, as in a ``bytes`` copy). A fixed shape that some payload is
+    too short to hold raises that record's error before the batch's output is allocated.
     """
     items = _check_spec(spec)
     if has_c_accelerator():
-        decoded = _decode_batch_c(payloads, items)
+        shortest = _shortest_bytes(payloads)  # one C pass: types and lengths
+        if shortest < 0:  # not all bytes: give the C parser flat byte views
+            payloads = [_byte_view(payload) for payload in payloads]
+            shortest = min(map(len, payloads))
+        decoded = None if _unfillable(shortest, items) else _decode_batch_c(payloads, items)
         if decoded is not None:
             return decoded
     return _decode_batch_python(payloads, items)

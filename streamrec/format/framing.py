@@ -10,7 +10,8 @@ One record on the wire (all integers little-endian)::
 :class:`RecordDecoder` follows h11's shape: the caller owns the I/O and feeds bytes, split at any
 boundary, and gets back the complete records as ``bytes``. It never trusts a length before its
 CRC has been checked and never allocates by a length read from the stream, so a damaged header
-claiming 2**60 bytes costs nothing but the bytes actually fed.
+claiming 2**60 bytes costs nothing but the bytes actually fed; where the stream's end (or a
+maximum record size) is known, such a header is an error at once.
 
 The hot loop (framing many small records out of one buffer) runs in the optional C extension
 ``_cframing`` when it is built, and in :func:`_scan_python` otherwise; both have one contract.
@@ -71,6 +72,8 @@ def _scan_python(
     unpack_u32 = _U32.unpack_from
     crc = _crc32c_package.crc32c
     view = memoryview(buf)
+    if view.itemsize != 1 or view.ndim != 1:  # the C scanner sees bytes too
+        view = view.cast("B")
     end = len(view)
     pos = start
     try:
@@ -159,6 +162,15 @@ class RecordDecoder:
 
     ``offset`` in errors is the byte offset of the record's header in this (uncompressed)
     stream, counted from ``start_offset``; ``record_index`` counts from ``start_index``.
+
+    No length is trusted beyond what is known. ``end_offset`` is where the stream ends (an
+    uncompressed object's size): a header whose record cannot fit before it raises
+    :class:`TruncatedRecordError` at once, before a byte is buffered for it.
+    ``max_record_bytes`` caps a payload where the end is unknown (a compressed stream): a
+    header claiming more raises :class:`FormatError` at once (the cap is checked when a record
+    would be buffered: it does not end in the chunk its header came in). Either way, the bad
+    length ends the stream, as a bad length CRC does. Chunks may be any buffer (items of any
+    size: their bytes are framed, as in a ``bytes`` copy).
     """
 
     def __init__(
@@ -169,6 +181,8 @@ class RecordDecoder:
         on_corrupt: OnCorrupt = "raise",
         start_offset: int = 0,
         start_index: int = 0,
+        end_offset: int | None = None,
+        max_record_bytes: int | None = None,
     ) -> None:
         if on_corrupt not in ("raise", "skip"):
             raise ValueError(f"on_corrupt must be 'raise' or 'skip', not {on_corrupt!r}")
@@ -176,6 +190,8 @@ class RecordDecoder:
         self.verify_crc = verify_crc
         self.skip_corrupt = on_corrupt == "skip"
         self.dropped: list[FormatError] = []
+        self.end_offset = end_offset
+        self.max_record_bytes = max_record_bytes
         self._pending = bytearray()
         self._offset = start_offset  # stream offset of _pending[0] / of the next fed byte
         self._index = start_index  # index of the next record
@@ -219,11 +235,22 @@ class RecordDecoder:
         self._discarding = True
 
     def feed(self, data: BytesLike) -> list[bytes]:
-        """Add bytes; return every record they complete, in order."""
+        """Add bytes; return every record they complete, in order.
+
+        Raises a FormatError only when no record comes before the damage; otherwise the
+        records are returned and the error is held back (see :meth:`raise_pending`).
+        """
         if self._error is not None:
             raise self._error
         if self._closed:
             raise RuntimeError("feed() after close()")
+        records = self._feed(data if isinstance(data, bytes) else _byte_buffer(data))
+        if not records and self._error is not None:
+            raise self._error
+        return records
+
+    def _feed(self, data: BytesLike) -> list[bytes]:
+        """:meth:`feed` without raising: damage is held in ``_error`` (or dropped, in skip)."""
         if self._discarding or not data:
             return []
         if self._big_length >= 0:
@@ -299,10 +326,8 @@ class RecordDecoder:
             error = self._corrupt(which, stored, computed, self._offset + pos - start)
             if not self.skip_corrupt:
                 self._discarding = True
-                self._error = error
-                if records:
-                    return records, len(buf)  # deliver the good records first
-                raise error
+                self._error = error  # held: the good records are delivered first
+                return records, len(buf)
             if status == _BAD_LENGTH_CRC:
                 self.abandon(error)
                 return records, len(buf)
@@ -326,9 +351,15 @@ class RecordDecoder:
         self._offset += pos - start
         tail = len(buf) - pos
         if not self._discarding and self._error is None and tail >= HEADER_BYTES:
-            # The scanner stopped at a complete header (its CRC already checked): a big
-            # record is collected by reference rather than copied into the pending buffer.
+            # The scanner stopped at a complete header (its CRC already checked): a length
+            # that cannot be is refused before any byte is buffered for it, and a big record
+            # is collected by reference rather than copied into the pending buffer.
             (length,) = _U64.unpack_from(buf, pos)
+            refused = self._refuse_length(length)
+            if refused is not None:
+                self._pending.clear()
+                self._damaged(refused)
+                return
             if length + OVERHEAD_BYTES >= _BIG_RECORD_BYTES:
                 piece = _stable_view(buf, pos)
                 self._pending.clear()
@@ -362,27 +393,53 @@ class RecordDecoder:
         else:
             error = self._corrupt("payload", stored, computed, self._offset)
             if not self.skip_corrupt:
-                self._discarding = True
-                self._error = error
-                raise error
+                self._damaged(error)
+                return records
             self.dropped.append(error)
         self._offset += total
         self._index += 1
         if rest:
-            records += self.feed(rest)
+            records += self._feed(rest)
         return records
+
+    def _damaged(self, error: FormatError) -> None:
+        """Damage that ends the stream: held back (raise mode) or dropped with the rest."""
+        if self.skip_corrupt:
+            self.abandon(error)
+        else:
+            self._discarding = True
+            self._error = error
+
+    def _refuse_length(self, length: int) -> FormatError | None:
+        """The error for a record header claiming ``length`` bytes that cannot be there."""
+        end = self.end_offset
+        if end is not None and self._offset + length + OVERHEAD_BYTES > end:
+            # the object ends inside this record: say so now, as close() would at its end
+            return self._truncation_error(max(end - self._offset, HEADER_BYTES), length)
+        if self.max_record_bytes is not None and length > self.max_record_bytes:
+            return FormatError(
+                f"the header claims a {length}-byte payload, more than the "
+                f"{self.max_record_bytes} bytes a record of this stream may have",
+                url=self.url,
+                offset=self._offset,
+                record_index=self._index,
+            )
+        return None
 
     def _corrupt(self, which: str, stored: int, computed: int, offset: int) -> CorruptRecordError:
         return CorruptRecordError(
             which, stored, computed, url=self.url, offset=offset, record_index=self._index
         )
 
-    def _truncation_error(self) -> TruncatedRecordError:
-        have = self.buffered_bytes
+    def _truncation_error(self, have: int | None = None, length: int = -1) -> TruncatedRecordError:
+        """The stream ends ``have`` bytes into the record at ``_offset`` (default: buffered)."""
+        if have is None:
+            have = self.buffered_bytes
         if have < HEADER_BYTES:
             problem = f"stream ends inside a record header ({have} of {HEADER_BYTES} bytes)"
         else:
-            length = self._big_length
+            if length < 0:
+                length = self._big_length
             if length < 0:
                 (length,) = _U64.unpack_from(self._pending, 0)
             body = have - HEADER_BYTES
@@ -394,6 +451,16 @@ class RecordDecoder:
         return TruncatedRecordError(
             problem, url=self.url, offset=self._offset, record_index=self._index
         )
+
+
+def _byte_buffer(data: BytesLike) -> BytesLike:
+    """``data`` as one flat run of bytes (``len`` and slices count bytes, not items)."""
+    if isinstance(data, bytearray):
+        return data
+    view = memoryview(data)
+    if view.ndim == 1 and view.itemsize == 1:
+        return data
+    return view.cast("B") if view.c_contiguous else view.tobytes()
 
 
 def _stable_view(data: BytesLike, start: int) -> memoryview:

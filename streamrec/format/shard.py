@@ -8,7 +8,7 @@ storage back end drive these two and nothing else from the format core.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from streamrec.errors import CompressionError, FormatError
 from streamrec.format.codecs import (
@@ -23,7 +23,15 @@ from streamrec.format.codecs import (
 from streamrec.format.crc import BytesLike
 from streamrec.format.framing import HEADER_BYTES, OnCorrupt, RecordDecoder, RecordEncoder
 
-__all__ = ["ShardDecoder", "ShardEncoder"]
+__all__ = ["DEFAULT_MAX_RECORD_BYTES", "DEFAULT_PIECE_BYTES", "ShardDecoder", "ShardEncoder"]
+
+DEFAULT_MAX_RECORD_BYTES = 1 << 30
+"""The largest payload a record may claim where the stream's end is unknown (compressed)."""
+DEFAULT_PIECE_BYTES = 4 << 20
+"""Uncompressed bytes inflated (and framed) at a time."""
+# Deflate cannot do better than 1032:1: a compressed object of n bytes holds fewer than
+# 1032 * n uncompressed bytes, so no record in it can claim more.
+_MAX_DEFLATE_RATIO = 1032
 
 
 class ShardDecoder:
@@ -33,6 +41,15 @@ class ShardDecoder:
     (until then, bytes are held back). See :class:`RecordDecoder` for ``verify_crc``,
     ``on_corrupt``, error delivery and :attr:`dropped`; ``start_offset`` / ``start_index``
     describe where the bytes fed begin (resuming mid-file, uncompressed only).
+
+    Record lengths are checked against what is known before anything is buffered for them:
+    ``size`` is the file's stored size. Uncompressed, a record must fit in the file
+    (``TruncatedRecordError`` at once otherwise). Compressed, the uncompressed size is
+    unknown, so a record may claim at most ``max_record_bytes`` (default 1 GiB) and less than
+    1032x ``size`` (deflate's best ratio); a header claiming more raises ``FormatError`` at
+    once. A record is buffered whole, so one (good) record costs its size; nothing else grows
+    with the compression ratio: :meth:`stream` inflates ``max_piece_bytes`` at a time and
+    hands on each piece's records before inflating the next.
     """
 
     def __init__(
@@ -44,8 +61,14 @@ class ShardDecoder:
         on_corrupt: OnCorrupt = "raise",
         start_offset: int = 0,
         start_index: int = 0,
+        size: int | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        max_piece_bytes: int = DEFAULT_PIECE_BYTES,
     ) -> None:
         self.url = url
+        self.size = size
+        self.max_record_bytes = max_record_bytes
+        self.max_piece_bytes = max_piece_bytes
         self.framing = RecordDecoder(
             url=url,
             verify_crc=verify_crc,
@@ -76,21 +99,52 @@ class ShardDecoder:
         return self.framing.failed or self._held is not None
 
     def feed(self, data: BytesLike) -> list[bytes]:
-        """Add stored bytes; return the payloads they complete."""
-        if self._held is not None:
-            raise self._held
+        """Add stored bytes; return all the payloads they complete (see :meth:`stream`).
+
+        Raises only when no payload comes before the damage; otherwise the error is held
+        back for :meth:`raise_pending`. All of ``data``'s records are returned at once: a
+        reader of untrusted compressed data uses :meth:`stream`.
+        """
+        records: list[bytes] = []
+        try:
+            for chunk in self.stream(data):
+                records += chunk
+        except FormatError:
+            if not records:
+                raise
+            # held back (by the framing or in _held): raise_pending() raises it
+        return records
+
+    def stream(self, data: BytesLike) -> Iterator[list[bytes]]:
+        """Add stored bytes; yield the payloads they complete, in chunks (non-empty lists).
+
+        Compressed data is inflated ``max_piece_bytes`` at a time, and each piece's records
+        are yielded before the next piece is inflated. Damage is raised after every record
+        before it has been yielded (``on_corrupt="skip"``: dropped instead). Consume the
+        iterator to its end before feeding more.
+        """
+        self.raise_pending()
         if self._decompressor is None:
             self._head += data
             if len(self._head) < HEADER_BYTES:
-                return []
+                return
             data, self._head = self._head, bytearray()
             self._use(sniff(data))
         assert self._decompressor is not None
-        try:
-            pieces = self._decompressor.feed(data)
-        except CompressionError as exc:
-            return self._compression_failed(exc)
-        return self._frame(pieces)
+        pieces = self._decompressor.stream(data)
+        while True:
+            try:
+                piece = next(pieces, None)
+            except CompressionError as exc:
+                self._compression_failed(exc)  # raises, unless skipping
+                return
+            if piece is None:
+                return
+            records = self.framing.feed(piece)
+            del piece
+            if records:
+                yield records
+            self.framing.raise_pending()
 
     def close(self) -> list[bytes]:
         """End of file: return the last payloads; raise if the file ends badly."""
@@ -119,16 +173,28 @@ class ShardDecoder:
 
     def _use(self, compression: Compression) -> None:
         self.compression = compression
-        self._decompressor = make_decompressor(compression, url=self.url)
+        self._decompressor = make_decompressor(
+            compression, url=self.url, max_piece_bytes=self.max_piece_bytes
+        )
+        size, framing = self.size, self.framing
+        if compression is None and size is not None:
+            framing.end_offset = size
+        else:
+            limit = self.max_record_bytes
+            if size is not None:
+                limit = min(limit, _MAX_DEFLATE_RATIO * size)
+            framing.max_record_bytes = limit
 
     def _frame(self, pieces: list[bytes]) -> list[bytes]:
-        if len(pieces) == 1:
-            return self.framing.feed(pieces[0])
         records: list[bytes] = []
         for piece in pieces:
-            records += self.framing.feed(piece)
+            try:
+                records += self.framing.feed(piece)
+            except FormatError:
+                if not records:
+                    raise
             if self.framing.failed:
-                break
+                break  # held back: raise_pending() raises it
         return records
 
     def _compression_failed(self, exc: CompressionError) -> list[bytes]:

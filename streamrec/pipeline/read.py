@@ -7,7 +7,7 @@ from collections.abc import AsyncGenerator
 
 from streamrec.errors import FormatError
 from streamrec.format.framing import OnCorrupt
-from streamrec.format.shard import ShardDecoder
+from streamrec.format.shard import DEFAULT_PIECE_BYTES, ShardDecoder
 from streamrec.pipeline.stats import Stats
 from streamrec.storage.stream import ObjectReader
 
@@ -29,7 +29,10 @@ async def read_shard(
     """The payloads of one shard, in file order, as chunks (lists) of records.
 
     Records before any damage are always yielded before the error is raised; with
-    ``on_corrupt="skip"`` damage is logged and counted in ``stats`` instead. The reader is
+    ``on_corrupt="skip"`` damage is logged and counted in ``stats`` instead. A compressed
+    block is inflated one piece (at most ``reader.block_bytes``) at a time, each piece's
+    records yielded before the next is inflated: what decoding holds beyond the prefetch
+    budget does not grow with the compression ratio. The reader is
     closed (its requests cancelled, its budget returned) however this generator ends.
     A reader that starts mid-object, at ``start_offset``, must start at the header of record
     ``start_index`` of an uncompressed shard.
@@ -42,17 +45,17 @@ async def read_shard(
         on_corrupt=on_corrupt,
         start_offset=start_offset,
         start_index=start_index,
+        size=reader.obj.size,
+        max_piece_bytes=min(reader.block_bytes, DEFAULT_PIECE_BYTES),
     )
     reported = 0
     try:
         async for block in reader:
             stats.bytes_read += len(block)
-            records = decoder.feed(block)
-            if records:
+            for records in decoder.stream(block):  # raises after the records before damage
                 stats.records += len(records)
                 yield records
             reported = _report_drops(decoder.dropped, reported, stats)
-            decoder.raise_pending()
     finally:
         await reader.aclose()
     records = decoder.close()
