@@ -40,8 +40,15 @@ from streamrec.pipeline.state import (
     take_event,
 )
 from streamrec.pipeline.stats import Stats
+from streamrec.redact import redact
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.stores import ObjectInfo, ObjectStore, open_store, store_key
+from streamrec.storage.stores import (
+    ObjectInfo,
+    ObjectStore,
+    is_per_scheme,
+    open_store,
+    store_key,
+)
 from streamrec.storage.stream import ObjectReader
 from streamrec.sync import iterate_blocking
 
@@ -90,6 +97,7 @@ class Dataset:
             raise ValueError("open_dataset needs at least one path, glob or url")
         for url in self.urls:
             store_key(url)  # unsupported schemes fail now, not on first read
+        is_per_scheme(storage_options)  # so do options that mix scheme and option keys
         normalize_compression(compression)  # so do bad codec names
         if on_corrupt not in ("raise", "skip"):
             raise ValueError(f"on_corrupt must be 'raise' or 'skip', not {on_corrupt!r}")
@@ -271,7 +279,7 @@ class Dataset:
 
     def _config(self) -> dict[str, Any]:
         return {
-            "urls": list(self.urls),
+            "urls": [redact(url) for url in self.urls],  # no credentials in states
             "compression": self.compression,
             "on_corrupt": self.on_corrupt,
             "cycle_length": self.cycle_length,
@@ -548,7 +556,7 @@ class Dataset:
         self._end(cursor)
 
     def __repr__(self) -> str:
-        return f"Dataset({self.urls!r}, compression={self.compression!r})"
+        return f"Dataset({[redact(u) for u in self.urls]!r}, compression={self.compression!r})"
 
 
 class _Records(itertools.chain):  # type: ignore[type-arg]
@@ -679,7 +687,9 @@ def open_dataset(
             cycle_length)``, the rest for the next ``cycle_length`` shards read ahead),
             and may use room no other shard needs.
         storage_options: passed to the fsspec filesystem (``endpoint_url`` via
-            ``client_kwargs`` for s3fs, ``token``, ``key``/``secret``, ``anon``, ...).
+            ``client_kwargs`` for s3fs, ``token``, ``key``/``secret``, ``anon``, ...); one
+            mapping for every scheme, or one per scheme for lists that mix them:
+            ``{"s3": {...}, "gs": {...}, "https": {...}}`` (each store gets its own only).
         block_bytes: size of one range read (a shard's first is 256 KiB, doubling up to
             this; interleaved shards use at most a quarter of their share).
         max_concurrency: range reads in flight per shard, at most (the prefetch budget
