@@ -360,7 +360,14 @@ def reshard(
         for task in plan.tasks:
             for entry in by_task[task.index]:
                 entries.append(
-                    ManifestEntry(entry.url, entry.records, entry.bytes, entry.crc32c, len(entries))
+                    ManifestEntry(
+                        entry.url,
+                        entry.records,
+                        entry.bytes,
+                        entry.crc32c,
+                        len(entries),
+                        entry.version,
+                    )
                 )
         portal.call(
             write_manifest(

@@ -11,7 +11,6 @@ its global index; the per-task manifests are then removed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -49,13 +48,18 @@ async def write_manifest(
     compression: str | None,
     template: str | None,
     storage_options: dict[str, Any] | None,
+    scratch: bool = False,
 ) -> None:
-    """Write the manifest of ``entries`` at ``url`` (atomically: it appears complete)."""
+    """Write the manifest of ``entries`` at ``url`` (atomically: it appears complete).
+
+    ``scratch``: a per-task manifest, below the output directory, listing its shards by url
+    (only this module reads it back, checking every name against the plan).
+    """
     manifest = manifest_for(entries, compression=compression, template=template)
     store = open_store(url, storage_options)
     try:
         sink = store.open_sink(url, SinkContext())
-        await sink.write(dumps(manifest, url))
+        await sink.write(dumps(manifest, url, allow_absolute_urls=scratch))
         await sink.commit()
     finally:
         await store.close()
@@ -117,7 +121,8 @@ async def _check_task(
     if len(data) != info.size:
         return None
     try:
-        manifest = loads(data, url)
+        # names outside its directory are expected here: _matches checks each against the plan
+        manifest = loads(data, url, allow_absolute_urls=True)
     except FormatError as exc:
         logger.warning("%s: redoing the task: %s", url, exc)
         return None
@@ -176,16 +181,4 @@ async def delete_objects(urls: Sequence[str], storage_options: dict[str, Any] | 
 
 
 async def _delete(store: ObjectStore, url: str) -> None:
-    scheme, path = split_scheme(url)
-    if scheme == "file":
-        with contextlib.suppress(FileNotFoundError):
-            await asyncio.to_thread(os.remove, path)
-        return
-    fs = getattr(store, "fs", None)
-    if fs is None:
-        raise StorageError(f"{url}: this store cannot delete objects")
-    await store.expand(url)  # opens the client session; raises if it is already gone
-    if getattr(fs, "async_impl", False):
-        await fs._rm_file(url)
-    else:
-        fs.rm_file(url)
+    await store.delete(url)

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, cast
 from streamrec.errors import StateError
 from streamrec.format.codecs import normalize_compression
 from streamrec.format.framing import OnCorrupt
-from streamrec.manifest import is_manifest_url, load_manifest
+from streamrec.manifest import is_manifest_url
+from streamrec.manifest_check import manifest_shards
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
 from streamrec.pipeline.opener import ShardOpener, shards_digest
@@ -91,6 +92,7 @@ class Dataset:
         seed: int = 0,
         num_hosts: int = 1,
         host_index: int = 0,
+        allow_absolute_urls: bool = False,
     ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
@@ -131,6 +133,7 @@ class Dataset:
         self.seed = seed
         self.num_hosts = num_hosts
         self.host_index = host_index
+        self.allow_absolute_urls = allow_absolute_urls
         self.epoch = 0
         self.stats = Stats()
         self._resume: dict[str, Any] | None = None  # loaded state, for the next iteration
@@ -159,8 +162,13 @@ class Dataset:
             store = stores.get(url)
             if is_manifest_url(url):
                 # the writer's manifest: exactly the committed shards, sizes known
-                manifest = await load_manifest(url, retry=self.retry, store=store)
-                found += [ObjectInfo(e.url, e.bytes) for e in manifest.shards]
+                found += await manifest_shards(
+                    url,
+                    stores.get,
+                    self.retry,
+                    allow_absolute_urls=self.allow_absolute_urls,
+                    on_retry=self._count_retry,
+                )
                 continue
 
             async def expand(store: ObjectStore = store, url: str = url) -> list[ObjectInfo]:
@@ -654,6 +662,7 @@ def open_dataset(
     block_bytes: int = 4 << 20,
     max_concurrency: int = 16,
     retry: RetryPolicy | None = None,
+    allow_absolute_urls: bool = False,
 ) -> Dataset:
     """Open TFRecord shards for reading.
 
@@ -696,6 +705,11 @@ def open_dataset(
             binds too: 64 MiB / 4 MiB blocks = 16; local files: 4).
         retry: the :class:`~streamrec.storage.retry.RetryPolicy` for every storage request
             (attempts, backoff, per-attempt timeout, overall deadline).
+        allow_absolute_urls: follow a manifest's shard names that are absolute urls or paths
+            outside its directory (any scheme, host or bucket, read with your credentials).
+            Off by default: such a name is a FormatError. Turn it on only for manifests you
+            trust. Shards are checked against the manifest (size, and ETag / generation as
+            committed): one replaced since is an ObjectChangedError.
 
     Urls may be local paths, ``file://``, ``s3://``, ``gs://``, ``http(s)://`` or
     ``memory://``.
@@ -721,4 +735,5 @@ def open_dataset(
         seed=seed,
         num_hosts=num_hosts,
         host_index=host_index,
+        allow_absolute_urls=allow_absolute_urls,
     )
