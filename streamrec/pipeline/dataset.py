@@ -40,6 +40,7 @@ from streamrec.pipeline.state import (
     rng_from_state,
     take_event,
 )
+from streamrec.pipeline.state_check import check_header, check_state
 from streamrec.pipeline.stats import Stats
 from streamrec.redact import redact
 from streamrec.storage.retry import RetryPolicy
@@ -59,6 +60,7 @@ if TYPE_CHECKING:  # the transforms load protobuf: only on first use
 
 __all__ = ["Dataset", "open_dataset"]
 
+_CHECKED = ("cycle_length", "block_length", "deterministic", "shuffle_buffer")
 _MIN_STREAM_SHARE = 64 << 10  # a smaller share would mean tiny range reads
 _READ_AHEAD_PART = 4  # a shard read ahead of its turn is kept 1/4 of a share
 
@@ -262,15 +264,12 @@ class Dataset:
         """Continue from ``state`` (from :meth:`state_dict`) on the next iteration.
 
         Raises :class:`~streamrec.errors.StateError` when the state comes from a different
-        configuration (the message lists the differences); a different set of shards is
-        detected when the iteration lists them.
+        configuration (the message lists the differences) or any field has the wrong type or
+        range (states are untrusted: see :mod:`streamrec.pipeline.state_check`); a different
+        set of shards, or positions past them, are detected when the iteration lists them.
         """
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            version = state.get("version") if isinstance(state, dict) else None
-            raise StateError(
-                f"not a streamrec dataset state of version {STATE_VERSION} (got {version!r})"
-            )
-        theirs, ours = state.get("config", {}), self._config()
+        state = check_header(state, STATE_VERSION)
+        theirs, ours = state["config"], self._config()
         differences = [
             f"{key}: state has {theirs.get(key)!r}, dataset has {ours.get(key)!r}"
             for key in sorted(set(theirs) | set(ours))
@@ -280,7 +279,8 @@ class Dataset:
             raise StateError(
                 "the state comes from a differently configured dataset; " + "; ".join(differences)
             )
-        self.epoch = int(state["epoch"])
+        check_state(state, **{k: ours[k] for k in _CHECKED})  # every field, before any use
+        self.epoch = state["epoch"]
         self._resume = copy.deepcopy(state)
         self._cursor = None
         self._finished = bool(state.get("finished"))
