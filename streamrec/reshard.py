@@ -58,8 +58,10 @@ uninterrupted run:
 * different arguments or changed inputs give another fingerprint, so nothing is reused by
   mistake. (Local files carry no version: an input rewritten at the same size is not noticed.)
 
-The manifest is written last, so its presence marks a complete output. A finished job that is
-run again does the work again (its task manifests are gone) and writes the same output.
+The manifest is written last, so its presence marks a complete output. A run starts by removing
+a ``_manifest.json`` already in the output directory (with a warning in the log): the shards it
+lists are about to be rewritten, and no reader may follow it to them meanwhile. A finished job
+that is run again does the work again (its task manifests are gone) and writes the same output.
 Objects of an earlier job with *other* arguments in the same directory are not removed; the
 manifest lists only this job's shards.
 
@@ -86,7 +88,13 @@ from streamrec.format.codecs import normalize_compression
 from streamrec.manifest import ManifestEntry
 from streamrec.pipeline.dataset import open_dataset
 from streamrec.reshard_plan import DEFAULT_SHUFFLE_BUFFER, Naming, Plan, make_plan
-from streamrec.reshard_state import delete_objects, load_done_tasks, same_url, write_manifest
+from streamrec.reshard_state import (
+    delete_objects,
+    load_done_tasks,
+    remove_manifest,
+    same_url,
+    write_manifest,
+)
 from streamrec.reshard_task import TaskOptions, TaskResult, run_task
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.stores import store_key
@@ -322,6 +330,8 @@ def reshard(
             task_bytes=task_bytes,
         )
         _check_overlap(plan)
+        # an earlier run's manifest must not describe the shards this run rewrites
+        portal.call(remove_manifest(plan.manifest_url, dst_storage_options))
         done = portal.call(load_done_tasks(plan, dst_storage_options))
         pending = [task for task in plan.tasks if task.index not in done]
         options = TaskOptions(

@@ -18,13 +18,14 @@ from typing import Any
 
 from streamrec.errors import FormatError, ObjectNotFoundError, StorageError
 from streamrec.manifest import Manifest, ManifestEntry, dumps, loads, manifest_for
+from streamrec.manifest_check import invalidate_manifest
 from streamrec.reshard_plan import Plan, TaskSpec
 from streamrec.storage.base import ObjectInfo, ObjectStore, split_scheme
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.sinks import SinkContext
 from streamrec.storage.stores import open_store
 
-__all__ = ["delete_objects", "load_done_tasks", "same_url", "write_manifest"]
+__all__ = ["delete_objects", "load_done_tasks", "remove_manifest", "same_url", "write_manifest"]
 
 logger = logging.getLogger("streamrec")
 
@@ -61,6 +62,18 @@ async def write_manifest(
         sink = store.open_sink(url, SinkContext())
         await sink.write(dumps(manifest, url, allow_absolute_urls=scratch))
         await sink.commit()
+    finally:
+        await store.close()
+
+
+async def remove_manifest(
+    url: str, storage_options: dict[str, Any] | None, retry: RetryPolicy | None = None
+) -> None:
+    """Remove the final manifest of an earlier run before this one rewrites its shards (see
+    :func:`~streamrec.manifest_check.invalidate_manifest`)."""
+    store = open_store(url, storage_options)
+    try:
+        await invalidate_manifest(store, url, retry or RetryPolicy())
     finally:
         await store.close()
 
