@@ -23,6 +23,9 @@ file); all three appear in the message. ``CorruptRecordError`` also says which C
 (``which`` is ``"length"`` or ``"payload"``) with the ``expected`` (stored) and ``actual``
 (computed) masked values.
 
+Credentials embedded in urls (``https://user:token@host``) never appear in messages: every
+message and ``url`` attribute is passed through :func:`streamrec.redact.redact`.
+
 Foreign exceptions (OSError, zlib.error, protobuf's DecodeError, botocore, aiohttp, gcsfs) are
 translated into this tree where they enter streamrec, with the original as ``__cause__``.
 Whether a storage fault is retried is decided by its type: only ``TransientStorageError`` is;
@@ -30,6 +33,8 @@ Whether a storage fault is retried is decided by its type: only ``TransientStora
 """
 
 from __future__ import annotations
+
+from streamrec.redact import redact
 
 __all__ = [
     "CompressionError",
@@ -68,8 +73,8 @@ class FormatError(StreamrecError, ValueError):
         offset: int | None = None,
         record_index: int | None = None,
     ) -> None:
-        self.problem = problem
-        self.url = url
+        self.problem = redact(problem)
+        self.url = None if url is None else redact(url)
         self.offset = offset
         self.record_index = record_index
         super().__init__(self._render())
@@ -86,7 +91,7 @@ class FormatError(StreamrecError, ValueError):
     def located(self, url: str) -> FormatError:
         """Return this error with ``url`` filled in (the sans-I/O core may not know it)."""
         if self.url is None:
-            self.url = url
+            self.url = redact(url)
             self.args = (self._render(),)
         return self
 
@@ -148,7 +153,7 @@ class FeatureError(ExampleError, KeyError):
 
     def __init__(self, feature: str, problem: str) -> None:
         self.feature = feature
-        self.problem = problem
+        self.problem = redact(problem)
         super().__init__(f"feature {feature!r}: {problem}")
 
     def __str__(self) -> str:  # KeyError would quote the message; keep it readable
@@ -164,7 +169,10 @@ class StateError(StreamrecError, ValueError):
 
 
 class StorageError(StreamrecError, OSError):
-    """Reading or writing an object failed; the message names its url."""
+    """Reading or writing an object failed; the message names its url (credentials redacted)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):

@@ -23,15 +23,28 @@ Schema (version 1)::
           "url": "s3://bucket/data/train-00000-of-00016.tfrecord",   // as written
           "records": 62500,                 // TFRecord records in the shard
           "bytes": 7716049,                 // size of the object as stored (compressed)
-          "crc32c": 2309112387              // CRC-32C (Castagnoli, unmasked, as an unsigned
-        }                                   // 32-bit integer) of the object's stored bytes
+          "crc32c": 2309112387,             // CRC-32C (Castagnoli, unmasked, as an unsigned
+                                            // 32-bit integer) of the object's stored bytes
+          "version": "\"9b2cf535f27731c974343645a3985328\""   // ETag / generation, or null
+        }
       ]
     }
 
-``name`` is the shard's path relative to the manifest (no ``..``); a shard written elsewhere
-gets its full url as its name. :func:`read_manifest` resolves names against the manifest's own
-location, so a copied or moved directory (shards plus manifest) still reads correctly; ``url``
-is informational.
+``name`` is the shard's path relative to the manifest's directory: beside or below it, never
+with ``..``. :func:`read_manifest` resolves names against the manifest's own location, so a
+copied or moved directory (shards plus manifest) still reads correctly; ``url`` is informational.
+
+A manifest is untrusted input: by default a name that is an absolute url or path, or that
+climbs out with ``..``, is a :class:`~streamrec.errors.FormatError` (a manifest in a bucket
+must not make the reader open local files, send GETs to other hosts or read other buckets with
+the caller's credentials). ``allow_absolute_urls=True`` accepts absolute names anywhere: it
+trusts whoever wrote the manifest. Absolute names inside the manifest's own directory (older
+writers wrote them for some sets) are read as the relative names they are. Writers only write
+relative names (:func:`dumps` refuses a shard outside the manifest's directory).
+
+``version`` (optional) is the object's ETag (S3) or generation (GCS) as committed; readers
+check every shard's size, and version where both have one, before reading it (see
+:mod:`streamrec.manifest_check`).
 """
 
 from __future__ import annotations
@@ -44,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamrec.errors import FormatError, StorageError
+from streamrec.storage.base import split_scheme
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import ObjectStore, open_store
 
@@ -66,13 +80,15 @@ VERSION = 1
 
 @dataclass(frozen=True)
 class ManifestEntry:
-    """One shard: its url, index in the set, record count, stored size and CRC32C."""
+    """One shard: its url, index in the set, record count, stored size and CRC32C, and the
+    version (ETag, generation) it was committed as (None where the store has none)."""
 
     url: str
     records: int
     bytes: int
     crc32c: int
     index: int = 0
+    version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,28 +117,84 @@ def _directory(url: str) -> str:
     return posixpath.dirname(url)
 
 
-def relative_name(shard_url: str, manifest_url: str) -> str:
-    """The name a shard is listed under: relative to the manifest when beside or below it."""
-    directory = _directory(manifest_url)
-    prefix = directory.rstrip("/") + "/" if directory else ""
-    if prefix and shard_url.startswith(prefix):
-        return shard_url[len(prefix) :]
-    if not directory or "://" in shard_url or shard_url.startswith("/"):
-        return shard_url
-    return os.path.abspath(shard_url)  # a relative local path elsewhere: make it absolute
+_SCHEME_ALIASES = {"s3a": "s3", "gcs": "gs", "https": "http", "file": ""}
 
 
-def resolve_name(name: str, manifest_url: str) -> str:
-    """The url of a shard listed as ``name`` in the manifest at ``manifest_url``."""
-    if "://" in name or name.startswith("/"):
-        return name
+def _canonical(url: str) -> str:
+    """A spelling of ``url`` for comparisons (scheme aliases, absolute local paths)."""
+    scheme, rest = split_scheme(url)
+    scheme = _SCHEME_ALIASES.get(scheme, scheme)
+    return f"{scheme}://{rest}" if scheme else os.path.abspath(rest)
+
+
+def _is_absolute(name: str) -> bool:
+    return "://" in name or name.startswith("/")
+
+
+def relative_name(shard_url: str, manifest_url: str) -> str | None:
+    """The name a shard is listed under: its path relative to the manifest's directory; None
+    when the shard is not beside or below the manifest."""
+    directory = _canonical(_directory(manifest_url)).rstrip("/") + "/"
+    url = _canonical(shard_url)
+    if not url.startswith(directory):
+        return None
+    name = url[len(directory) :]
+    return name if _bad_name(name) is None else None
+
+
+def _bad_name(name: str) -> str | None:
+    """What is wrong with a relative shard name, or None."""
+    if not name:
+        return "it is empty"
+    if _is_absolute(name):
+        return "it is absolute"
+    if ".." in name.split("/") or "\\" in name:
+        return "it climbs out of the manifest's directory (..)"
+    return None
+
+
+def resolve_name(name: str, manifest_url: str, *, allow_absolute_urls: bool = False) -> str:
+    """The url of a shard listed as ``name`` in the manifest at ``manifest_url``.
+
+    Raises ValueError for a name outside the manifest's directory (absolute, or with ``..``)
+    unless ``allow_absolute_urls`` (then absolute names are taken as they are).
+    """
+    if _is_absolute(name):
+        inside = relative_name(name, manifest_url)
+        if inside is None:
+            if allow_absolute_urls:
+                return name
+            raise ValueError(
+                f"{name!r} is an absolute url outside the manifest's directory; names must be "
+                "relative to it (pass allow_absolute_urls=True to trust this manifest)"
+            )
+        name = inside
+    problem = _bad_name(name)
+    if problem is not None:
+        raise ValueError(f"{name!r} is not a name relative to the manifest: {problem}")
     directory = _directory(manifest_url)
     return f"{directory.rstrip('/')}/{name}" if directory else name
 
 
-def dumps(manifest: Manifest, manifest_url: str) -> bytes:
-    """The JSON text of ``manifest`` (names relative to ``manifest_url``)."""
+def dumps(manifest: Manifest, manifest_url: str, *, allow_absolute_urls: bool = False) -> bytes:
+    """The JSON text of ``manifest`` (names relative to ``manifest_url``).
+
+    Raises ValueError for a shard outside the manifest's directory, which readers would refuse;
+    ``allow_absolute_urls`` lists such shards by their url instead (for streamrec's own
+    scratch manifests, read back with the same flag).
+    """
     from streamrec import __version__
+
+    def name_of(entry: ManifestEntry) -> str:
+        name = relative_name(entry.url, manifest_url)
+        if name is not None:
+            return name
+        if allow_absolute_urls:
+            return entry.url
+        raise ValueError(
+            f"{entry.url}: the shard is not beside or below its manifest {manifest_url}; "
+            "readers only follow names relative to the manifest's directory"
+        )
 
     document: dict[str, Any] = {
         "format": FORMAT,
@@ -136,11 +208,12 @@ def dumps(manifest: Manifest, manifest_url: str) -> bytes:
         "shards": [
             {
                 "index": entry.index,
-                "name": relative_name(entry.url, manifest_url),
+                "name": name_of(entry),
                 "url": entry.url,
                 "records": entry.records,
                 "bytes": entry.bytes,
                 "crc32c": entry.crc32c,
+                "version": entry.version,
             }
             for entry in manifest.shards
         ],
@@ -148,8 +221,9 @@ def dumps(manifest: Manifest, manifest_url: str) -> bytes:
     return (json.dumps(document, indent=1) + "\n").encode("utf-8")
 
 
-def loads(data: bytes | str, manifest_url: str) -> Manifest:
-    """Parse and check a manifest; shard names are resolved against ``manifest_url``."""
+def loads(data: bytes | str, manifest_url: str, *, allow_absolute_urls: bool = False) -> Manifest:
+    """Parse and check a manifest; shard names are resolved against ``manifest_url`` (see
+    :func:`resolve_name` for ``allow_absolute_urls``)."""
 
     def bad(problem: str) -> FormatError:
         return FormatError(f"not a valid streamrec manifest: {problem}", url=manifest_url)
@@ -171,17 +245,27 @@ def loads(data: bytes | str, manifest_url: str) -> Manifest:
     entries: list[ManifestEntry] = []
     for position, item in enumerate(shards):
         try:
+            name, shard_version = item["name"], item.get("version")
+            if not isinstance(name, str):
+                raise TypeError(f"name {name!r} is not a string")
+            if shard_version is not None and not isinstance(shard_version, str):
+                raise TypeError(f"version {shard_version!r} is not a string")
+            url = resolve_name(name, manifest_url, allow_absolute_urls=allow_absolute_urls)
+            written = item.get("url")
+            if not isinstance(written, str) or _canonical(written) != _canonical(url):
+                shard_version = None  # moved or copied since: its versions are of elsewhere
             entries.append(
                 ManifestEntry(
-                    url=resolve_name(str(item["name"]), manifest_url),
+                    url=url,
                     records=_count(item["records"]),
                     bytes=_count(item["bytes"]),
                     crc32c=_count(item["crc32c"]),
                     index=_count(item.get("index", position)),
+                    version=shard_version,
                 )
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise bad(f"shard {position}: {exc!r}") from exc
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise bad(f"shard {position}: {exc}") from exc
     if [entry.index for entry in entries] != list(range(len(entries))):
         raise bad("shard indexes are not 0, 1, 2, ...")
     totals = {
@@ -213,14 +297,19 @@ async def read_manifest(
     storage_options: dict[str, Any] | None = None,
     *,
     retry: RetryPolicy | None = None,
+    allow_absolute_urls: bool = False,
 ) -> list[ManifestEntry]:
     """The shards listed by the manifest at ``url``, by index (async).
 
     Raises :class:`~streamrec.errors.ObjectNotFoundError` when there is no manifest (the set
     is incomplete, or was never written) and :class:`~streamrec.errors.FormatError` when the
-    object is not a manifest this version understands.
+    object is not a manifest this version understands, or lists a shard outside its own
+    directory (unless ``allow_absolute_urls``: see the module docstring).
     """
-    return (await load_manifest(url, storage_options, retry=retry)).shards
+    manifest = await load_manifest(
+        url, storage_options, retry=retry, allow_absolute_urls=allow_absolute_urls
+    )
+    return manifest.shards
 
 
 async def load_manifest(
@@ -229,6 +318,7 @@ async def load_manifest(
     *,
     retry: RetryPolicy | None = None,
     store: ObjectStore | None = None,
+    allow_absolute_urls: bool = False,
 ) -> Manifest:
     """The whole parsed manifest at ``url`` (see :func:`read_manifest`); ``store`` is an open
     store for ``url``'s scheme to use (and leave open) instead of a new one."""
@@ -245,7 +335,7 @@ async def load_manifest(
     finally:
         if owned:
             await store.close()
-    return loads(data, url)
+    return loads(data, url, allow_absolute_urls=allow_absolute_urls)
 
 
 def is_manifest_url(url: str) -> bool:

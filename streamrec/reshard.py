@@ -58,8 +58,10 @@ uninterrupted run:
 * different arguments or changed inputs give another fingerprint, so nothing is reused by
   mistake. (Local files carry no version: an input rewritten at the same size is not noticed.)
 
-The manifest is written last, so its presence marks a complete output. A finished job that is
-run again does the work again (its task manifests are gone) and writes the same output.
+The manifest is written last, so its presence marks a complete output. A run starts by removing
+a ``_manifest.json`` already in the output directory (with a warning in the log): the shards it
+lists are about to be rewritten, and no reader may follow it to them meanwhile. A finished job
+that is run again does the work again (its task manifests are gone) and writes the same output.
 Objects of an earlier job with *other* arguments in the same directory are not removed; the
 manifest lists only this job's shards.
 
@@ -90,6 +92,7 @@ from streamrec.reshard_state import (
     abort_unfinished_writes,
     delete_objects,
     load_done_tasks,
+    remove_manifest,
     same_url,
     write_manifest,
 )
@@ -329,6 +332,8 @@ def reshard(
         )
         _check_overlap(plan)
         portal.call(abort_unfinished_writes(plan.naming, dst_storage_options))
+        # an earlier run's manifest must not describe the shards this run rewrites
+        portal.call(remove_manifest(plan.manifest_url, dst_storage_options))
         done = portal.call(load_done_tasks(plan, dst_storage_options))
         pending = [task for task in plan.tasks if task.index not in done]
         options = TaskOptions(
@@ -367,7 +372,14 @@ def reshard(
         for task in plan.tasks:
             for entry in by_task[task.index]:
                 entries.append(
-                    ManifestEntry(entry.url, entry.records, entry.bytes, entry.crc32c, len(entries))
+                    ManifestEntry(
+                        entry.url,
+                        entry.records,
+                        entry.bytes,
+                        entry.crc32c,
+                        len(entries),
+                        entry.version,
+                    )
                 )
         portal.call(
             write_manifest(

@@ -11,7 +11,6 @@ its global index; the per-task manifests are then removed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from typing import Any
 
 from streamrec.errors import FormatError, ObjectNotFoundError, StorageError
 from streamrec.manifest import Manifest, ManifestEntry, dumps, loads, manifest_for
+from streamrec.manifest_check import invalidate_manifest
 from streamrec.reshard_plan import Naming, Plan, TaskSpec
 from streamrec.storage.base import ObjectInfo, ObjectStore, split_scheme
 from streamrec.storage.leftovers import find_leftovers, remove_leftover
@@ -26,7 +26,7 @@ from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.sinks import SinkContext
 from streamrec.storage.stores import open_store
 
-__all__ = ["delete_objects", "load_done_tasks", "same_url", "write_manifest"]
+__all__ = ["delete_objects", "load_done_tasks", "remove_manifest", "same_url", "write_manifest"]
 
 logger = logging.getLogger("streamrec")
 
@@ -50,14 +50,31 @@ async def write_manifest(
     compression: str | None,
     template: str | None,
     storage_options: dict[str, Any] | None,
+    scratch: bool = False,
 ) -> None:
-    """Write the manifest of ``entries`` at ``url`` (atomically: it appears complete)."""
+    """Write the manifest of ``entries`` at ``url`` (atomically: it appears complete).
+
+    ``scratch``: a per-task manifest, below the output directory, listing its shards by url
+    (only this module reads it back, checking every name against the plan).
+    """
     manifest = manifest_for(entries, compression=compression, template=template)
     store = open_store(url, storage_options)
     try:
         sink = store.open_sink(url, SinkContext())
-        await sink.write(dumps(manifest, url))
+        await sink.write(dumps(manifest, url, allow_absolute_urls=scratch))
         await sink.commit()
+    finally:
+        await store.close()
+
+
+async def remove_manifest(
+    url: str, storage_options: dict[str, Any] | None, retry: RetryPolicy | None = None
+) -> None:
+    """Remove the final manifest of an earlier run before this one rewrites its shards (see
+    :func:`~streamrec.manifest_check.invalidate_manifest`)."""
+    store = open_store(url, storage_options)
+    try:
+        await invalidate_manifest(store, url, retry or RetryPolicy())
     finally:
         await store.close()
 
@@ -118,7 +135,8 @@ async def _check_task(
     if len(data) != info.size:
         return None
     try:
-        manifest = loads(data, url)
+        # names outside its directory are expected here: _matches checks each against the plan
+        manifest = loads(data, url, allow_absolute_urls=True)
     except FormatError as exc:
         logger.warning("%s: redoing the task: %s", url, exc)
         return None
@@ -177,19 +195,7 @@ async def delete_objects(urls: Sequence[str], storage_options: dict[str, Any] | 
 
 
 async def _delete(store: ObjectStore, url: str) -> None:
-    scheme, path = split_scheme(url)
-    if scheme == "file":
-        with contextlib.suppress(FileNotFoundError):
-            await asyncio.to_thread(os.remove, path)
-        return
-    fs = getattr(store, "fs", None)
-    if fs is None:
-        raise StorageError(f"{url}: this store cannot delete objects")
-    await store.expand(url)  # opens the client session; raises if it is already gone
-    if getattr(fs, "async_impl", False):
-        await fs._rm_file(url)
-    else:
-        fs.rm_file(url)
+    await store.delete(url)
 
 
 async def abort_unfinished_writes(naming: Naming, storage_options: dict[str, Any] | None) -> int:

@@ -146,7 +146,8 @@ async def run_task(
     shards = [entry for w in writers for entry in w.shards]
     _hooks(len(shards))
     entries = [
-        ManifestEntry(e.url, e.records, e.bytes, e.crc32c, index=j) for j, e in enumerate(shards)
+        ManifestEntry(e.url, e.records, e.bytes, e.crc32c, index=j, version=e.version)
+        for j, e in enumerate(shards)
     ]
     await write_manifest(
         spec.scratch_url,
@@ -154,6 +155,7 @@ async def run_task(
         compression=options.compression,
         template=spec.writer_template or options.template,
         storage_options=options.dst_storage_options,
+        scratch=True,
     )
     _committed_before += len(entries)
     return TaskResult(

@@ -45,7 +45,12 @@ be empty when there are fewer records than shards).
 Manifest
 --------
 A writer whose template has an ``{index}`` field writes ``manifest`` (``"_manifest.json"``)
-beside the shards after the last one is committed (see :mod:`streamrec.manifest`). A single-file
+beside the shards after the last one is committed (see :mod:`streamrec.manifest`). A manifest
+already there (an earlier write to the same directory) is removed before the first shard is
+opened, with a warning in the log: its shards are about to be replaced, and a reader of the
+old manifest must not read the new objects through it. The manifest lists each shard by its
+name relative to the manifest's directory (which must hold the shards, at any depth) with its
+size, CRC32C and version (S3 ETag, GCS generation) as committed. A single-file
 writer (no template field) writes none unless ``manifest=`` is passed explicitly;
 ``manifest=None`` writes none.
 
@@ -72,7 +77,8 @@ from streamrec.errors import StorageError
 from streamrec.format.codecs import Compression, normalize_compression
 from streamrec.format.crc import BytesLike
 from streamrec.format.framing import RecordEncoder
-from streamrec.manifest import Manifest, ManifestEntry, dumps
+from streamrec.manifest import Manifest, ManifestEntry, dumps, relative_name
+from streamrec.manifest_check import invalidate_manifest
 from streamrec.storage.base import ObjectStore
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.sinks import (
@@ -593,6 +599,7 @@ class ShardWriter:
         self._entries: dict[int, ManifestEntry] = {}
         self._state = "open"  # open -> closed | aborted | failed
         self._failure: BaseException | None = None
+        self._invalidated = False  # an earlier manifest at manifest_url is removed
 
     def _manifest_url(self, manifest: str | None) -> str | None:
         if manifest is None:
@@ -608,6 +615,11 @@ class ShardWriter:
             url = f"{directory.rstrip('/')}/{manifest}" if directory else manifest
         if store_key(url) != store_key(self.template):
             raise ValueError(f"the manifest {url} must be in the same store as the shards")
+        if relative_name(self._template.url(0), url) is None:
+            raise ValueError(
+                f"the manifest {url} must be in the shards' directory or above it: readers "
+                "only follow shard names relative to the manifest's directory"
+            )
         return url
 
     # -- properties -----------------------------------------------------------------------
@@ -691,6 +703,10 @@ class ShardWriter:
 
     async def _drain_ops(self) -> None:
         self._context.raise_failure()
+        if not self._invalidated:
+            self._invalidated = True
+            if self.manifest_url is not None:
+                await invalidate_manifest(self._store_now(), self.manifest_url, self._context.retry)
         for op in self._plan.take_ops():
             self._context.raise_failure()
             sink = self._sinks.get(op.index)
@@ -713,7 +729,7 @@ class ShardWriter:
         committed = await sink.commit()
         del self._committing[index]
         self._entries[index] = ManifestEntry(
-            committed.url, records, committed.bytes, committed.crc32c, index
+            committed.url, records, committed.bytes, committed.crc32c, index, committed.version
         )
 
     async def _write_manifest(self, url: str) -> None:

@@ -301,6 +301,29 @@ def test_a_finished_task_is_not_redone_and_damage_is_reported(tmp_path: Path) ->
     check_output(summary, collections.Counter(records), None, listed)
 
 
+def test_a_rerun_into_the_same_directory_removes_the_old_manifest_first(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    records = make_records(120)
+    shards = framed_shards(records, [30, 30, 30, 30])
+    for k, data in enumerate(shards):
+        (tmp_path / f"in-{k}.tfrecord").write_bytes(data)
+    template = f"{tmp_path}/out/p-{{index:02d}}.tfrecord"
+    reshard(str(tmp_path / "in-*.tfrecord"), template, num_shards=4, progress=False)
+    assert (tmp_path / "out" / "_manifest.json").exists()
+    # other inputs, same output names; the run fails after rewriting some of the shards
+    others = framed_shards(make_records(120, salt="new"), [30, 30, 30, 30])
+    bad = bytearray(others[3])
+    bad[-3] ^= 0xFF
+    others[3] = bytes(bad)
+    for k, data in enumerate(others):
+        (tmp_path / f"in-{k}.tfrecord").write_bytes(data)
+    with pytest.raises(streamrec.errors.CorruptRecordError):
+        reshard(str(tmp_path / "in-*.tfrecord"), template, num_shards=4, progress=False)
+    assert not (tmp_path / "out" / "_manifest.json").exists()  # no stale manifest left
+    assert "removed the manifest of an earlier write" in caplog.text
+
+
 def test_bad_arguments_fail_before_any_write(tmp_path: Path) -> None:
     sources = write_local(tmp_path / "in", input_files(make_records()))
     out = f"{tmp_path}/out/p-{{index}}.tfrecord"

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, cast
 from streamrec.errors import StateError
 from streamrec.format.codecs import normalize_compression
 from streamrec.format.framing import OnCorrupt
-from streamrec.manifest import is_manifest_url, load_manifest
+from streamrec.manifest import is_manifest_url
+from streamrec.manifest_check import manifest_shards
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
 from streamrec.pipeline.opener import ShardOpener, shards_digest
@@ -39,9 +40,17 @@ from streamrec.pipeline.state import (
     rng_from_state,
     take_event,
 )
+from streamrec.pipeline.state_check import check_header, check_state
 from streamrec.pipeline.stats import Stats
+from streamrec.redact import redact
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.stores import ObjectInfo, ObjectStore, open_store, store_key
+from streamrec.storage.stores import (
+    ObjectInfo,
+    ObjectStore,
+    is_per_scheme,
+    open_store,
+    store_key,
+)
 from streamrec.storage.stream import ObjectReader
 from streamrec.sync import iterate_blocking
 
@@ -51,6 +60,7 @@ if TYPE_CHECKING:  # the transforms load protobuf: only on first use
 
 __all__ = ["Dataset", "open_dataset"]
 
+_CHECKED = ("cycle_length", "block_length", "deterministic", "shuffle_buffer")
 _MIN_STREAM_SHARE = 64 << 10  # a smaller share would mean tiny range reads
 _READ_AHEAD_PART = 4  # a shard read ahead of its turn is kept 1/4 of a share
 
@@ -84,12 +94,14 @@ class Dataset:
         seed: int = 0,
         num_hosts: int = 1,
         host_index: int = 0,
+        allow_absolute_urls: bool = False,
     ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ValueError("open_dataset needs at least one path, glob or url")
         for url in self.urls:
             store_key(url)  # unsupported schemes fail now, not on first read
+        is_per_scheme(storage_options)  # so do options that mix scheme and option keys
         normalize_compression(compression)  # so do bad codec names
         if on_corrupt not in ("raise", "skip"):
             raise ValueError(f"on_corrupt must be 'raise' or 'skip', not {on_corrupt!r}")
@@ -123,6 +135,7 @@ class Dataset:
         self.seed = seed
         self.num_hosts = num_hosts
         self.host_index = host_index
+        self.allow_absolute_urls = allow_absolute_urls
         self.epoch = 0
         self.stats = Stats()
         self._resume: dict[str, Any] | None = None  # loaded state, for the next iteration
@@ -155,8 +168,13 @@ class Dataset:
             store = stores.get(url)
             if is_manifest_url(url):
                 # the writer's manifest: exactly the committed shards, sizes known
-                manifest = await load_manifest(url, retry=self.retry, store=store)
-                found += [ObjectInfo(e.url, e.bytes) for e in manifest.shards]
+                found += await manifest_shards(
+                    url,
+                    stores.get,
+                    self.retry,
+                    allow_absolute_urls=self.allow_absolute_urls,
+                    on_retry=self._count_retry,
+                )
                 continue
 
             async def expand(store: ObjectStore = store, url: str = url) -> list[ObjectInfo]:
@@ -252,15 +270,12 @@ class Dataset:
         """Continue from ``state`` (from :meth:`state_dict`) on the next iteration.
 
         Raises :class:`~streamrec.errors.StateError` when the state comes from a different
-        configuration (the message lists the differences); a different set of shards is
-        detected when the iteration lists them.
+        configuration (the message lists the differences) or any field has the wrong type or
+        range (states are untrusted: see :mod:`streamrec.pipeline.state_check`); a different
+        set of shards, or positions past them, are detected when the iteration lists them.
         """
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            version = state.get("version") if isinstance(state, dict) else None
-            raise StateError(
-                f"not a streamrec dataset state of version {STATE_VERSION} (got {version!r})"
-            )
-        theirs, ours = state.get("config", {}), self._config()
+        state = check_header(state, STATE_VERSION)
+        theirs, ours = state["config"], self._config()
         differences = [
             f"{key}: state has {theirs.get(key)!r}, dataset has {ours.get(key)!r}"
             for key in sorted(set(theirs) | set(ours))
@@ -270,7 +285,8 @@ class Dataset:
             raise StateError(
                 "the state comes from a differently configured dataset; " + "; ".join(differences)
             )
-        self.epoch = int(state["epoch"])
+        check_state(state, **{k: ours[k] for k in _CHECKED})  # every field, before any use
+        self.epoch = state["epoch"]
         self._resume = copy.deepcopy(state)
         self._cursor = None
         self._report_consumed = None
@@ -278,7 +294,7 @@ class Dataset:
 
     def _config(self) -> dict[str, Any]:
         return {
-            "urls": list(self.urls),
+            "urls": [redact(url) for url in self.urls],  # no credentials in states
             "compression": self.compression,
             "on_corrupt": self.on_corrupt,
             "cycle_length": self.cycle_length,
@@ -563,7 +579,7 @@ class Dataset:
         self._end(cursor)
 
     def __repr__(self) -> str:
-        return f"Dataset({self.urls!r}, compression={self.compression!r})"
+        return f"Dataset({[redact(u) for u in self.urls]!r}, compression={self.compression!r})"
 
 
 class _Records(itertools.chain):  # type: ignore[type-arg]
@@ -661,6 +677,7 @@ def open_dataset(
     block_bytes: int = 4 << 20,
     max_concurrency: int = 16,
     retry: RetryPolicy | None = None,
+    allow_absolute_urls: bool = False,
 ) -> Dataset:
     """Open TFRecord shards for reading.
 
@@ -694,13 +711,20 @@ def open_dataset(
             cycle_length)``, the rest for the next ``cycle_length`` shards read ahead),
             and may use room no other shard needs.
         storage_options: passed to the fsspec filesystem (``endpoint_url`` via
-            ``client_kwargs`` for s3fs, ``token``, ``key``/``secret``, ``anon``, ...).
+            ``client_kwargs`` for s3fs, ``token``, ``key``/``secret``, ``anon``, ...); one
+            mapping for every scheme, or one per scheme for lists that mix them:
+            ``{"s3": {...}, "gs": {...}, "https": {...}}`` (each store gets its own only).
         block_bytes: size of one range read (a shard's first is 256 KiB, doubling up to
             this; interleaved shards use at most a quarter of their share).
         max_concurrency: range reads in flight per shard, at most (the prefetch budget
             binds too: 64 MiB / 4 MiB blocks = 16; local files: 4).
         retry: the :class:`~streamrec.storage.retry.RetryPolicy` for every storage request
             (attempts, backoff, per-attempt timeout, overall deadline).
+        allow_absolute_urls: follow a manifest's shard names that are absolute urls or paths
+            outside its directory (any scheme, host or bucket, read with your credentials).
+            Off by default: such a name is a FormatError. Turn it on only for manifests you
+            trust. Shards are checked against the manifest (size, and ETag / generation as
+            committed): one replaced since is an ObjectChangedError.
 
     Urls may be local paths, ``file://``, ``s3://``, ``gs://``, ``http(s)://`` or
     ``memory://``.
@@ -726,4 +750,5 @@ def open_dataset(
         seed=seed,
         num_hosts=num_hosts,
         host_index=host_index,
+        allow_absolute_urls=allow_absolute_urls,
     )

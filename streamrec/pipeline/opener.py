@@ -17,12 +17,13 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
-from streamrec.errors import StateError
+from streamrec.errors import FormatError, StateError
 from streamrec.format.codecs import compression_from_name, normalize_compression, sniff
 from streamrec.format.framing import HEADER_BYTES
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.read import read_shard
 from streamrec.pipeline.shards import ShardPlan
+from streamrec.pipeline.state_check import check_against_plan
 from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.stream import ObjectReader
 
@@ -73,7 +74,10 @@ class ShardOpener:
             await reader.aclose()
 
     async def prepare(self, resume: dict[str, Any] | None) -> None:
-        """Learn which of the shards a resume seeks into are uncompressed."""
+        """Check the shards a resume names exist; learn which of those it seeks into are
+        uncompressed."""
+        if resume is not None:
+            check_against_plan(resume, len(self.plan.shards))
         if resume is None or not self._exact:
             return
         ordinals: set[int] = set()
@@ -113,6 +117,12 @@ class ShardOpener:
     def reader(self, ordinal: int, records: int = 0, offset: int | None = 0) -> ObjectReader:
         """A reader of shard ``ordinal`` that starts where resuming after ``records`` needs."""
         start = (offset or 0) if self._seeks(ordinal, records) else 0
+        size = self.plan.shards[ordinal].size
+        if start > size:
+            raise StateError(
+                f"resume state seeks to byte {start} of shard {ordinal} "
+                f"({self.plan.shards[ordinal].url}), which has {size}"
+            )
         return self.dataset._reader(self.stores, self.plan.shards[ordinal], self.budget, start)
 
     def chunks(
@@ -143,6 +153,8 @@ class ShardOpener:
             start_offset=(offset or 0) if seeks else 0,
             start_index=records if seeks else 0,
         )
+        if seeks:
+            chunks = _starting_a_record(chunks, ordinal, offset or 0)
         if self.plan.record_stride > 1:
             chunks = every_nth(chunks, self.plan.record_stride, self.plan.record_offset)
         if records and not seeks:
@@ -196,13 +208,19 @@ class ShardOpener:
             start_offset=offset,
             start_index=int(first[1]),
         )
-        async with aclosing(chunks) as source:
-            async for chunk in source:
-                for record in chunk:
-                    index = offsets.get(offset)
-                    if index is not None:
-                        found[(ordinal, index)] = record
-                    offset += len(record) + 16
+        try:
+            async with aclosing(chunks) as source:
+                async for chunk in source:
+                    for record in chunk:
+                        index = offsets.get(offset)
+                        if index is not None:
+                            found[(ordinal, index)] = record
+                        offset += len(record) + 16
+        except FormatError as exc:  # the span and its start come from the state alone
+            raise StateError(
+                f"resume state's shuffle buffer names records of shard {ordinal} that do not "
+                f"frame there (offsets or lengths do not match the shard): {exc}"
+            ) from exc
 
     async def _fetch_prefix(
         self, ordinal: int, places: list[Sequence[Any]], found: dict[tuple[int, int], bytes]
@@ -235,6 +253,24 @@ def _runs(places: list[Sequence[Any]], gap_bytes: int) -> list[list[Sequence[Any
             runs.append([])
         runs[-1].append(location)
     return runs
+
+
+async def _starting_a_record(chunks: Chunks, ordinal: int, offset: int) -> Chunks:
+    """``chunks`` of a shard resumed at byte ``offset``; a record that does not frame right at
+    that very offset means the state's offset is wrong, not the shard: StateError."""
+    first = True
+    async with aclosing(chunks) as source:
+        try:
+            async for chunk in source:
+                first = False
+                yield chunk
+        except FormatError as exc:
+            if first and exc.offset == offset:
+                raise StateError(
+                    f"resume state seeks to byte {offset} of shard {ordinal}, where no record "
+                    f"starts ({exc.problem})"
+                ) from exc
+            raise
 
 
 async def every_nth(chunks: Chunks, stride: int, offset: int) -> Chunks:

@@ -95,6 +95,13 @@ class ObjectStore(abc.ABC):
 
         raise StorageError(f"{url}: this store cannot write objects")
 
+    async def delete(self, url: str) -> None:
+        """Remove the object ``url`` if it exists (no error when it does not). Stores that
+        cannot write raise :class:`~streamrec.errors.StorageError`."""
+        from streamrec.errors import StorageError
+
+        raise StorageError(f"{url}: this store cannot remove objects")
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the store is unusable afterwards."""
 

@@ -95,6 +95,24 @@ class FsspecStore(ObjectStore):
             objects = [ObjectInfo(pattern, objects[0].size, objects[0].version)]
         return sorted(objects, key=lambda o: o.url)
 
+    async def _connect(self) -> None:
+        """Set up the filesystem's client session (stores whose fsspec needs one)."""
+
+    async def delete(self, url: str) -> None:
+        if self.scheme == "http":
+            await super().delete(url)  # read-only
+        await self._connect()
+        path = self.fs._strip_protocol(url)
+        try:
+            if getattr(self.fs, "async_impl", False):
+                await self.fs._rm_file(path)
+            else:
+                self.fs.rm_file(path)
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            raise translate(exc, url, "removing it") from exc
+
     # ------------------------------------------------------------------ the head cache
 
     def _keep_head(self, obj: ObjectInfo, pieces: list[bytes], room: int) -> None:

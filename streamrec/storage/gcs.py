@@ -48,6 +48,9 @@ class GCSStore(FsspecStore):
             self._session_ready = True
         return self.fs.session
 
+    async def _connect(self) -> None:
+        await self._session()
+
     async def expand(self, pattern: str) -> list[ObjectInfo]:
         await self._session()
         return await super().expand(pattern)

@@ -270,6 +270,8 @@ class GCSResumableSink(ObjectSink):
             raise StorageError(
                 f"{self.url}: the server stored {size} bytes, not the {self.bytes_written} sent"
             )
+        generation = metadata.get("generation")
+        self.version = str(generation) if generation else None
         stored_crc = metadata.get("crc32c")
         if stored_crc is not None:
             ours = base64.b64encode(self.crc32c.to_bytes(4, "big")).decode()

@@ -4,6 +4,12 @@ Every block is a ``Range`` GET carrying ``If-Match`` with the ETag seen first, a
 every answer is compared too (servers that ignore If-Match still cannot splice versions).
 Bodies are read in pieces (:func:`~streamrec.storage.body.read_pieces`); fsspec's aiohttp
 session allows 100 connections (aiohttp's default), which does not cap a dataset's reads.
+
+A server that ignores ``Range`` (it answers ``200`` with the whole object, as Python's
+``http.server`` does) is refused with a :class:`~streamrec.errors.StorageError` naming that
+behaviour, before its body is read: reading every block as the whole object would cost
+``max_concurrency`` x the object's size in memory and (size / block) x size in transfer. Objects
+that fit in the first read (256 KiB) are still read, in that one answer.
 """
 
 from __future__ import annotations
@@ -64,9 +70,8 @@ class HTTPStore(FsspecStore):
                     raise ObjectChangedError(
                         f"{obj.url}: the object changed while it was being read"
                     )
-                if status == 200:  # the server ignored the Range header
-                    data: bytes = await response.read()
-                    return [data[start:end]]
+                if status == 200 and (start, end) != (0, obj.size):
+                    raise _ranges_ignored(obj, start, end)
                 return await read_pieces(response.content)
         except StorageError:
             raise
@@ -81,3 +86,11 @@ class HTTPStore(FsspecStore):
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
+
+
+def _ranges_ignored(obj: ObjectInfo, start: int, end: int) -> StorageError:
+    return StorageError(
+        f"{obj.url}: the server ignored the Range header (asked for bytes {start}-{end - 1} of "
+        f"{obj.size}, it answered 200 with the whole object); streamrec reads http(s) objects "
+        "in ranges and needs a server that answers 206 Partial Content"
+    )

@@ -52,6 +52,14 @@ class LocalStore(ObjectStore):
         except OSError as exc:
             raise translate(exc, obj.url, f"reading bytes {start}-{end - 1}") from exc
 
+    async def delete(self, url: str) -> None:
+        try:
+            await asyncio.to_thread(os.remove, self.path(url))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise translate(exc, url, "removing it") from exc
+
     def open_sink(self, url: str, context: SinkContext | None = None) -> AtomicLocalSink:
         """A temporary file beside ``url``, fsynced and renamed into place on commit."""
         return AtomicLocalSink(self.path(url), url=url, context=context)

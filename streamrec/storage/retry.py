@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from streamrec.errors import RetriesExhaustedError, TransientStorageError
+from streamrec.redact import redact
 
 __all__ = ["RetryPolicy"]
 
@@ -85,7 +86,7 @@ class RetryPolicy:
             if number == self.max_attempts or elapsed >= self.deadline_s:
                 break
             sleep = min(self.backoff_s(number), max(self.deadline_s - elapsed, 0))
-            logger.info("retrying %s in %.2f s after: %s", describe, sleep, error)
+            logger.info("retrying %s in %.2f s after: %s", redact(describe), sleep, error)
             if on_retry is not None:
                 on_retry(error)
             await asyncio.sleep(sleep)

@@ -85,6 +85,9 @@ class S3Store(FsspecStore):
             self._session_ready = True
         return self.fs._s3
 
+    async def _connect(self) -> None:
+        await self._client()
+
     async def expand(self, pattern: str) -> list[ObjectInfo]:
         await self._client()
         return await super().expand(pattern)

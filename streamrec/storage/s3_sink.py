@@ -103,7 +103,8 @@ class S3MultipartSink(ObjectSink):
         return etag
 
     async def _put_object(self, body: _Body) -> None:
-        await self._call(f"uploading {body.size} bytes", "put_object", body)
+        response = await self._call(f"uploading {body.size} bytes", "put_object", body)
+        self.version = _etag(response)
 
     # -- the data path --------------------------------------------------------------------
     async def _write(self, data: bytes) -> None:
@@ -156,12 +157,13 @@ class S3MultipartSink(ObjectSink):
         etags = await asyncio.gather(*self._parts)
         parts = [{"PartNumber": i + 1, "ETag": etag} for i, etag in enumerate(etags)]
         try:
-            await self._call(
+            response = await self._call(
                 f"completing the upload of {len(parts)} parts",
                 "complete_multipart_upload",
                 UploadId=upload_id,
                 MultipartUpload={"Parts": parts},
             )
+            self.version = _etag(response)
         except ObjectNotFoundError:
             # NoSuchUpload after a retry: the first attempt may have completed the upload and
             # lost its answer. Accept only if the object is there with the size we wrote.
@@ -173,6 +175,7 @@ class S3MultipartSink(ObjectSink):
             head = await self._call("checking the completed object", "head_object")
         except StorageError:
             return False
+        self.version = _etag(head)
         return int(head.get("ContentLength", -1)) == self.bytes_written
 
     async def _abort(self) -> None:
@@ -203,3 +206,9 @@ class S3MultipartSink(ObjectSink):
                 upload_id,
                 exc,
             )
+
+
+def _etag(response: Any) -> str | None:
+    """The ETag of the object a response describes (as GET answers it), if it says."""
+    etag = response.get("ETag") if isinstance(response, dict) else None
+    return str(etag) if etag else None

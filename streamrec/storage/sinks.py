@@ -61,11 +61,13 @@ DEFAULT_PART_BYTES = 16 << 20
 
 @dataclass(frozen=True)
 class CommittedObject:
-    """An object a sink made appear: its url, size in bytes and CRC32C (Castagnoli, unmasked)."""
+    """An object a sink made appear: its url, size in bytes, CRC32C (Castagnoli, unmasked) and
+    version as readers will see it (S3 ETag, GCS generation; None where the store has none)."""
 
     url: str
     bytes: int
     crc32c: int
+    version: str | None = None
 
 
 @dataclass
@@ -146,6 +148,7 @@ class ObjectSink(abc.ABC):
         self.context = context or SinkContext()
         self.bytes_written = 0
         self.crc32c = 0
+        self.version: str | None = None  # set by sinks whose store versions objects
         self.state = "open"  # open -> sealed -> committed | aborted
 
     async def write(self, data: bytes) -> None:
@@ -172,7 +175,7 @@ class ObjectSink(abc.ABC):
     async def commit(self) -> CommittedObject:
         """Make the object appear, complete. On any failure the sink aborts and re-raises."""
         if self.state == "committed":
-            return CommittedObject(self.url, self.bytes_written, self.crc32c)
+            return CommittedObject(self.url, self.bytes_written, self.crc32c, self.version)
         if self.state not in ("open", "sealed"):
             raise RuntimeError(f"{self.url}: sink is {self.state}")
         try:
@@ -184,7 +187,7 @@ class ObjectSink(abc.ABC):
             await run_to_completion(self.abort())
             raise
         self.state = "committed"
-        return CommittedObject(self.url, self.bytes_written, self.crc32c)
+        return CommittedObject(self.url, self.bytes_written, self.crc32c, self.version)
 
     async def abort(self) -> None:
         """Drop everything: no object appears (an existing one is left as it was)."""

@@ -1,14 +1,29 @@
-"""URL -> store. Each store is created inside the event loop that uses it and closed with it."""
+"""URL -> store. Each store is created inside the event loop that uses it and closed with it.
+
+``storage_options`` are either one flat mapping, given to the filesystem of every scheme (fine
+when all urls share a scheme), or a mapping per scheme, ``{"s3": {...}, "gs": {...},
+"https": {...}}``, of which each store gets only its own (:func:`options_for`): a list that
+mixes ``s3://`` and ``https://`` urls then gives S3's credentials to S3 alone.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from streamrec.errors import StorageError
 from streamrec.storage.base import ObjectInfo, ObjectStore, split_scheme
 from streamrec.storage.local import LocalStore
 
-__all__ = ["ObjectInfo", "ObjectStore", "open_store", "split_scheme", "store_key"]
+__all__ = [
+    "ObjectInfo",
+    "ObjectStore",
+    "is_per_scheme",
+    "open_store",
+    "options_for",
+    "split_scheme",
+    "store_key",
+]
 
 _SCHEMES = {
     "file": "local",
@@ -34,16 +49,55 @@ def store_key(url: str) -> str:
         ) from None
 
 
+def is_per_scheme(storage_options: Mapping[str, Any] | None) -> bool:
+    """True when ``storage_options`` map url schemes (``"s3"``, ``"gs"``, ...) to options.
+
+    Raises ValueError for a mapping that mixes scheme keys with option keys.
+    """
+    if not storage_options:
+        return False
+    schemes = [key for key in storage_options if key in _SCHEMES]
+    if not schemes:
+        return False
+    others = sorted(set(storage_options) - set(schemes))
+    if others or not all(isinstance(v, Mapping) or v is None for v in storage_options.values()):
+        raise ValueError(
+            f"storage_options mix scheme keys ({', '.join(sorted(schemes))}) with other keys "
+            f"({', '.join(others) or 'values that are not mappings'}): pass either one mapping "
+            'of options for every scheme or one per scheme, e.g. {"s3": {...}, "gs": {...}}'
+        )
+    return True
+
+
+def options_for(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The options of ``url``'s store: its scheme's entry of a per-scheme mapping (an alias of
+    the same store, ``https`` for ``http`` or ``gcs`` for ``gs``, when the scheme has none),
+    or the flat mapping itself."""
+    if not is_per_scheme(storage_options):
+        return dict(storage_options) if storage_options else None
+    assert storage_options is not None
+    scheme, _ = split_scheme(url)
+    kind = store_key(url)
+    keys = [scheme, *sorted(k for k, v in _SCHEMES.items() if v == kind and k != scheme)]
+    for key in keys:
+        if key in storage_options:
+            chosen = storage_options[key]
+            return dict(chosen) if chosen else None
+    return None
+
+
 def open_store(
     url: str, storage_options: dict[str, Any] | None = None, *, max_connections: int | None = None
 ) -> ObjectStore:
-    """A new store for ``url``'s scheme; ``storage_options`` go to the fsspec filesystem.
+    """A new store for ``url``'s scheme; ``storage_options`` (flat, or per scheme: see
+    :func:`options_for`) go to the fsspec filesystem.
 
     ``max_connections``: the most requests the caller may have in flight at once; stores whose
     client caps its connection pool below that (botocore: 10) are sized to it. Default: a pool
     large enough for any dataset with default settings (see ``S3Store``).
     """
     kind = store_key(url)
+    storage_options = options_for(url, storage_options)
     if kind == "local":
         return LocalStore()
     if kind == "s3":

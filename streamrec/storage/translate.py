@@ -93,7 +93,7 @@ def _translate(exc: BaseException, url: str, action: str) -> StorageError:
         return TransientStorageError(f"{url}: {action}: {name}: {exc}")
     if isinstance(exc, asyncio.TimeoutError):
         return TransientStorageError(f"{url}: {action}: timed out")
-    if isinstance(exc, FileNotFoundError):
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):  # a/b where a is a file
         return ObjectNotFoundError(f"{url}: no such object ({action})")
     if isinstance(exc, PermissionError):
         return PermissionDeniedError(f"{url}: permission denied ({action}): {exc}")

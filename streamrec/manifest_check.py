@@ -1,0 +1,93 @@
+"""A manifest against the objects actually there: checked when read, removed when replaced.
+
+Reading (:func:`manifest_shards`): the shards of a manifest, each checked against the object
+that is there now.
+
+A manifest states every shard's size and, where the store versions objects, the version it was
+committed as (S3 ETag, GCS generation). A shard rewritten since (a later writer to the same
+names, killed before its own manifest) must not be read through the old manifest: its sizes
+would cut the new object short without a word. So:
+
+* a shard with a recorded version is read pinned to it (every range read carries
+  ``If-Match`` / ``ifGenerationMatch``): a replaced object is an
+  :class:`~streamrec.errors.ObjectChangedError` on its first read, at no extra request;
+* a shard without one (local files, ``memory://``, manifests of older writers, sets moved
+  since they were written) is looked up before anything is read, and a size that differs from
+  the manifest's is an :class:`~streamrec.errors.ObjectChangedError` naming both.
+
+Writing (:func:`invalidate_manifest`): a writer about to write shards beside an existing
+manifest removes it first (and says so in the log), so that no reader follows it to the new
+objects; the writer's own manifest appears when its last shard is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from streamrec.errors import ObjectChangedError, ObjectNotFoundError
+from streamrec.manifest import ManifestEntry, load_manifest
+from streamrec.redact import redact
+from streamrec.storage.base import ObjectInfo, ObjectStore
+from streamrec.storage.retry import RetryPolicy
+
+__all__ = ["invalidate_manifest", "manifest_shards"]
+
+logger = logging.getLogger("streamrec")
+
+_LOOKUPS_AT_ONCE = 16
+
+
+async def manifest_shards(
+    url: str,
+    get_store: Callable[[str], ObjectStore],
+    retry: RetryPolicy,
+    *,
+    allow_absolute_urls: bool = False,
+    on_retry: Callable[[Exception], None] | None = None,
+) -> list[ObjectInfo]:
+    """The shards of the manifest at ``url``, by index, as objects to read (size and version
+    from the manifest); ``get_store(url)`` gives the open store of a url's scheme.
+
+    Raises ObjectChangedError when a shard is not the object the manifest describes.
+    """
+    manifest = await load_manifest(
+        url, retry=retry, store=get_store(url), allow_absolute_urls=allow_absolute_urls
+    )
+    lookups = asyncio.Semaphore(_LOOKUPS_AT_ONCE)
+
+    async def checked(entry: ManifestEntry) -> ObjectInfo:
+        if entry.version is None:
+            store = get_store(entry.url)
+            async with lookups:
+                found = await retry.run(
+                    lambda: store.expand(entry.url),
+                    describe=f"looking up {entry.url}",
+                    on_retry=on_retry,
+                )
+            sizes = [obj.size for obj in found]
+            if sizes != [entry.bytes]:
+                raise ObjectChangedError(
+                    f"{entry.url}: the manifest {url} lists it with {entry.bytes} bytes, the "
+                    f"object there has {' + '.join(map(str, sizes))}: it was replaced after "
+                    "the manifest was written (a later write to the same names?)"
+                )
+        return ObjectInfo(entry.url, entry.bytes, entry.version)
+
+    return list(await asyncio.gather(*(checked(entry) for entry in manifest.shards)))
+
+
+async def invalidate_manifest(store: ObjectStore, url: str, retry: RetryPolicy) -> bool:
+    """Remove the manifest at ``url`` if there is one, with a warning; True when it was."""
+    try:
+        await retry.run(lambda: store.expand(url), describe=f"{url}: looking it up")
+    except ObjectNotFoundError:
+        return False
+    await retry.run(lambda: store.delete(url), describe=f"{url}: removing it")
+    logger.warning(
+        "%s: removed the manifest of an earlier write before writing new shards beside it "
+        "(the directory has no manifest until this writer closes)",
+        redact(url),
+    )
+    return True
