@@ -216,7 +216,7 @@ def test_missing_objects_are_one_line_errors_with_status_1(
     done = cli("count", str(tmp_path / "nope.tfrecord"))
     assert (done.rc, done.out) == (1, "")
     assert done.err == f"streamrec: error: {tmp_path}/nope.tfrecord: no such object (stat)\n"
-    (tmp_path / "_manifest.json").write_text("{}")  # a directory holding no shard
+    (tmp_path / ".keep").write_text("")  # a directory holding no shard
     for args, message in [
         (["ls", str(tmp_path / "*.tfrecord")], f"{tmp_path}/*.tfrecord: the glob matched no file"),
         (["head", "ftp://host/x"], "ftp://host/x: unsupported scheme ftp://"),

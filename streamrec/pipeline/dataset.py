@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, cast
 from streamrec.errors import StateError
 from streamrec.format.codecs import normalize_compression
 from streamrec.format.framing import OnCorrupt
-from streamrec.manifest import is_manifest_url, load_manifest
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
 from streamrec.pipeline.opener import ShardOpener, shards_digest
 from streamrec.pipeline.shards import ShardPlan, plan_shards, seeded_random
 from streamrec.pipeline.shuffle import shuffle_pieces
+from streamrec.pipeline.sources import list_sources
 from streamrec.pipeline.state import (
     STATE_VERSION,
     Cursor,
@@ -146,22 +146,7 @@ class Dataset:
             return await self._list(stores)
 
     async def _list(self, stores: _Stores) -> list[ObjectInfo]:
-        found: list[ObjectInfo] = []
-        for url in self.urls:
-            store = stores.get(url)
-            if is_manifest_url(url):
-                # the writer's manifest: exactly the committed shards, sizes known
-                manifest = await load_manifest(url, retry=self.retry, store=store)
-                found += [ObjectInfo(e.url, e.bytes) for e in manifest.shards]
-                continue
-
-            async def expand(store: ObjectStore = store, url: str = url) -> list[ObjectInfo]:
-                return await store.expand(url)
-
-            found += await self.retry.run(
-                expand, describe=f"listing {url}", on_retry=self._count_retry
-            )
-        return found
+        return await list_sources(self.urls, stores.get, self.retry, on_retry=self._count_retry)
 
     def _reader(
         self,
