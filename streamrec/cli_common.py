@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 import textwrap
+import unicodedata
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -25,11 +26,15 @@ __all__ = [
     "add_command",
     "add_common_arguments",
     "compression_of",
+    "display_width",
     "error",
     "human_bytes",
     "non_negative_int",
+    "pad",
+    "plural",
     "positive_int",
     "print_json",
+    "source_url",
     "storage_options_of",
 ]
 
@@ -71,6 +76,18 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def source_url(text: str) -> str:
+    """argparse type: a path or url of a scheme streamrec reads (others are usage errors)."""
+    from streamrec.errors import StorageError
+    from streamrec.storage.stores import store_key
+
+    try:
+        store_key(text)
+    except StorageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
     try:
@@ -95,7 +112,7 @@ def add_common_arguments(
 ) -> None:
     """``URLS...``, ``--json``, ``--storage-options``, ``--no-progress`` and ``--compression``."""
     if urls:
-        parser.add_argument("urls", nargs="+", metavar="URL", help=URLS_HELP)
+        parser.add_argument("urls", nargs="+", type=source_url, metavar="URL", help=URLS_HELP)
     parser.add_argument(
         "--json", action="store_true", help="print one JSON document on stdout instead of text"
     )
@@ -155,6 +172,24 @@ def human_bytes(size: int) -> str:
             return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def plural(n: int, noun: str) -> str:
+    """``"1 record"``, ``"2 records"``, ``"0 records"``."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
+def display_width(text: str) -> int:
+    """Terminal columns of ``text``: wide (CJK) characters take 2, combining marks 0."""
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in text
+    )
+
+
+def pad(text: str, width: int) -> str:
+    """``text`` padded with spaces to ``width`` terminal columns (``str.ljust`` by columns)."""
+    return text + " " * max(0, width - display_width(text))
 
 
 class Progress:

@@ -272,7 +272,8 @@ def _print_verify(results: list[ShardResult]) -> None:
             continue
         damaged = result.error is None or isinstance(result.error, FormatError)
         status = "BAD  " if damaged else "ERROR"
-        print(f"{status}  {result.records:>10,} good records, {len(problems)} bad  {url}")
+        found = f"{len(problems)} problem{'' if len(problems) == 1 else 's'}"
+        print(f"{status}  {result.records:>10,} good records, {found}  {url}")
         for problem in problems:
             rest = "; the rest of the shard cannot be read" if _rest_unreadable(problem) else ""
             print(f"         {problem}{rest}")

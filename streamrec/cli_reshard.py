@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from streamrec.cli_common import error, human_bytes, json_object, positive_int
+from streamrec.cli_common import error, human_bytes, json_object, positive_int, source_url
 
 __all__ = ["main", "parse_bytes", "register"]
 
@@ -103,11 +103,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument(
         "sources",
         nargs="+",
+        type=source_url,
         metavar="SRC",
         help="input shards: paths, globs or urls (quote globs so the shell leaves them alone)",
     )
     parser.add_argument(
         "template",
+        type=source_url,
         metavar="DST_TEMPLATE",
         help="output shards' url with an {index} field, e.g. 's3://b/out/part-{index:05d}.tfrecord'",
     )
