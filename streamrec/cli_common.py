@@ -16,6 +16,8 @@ import unicodedata
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
+from streamrec.storage.retry import RetryPolicy
+
 if TYPE_CHECKING:
     from tqdm import tqdm
 
@@ -25,6 +27,7 @@ __all__ = [
     "Progress",
     "add_command",
     "add_common_arguments",
+    "add_verbose_argument",
     "compression_of",
     "display_width",
     "error",
@@ -33,7 +36,9 @@ __all__ = [
     "pad",
     "plural",
     "positive_int",
+    "positive_float",
     "print_json",
+    "retry_of",
     "source_url",
     "storage_options_of",
 ]
@@ -110,7 +115,8 @@ def positive_int(text: str) -> int:
 def add_common_arguments(
     parser: argparse.ArgumentParser, *, urls: bool = True, compression: bool = True
 ) -> None:
-    """``URLS...``, ``--json``, ``--storage-options``, ``--no-progress`` and ``--compression``."""
+    """``URLS...``, ``--json``, ``--storage-options``, ``--no-progress``, ``-v``, ``--timeout``
+    and ``--compression``."""
     if urls:
         parser.add_argument("urls", nargs="+", type=source_url, metavar="URL", help=URLS_HELP)
     parser.add_argument(
@@ -132,6 +138,16 @@ def add_common_arguments(
         action="store_true",
         help="no progress bar (there is one on stderr only when stderr is a terminal)",
     )
+    add_verbose_argument(parser)
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        metavar="SECONDS",
+        help=(
+            "seconds one storage request attempt may go without an answer before it is "
+            "retried (default: 30; at most 6 attempts per request, each retry logged)"
+        ),
+    )
     if compression:
         parser.add_argument(
             "--compression",
@@ -139,6 +155,35 @@ def add_common_arguments(
             choices=["auto", "none", "gzip", "zlib"],
             help="codec of the files (default: auto, from the suffix, else the first bytes)",
         )
+
+
+def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
+    """``-v/--verbose``: log retries, every storage request with its time, and the run's."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log every storage request with its time, retries and the total time on stderr",
+    )
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
+    return value
+
+
+def retry_of(args: argparse.Namespace) -> RetryPolicy:
+    """The storage retry policy, from ``--timeout`` (the time allowed to one attempt)."""
+    timeout: float | None = getattr(args, "timeout", None)
+    if timeout is None:
+        return RetryPolicy()
+    return RetryPolicy(timeout_s=timeout, deadline_s=max(RetryPolicy.deadline_s, timeout))
 
 
 def compression_of(args: argparse.Namespace) -> str | None:

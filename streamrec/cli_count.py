@@ -17,6 +17,7 @@ from streamrec.cli_common import (
     error,
     positive_int,
     print_json,
+    retry_of,
     storage_options_of,
 )
 from streamrec.cli_io import ShardReader, Stores, list_shards, map_bounded
@@ -132,7 +133,7 @@ class ShardResult:
 
 async def scan_shards(args: argparse.Namespace, on_corrupt: OnCorrupt) -> list[ShardResult]:
     """Read every shard the urls name, ``args.jobs`` at a time; results in shard order."""
-    async with Stores(storage_options_of(args)) as stores:
+    async with Stores(storage_options_of(args), retry_of(args)) as stores:
         shards = await list_shards(stores, args.urls)
         budget = ByteBudget(64 << 20)
         total = sum(shard.size for shard in shards)

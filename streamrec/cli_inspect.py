@@ -18,6 +18,7 @@ from streamrec.cli_common import (
     pad,
     plural,
     print_json,
+    retry_of,
     storage_options_of,
 )
 from streamrec.cli_io import Stores, iter_records, list_shards
@@ -97,7 +98,7 @@ async def _sample(args: argparse.Namespace, inspector: Inspector) -> int:
     (empty ones included)."""
     if args.sample == 0:
         return 0
-    async with Stores(storage_options_of(args)) as stores:
+    async with Stores(storage_options_of(args), retry_of(args)) as stores:
         shards = await list_shards(stores, args.urls)
         records = iter_records(stores, shards, compression=compression_of(args))
         with Progress(args, total=args.sample, unit="rec", desc="inspect") as bar:

@@ -48,9 +48,11 @@ Located = tuple[ObjectInfo, int, int, bytes]
 class Stores:
     """One store per scheme for one command run, created in its event loop, closed with it."""
 
-    def __init__(self, storage_options: dict[str, Any] | None) -> None:
+    def __init__(
+        self, storage_options: dict[str, Any] | None, retry: RetryPolicy | None = None
+    ) -> None:
         self.storage_options = storage_options
-        self.retry = RetryPolicy()
+        self.retry = retry or RetryPolicy()
         self._stores: dict[str, ObjectStore] = {}
 
     def get(self, url: str) -> ObjectStore:

@@ -12,7 +12,14 @@ import re
 import sys
 from collections.abc import Sequence
 
-from streamrec.cli_common import error, human_bytes, json_object, positive_int, source_url
+from streamrec.cli_common import (
+    add_verbose_argument,
+    error,
+    human_bytes,
+    json_object,
+    positive_int,
+    source_url,
+)
 
 __all__ = ["main", "parse_bytes", "register"]
 
@@ -176,6 +183,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         action="store_true",
         help="no progress bar (there is one on stderr only when stderr is a terminal)",
     )
+    add_verbose_argument(parser)
     parser.set_defaults(run=run)
 
 

@@ -19,6 +19,7 @@ from collections.abc import (
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, cast
 
+from streamrec.accelerators import log_fallback_once
 from streamrec.errors import StateError
 from streamrec.format.codecs import normalize_compression
 from streamrec.format.framing import OnCorrupt
@@ -85,6 +86,7 @@ class Dataset:
         num_hosts: int = 1,
         host_index: int = 0,
     ) -> None:
+        log_fallback_once()  # a build without the C accelerators says so, once
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ValueError("open_dataset needs at least one path, glob or url")
