@@ -61,9 +61,11 @@ tasks an earlier run finished and ends with the same output as an uninterrupted 
 
 Output names: with --num-shards (or no limit: one shard) the template gets the shard's index
 (and {num_shards}). With --max-bytes / --max-records the input is cut into tasks of whole
-input shards, and shard j of task t gets {index} = "<t>-<j>" in the field's format
-(part-{index:05d} -> part-00003-00001), or {task} and {index} when the template has {task}.
-The manifest lists every shard in order."""
+input shards (--task-bytes each); with one task {index} counts the shards (part-00000,
+part-00001, ...), with several shard j of task t gets {index} = "<t>-<j>" in the field's
+format (part-{index:05d} -> part-00003-00001), or {task} and {index} when the template has
+{task}. The rule is printed on stderr when the run starts. The manifest lists every shard in
+order."""
 
 EPILOG = """\
 examples:
@@ -221,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             task_bytes=args.task_bytes,
             workers=args.workers,
+            on_plan=lambda plan: print(f"streamrec reshard: {plan.naming_rule}", file=sys.stderr),
         )
     except StreamrecError as exc:  # damaged data, storage faults: FormatError is a ValueError
         _error(exc)
