@@ -48,7 +48,8 @@ def describe() -> str:
         return "C accelerators: " + ", ".join(used)
     fallback = ", ".join("Example decoding" if m == "example" else m for m in missing)
     return (
-        "C accelerators: " + (", ".join(used) or "none")
+        "C accelerators: "
+        + (", ".join(used) or "none")
         + f"; pure Python (slower) for {fallback}: the extensions were not built"
     )
 

@@ -47,8 +47,10 @@ EXIT_OK = 0
 EXIT_DATA_ERROR = 1
 
 URLS_HELP = (
-    "local path, glob, file://, s3://, gs://, http(s):// or memory:// url; globs are "
-    "expanded and sorted by name (quote them so the shell leaves them alone)"
+    "local path, glob, directory or prefix, manifest (.json), file://, s3://, gs://, "
+    "http(s):// or memory:// url; globs are expanded and sorted by name, ** at any depth, "
+    "skipping names that start with _ or . (quote globs so the shell leaves them alone); a "
+    "directory means its _manifest.json, else its files"
 )
 
 

@@ -114,7 +114,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         nargs="+",
         type=source_url,
         metavar="SRC",
-        help="input shards: paths, globs or urls (quote globs so the shell leaves them alone)",
+        help=(
+            "input shards: paths, globs, directories, manifests or urls, as for the other "
+            "commands (quote globs so the shell leaves them alone)"
+        ),
     )
     parser.add_argument(
         "template",

@@ -637,9 +637,11 @@ def open_dataset(
     """Open TFRecord shards for reading.
 
     Args:
-        urls: a path, a glob (expanded and sorted by name, like ``tf.io.gfile.glob``), a
-            writer's manifest (a url ending in ``.json``: its shards, in index order), or a
-            list of them (read in the order given).
+        urls: a path, a glob (expanded and sorted by name, like ``tf.io.gfile.glob``; ``**``
+            at any depth; names starting with ``_`` or ``.`` skipped), a writer's manifest (a
+            url ending in ``.json``: its shards, in index order), a directory or prefix (its
+            ``_manifest.json``, else its files), or a list of them (read in the order given);
+            see :mod:`streamrec.pipeline.sources`.
         compression: ``"auto"`` (by suffix ``.gz``/``.gzip``/``.zlib``/``.zz``, else by the
             first bytes), ``None``, ``"gzip"`` or ``"zlib"`` (TF's ``"GZIP"``/``"ZLIB"``/``""``
             spellings work too).
