@@ -5,30 +5,39 @@ Each subcommand lives in a ``streamrec.cli_*`` module exposing ``register(comman
 its parser and stores its handler with ``set_defaults(run=handler)``; a handler takes the parsed
 arguments and returns the exit status. :func:`main` parses, dispatches and turns the errors a
 user can cause (:class:`~streamrec.errors.StreamrecError`) into one line on stderr and exit
-status 1. Usage errors exit with status 2 (argparse).
+status 1. Usage errors exit with status 2 (argparse). While a command runs, the ``streamrec``
+logger writes to stderr: retries as warnings, and with ``-v`` every storage request with its
+time and the command's total time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
 import os
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 
 import streamrec
-from streamrec import cli_cleanup, cli_count, cli_head, cli_inspect, cli_ls
+from streamrec import accelerators, cli_cleanup, cli_count, cli_head, cli_inspect, cli_ls
 from streamrec.cli_common import EXIT_DATA_ERROR, error
 from streamrec.errors import StreamrecError
 
 __all__ = ["build_parser", "main"]
 
 EPILOG = """\
-Urls may be local paths, globs, file://, s3://, gs://, http(s):// or memory:// urls. Every
-command takes --json (one JSON document on stdout), --storage-options JSON (passed to fsspec:
-endpoint, credentials) and --no-progress; `streamrec COMMAND --help` shows its output and
-examples.
+Urls may be local paths, globs, directories, manifests, file://, s3://, gs://, http(s):// or
+memory:// urls. Every command takes --json (one JSON document on stdout), --storage-options
+JSON (passed to fsspec: endpoint, credentials), --no-progress, -v/--verbose (every storage
+request with its time, retries, the total time) and --timeout SECONDS (how long one storage
+request attempt may go unanswered before it is retried; default 30, at most 6 attempts);
+`streamrec COMMAND --help` shows its output and examples.
+Retries are logged on stderr as warnings. `streamrec --version` says whether the C
+accelerators are in use.
 
 exit status: 0 ok; 1 damaged data, missing objects or storage errors; 2 usage error
 
@@ -40,6 +49,7 @@ examples:
 """
 
 Handler = Callable[[argparse.Namespace], int]
+logger = logging.getLogger("streamrec")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"streamrec {streamrec.__version__}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"streamrec {streamrec.__version__}\n{accelerators.describe()}",
+        help="show the version and whether the C accelerators are in use, and exit",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (cli_ls, cli_count, cli_head, cli_inspect, cli_cleanup):
         module.register(commands)
@@ -86,6 +101,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return 0
+    with _logging_to_stderr(verbose=getattr(args, "verbose", False)):
+        return _run(handler, args)
+
+
+def _run(handler: Handler, args: argparse.Namespace) -> int:
+    """Run the handler; user errors become one line on stderr and an exit status."""
+    started = time.monotonic()
     try:
         return handler(args)
     except StreamrecError as exc:
@@ -96,6 +118,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_DATA_ERROR
     except KeyboardInterrupt:
         return 130
+    finally:
+        logger.info("%s took %.3f s", args.command, time.monotonic() - started)
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"streamrec: {record.levelname.lower()}: {record.getMessage()}"
+
+
+@contextlib.contextmanager
+def _logging_to_stderr(*, verbose: bool) -> Iterator[None]:
+    """The ``streamrec`` logger on stderr while a command runs: warnings (retries), or
+    everything with ``-v``; as it was afterwards (``main`` may run inside a process)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter())
+    saved = logger.handlers, logger.propagate, logger.level
+    logger.handlers = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.handlers, logger.propagate = saved[0], saved[1]
+        logger.setLevel(saved[2])
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,8 +12,11 @@ import argparse
 import json
 import sys
 import textwrap
+import unicodedata
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
+
+from streamrec.storage.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -24,12 +27,19 @@ __all__ = [
     "Progress",
     "add_command",
     "add_common_arguments",
+    "add_verbose_argument",
     "compression_of",
+    "display_width",
     "error",
     "human_bytes",
     "non_negative_int",
+    "pad",
+    "plural",
     "positive_int",
+    "positive_float",
     "print_json",
+    "retry_of",
+    "source_url",
     "storage_options_of",
 ]
 
@@ -37,8 +47,10 @@ EXIT_OK = 0
 EXIT_DATA_ERROR = 1
 
 URLS_HELP = (
-    "local path, glob, file://, s3://, gs://, http(s):// or memory:// url; globs are "
-    "expanded and sorted by name (quote them so the shell leaves them alone)"
+    "local path, glob, directory or prefix, manifest (.json), file://, s3://, gs://, "
+    "http(s):// or memory:// url; globs are expanded and sorted by name, ** at any depth, "
+    "skipping names that start with _ or . (quote globs so the shell leaves them alone); a "
+    "directory means its _manifest.json, else its files"
 )
 
 
@@ -71,6 +83,18 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def source_url(text: str) -> str:
+    """argparse type: a path or url of a scheme streamrec reads (others are usage errors)."""
+    from streamrec.errors import StorageError
+    from streamrec.storage.stores import store_key
+
+    try:
+        store_key(text)
+    except StorageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
     try:
@@ -93,9 +117,10 @@ def positive_int(text: str) -> int:
 def add_common_arguments(
     parser: argparse.ArgumentParser, *, urls: bool = True, compression: bool = True
 ) -> None:
-    """``URLS...``, ``--json``, ``--storage-options``, ``--no-progress`` and ``--compression``."""
+    """``URLS...``, ``--json``, ``--storage-options``, ``--no-progress``, ``-v``, ``--timeout``
+    and ``--compression``."""
     if urls:
-        parser.add_argument("urls", nargs="+", metavar="URL", help=URLS_HELP)
+        parser.add_argument("urls", nargs="+", type=source_url, metavar="URL", help=URLS_HELP)
     parser.add_argument(
         "--json", action="store_true", help="print one JSON document on stdout instead of text"
     )
@@ -115,6 +140,16 @@ def add_common_arguments(
         action="store_true",
         help="no progress bar (there is one on stderr only when stderr is a terminal)",
     )
+    add_verbose_argument(parser)
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        metavar="SECONDS",
+        help=(
+            "seconds one storage request attempt may go without an answer before it is "
+            "retried (default: 30; at most 6 attempts per request, each retry logged)"
+        ),
+    )
     if compression:
         parser.add_argument(
             "--compression",
@@ -122,6 +157,35 @@ def add_common_arguments(
             choices=["auto", "none", "gzip", "zlib"],
             help="codec of the files (default: auto, from the suffix, else the first bytes)",
         )
+
+
+def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
+    """``-v/--verbose``: log retries, every storage request with its time, and the run's."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log every storage request with its time, retries and the total time on stderr",
+    )
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
+    return value
+
+
+def retry_of(args: argparse.Namespace) -> RetryPolicy:
+    """The storage retry policy, from ``--timeout`` (the time allowed to one attempt)."""
+    timeout: float | None = getattr(args, "timeout", None)
+    if timeout is None:
+        return RetryPolicy()
+    return RetryPolicy(timeout_s=timeout, deadline_s=max(RetryPolicy.deadline_s, timeout))
 
 
 def compression_of(args: argparse.Namespace) -> str | None:
@@ -155,6 +219,24 @@ def human_bytes(size: int) -> str:
             return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def plural(n: int, noun: str) -> str:
+    """``"1 record"``, ``"2 records"``, ``"0 records"``."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
+def display_width(text: str) -> int:
+    """Terminal columns of ``text``: wide (CJK) characters take 2, combining marks 0."""
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in text
+    )
+
+
+def pad(text: str, width: int) -> str:
+    """``text`` padded with spaces to ``width`` terminal columns (``str.ljust`` by columns)."""
+    return text + " " * max(0, width - display_width(text))
 
 
 class Progress:

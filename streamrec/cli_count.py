@@ -17,6 +17,7 @@ from streamrec.cli_common import (
     error,
     positive_int,
     print_json,
+    retry_of,
     storage_options_of,
 )
 from streamrec.cli_io import ShardReader, Stores, list_shards, map_bounded
@@ -132,7 +133,7 @@ class ShardResult:
 
 async def scan_shards(args: argparse.Namespace, on_corrupt: OnCorrupt) -> list[ShardResult]:
     """Read every shard the urls name, ``args.jobs`` at a time; results in shard order."""
-    async with Stores(storage_options_of(args)) as stores:
+    async with Stores(storage_options_of(args), retry_of(args)) as stores:
         shards = await list_shards(stores, args.urls)
         budget = ByteBudget(64 << 20)
         total = sum(shard.size for shard in shards)
@@ -272,7 +273,8 @@ def _print_verify(results: list[ShardResult]) -> None:
             continue
         damaged = result.error is None or isinstance(result.error, FormatError)
         status = "BAD  " if damaged else "ERROR"
-        print(f"{status}  {result.records:>10,} good records, {len(problems)} bad  {url}")
+        found = f"{len(problems)} problem{'' if len(problems) == 1 else 's'}"
+        print(f"{status}  {result.records:>10,} good records, {found}  {url}")
         for problem in problems:
             rest = "; the rest of the shard cannot be read" if _rest_unreadable(problem) else ""
             print(f"         {problem}{rest}")

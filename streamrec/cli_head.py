@@ -18,6 +18,7 @@ from streamrec.cli_common import (
     error,
     non_negative_int,
     print_json,
+    retry_of,
     storage_options_of,
 )
 from streamrec.cli_io import Located, Stores, iter_records, list_shards
@@ -192,7 +193,7 @@ async def _head(args: argparse.Namespace, found: list[dict[str, Any]]) -> None:
         return
     renderer = _Renderer(args)
     current: str | None = None
-    async with Stores(storage_options_of(args)) as stores:
+    async with Stores(storage_options_of(args), retry_of(args)) as stores:
         shards = await list_shards(stores, args.urls)
         records = iter_records(stores, shards, compression=compression_of(args))
         async with aclosing(records) as located:

@@ -13,8 +13,12 @@ from streamrec.cli_common import (
     add_command,
     add_common_arguments,
     compression_of,
+    display_width,
     non_negative_int,
+    pad,
+    plural,
     print_json,
+    retry_of,
     storage_options_of,
 )
 from streamrec.cli_io import Stores, iter_records, list_shards
@@ -47,7 +51,8 @@ examples:
 
 --json: {"records", "kinds", "payload_bytes", "features": [{"section", "name", "kind",
          "kinds", "records", "of_records", "values", "steps", "value_bytes", "spec", "note"}],
-         "spec": {name: spec}, "shards_sampled"}   (values etc. are {"min", "max", "mean"})
+         "spec": {name: spec}, "shards_sampled"}   (values etc. are {"min", "max", "mean"};
+         shards_sampled counts the shards read, empty ones included)
 exit status: 0 ok; 1 damaged data or a missing object; 2 usage error
 """
 
@@ -88,12 +93,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.set_defaults(run=run)
 
 
-async def _sample(args: argparse.Namespace, inspector: Inspector) -> set[str]:
-    """Feed the first ``args.sample`` records to ``inspector``; the urls sampled from."""
-    urls: set[str] = set()
+async def _sample(args: argparse.Namespace, inspector: Inspector) -> int:
+    """Feed the first ``args.sample`` records to ``inspector``; how many shards were read
+    (empty ones included)."""
     if args.sample == 0:
-        return urls
-    async with Stores(storage_options_of(args)) as stores:
+        return 0
+    async with Stores(storage_options_of(args), retry_of(args)) as stores:
         shards = await list_shards(stores, args.urls)
         records = iter_records(stores, shards, compression=compression_of(args))
         with Progress(args, total=args.sample, unit="rec", desc="inspect") as bar:
@@ -104,19 +109,18 @@ async def _sample(args: argparse.Namespace, inspector: Inspector) -> set[str]:
                     except ExampleError as exc:
                         where = f"record {index} in {shard.url} at byte offset {offset}"
                         raise ExampleError(f"{where}: {exc}") from exc
-                    urls.add(shard.url)
                     bar.update(1)
                     if inspector.records >= args.sample:
-                        break
-    return urls
+                        return shards.index(shard) + 1
+    return len(shards)
 
 
 def run(args: argparse.Namespace) -> int:
     """Sample records and describe their features."""
     inspector = Inspector(args.kind)
-    urls = asyncio.run(_sample(args, inspector))
+    shards = asyncio.run(_sample(args, inspector))
     report = inspector.report()
-    report["shards_sampled"] = len(urls)
+    report["shards_sampled"] = shards
     if args.json:
         print_json(report)
     else:
@@ -126,9 +130,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_report(inspector: Inspector, report: dict[str, Any]) -> None:
     kinds = ", ".join(f"{n} {k}" for k, n in report["kinds"].items() if n)
-    shards = report["shards_sampled"]
+    if not inspector.records and report["shards_sampled"]:
+        kinds = "it holds no records" if report["shards_sampled"] == 1 else "they hold no records"
+    shards = plural(report["shards_sampled"], "shard")
     print(
-        f"sampled {inspector.records} records from {shards} shard{'' if shards == 1 else 's'}"
+        f"sampled {plural(inspector.records, 'record')} from {shards}"
         + (f": {kinds}" if kinds else "")
     )
     if inspector.records:
@@ -143,12 +149,12 @@ def _print_report(inspector: Inspector, report: dict[str, Any]) -> None:
         rows = [s for s in inspector.ordered() if s.section == section]
         if rows:
             print()
-            print(f"{title} ({inspector.sampled(section)} records)")
+            print(f"{title} ({plural(inspector.sampled(section), 'record')})")
             _print_table(rows, inspector.sampled(section))
     spec = inspector.spec()
     if spec:
         print()
-        print(f"suggested spec (from {inspector.records} sampled records):")
+        print(f"suggested spec (from {plural(inspector.records, 'sampled record')}):")
         print(spec_source(spec))
 
 
@@ -169,9 +175,9 @@ def _print_table(rows: list[FeatureStats], sampled: int) -> None:
         header.append("values/record")
     header += ["bytes/value", "suggested spec"]
     table = [header] + [_row(stats, sampled) for stats in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
+    widths = [max(display_width(line[i]) for line in table) for i in range(len(header) - 1)]
     for line in table:
-        cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=False)]
+        cells = [pad(cell, width) for cell, width in zip(line, widths, strict=False)]
         print("  " + "  ".join([*cells, line[-1]]).rstrip())
     notes: dict[str, list[str]] = {}
     for stats in rows:

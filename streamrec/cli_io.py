@@ -10,22 +10,20 @@ prefetch budget) and a :class:`~streamrec.format.shard.ShardDecoder`.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, TypeVar
 
-from streamrec.errors import ObjectNotFoundError
 from streamrec.format.codecs import Compression, resolve_compression
 from streamrec.format.framing import FOOTER_BYTES, HEADER_BYTES, OnCorrupt
 from streamrec.format.shard import ShardDecoder
 from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.sources import list_sources
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import (
     ObjectInfo,
     ObjectStore,
     open_store,
-    split_scheme,
     store_key,
 )
 from streamrec.storage.stream import ObjectReader
@@ -50,9 +48,11 @@ Located = tuple[ObjectInfo, int, int, bytes]
 class Stores:
     """One store per scheme for one command run, created in its event loop, closed with it."""
 
-    def __init__(self, storage_options: dict[str, Any] | None) -> None:
+    def __init__(
+        self, storage_options: dict[str, Any] | None, retry: RetryPolicy | None = None
+    ) -> None:
         self.storage_options = storage_options
-        self.retry = RetryPolicy()
+        self.retry = retry or RetryPolicy()
         self._stores: dict[str, ObjectStore] = {}
 
     def get(self, url: str) -> ObjectStore:
@@ -72,42 +72,10 @@ class Stores:
             await store.close()
 
 
-def _directory_glob(url: str) -> str | None:
-    """``dir/*`` for a local directory, None for anything else."""
-    scheme, path = split_scheme(url)
-    if scheme == "file" and path and os.path.isdir(path):
-        return url.rstrip("/") + "/*"
-    return None
-
-
-def _visible(shard: ObjectInfo) -> bool:
-    """False for ``_manifest.json``-like and dot files (TensorFlow and Hadoop skip them too)."""
-    name = shard.url.rstrip("/").rsplit("/", 1)[-1]
-    return not name.startswith(("_", "."))
-
-
 async def list_shards(stores: Stores, urls: Sequence[str]) -> list[ObjectInfo]:
-    """Every object the urls name, in the order given; globs are expanded and sorted by name.
-
-    A local directory stands for the files in it, except names starting with ``_`` or ``.``
-    (a writer's ``_manifest.json``).
-    """
-    found: list[ObjectInfo] = []
-    for given in urls:
-        directory = _directory_glob(given)
-        url = directory or given
-        store = stores.get(url)
-
-        async def expand(store: ObjectStore = store, url: str = url) -> list[ObjectInfo]:
-            return await store.expand(url)
-
-        shards = await stores.retry.run(expand, describe=f"listing {url}")
-        if directory:
-            shards = [shard for shard in shards if _visible(shard)]
-            if not shards:
-                raise ObjectNotFoundError(f"{given}: the directory holds no shard files")
-        found += shards
-    return found
+    """Every shard the urls stand for, as ``open_dataset`` reads them (see
+    :mod:`streamrec.pipeline.sources`)."""
+    return await list_sources(urls, stores.get, stores.retry)
 
 
 async def detect_compression(stores: Stores, shard: ObjectInfo) -> Compression:

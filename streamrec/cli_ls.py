@@ -13,6 +13,7 @@ from streamrec.cli_common import (
     human_bytes,
     positive_int,
     print_json,
+    retry_of,
     storage_options_of,
 )
 from streamrec.cli_io import Stores, detect_compression, list_shards, map_bounded
@@ -58,7 +59,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 async def _list(args: argparse.Namespace) -> list[tuple[ObjectInfo, str]]:
-    async with Stores(storage_options_of(args)) as stores:
+    async with Stores(storage_options_of(args), retry_of(args)) as stores:
         shards = await list_shards(stores, args.urls)
 
         async def describe(shard: ObjectInfo) -> tuple[ObjectInfo, str]:

@@ -12,7 +12,14 @@ import re
 import sys
 from collections.abc import Sequence
 
-from streamrec.cli_common import error, human_bytes, json_object, positive_int
+from streamrec.cli_common import (
+    add_verbose_argument,
+    error,
+    human_bytes,
+    json_object,
+    positive_int,
+    source_url,
+)
 
 __all__ = ["main", "parse_bytes", "register"]
 
@@ -54,9 +61,11 @@ tasks an earlier run finished and ends with the same output as an uninterrupted 
 
 Output names: with --num-shards (or no limit: one shard) the template gets the shard's index
 (and {num_shards}). With --max-bytes / --max-records the input is cut into tasks of whole
-input shards, and shard j of task t gets {index} = "<t>-<j>" in the field's format
-(part-{index:05d} -> part-00003-00001), or {task} and {index} when the template has {task}.
-The manifest lists every shard in order."""
+input shards (--task-bytes each); with one task {index} counts the shards (part-00000,
+part-00001, ...), with several shard j of task t gets {index} = "<t>-<j>" in the field's
+format (part-{index:05d} -> part-00003-00001), or {task} and {index} when the template has
+{task}. The rule is printed on stderr when the run starts. The manifest lists every shard in
+order."""
 
 EPILOG = """\
 examples:
@@ -103,11 +112,16 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument(
         "sources",
         nargs="+",
+        type=source_url,
         metavar="SRC",
-        help="input shards: paths, globs or urls (quote globs so the shell leaves them alone)",
+        help=(
+            "input shards: paths, globs, directories, manifests or urls, as for the other "
+            "commands (quote globs so the shell leaves them alone)"
+        ),
     )
     parser.add_argument(
         "template",
+        type=source_url,
         metavar="DST_TEMPLATE",
         help="output shards' url with an {index} field, e.g. 's3://b/out/part-{index:05d}.tfrecord'",
     )
@@ -174,6 +188,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         action="store_true",
         help="no progress bar (there is one on stderr only when stderr is a terminal)",
     )
+    add_verbose_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -211,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             task_bytes=args.task_bytes,
             workers=args.workers,
+            on_plan=lambda plan: print(f"streamrec reshard: {plan.naming_rule}", file=sys.stderr),
         )
     except StreamrecError as exc:  # damaged data, storage faults: FormatError is a ValueError
         _error(exc)

@@ -62,6 +62,7 @@ from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import ObjectStore, open_store
 
 __all__ = [
+    "MANIFEST_NAME",
     "is_manifest_url",
     "FORMAT",
     "VERSION",
@@ -73,6 +74,9 @@ __all__ = [
     "relative_name",
     "resolve_name",
 ]
+
+MANIFEST_NAME = "_manifest.json"
+"""The name writers give their manifest beside the shards (and directories are read by)."""
 
 FORMAT = "streamrec.manifest"
 VERSION = 1

@@ -26,7 +26,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from streamrec.errors import ObjectChangedError, ObjectNotFoundError
+from streamrec.errors import ObjectChangedError, ObjectNotFoundError, TransientStorageError
 from streamrec.manifest import ManifestEntry, load_manifest
 from streamrec.redact import redact
 from streamrec.storage.base import ObjectInfo, ObjectStore
@@ -45,7 +45,7 @@ async def manifest_shards(
     retry: RetryPolicy,
     *,
     allow_absolute_urls: bool = False,
-    on_retry: Callable[[Exception], None] | None = None,
+    on_retry: Callable[[TransientStorageError], None] | None = None,
 ) -> list[ObjectInfo]:
     """The shards of the manifest at ``url``, by index, as objects to read (size and version
     from the manifest); ``get_store(url)`` gives the open store of a url's scheme.

@@ -26,8 +26,10 @@ sorted listing (url, size, version) and every argument that changes the output g
   task runs the writer's exact rotation over its records, so each task's last shard may be
   short. Output shard *j* of task *t* is named by the template with ``{index}`` written as
   ``<t>-<j>`` in the field's format (``part-{index:05d}`` -> ``part-00003-00001``), or, when the
-  template has a ``{task}`` field, with ``{task}`` = *t* and ``{index}`` = *j*. The manifest
-  numbers the shards 0, 1, 2, ... in (task, j) order.
+  template has a ``{task}`` field, with ``{task}`` = *t* and ``{index}`` = *j*. A job of one
+  task (input smaller than ``task_bytes``) names its shards with the global ``{index}``
+  (``part-00000``, ``part-00001``, ...). The manifest numbers the shards 0, 1, 2, ... in (task,
+  j) order.
 * **Fixed** (``num_shards=N``; no limit at all means ``N=1``): names are the template with the
   global ``{index}`` and ``{num_shards}``, known before anything is written. With at least *N*
   inputs, the inputs are cut into *N* consecutive groups balanced by bytes and each output shard
@@ -263,6 +265,7 @@ def reshard(
     task_bytes: int | None = None,
     workers: int = 2,
     part_bytes: int = 16 << 20,
+    on_plan: Callable[[Plan], None] | None = None,
 ) -> ReshardSummary:
     """Rewrite TFRecord shards as a new set of shards, from any store to any store; resumable.
 
@@ -293,6 +296,8 @@ def reshard(
             against short last shards per task). Part of the job's identity.
         workers: Dask LocalCluster size when ``scheduler`` is None.
         part_bytes: upload part size (S3 multipart part, GCS resumable chunk).
+        on_plan: called with the :class:`~streamrec.reshard_plan.Plan` before any task runs
+            (its ``naming_rule`` says how the output shards will be named).
 
     Returns:
         A :class:`ReshardSummary`.
@@ -331,6 +336,8 @@ def reshard(
             task_bytes=task_bytes,
         )
         _check_overlap(plan)
+        if on_plan is not None:
+            on_plan(plan)
         portal.call(abort_unfinished_writes(plan.naming, dst_storage_options))
         # an earlier run's manifest must not describe the shards this run rewrites
         portal.call(remove_manifest(plan.manifest_url, dst_storage_options))

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from streamrec.manifest import MANIFEST_NAME
 from streamrec.pipeline.shards import seeded_random
 from streamrec.storage.base import ObjectInfo
 
@@ -35,8 +36,7 @@ __all__ = [
     "split_groups",
 ]
 
-PLAN_VERSION = 1
-MANIFEST_NAME = "_manifest.json"  # the writer's default manifest name
+PLAN_VERSION = 2  # 2: a job of one rotation task numbers its shards 0, 1, 2, ...
 SCRATCH_DIR = "_reshard"
 DEFAULT_SHUFFLE_BUFFER = 4096
 MIN_TASK_BYTES = 256 << 20
@@ -163,8 +163,9 @@ class Naming:
         """Fixed mode: the url of output shard ``index``."""
         return self.text.format(index=index, num_shards=self.num_shards or 1)
 
-    def task_template(self, task: int) -> str:
-        """Rotation mode: the writer template of ``task`` (``{index}``: its own count)."""
+    def task_template(self, task: int, *, alone: bool = False) -> str:
+        """Rotation mode: the writer template of ``task`` (``{index}``: its own count, which
+        is the global one when the task is ``alone``, the job's only task)."""
         out: list[str] = []
         for literal, name, spec, _ in self.parts:
             out.append(_escape(literal))
@@ -172,12 +173,35 @@ class Naming:
                 continue
             if name == "task":
                 out.append(_escape(format(task, spec or "")))
-            elif "task" in self.fields:
+            elif "task" in self.fields or alone:
                 out.append("{index" + (":" + spec if spec else "") + "}")
             else:
                 prefix = _escape(format(task, spec or "")) + "-"
                 out.append(prefix + "{index" + (":" + spec if spec else "") + "}")
         return "".join(out)
+
+    def rule(self, tasks: int) -> str:
+        """How the output shards of a job of ``tasks`` tasks are named, with examples."""
+        if self.mode == "fixed":
+            count = self.num_shards or 1
+            names = self.fixed_url(0) + (f" .. {self.fixed_url(count - 1)}" if count > 1 else "")
+            return f"output names: {names}"
+        if tasks == 1:
+            first = self.task_template(0, alone=True)
+            return (
+                f"output names: {first.format(index=0)}, {first.format(index=1)}, ... "
+                "({index} counts the shards: the input is one task)"
+            )
+        one, two = self.task_template(0), self.task_template(1)
+        names = f"{one.format(index=0)}, {one.format(index=1)}, ..., {two.format(index=0)}, ..."
+        if "task" in self.fields:
+            how = "{task} is the task, {index} the shard within it"
+        else:
+            how = "{index} is written '<task>-<shard of the task>'"
+        return (
+            f"output names: {names} ({how}: the {tasks} tasks, --task-bytes of input each, are "
+            "written independently; the manifest numbers all shards 0, 1, 2, ... in order)"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -300,6 +324,11 @@ class Plan:
     def input_bytes(self) -> int:
         return sum(obj.size for obj in self.inputs)
 
+    @property
+    def naming_rule(self) -> str:
+        """How this job names its output shards (printed when a run starts)."""
+        return self.naming.rule(len(self.tasks))
+
 
 def _task_seed(seed: int, task: int) -> int:
     digest = hashlib.sha256(f"streamrec/reshard/{seed}/{task}".encode()).digest()
@@ -385,8 +414,10 @@ def make_plan(
         )
 
     if mode == "rotate":
-        for positions in group_by_bytes(sizes, chosen_task_bytes):
-            add(positions, writer_template=naming.task_template(len(tasks)))
+        groups = group_by_bytes(sizes, chosen_task_bytes)
+        for positions in groups:
+            alone = len(groups) == 1  # one task: its own shard count is the global index
+            add(positions, writer_template=naming.task_template(len(tasks), alone=alone))
     else:
         assert shards is not None
         if shards <= len(order):

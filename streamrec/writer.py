@@ -77,7 +77,7 @@ from streamrec.errors import StorageError
 from streamrec.format.codecs import Compression, normalize_compression
 from streamrec.format.crc import BytesLike
 from streamrec.format.framing import RecordEncoder
-from streamrec.manifest import Manifest, ManifestEntry, dumps, relative_name
+from streamrec.manifest import MANIFEST_NAME, Manifest, ManifestEntry, dumps, relative_name
 from streamrec.manifest_check import invalidate_manifest
 from streamrec.storage.base import ObjectStore
 from streamrec.storage.retry import RetryPolicy
@@ -109,7 +109,7 @@ class _DefaultName(str):
 
 
 #: ``manifest=`` default: ``"_manifest.json"`` beside the shards of a templated writer.
-DEFAULT_MANIFEST: str = _DefaultName("_manifest.json")
+DEFAULT_MANIFEST: str = _DefaultName(MANIFEST_NAME)
 
 
 def _deflate_bound(n: int) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import streamrec
-from streamrec.errors import ObjectNotFoundError, StorageError
+from streamrec.errors import ObjectNotFoundError
 from streamrec.format.framing import RecordEncoder
 
 
@@ -133,7 +133,7 @@ def test_missing_file_and_empty_glob_name_the_path(tmp_path: Path) -> None:
         list(streamrec.open_dataset(str(tmp_path / "*.tfrecord")))
     with pytest.raises(FileNotFoundError):  # also a FileNotFoundError, for generic handlers
         list(streamrec.open_dataset(str(tmp_path / "nothing.tfrecord")))
-    with pytest.raises(StorageError, match="not a regular file"):
+    with pytest.raises(ObjectNotFoundError, match="the directory holds no shard files"):
         list(streamrec.open_dataset(str(tmp_path)))
 
 

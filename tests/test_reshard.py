@@ -492,3 +492,36 @@ def test_sigkill_half_way_then_rerun_gives_the_uninterrupted_output(
     assert sorted(keys) == sorted(["run/_manifest.json", *(f"run/{row[0]}" for row in got)])
     assert payloads(again["shards"], opts) == collections.Counter(records)
     assert s3_server.list_multipart_uploads(s3_bucket) == []
+
+
+def test_output_names_are_said_at_the_start_and_global_for_one_task(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sources = write_local(tmp_path / "in", input_files(make_records()))
+    one = f"{tmp_path}/one/p-{{index:03d}}.tfrecord"
+    assert cli_main([sources, one, "--max-records", "100"]) == 0  # all input in one task
+    assert capsys.readouterr().err == (
+        f"streamrec reshard: output names: {tmp_path}/one/p-000.tfrecord, "
+        f"{tmp_path}/one/p-001.tfrecord, ... ({{index}} counts the shards: the input is one task)\n"
+    )
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == [
+        "_manifest.json",
+        "p-000.tfrecord",
+        "p-001.tfrecord",
+        "p-002.tfrecord",
+    ]
+    several = f"{tmp_path}/several/p-{{index:03d}}.tfrecord"
+    assert cli_main([sources, several, "--max-bytes", "4KiB", "--task-bytes", "8KiB"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"streamrec reshard: output names: {tmp_path}/several/p-000-000.tfrecord, "
+        f"{tmp_path}/several/p-000-001.tfrecord, ..., {tmp_path}/several/p-001-000.tfrecord, ... "
+        "({index} is written '<task>-<shard of the task>': the "
+    )
+    assert err.count("\n") == 1
+    fixed = f"{tmp_path}/fixed/p-{{index:03d}}-of-{{num_shards:03d}}.tfrecord"
+    assert cli_main([sources, fixed, "--num-shards", "4"]) == 0
+    assert capsys.readouterr().err == (
+        f"streamrec reshard: output names: {tmp_path}/fixed/p-000-of-004.tfrecord .. "
+        f"{tmp_path}/fixed/p-003-of-004.tfrecord\n"
+    )

@@ -22,6 +22,7 @@ import crc32c as _crc32c_package
 
 from streamrec.errors import CompressionError
 from streamrec.format.crc import BytesLike, mask
+from streamrec.format.identify import looks_like
 
 __all__ = [
     "Compression",
@@ -196,7 +197,13 @@ class _Inflater:
             try:
                 piece = self._inflate.decompress(pending, self._max_piece)
             except zlib.error as exc:
-                self._fail(f"cannot inflate: {exc}", exc)
+                if not self._produced and not self._member_started(pending):
+                    seen = looks_like(pending)
+                    hint = f"looks like {seen}" if seen else "unknown data"
+                    if seen == "an uncompressed TFRecord file":
+                        hint += ": read it with compression=None"
+                    self._fail(f"the file is not {self._kind} data ({hint})", exc)
+                self._fail(f"cannot inflate: {exc}", exc, len(pending))
             if self._inflate.eof:
                 rest = self._inflate.unused_data
                 self._consumed += len(pending) - len(rest)
@@ -223,19 +230,32 @@ class _Inflater:
         self._error = self._make_error("compressed stream ends early (no end-of-stream marker)")
         raise self._error
 
-    def _fail(self, problem: str, cause: BaseException | None) -> NoReturn:
-        """Damage: raised now (after the pieces before it) and again on every later call."""
-        self._error = self._make_error(problem)
+    def _member_started(self, data: bytes) -> bool:
+        """True when ``data``, the start of the stream, begins like this codec's streams."""
+        if self._wbits == _GZIP_WBITS:
+            return data[:2] == b"\x1f\x8b" or self._consumed > 0
+        return looks_like(data) == "zlib data" or self._consumed > 0
+
+    def _fail(self, problem: str, cause: BaseException | None, span: int = 0) -> NoReturn:
+        """Damage: raised now (after the pieces before it) and again on every later call.
+
+        ``span``: the damage is somewhere in the next ``span`` compressed bytes (zlib does
+        not say where)."""
+        self._error = self._make_error(problem, span)
         self._error.__cause__ = cause
         raise self._error
 
-    def _make_error(self, problem: str) -> CompressionError:
-        kind = "gzip" if self._wbits == _GZIP_WBITS else "zlib"
-        return CompressionError(
-            f"{kind}: {problem} (after {self._consumed} compressed and {self._produced} "
-            "uncompressed bytes)",
-            url=self._url,
-        )
+    @property
+    def _kind(self) -> str:
+        return "gzip" if self._wbits == _GZIP_WBITS else "zlib"
+
+    def _make_error(self, problem: str, span: int = 0) -> CompressionError:
+        where = ""
+        if span:
+            where = f" (in compressed bytes {self._consumed}-{self._consumed + span - 1})"
+        elif self._consumed or self._produced:
+            where = f" (after {self._consumed} compressed and {self._produced} uncompressed bytes)"
+        return CompressionError(f"{self._kind}: {problem}{where}", url=self._url)
 
 
 def make_decompressor(

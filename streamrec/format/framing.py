@@ -28,6 +28,7 @@ import crc32c as _crc32c_package
 from streamrec.errors import CorruptRecordError, FormatError, TruncatedRecordError
 from streamrec.format.accel import load_accelerator
 from streamrec.format.crc import BytesLike, masked_crc32c
+from streamrec.format.identify import HEAD_BYTES, explain
 
 __all__ = [
     "FOOTER_BYTES",
@@ -324,6 +325,8 @@ class RecordDecoder:
         while status != _NEED_MORE:
             which = "length" if status == _BAD_LENGTH_CRC else "payload"
             error = self._corrupt(which, stored, computed, self._offset + pos - start)
+            if status == _BAD_LENGTH_CRC and error.offset == 0:  # the file's very first bytes
+                explain(error, buf[pos : pos + HEAD_BYTES])
             if not self.skip_corrupt:
                 self._discarding = True
                 self._error = error  # held: the good records are delivered first
@@ -448,9 +451,12 @@ class RecordDecoder:
             else:
                 got = body - length
                 problem = f"stream ends inside a payload CRC ({got} of {FOOTER_BYTES} bytes)"
-        return TruncatedRecordError(
+        error = TruncatedRecordError(
             problem, url=self.url, offset=self._offset, record_index=self._index
         )
+        if self._offset == 0 and have < HEADER_BYTES:  # too short for even one header
+            explain(error, self._pending)
+        return error
 
 
 def _byte_buffer(data: BytesLike) -> BytesLike:

@@ -208,9 +208,23 @@ class ShardDecoder:
         error.__cause__ = exc.__cause__
         if self.framing.skip_corrupt:
             self.framing.abandon(error)
+            self._decompressor = _Gone()  # reported once: the rest of the stream is dropped
             return []
         self._held = error
         raise error
+
+
+class _Gone:
+    """The decompressor of a stream given up on: nothing more comes out of it."""
+
+    def feed(self, data: BytesLike) -> list[bytes]:
+        return []
+
+    def stream(self, data: BytesLike) -> Iterator[bytes]:
+        return iter(())
+
+    def close(self) -> list[bytes]:
+        return []
 
 
 class ShardEncoder:

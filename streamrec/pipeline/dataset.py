@@ -19,16 +19,16 @@ from collections.abc import (
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, cast
 
+from streamrec.accelerators import log_fallback_once
 from streamrec.errors import StateError
 from streamrec.format.codecs import normalize_compression
 from streamrec.format.framing import OnCorrupt
-from streamrec.manifest import is_manifest_url
-from streamrec.manifest_check import manifest_shards
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
 from streamrec.pipeline.opener import ShardOpener, shards_digest
 from streamrec.pipeline.shards import ShardPlan, plan_shards, seeded_random
 from streamrec.pipeline.shuffle import shuffle_pieces
+from streamrec.pipeline.sources import list_sources
 from streamrec.pipeline.state import (
     STATE_VERSION,
     Cursor,
@@ -96,6 +96,7 @@ class Dataset:
         host_index: int = 0,
         allow_absolute_urls: bool = False,
     ) -> None:
+        log_fallback_once()  # a build without the C accelerators says so, once
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ValueError("open_dataset needs at least one path, glob or url")
@@ -163,27 +164,13 @@ class Dataset:
             return await self._list(stores)
 
     async def _list(self, stores: _Stores) -> list[ObjectInfo]:
-        found: list[ObjectInfo] = []
-        for url in self.urls:
-            store = stores.get(url)
-            if is_manifest_url(url):
-                # the writer's manifest: exactly the committed shards, sizes known
-                found += await manifest_shards(
-                    url,
-                    stores.get,
-                    self.retry,
-                    allow_absolute_urls=self.allow_absolute_urls,
-                    on_retry=self._count_retry,
-                )
-                continue
-
-            async def expand(store: ObjectStore = store, url: str = url) -> list[ObjectInfo]:
-                return await store.expand(url)
-
-            found += await self.retry.run(
-                expand, describe=f"listing {url}", on_retry=self._count_retry
-            )
-        return found
+        return await list_sources(
+            self.urls,
+            stores.get,
+            self.retry,
+            allow_absolute_urls=self.allow_absolute_urls,
+            on_retry=self._count_retry,
+        )
 
     def _reader(
         self,
@@ -682,9 +669,11 @@ def open_dataset(
     """Open TFRecord shards for reading.
 
     Args:
-        urls: a path, a glob (expanded and sorted by name, like ``tf.io.gfile.glob``), a
-            writer's manifest (a url ending in ``.json``: its shards, in index order), or a
-            list of them (read in the order given).
+        urls: a path, a glob (expanded and sorted by name, like ``tf.io.gfile.glob``; ``**``
+            at any depth; names starting with ``_`` or ``.`` skipped), a writer's manifest (a
+            url ending in ``.json``: its shards, in index order), a directory or prefix (its
+            ``_manifest.json``, else its files), or a list of them (read in the order given);
+            see :mod:`streamrec.pipeline.sources`.
         compression: ``"auto"`` (by suffix ``.gz``/``.gzip``/``.zlib``/``.zz``, else by the
             first bytes), ``None``, ``"gzip"`` or ``"zlib"`` (TF's ``"GZIP"``/``"ZLIB"``/``""``
             spellings work too).

@@ -30,7 +30,7 @@ class LocalStore(ObjectStore):
         path = self.path(pattern)
         if not has_glob(pattern):
             return [await asyncio.to_thread(self._info, pattern)]
-        files = [m for m in sorted(glob.glob(path)) if os.path.isfile(m)]
+        files = [m for m in sorted(glob.glob(path, recursive=True)) if os.path.isfile(m)]
         if not files:
             raise ObjectNotFoundError(f"{pattern}: the glob matched no file")
         prefix = "file://" if pattern.startswith("file://") else ""

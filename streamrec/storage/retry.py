@@ -5,6 +5,9 @@ on their own for tens of seconds, and pass short reads on silently). The decisio
 exception *type*: a store translates every foreign exception into :mod:`streamrec.errors`, and
 only :class:`~streamrec.errors.TransientStorageError` is retried, with exponential backoff and
 full jitter, up to ``max_attempts`` per request and within ``deadline_s`` overall.
+
+Each retry is logged at WARNING on the ``streamrec`` logger (what, attempt, cause, next wait);
+each successful request at DEBUG with its time (``streamrec -v`` shows both).
 """
 
 from __future__ import annotations
@@ -74,7 +77,10 @@ class RetryPolicy:
         for number in range(1, self.max_attempts + 1):
             remaining = self.deadline_s - (time.monotonic() - started)
             try:
-                return await _within(attempt(), min(self.timeout_s, max(remaining, 0.001)))
+                result = await _within(attempt(), min(self.timeout_s, max(remaining, 0.001)))
+                if logger.isEnabledFor(logging.DEBUG):
+                    logger.debug("%s: %.3f s", describe, time.monotonic() - started)
+                return result
             except asyncio.TimeoutError as exc:  # TimeoutError's alias from 3.11 on
                 error = TransientStorageError(
                     f"{describe}: no answer within {min(self.timeout_s, remaining):.1f} s"
@@ -86,13 +92,21 @@ class RetryPolicy:
             if number == self.max_attempts or elapsed >= self.deadline_s:
                 break
             sleep = min(self.backoff_s(number), max(self.deadline_s - elapsed, 0))
-            logger.info("retrying %s in %.2f s after: %s", redact(describe), sleep, error)
+            logger.warning(
+                "%s: attempt %d of %d failed (%s); retrying in %.2f s",
+                redact(describe),
+                number,
+                self.max_attempts,
+                error,
+                sleep,
+            )
             if on_retry is not None:
                 on_retry(error)
             await asyncio.sleep(sleep)
         raise RetriesExhaustedError(
             f"{describe}: gave up after {number} attempt(s) in "
-            f"{time.monotonic() - started:.1f} s: {error}"
+            f"{time.monotonic() - started:.1f} s (RetryPolicy timeout_s={self.timeout_s:g} per "
+            f"attempt, deadline_s={self.deadline_s:g} in all): {error}"
         ) from error
 
 

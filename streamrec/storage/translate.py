@@ -8,6 +8,8 @@ decides by type) only ever sees :class:`~streamrec.errors.StorageError` subclass
 from __future__ import annotations
 
 import asyncio
+import html
+import re
 
 from streamrec.errors import (
     ObjectChangedError,
@@ -17,7 +19,13 @@ from streamrec.errors import (
     TransientStorageError,
 )
 
-__all__ = ["from_status", "translate"]
+__all__ = ["DETAIL_CHARS", "excerpt", "from_status", "translate"]
+
+DETAIL_CHARS = 120
+"""Most characters of a server's error body kept in a message."""
+_HIDDEN = re.compile(r"<(head|script|style)\b.*?</\1\s*>|<!--.*?-->", re.I | re.DOTALL)
+_TAG = re.compile(r"<[/!]?[A-Za-z][^>]*>")
+_SPACE = re.compile(r"\s+")
 
 _TRANSIENT_CODES = frozenset(
     {
@@ -47,8 +55,17 @@ _DENIED_CODES = frozenset(
 _CHANGED_CODES = frozenset({"PreconditionFailed", "412"})
 
 
+def excerpt(body: str, limit: int = DETAIL_CHARS) -> str:
+    """A one-line excerpt of an error body: the text of an HTML page (head, scripts and tags
+    dropped), whitespace collapsed, at most ``limit`` characters."""
+    text = _TAG.sub(" ", _HIDDEN.sub(" ", body))
+    text = html.unescape(_SPACE.sub(" ", text).strip())
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
 def from_status(status: int, url: str, action: str, detail: str = "") -> StorageError:
-    """The error for an HTTP status code."""
+    """The error for an HTTP status code (``detail``: the body or error code, shortened)."""
+    detail = excerpt(detail)
     message = f"{url}: {action} failed with HTTP {status}" + (f": {detail}" if detail else "")
     if status == 404:
         return ObjectNotFoundError(message)
