@@ -72,7 +72,7 @@ def test_a_pure_python_build_is_logged_once_at_info(
 ) -> None:
     from streamrec import accelerators
 
-    monkeypatch.setattr(framing, "accelerated", False)
+    monkeypatch.setenv("STREAMREC_PURE_PYTHON", "1")  # as in an install without the C code
     monkeypatch.setattr(accelerators, "_logged", False)
     path = write_records(tmp_path / "a.tfrecord", [b"x"])
     with caplog.at_level(logging.INFO, logger="streamrec"):
