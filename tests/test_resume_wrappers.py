@@ -147,3 +147,23 @@ def test_resume_twice_in_a_row_through_the_readme_loop(tmp_path: Path, mode: str
             if k == stop:
                 break
     same(mode, got, full)
+
+
+@pytest.mark.parametrize("mode", ["plain", "gzip", "shuffle", "first-ready"])
+def test_stats_records_counts_exactly_what_was_handed_out(tmp_path: Path, mode: str) -> None:
+    make = dataset_maker(tmp_path, mode)
+    total = sum(SIZES) // (2 if mode == "host-split" else 1)
+    first = make()
+    handed = 0
+    for handed, _ in enumerate(first, 1):
+        assert first.stats.records == handed  # after each record, not after each read piece
+        if handed == 700:
+            break
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
+    batches = resumed.parse(SPEC).batch(BATCH)
+    for k, _ in enumerate(batches, 1):
+        assert resumed.stats.records == min(k * BATCH, total - 700)
+    # reading again to resume (prefix, shuffle buffer) and ahead is counted apart
+    assert resumed.stats.records == total - 700
+    assert resumed.stats.records_read >= resumed.stats.records

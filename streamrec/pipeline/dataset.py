@@ -138,7 +138,8 @@ class Dataset:
         self.host_index = host_index
         self.allow_absolute_urls = allow_absolute_urls
         self.epoch = 0
-        self.stats = Stats()
+        self._stats = Stats()
+        self._handed_before = 0  # records handed out by the cursors before the current one
         self._resume: dict[str, Any] | None = None  # loaded state, for the next iteration
         self._cursor: Cursor | None = None  # the consumer's position in this epoch
         self._finished = False  # this epoch has been read to its end
@@ -154,7 +155,8 @@ class Dataset:
         last iteration is in keeps that position.
         """
         if epoch != self.epoch:
-            self._resume, self._cursor, self._finished = None, None, False
+            self._resume, self._finished = None, False
+            self._set_cursor(None)
             self._report_consumed = None
         self.epoch = epoch
 
@@ -181,7 +183,7 @@ class Dataset:
         *,
         ahead: bool = False,
     ) -> ObjectReader:
-        self.stats.shards_opened += 1
+        self._stats.shards_opened += 1
         share = cap = self._stream_share()
         block_bytes = self.block_bytes
         if share is not None:
@@ -218,10 +220,10 @@ class Dataset:
         return max(int(self.prefetch_bytes / streams), _MIN_STREAM_SHARE)
 
     def _count_retry(self, error: Exception) -> None:
-        self.stats.retries += 1
+        self._stats.retries += 1
 
     def _add_wait(self, seconds: float) -> None:
-        self.stats.wait_s += seconds
+        self._stats.wait_s += seconds
 
     # ------------------------------------------------------------------ resume state
 
@@ -275,7 +277,7 @@ class Dataset:
         check_state(state, **{k: ours[k] for k in _CHECKED})  # every field, before any use
         self.epoch = state["epoch"]
         self._resume = copy.deepcopy(state)
-        self._cursor = None
+        self._set_cursor(None)
         self._report_consumed = None
         self._finished = bool(state.get("finished"))
 
@@ -313,8 +315,30 @@ class Dataset:
             rng = seeded_random(self.seed, self.epoch, "records")
             shuffle_state = resume["shuffle"] if resume else None
             tracker = ShuffleTracker(upstream, self.shuffle_buffer, rng, shuffle_state)
-        self._cursor = Cursor(tracker)
-        return self._cursor, resume
+        cursor = Cursor(tracker)
+        self._set_cursor(cursor)
+        return cursor, resume
+
+    def _set_cursor(self, cursor: Cursor | None) -> None:
+        """The consumer's new position (None: none yet); what the old one counted is kept."""
+        if self._cursor is not None:
+            self._handed_before += self._cursor.handed_out()
+        self._cursor = cursor
+
+    @property
+    def stats(self) -> Stats:
+        """Counters of everything this dataset did so far, over all its iterations.
+
+        ``records`` is exactly the records handed to the consumer (up to the one last handed
+        out); ``records_read`` what was decoded from storage.
+        """
+        if self._report_consumed is not None:
+            self._report_consumed()
+        handed = self._handed_before
+        if self._cursor is not None:
+            handed += self._cursor.handed_out()
+        self._stats.records = handed
+        return self._stats
 
     def _end(self, cursor: Cursor) -> None:
         """The iteration ran to its end: the epoch is finished."""
@@ -370,13 +394,13 @@ class Dataset:
                     waited = time.monotonic()
                     async for piece in ordered:
                         if timed:  # the blocking path times the consumer's wait itself
-                            self.stats.wait_s += time.monotonic() - waited
+                            self._stats.wait_s += time.monotonic() - waited
                         yield piece
                         waited = time.monotonic()
             finally:
                 for close in closers:
                     await close()
-                self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
+                self._stats.peak_prefetch_bytes = max(self._stats.peak_prefetch_bytes, budget.peak)
 
     def _read(
         self, opener: ShardOpener, start: dict[str, Any] | None
@@ -527,6 +551,7 @@ class Dataset:
             state.pop(transient, None)
         if self._cursor is not None and not self._finished:
             state["_resume"], state["_cursor"] = self.state_dict(), None
+            state["_handed_before"] = self.stats.records
         return state
 
     def _plan(self, shards: list[ObjectInfo]) -> ShardPlan[ObjectInfo]:

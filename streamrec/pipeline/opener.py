@@ -149,7 +149,7 @@ class ShardOpener:
             compression=None if seeks else dataset.compression,
             verify_crc=dataset.verify_crc,
             on_corrupt=dataset.on_corrupt,
-            stats=dataset.stats,
+            stats=dataset._stats,  # the counters themselves: no consumer bookkeeping here
             start_offset=(offset or 0) if seeks else 0,
             start_index=records if seeks else 0,
         )
@@ -204,7 +204,7 @@ class ShardOpener:
             compression=None,
             verify_crc=self.dataset.verify_crc,
             on_corrupt="raise",
-            stats=self.dataset.stats,
+            stats=self.dataset._stats,
             start_offset=offset,
             start_index=int(first[1]),
         )

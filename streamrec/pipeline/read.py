@@ -53,14 +53,14 @@ async def read_shard(
         async for block in reader:
             stats.bytes_read += len(block)
             for records in decoder.stream(block):  # raises after the records before damage
-                stats.records += len(records)
+                stats.records_read += len(records)
                 yield records
             reported = _report_drops(decoder.dropped, reported, stats)
     finally:
         await reader.aclose()
     records = decoder.close()
     if records:
-        stats.records += len(records)
+        stats.records_read += len(records)
         yield records
     _report_drops(decoder.dropped, reported, stats)
     decoder.raise_pending()

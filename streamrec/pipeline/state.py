@@ -387,6 +387,7 @@ class Cursor:
         self._records: Sequence[bytes] = ()
         self._events: Sequence[Event] = ()
         self._it: Any = None
+        self._settled = 0  # records of the pieces consumed before the one in hand
 
     def take(self, records: Sequence[bytes], events: Sequence[Event], it: Any = None) -> None:
         self.settle()
@@ -396,7 +397,15 @@ class Cursor:
         """The piece in hand is fully consumed."""
         if self._events:
             self.tracker.apply(self._events, self._records, None)
+        self._settled += len(self._records)
         self._records, self._events, self._it = (), (), None
+
+    def handed_out(self) -> int:
+        """Records handed to the consumer so far (the one last handed out included)."""
+        in_hand = len(self._records)
+        if self._it is not None:
+            in_hand -= self._it.__length_hint__()
+        return self._settled + in_hand
 
     def state(self) -> dict[str, Any]:
         """The position after the record last handed out."""

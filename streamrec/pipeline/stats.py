@@ -14,7 +14,12 @@ class Stats:
     bytes_read: int = 0
     """Bytes read from storage, as stored (compressed bytes for compressed shards)."""
     records: int = 0
-    """Records decoded and handed on."""
+    """Records handed to the consumer (through ``for``/``async for``, a chunk, a parse or batch
+    wrapper): what the training loop has seen, resumed iterations included only from where
+    they resumed."""
+    records_read: int = 0
+    """Records decoded from storage: read ahead but not yet handed out, read again to resume
+    (a shard's prefix, the shuffle buffer) or held in the shuffle buffer included."""
     corrupt_skipped: int = 0
     """Damaged records or shard tails dropped under ``on_corrupt="skip"``."""
     shards_opened: int = 0
