@@ -11,7 +11,7 @@ Run from the repository root, after building the C accelerators::
 The input is ``--size-mb`` MB of ~100 KiB records (half random bytes, half a repeating
 pattern: gzip has real work and halves them) in ``--shards`` uncompressed shards, written to
 ``s3://bench/reshard-in/`` with streamrec's writer before any timing. Each configuration then
-runs ``streamrec.reshard.reshard(...)`` from there to its own prefix under ``gs://reshard-out/``
+runs ``streamrec.reshard.job.reshard(...)`` from there to its own prefix under ``gs://reshard-out/``
 with ``max_bytes=--max-mb`` MiB, ``compression="gzip"`` and ``task_bytes=--task-mb`` MiB
 (so the input is cut into several tasks to spread over workers):
 
@@ -182,7 +182,7 @@ def write_input(servers: Servers, size_mb: int, shards: int) -> tuple[int, int]:
 def run_once(
     servers: Servers, config: str, client: Any, args: argparse.Namespace, round_: int
 ) -> dict[str, Any]:
-    from streamrec.reshard import reshard
+    from streamrec.reshard.job import reshard
 
     summary = reshard(
         f"s3://{IN_BUCKET}/reshard-in/in-*.tfrecord",

@@ -3,7 +3,7 @@
     python examples/reshard.py
 
 Writes 10 small input shards to a temporary directory and reshards them into gzip shards of at
-most 8 KiB with ``streamrec.reshard.reshard``. The first run is interrupted after two of its
+most 8 KiB with ``streamrec.reshard.job.reshard``. The first run is interrupted after two of its
 tasks (as Ctrl-C or a preempted machine would); the second run, the same call, skips the
 finished tasks and does the rest. It prints the summary and the manifest and checks that every
 record arrived exactly once. The same call works store to store: pass
@@ -23,7 +23,7 @@ from typing import Any
 
 import streamrec
 from streamrec.example import encode
-from streamrec.reshard import ReshardProgress, ReshardSummary, reshard
+from streamrec.reshard.job import ReshardProgress, ReshardSummary, reshard
 
 
 def main() -> None:

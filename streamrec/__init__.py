@@ -10,16 +10,16 @@ Public API (re-exports only)::
                                     max_bytes=256 << 20) as w:   # shards + _manifest.json
         w.write(payload)
     entries = await streamrec.read_manifest("s3://b/out/_manifest.json")
-    streamrec.reshard(["gs://a/train-*"], "s3://b/out/part-{index:05d}.tfrecord",
+    streamrec.reshard.job(["gs://a/train-*"], "s3://b/out/part-{index:05d}.tfrecord",
                       max_bytes=256 << 20)        # also: the `streamrec reshard` command
     streamrec.example.encode({...}) / decode(payload)
 """
 
 from streamrec import errors, sync
-from streamrec.manifest import ManifestEntry, read_manifest
+from streamrec.manifest.core import ManifestEntry, read_manifest
 from streamrec.pipeline.dataset import Dataset, open_dataset
-from streamrec.reshard import ReshardSummary, reshard
-from streamrec.writer import ShardWriter, open_writer
+from streamrec.reshard.job import ReshardSummary, reshard
+from streamrec.write.writer import ShardWriter, open_writer
 
 __version__ = "0.1.0"
 

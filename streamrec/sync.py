@@ -192,6 +192,6 @@ def open_writer(url: str, **options: Any) -> Any:
 
     ``with streamrec.sync.open_writer(path) as w: w.write(payload)``
     """
-    from streamrec.writer import BlockingShardWriter
+    from streamrec.write.writer import BlockingShardWriter
 
     return BlockingShardWriter(url, **options)

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from conftest_servers import MotoS3Server
 
-from streamrec.cli_cleanup import parse_duration
+from streamrec.cli.cleanup import parse_duration
 from streamrec.format.framing import RecordEncoder
-from streamrec.reshard import reshard
+from streamrec.reshard.job import reshard
 
 REPO = Path(__file__).resolve().parents[1]
 

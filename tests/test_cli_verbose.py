@@ -57,7 +57,7 @@ def test_verbose_logs_requests_and_the_time_taken(tmp_path: Path) -> None:
 
 
 def test_version_says_whether_the_c_accelerators_are_used() -> None:
-    from streamrec import accelerators
+    from streamrec.format import accel as accelerators
 
     run = cli("--version")
     lines = run.out.splitlines()
@@ -70,7 +70,7 @@ def test_version_says_whether_the_c_accelerators_are_used() -> None:
 def test_a_pure_python_build_is_logged_once_at_info(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    from streamrec import accelerators
+    from streamrec.format import accel as accelerators
 
     monkeypatch.setenv("STREAMREC_PURE_PYTHON", "1")  # as in an install without the C code
     monkeypatch.setattr(accelerators, "_logged", False)

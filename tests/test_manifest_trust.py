@@ -15,7 +15,7 @@ from servers import FakeGcsServer, MotoS3Server
 
 import streamrec
 from streamrec.errors import FormatError, ObjectChangedError, ObjectNotFoundError
-from streamrec.manifest import loads
+from streamrec.manifest.core import loads
 from streamrec.storage.retry import RetryPolicy
 
 FAST = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=10)
@@ -152,7 +152,7 @@ def _document(*names: str) -> str:
         {"index": i, "name": name, "records": 0, "bytes": 0, "crc32c": 0}
         for i, name in enumerate(names)
     ]
-    return json.dumps({"format": "streamrec.manifest", "version": 1, "shards": shards})
+    return json.dumps({"format": "streamrec.manifest.core", "version": 1, "shards": shards})
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""streamrec.reshard against real stores: local files, S3 (moto) and GCS (fake-gcs-server).
+"""streamrec.reshard.job against real stores: local files, S3 (moto) and GCS (fake-gcs-server).
 
 What is checked: the output's multiset of payloads equals the input's; the manifest lists
 exactly the shards present (no stray, duplicate or missing shard, no scratch left); rotation
@@ -24,13 +24,13 @@ import pytest
 from servers import FakeGcsServer, MotoS3Server
 
 import streamrec
-from streamrec.cli_reshard import main as cli_main
-from streamrec.cli_reshard import parse_bytes
+from streamrec.cli.reshard import main as cli_main
+from streamrec.cli.reshard import parse_bytes
 from streamrec.format.framing import RecordEncoder
-from streamrec.manifest import Manifest, load_manifest
-from streamrec.reshard import ReshardProgress, ReshardSummary, reshard
-from streamrec.reshard_plan import Naming, make_plan, split_counts, split_groups
-from streamrec.reshard_task import KILL_AFTER_ENV
+from streamrec.manifest.core import Manifest, load_manifest
+from streamrec.reshard.job import ReshardProgress, ReshardSummary, reshard
+from streamrec.reshard.plan import Naming, make_plan, split_counts, split_groups
+from streamrec.reshard.task import KILL_AFTER_ENV
 from streamrec.storage.base import ObjectInfo
 
 REPO = Path(__file__).resolve().parent.parent
@@ -416,7 +416,7 @@ def test_s3_to_gcs(
 
 def run_cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "streamrec.cli_reshard", *args],
+        [sys.executable, "-m", "streamrec.cli.reshard", *args],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},

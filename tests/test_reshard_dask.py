@@ -1,4 +1,4 @@
-"""The Dask engine of streamrec.reshard on a real LocalCluster (2 worker processes) against the
+"""The Dask engine of streamrec.reshard.job on a real LocalCluster (2 worker processes) against the
 S3 server (moto): the same output as the local engine, and a worker that dies in the middle of
 a task (after committing a shard, before the task manifest) is retried without duplicates."""
 
@@ -14,9 +14,9 @@ import pytest
 from servers import MotoS3Server
 from test_reshard import check_output, input_files, make_records, relative
 
-from streamrec.manifest import load_manifest
-from streamrec.reshard import reshard
-from streamrec.reshard_task import EXIT_ONCE_ENV
+from streamrec.manifest.core import load_manifest
+from streamrec.reshard.job import reshard
+from streamrec.reshard.task import EXIT_ONCE_ENV
 
 distributed = pytest.importorskip("dask.distributed")
 

@@ -17,7 +17,7 @@ import pytest
 import streamrec
 from streamrec.errors import FormatError, ObjectNotFoundError
 from streamrec.format.framing import RecordEncoder
-from streamrec.manifest import loads, read_manifest
+from streamrec.manifest.core import loads, read_manifest
 
 FRAME = 16
 
@@ -387,7 +387,7 @@ async def test_manifest_lists_every_shard(tmp_path: Path) -> None:
         await w.write_many(payloads)
     path = tmp_path / "data" / "_manifest.json"
     document = json.loads(path.read_text())
-    assert document["format"] == "streamrec.manifest" and document["version"] == 1
+    assert document["format"] == "streamrec.manifest.core" and document["version"] == 1
     assert document["compression"] == "gzip" and document["template"] == template
     assert document["num_shards"] == 5 and document["records"] == 500
     shards = document["shards"]
@@ -420,7 +420,7 @@ async def test_manifest_names_resolve_after_the_set_is_moved(tmp_path: Path) -> 
 async def test_read_manifest_refuses_what_it_does_not_know(tmp_path: Path) -> None:
     with pytest.raises(ObjectNotFoundError):
         await read_manifest(str(tmp_path / "_manifest.json"))
-    good = {"format": "streamrec.manifest", "version": 1, "shards": []}
+    good = {"format": "streamrec.manifest.core", "version": 1, "shards": []}
     for document, message in [
         ({**good, "version": 2}, "version 2 is newer"),
         ({**good, "format": "other"}, "format"),

@@ -26,7 +26,7 @@ from servers import FakeGcsServer, MotoS3Server
 import streamrec
 from streamrec.errors import RetriesExhaustedError
 from streamrec.format.crc import crc32c
-from streamrec.manifest import read_manifest
+from streamrec.manifest.core import read_manifest
 from streamrec.storage.gcs_sink import CHUNK_ALIGN
 from streamrec.storage.retry import RetryPolicy
 

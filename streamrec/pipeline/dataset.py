@@ -19,8 +19,8 @@ from collections.abc import (
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, cast
 
-from streamrec.accelerators import log_fallback_once
 from streamrec.errors import StateError
+from streamrec.format.accel import log_fallback_once
 from streamrec.format.codecs import normalize_compression
 from streamrec.format.framing import OnCorrupt
 from streamrec.pipeline.budget import ByteBudget

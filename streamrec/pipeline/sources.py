@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from streamrec.errors import ObjectNotFoundError, StorageError, TransientStorageError
-from streamrec.manifest import MANIFEST_NAME, is_manifest_url
-from streamrec.manifest_check import manifest_shards
+from streamrec.manifest.check import manifest_shards
+from streamrec.manifest.core import MANIFEST_NAME, is_manifest_url
 from streamrec.storage.base import GLOB_CHARS, ObjectInfo, ObjectStore, has_glob
 from streamrec.storage.retry import RetryPolicy
 
@@ -53,7 +53,7 @@ async def list_sources(
     """Every shard the urls stand for (see the module docstring), in the order given.
 
     Shards of a manifest are checked against it (see
-    :func:`~streamrec.manifest_check.manifest_shards`); ``allow_absolute_urls`` trusts its
+    :func:`~streamrec.manifest.check.manifest_shards`); ``allow_absolute_urls`` trusts its
     names beyond its own directory."""
     found: list[ObjectInfo] = []
     for url in urls:

@@ -2,7 +2,7 @@
 
 Everything here is a pure function of the sorted input listing and the job's arguments, so a
 rerun (or another engine, or a Dask worker) computes exactly the same tasks, the same output
-names and the same job fingerprint. See :mod:`streamrec.reshard` for how the plan is run and
+names and the same job fingerprint. See :mod:`streamrec.reshard.job` for how the plan is run and
 resumed.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from streamrec.manifest import MANIFEST_NAME
+from streamrec.manifest.core import MANIFEST_NAME
 from streamrec.pipeline.shards import seeded_random
 from streamrec.storage.base import ObjectInfo
 

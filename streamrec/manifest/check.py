@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable
 
 from streamrec.errors import ObjectChangedError, ObjectNotFoundError, TransientStorageError
-from streamrec.manifest import ManifestEntry, load_manifest
+from streamrec.manifest.core import ManifestEntry, load_manifest
 from streamrec.redact import redact
 from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.retry import RetryPolicy

@@ -8,7 +8,7 @@ cancelled writer leaves no manifest.
 Schema (version 1)::
 
     {
-      "format": "streamrec.manifest",       // constant
+      "format": "streamrec.manifest.core",       // constant
       "version": 1,                         // readers refuse a version they do not know
       "writer": "streamrec 0.1.0",
       "compression": null,                  // null | "gzip" | "zlib" (every shard alike)
@@ -44,7 +44,7 @@ relative names (:func:`dumps` refuses a shard outside the manifest's directory).
 
 ``version`` (optional) is the object's ETag (S3) or generation (GCS) as committed; readers
 check every shard's size, and version where both have one, before reading it (see
-:mod:`streamrec.manifest_check`).
+:mod:`streamrec.manifest.check`).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ __all__ = [
 MANIFEST_NAME = "_manifest.json"
 """The name writers give their manifest beside the shards (and directories are read by)."""
 
-FORMAT = "streamrec.manifest"
+FORMAT = "streamrec.manifest.core"
 VERSION = 1
 
 

@@ -28,11 +28,11 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamrec.manifest import ManifestEntry
+from streamrec.manifest.core import ManifestEntry
 from streamrec.pipeline.dataset import open_dataset
-from streamrec.reshard_plan import TaskSpec
-from streamrec.reshard_state import write_manifest
-from streamrec.writer import ShardWriter, open_writer
+from streamrec.reshard.plan import TaskSpec
+from streamrec.reshard.state import write_manifest
+from streamrec.write.writer import ShardWriter, open_writer
 
 __all__ = ["TaskOptions", "TaskResult", "run_task", "run_task_blocking"]
 

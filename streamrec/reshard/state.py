@@ -1,6 +1,6 @@
 """What a reshard keeps in the destination: per-task manifests, the final manifest, clean-up.
 
-Per-task manifests are ordinary streamrec manifests (:mod:`streamrec.manifest`) listing one
+Per-task manifests are ordinary streamrec manifests (:mod:`streamrec.manifest.core`) listing one
 task's output shards (indexes local to the task), stored under
 ``<output dir>/_reshard/<fingerprint>/task-NNNNN.json``. One is written only after every shard
 of its task is committed, so its presence (with every listed shard present at its listed size)
@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from streamrec.errors import FormatError, ObjectNotFoundError, StorageError
-from streamrec.manifest import Manifest, ManifestEntry, dumps, loads, manifest_for
-from streamrec.manifest_check import invalidate_manifest
-from streamrec.reshard_plan import Naming, Plan, TaskSpec
+from streamrec.manifest.check import invalidate_manifest
+from streamrec.manifest.core import Manifest, ManifestEntry, dumps, loads, manifest_for
+from streamrec.reshard.plan import Naming, Plan, TaskSpec
 from streamrec.storage.base import ObjectInfo, ObjectStore, split_scheme
 from streamrec.storage.leftovers import find_leftovers, remove_leftover
 from streamrec.storage.retry import RetryPolicy
@@ -71,7 +71,7 @@ async def remove_manifest(
     url: str, storage_options: dict[str, Any] | None, retry: RetryPolicy | None = None
 ) -> None:
     """Remove the final manifest of an earlier run before this one rewrites its shards (see
-    :func:`~streamrec.manifest_check.invalidate_manifest`)."""
+    :func:`~streamrec.manifest.check.invalidate_manifest`)."""
     store = open_store(url, storage_options)
     try:
         await invalidate_manifest(store, url, retry or RetryPolicy())

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from typing import Any
 
-from streamrec.cli_common import (
+from streamrec.cli.common import (
     EXIT_OK,
     add_command,
     add_common_arguments,
@@ -16,7 +16,7 @@ from streamrec.cli_common import (
     retry_of,
     storage_options_of,
 )
-from streamrec.cli_io import Stores, detect_compression, list_shards, map_bounded
+from streamrec.cli.io import Stores, detect_compression, list_shards, map_bounded
 from streamrec.storage.stores import ObjectInfo
 
 __all__ = ["register"]

@@ -9,7 +9,7 @@ import json
 from contextlib import aclosing
 from typing import Any
 
-from streamrec.cli_common import (
+from streamrec.cli.common import (
     EXIT_DATA_ERROR,
     EXIT_OK,
     add_command,
@@ -21,9 +21,9 @@ from streamrec.cli_common import (
     retry_of,
     storage_options_of,
 )
-from streamrec.cli_io import Located, Stores, iter_records, list_shards
+from streamrec.cli.io import Located, Stores, iter_records, list_shards
 from streamrec.errors import ExampleError, StreamrecError
-from streamrec.inspect import DEFAULT_MAX_INLINE_BYTES, render_payload
+from streamrec.format.inspect import DEFAULT_MAX_INLINE_BYTES, render_payload
 
 __all__ = ["compact_json", "preview", "register", "run"]
 

@@ -2,7 +2,7 @@
 
 Used by ``streamrec head --decode`` and ``streamrec inspect``, and usable directly::
 
-    from streamrec.inspect import Inspector, render_payload
+    from streamrec.format.inspect import Inspector, render_payload
 
     kind, rendering = render_payload(payload)     # ("example", {"has_features_field": ...})
     inspector = Inspector()

@@ -1,7 +1,7 @@
-"""The ``streamrec`` command line: ``ls``, ``count``, ``verify``, ``head``, ``inspect`` (and
-``reshard`` when :mod:`streamrec.cli_reshard` is present).
+"""The ``streamrec`` command line: ``ls``, ``count``, ``verify``, ``head``, ``inspect``,
+``reshard`` and ``cleanup``.
 
-Each subcommand lives in a ``streamrec.cli_*`` module exposing ``register(commands)``, which adds
+Each subcommand lives in a module of ``streamrec.cli`` exposing ``register(commands)``, which adds
 its parser and stores its handler with ``set_defaults(run=handler)``; a handler takes the parsed
 arguments and returns the exit status. :func:`main` parses, dispatches and turns the errors a
 user can cause (:class:`~streamrec.errors.StreamrecError`) into one line on stderr and exit
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import logging
 import os
 import sys
@@ -23,9 +22,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import streamrec
-from streamrec import accelerators, cli_cleanup, cli_count, cli_head, cli_inspect, cli_ls
-from streamrec.cli_common import EXIT_DATA_ERROR, error
+from streamrec.cli import cleanup, count, head, inspect, ls, reshard
+from streamrec.cli.common import EXIT_DATA_ERROR, error
 from streamrec.errors import StreamrecError
+from streamrec.format import accel
 
 __all__ = ["build_parser", "main"]
 
@@ -67,18 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version",
         action="version",
-        version=f"streamrec {streamrec.__version__}\n{accelerators.describe()}",
+        version=f"streamrec {streamrec.__version__}\n{accel.describe()}",
         help="show the version and whether the C accelerators are in use, and exit",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (cli_ls, cli_count, cli_head, cli_inspect, cli_cleanup):
+    for module in (ls, count, head, inspect, reshard, cleanup):
         module.register(commands)
-    try:  # written separately; the other commands work without it
-        reshard = importlib.import_module("streamrec.cli_reshard")
-    except ImportError:
-        pass
-    else:
-        reshard.register(commands)
     return parser
 
 

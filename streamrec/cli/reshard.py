@@ -1,7 +1,7 @@
 """``streamrec reshard``: rewrite TFRecord shards as another set, store to store, resumably.
 
 ``register(commands)`` adds the subcommand to the ``streamrec`` parser; ``main(argv)`` runs it
-on its own (``python -m streamrec.cli_reshard SRC... DST_TEMPLATE [options]``).
+on its own (``python -m streamrec.cli.reshard SRC... DST_TEMPLATE [options]``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from streamrec.cli_common import (
+from streamrec.cli.common import (
     add_verbose_argument,
     error,
     human_bytes,
@@ -199,7 +199,7 @@ def _error(message: object) -> None:
 def run(args: argparse.Namespace) -> int:
     """The ``reshard`` handler: run the job, print its summary; returns the exit status."""
     from streamrec.errors import StreamrecError
-    from streamrec.reshard import reshard
+    from streamrec.reshard.job import reshard
 
     sources, template = args.sources, args.template
     limits = [args.max_bytes, args.max_records, args.num_shards]

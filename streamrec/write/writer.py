@@ -45,7 +45,7 @@ be empty when there are fewer records than shards).
 Manifest
 --------
 A writer whose template has an ``{index}`` field writes ``manifest`` (``"_manifest.json"``)
-beside the shards after the last one is committed (see :mod:`streamrec.manifest`). A manifest
+beside the shards after the last one is committed (see :mod:`streamrec.manifest.core`). A manifest
 already there (an earlier write to the same directory) is removed before the first shard is
 opened, with a warning in the log: its shards are about to be replaced, and a reader of the
 old manifest must not read the new objects through it. The manifest lists each shard by its
@@ -77,8 +77,8 @@ from streamrec.errors import StorageError
 from streamrec.format.codecs import Compression, normalize_compression
 from streamrec.format.crc import BytesLike
 from streamrec.format.framing import RecordEncoder
-from streamrec.manifest import MANIFEST_NAME, Manifest, ManifestEntry, dumps, relative_name
-from streamrec.manifest_check import invalidate_manifest
+from streamrec.manifest.check import invalidate_manifest
+from streamrec.manifest.core import MANIFEST_NAME, Manifest, ManifestEntry, dumps, relative_name
 from streamrec.storage.base import ObjectStore
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.sinks import (

@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamrec.cli_common import (
+from streamrec.cli.common import (
     EXIT_DATA_ERROR,
     EXIT_OK,
     Progress,
@@ -20,7 +20,7 @@ from streamrec.cli_common import (
     retry_of,
     storage_options_of,
 )
-from streamrec.cli_io import ShardReader, Stores, list_shards, map_bounded
+from streamrec.cli.io import ShardReader, Stores, list_shards, map_bounded
 from streamrec.errors import CorruptRecordError, FormatError, StreamrecError
 from streamrec.format.framing import OnCorrupt
 from streamrec.pipeline.budget import ByteBudget

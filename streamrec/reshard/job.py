@@ -2,7 +2,7 @@
 
 ::
 
-    from streamrec.reshard import reshard
+    from streamrec.reshard.job import reshard
 
     summary = reshard(
         "gs://src/train-*.tfrecord", "s3://dst/train/part-{index:05d}.tfrecord",
@@ -87,10 +87,10 @@ from typing import Any, Literal
 
 from streamrec.errors import StorageError
 from streamrec.format.codecs import normalize_compression
-from streamrec.manifest import ManifestEntry
+from streamrec.manifest.core import ManifestEntry
 from streamrec.pipeline.dataset import open_dataset
-from streamrec.reshard_plan import DEFAULT_SHUFFLE_BUFFER, Naming, Plan, make_plan
-from streamrec.reshard_state import (
+from streamrec.reshard.plan import DEFAULT_SHUFFLE_BUFFER, Naming, Plan, make_plan
+from streamrec.reshard.state import (
     abort_unfinished_writes,
     delete_objects,
     load_done_tasks,
@@ -98,7 +98,7 @@ from streamrec.reshard_state import (
     same_url,
     write_manifest,
 )
-from streamrec.reshard_task import TaskOptions, TaskResult, run_task
+from streamrec.reshard.task import TaskOptions, TaskResult, run_task
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.stores import store_key
 from streamrec.sync import EventLoopThread
@@ -296,7 +296,7 @@ def reshard(
             against short last shards per task). Part of the job's identity.
         workers: Dask LocalCluster size when ``scheduler`` is None.
         part_bytes: upload part size (S3 multipart part, GCS resumable chunk).
-        on_plan: called with the :class:`~streamrec.reshard_plan.Plan` before any task runs
+        on_plan: called with the :class:`~streamrec.reshard.plan.Plan` before any task runs
             (its ``naming_rule`` says how the output shards will be named).
 
     Returns:
@@ -362,7 +362,7 @@ def reshard(
                     reporter.task(result, counted=True)
                     results.append(result)
             else:
-                from streamrec.reshard_dask import run_on_dask
+                from streamrec.reshard.dask import run_on_dask
 
                 results = run_on_dask(
                     pending,

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import re
 
-from streamrec.cli_common import EXIT_OK, add_command, add_common_arguments, print_json
+from streamrec.cli.common import EXIT_OK, add_command, add_common_arguments, print_json
 from streamrec.storage.leftovers import Leftover, find_leftovers, remove_leftover
 from streamrec.storage.stores import open_store
 

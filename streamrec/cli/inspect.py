@@ -7,7 +7,7 @@ import asyncio
 from contextlib import aclosing
 from typing import Any
 
-from streamrec.cli_common import (
+from streamrec.cli.common import (
     EXIT_OK,
     Progress,
     add_command,
@@ -21,9 +21,9 @@ from streamrec.cli_common import (
     retry_of,
     storage_options_of,
 )
-from streamrec.cli_io import Stores, iter_records, list_shards
+from streamrec.cli.io import Stores, iter_records, list_shards
 from streamrec.errors import ExampleError
-from streamrec.inspect import FeatureStats, Inspector, spec_source
+from streamrec.format.inspect import FeatureStats, Inspector, spec_source
 
 __all__ = ["register", "run"]
 

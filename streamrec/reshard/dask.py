@@ -1,6 +1,6 @@
-"""The Dask engine of :func:`streamrec.reshard`: one Dask task per reshard task.
+"""The Dask engine of :func:`streamrec.reshard.job`: one Dask task per reshard task.
 
-Each task runs :func:`streamrec.reshard_task.run_task_blocking` on a worker (its own event
+Each task runs :func:`streamrec.reshard.task.run_task_blocking` on a worker (its own event
 loop and filesystems), writes its output shards under their deterministic names plus its task
 manifest, and returns its manifest entries; the driver writes the final manifest. A task
 whose worker dies is run again by Dask (``distributed.scheduler.allowed-failures``); the new
@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from streamrec.reshard_plan import TaskSpec
-from streamrec.reshard_task import TaskOptions, TaskResult, run_task_blocking
+from streamrec.reshard.plan import TaskSpec
+from streamrec.reshard.task import TaskOptions, TaskResult, run_task_blocking
 
 __all__ = ["DaskEngineError", "run_on_dask"]
 
