@@ -23,7 +23,7 @@ from typing import Any
 
 import streamrec
 from streamrec.example import encode
-from streamrec.reshard.job import ReshardProgress, ReshardSummary, reshard
+from streamrec.reshard import ReshardProgress, ReshardSummary, reshard
 
 
 def main() -> None:

@@ -1,197 +1,95 @@
-"""The one blocking facade: an event loop in a background thread, driven from plain code.
+"""The one blocking facade: plain-code twins of the async API, over :mod:`streamrec._portal`.
 
-Everything in streamrec is async underneath. Plain ``for`` loops and ``with`` blocks reach it
-through :class:`EventLoopThread`: one loop in one daemon thread per dataset or writer, started
-on first use and joined on close, so nothing (threads, tasks, open files) outlives its owner.
-Records cross the thread boundary in chunks, so the hand-over costs nothing per record.
+Datasets iterate with plain ``for`` by themselves (see :class:`~streamrec.Dataset`); this
+module holds what needs an object of its own: :func:`open_writer`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
-import threading
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any
 
-__all__ = ["EventLoopThread", "iterate_blocking", "iterate_chunks", "open_writer"]
+from streamrec._portal import EventLoopThread
+from streamrec.format.crc import BytesLike
+from streamrec.manifest.core import ManifestEntry
+from streamrec.write.writer import open_writer as open_async_writer
 
-T = TypeVar("T")
-
-
-class EventLoopThread:
-    """An asyncio event loop running in its own thread, with a blocking ``call()`` into it."""
-
-    def __init__(self, name: str = "streamrec-loop") -> None:
-        self._loop = asyncio.new_event_loop()
-        # the loop's executor (local file reads, TLS set-up) is ours, so that close() can
-        # wait for its threads to be really gone (see _wait_until_gone)
-        self._worker_ids: list[int] = []
-        self._executor = ThreadPoolExecutor(
-            thread_name_prefix=f"{name}-worker",
-            initializer=_record_native_id,
-            initargs=(self._worker_ids,),
-        )
-        self._loop.set_default_executor(self._executor)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._closed = False
-        self._thread.start()
-
-    def _run(self) -> None:
-        loop = self._loop
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-        finally:
-            try:
-                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-                for task in pending:
-                    task.cancel()
-                if pending:
-                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                # not loop.shutdown_default_executor(): it starts one more thread to wait in
-                self._executor.shutdown(wait=True)
-            finally:
-                loop.close()
-
-    def call(self, awaitable: Awaitable[T]) -> T:
-        """Run ``awaitable`` in the loop and wait for it.
-
-        If the waiting thread is interrupted (KeyboardInterrupt), the work is cancelled and
-        waited for before the interrupt propagates: nothing keeps running behind the caller.
-        """
-        if self._closed:
-            raise RuntimeError("the event loop thread is closed")
-        done = threading.Event()
-        outcome: dict[str, Any] = {}
-
-        async def runner() -> None:
-            try:
-                outcome["value"] = await awaitable
-            except BaseException as exc:  # handed to the calling thread below
-                outcome["error"] = exc
-            finally:
-                done.set()
-
-        future = asyncio.run_coroutine_threadsafe(runner(), self._loop)
-        try:
-            done.wait()
-        except BaseException:
-            future.cancel()
-            done.wait()
-            raise
-        if "error" in outcome:
-            error = outcome.pop("error")
-            raise error
-        return outcome["value"]  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        """Stop the loop (cancelling what still runs in it) and join the thread."""
-        if self._closed:
-            return
-        self._closed = True
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        if self._thread.native_id is not None:
-            _wait_until_gone([*self._worker_ids, self._thread.native_id])
-
-    def __enter__(self) -> EventLoopThread:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+__all__ = ["BlockingShardWriter", "open_writer"]
 
 
-def _record_native_id(ids: list[int]) -> None:
-    ids.append(threading.get_native_id())
-
-
-def _wait_until_gone(thread_ids: list[int], timeout_s: float = 1.0) -> None:
-    """Wait (Linux; at most ``timeout_s``) until these OS threads have really exited.
-
-    ``Thread.join()`` returns when the thread's Python code is done, before the C library
-    has run its thread-exit handlers (OpenSSL's among them, which take a process-wide lock).
-    A process forked in that window - a DataLoader starting its workers right after a first
-    epoch - inherits the lock held and hangs in its first TLS handshake.
-    """
-    deadline = time.monotonic() + timeout_s
-    for tid in thread_ids:
-        path = f"/proc/self/task/{tid}"
-        while os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.0005)
-
-
-def iterate_chunks(
-    make_chunks: Callable[[], AsyncIterator[list[T]]],
-    on_wait: Callable[[float], None] | None = None,
-) -> Iterator[T]:
-    """Iterate, blocking, over the items of the chunks an async generator yields.
-
-    The generator runs in its own background loop; closing this iterator (break, exception,
-    garbage collection, KeyboardInterrupt) closes the generator and joins the thread.
-    ``on_wait`` is as for :func:`iterate_blocking`.
-    """
-    for chunk in iterate_blocking(make_chunks, on_wait):
-        yield from chunk
-        del chunk  # hold one chunk at a time, not two, while the next is fetched
-
-
-def iterate_blocking(
-    make_items: Callable[[], AsyncIterator[T]],
-    on_wait: Callable[[float], None] | None = None,
-) -> Iterator[T]:
-    """Iterate, blocking, over what an async generator yields (one item per hand-over).
-
-    The generator runs in its own background loop; closing this iterator (break, exception,
-    garbage collection, KeyboardInterrupt) closes the generator and joins the thread.
-
-    ``on_wait(seconds)`` is called, in the consuming thread, with the time it spent blocked
-    waiting for each item (and for the end): the consumer's whole wait, hand-over between the
-    threads included, which the generator cannot see from inside the loop.
-    """
-    portal = EventLoopThread()
-    try:
-        items = portal.call(_make(make_items))
-        try:
-            while True:
-                started = time.perf_counter()
-                try:
-                    item = portal.call(_next_item(items))
-                except StopAsyncIteration:
-                    return
-                finally:
-                    if on_wait is not None:
-                        on_wait(time.perf_counter() - started)
-                yield item
-                del item
-        finally:
-            portal.call(_aclose(items))
-    finally:
-        portal.close()
-
-
-async def _make(make_items: Callable[[], AsyncIterator[T]]) -> AsyncIterator[T]:
-    return make_items()
-
-
-async def _next_item(items: AsyncIterator[T]) -> T:
-    return await items.__anext__()
-
-
-async def _aclose(items: AsyncIterator[T]) -> None:
-    aclose = getattr(items, "aclose", None)
-    if aclose is not None:
-        await aclose()
-
-
-def open_writer(url: str, **options: Any) -> Any:
+def open_writer(url: str, **options: Any) -> BlockingShardWriter:
     """Blocking twin of :func:`streamrec.open_writer`.
 
     ``with streamrec.sync.open_writer(path) as w: w.write(payload)``
     """
-    from streamrec.write.writer import BlockingShardWriter
-
     return BlockingShardWriter(url, **options)
+
+
+class BlockingShardWriter:
+    """Blocking twin of :class:`ShardWriter`: ``with streamrec.sync.open_writer(...) as w``.
+
+    Records are framed, compressed and routed to shards here, in the caller's thread; only
+    blocks (``flush_bytes``) and shard ends cross into the background event loop.
+    """
+
+    def __init__(self, template: str, **options: Any) -> None:
+        self._writer = open_async_writer(template, **options)  # bad options fail before any thread
+        self._portal = EventLoopThread(name="streamrec-writer")
+        self.url = template
+
+    @property
+    def records(self) -> int:
+        """Records written so far."""
+        return self._writer.records
+
+    @property
+    def shards(self) -> list[ManifestEntry]:
+        """The shards committed so far, by index (all of them after ``close()``)."""
+        return self._writer.shards
+
+    @property
+    def manifest_url(self) -> str | None:
+        """Where the manifest is written (None: no manifest)."""
+        return self._writer.manifest_url
+
+    def write(self, payload: BytesLike) -> None:
+        """Append one record."""
+        # Encode here, in the caller's thread; cross into the loop only per block.
+        if self._writer.encode(payload):
+            self._portal.call(self._writer.send())
+
+    def write_many(self, payloads: Iterable[BytesLike]) -> None:
+        """Append many records at once."""
+        if self._writer.encode_many(payloads):
+            self._portal.call(self._writer.send())
+
+    def close(self) -> None:
+        """Finish every shard and write the manifest. Idempotent."""
+        try:
+            if not self._portal.closed:
+                self._portal.call(self._writer.close())
+        finally:
+            self._portal.close()
+
+    def abort(self) -> None:
+        """Drop every shard not yet committed. Idempotent."""
+        try:
+            if not self._portal.closed:
+                self._portal.call(self._writer.abort())
+        finally:
+            self._portal.close()
+
+    def __enter__(self) -> BlockingShardWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

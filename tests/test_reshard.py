@@ -36,7 +36,7 @@ from streamrec.storage.base import ObjectInfo
 REPO = Path(__file__).resolve().parent.parent
 # The writer's exact compressed rotation can overshoot max_bytes by a few bytes: _add_exact
 # sync-flushes the shard before learning that the record does not fit, and those flush bytes
-# stay. Set to 0 once writer._Planner._add_exact syncs a copy (the fix is in the reshard
+# stay. Set to 0 once write.planner.Planner._add_exact syncs a copy (the fix is in the reshard
 # report).
 COMPRESSED_OVERSHOOT = 0
 

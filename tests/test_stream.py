@@ -13,6 +13,7 @@ import fsspec
 import pytest
 
 import streamrec
+from streamrec._portal import iterate_blocking
 from streamrec.errors import (
     ObjectNotFoundError,
     RetriesExhaustedError,
@@ -24,7 +25,6 @@ from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.memory import MemoryStore
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stream import ObjectReader
-from streamrec.sync import iterate_blocking
 
 FAST = RetryPolicy(max_attempts=4, initial_backoff_s=0.001, max_backoff_s=0.002, timeout_s=5)
 

@@ -278,4 +278,5 @@ def make_compressor(compression: Compression, *, level: int = 6) -> Compressor:
     wbits = _GZIP_WBITS if compression == "gzip" else _ZLIB_WBITS
     if compression not in ("gzip", "zlib"):
         raise ValueError(f"unknown compression {compression!r}")
-    return zlib.compressobj(level, zlib.DEFLATED, wbits)
+    # memLevel 9, as TensorFlow's ZlibOutputBuffer: the same bytes as tf.io writes
+    return zlib.compressobj(level, zlib.DEFLATED, wbits, 9)

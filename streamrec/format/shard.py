@@ -1,27 +1,28 @@
 """One TFRecord file as stored: codec + framing, in both directions (sans-I/O).
 
 :class:`ShardDecoder` turns the bytes of a file (maybe GZIP/ZLIB) into payloads;
-:class:`ShardEncoder` turns payloads into the bytes to store. Readers and writers of every
+:class:`~streamrec.format.encoder.ShardEncoder` (re-exported here) turns payloads into the
+bytes to store. Readers and writers of every
 storage back end drive these two and nothing else from the format core.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 from streamrec.errors import CompressionError, FormatError
 from streamrec.format.codecs import (
     Compression,
     Decompressor,
     compression_from_name,
-    make_compressor,
     make_decompressor,
     normalize_compression,
     sniff,
 )
 from streamrec.format.crc import BytesLike
-from streamrec.format.framing import HEADER_BYTES, OnCorrupt, RecordDecoder, RecordEncoder
+from streamrec.format.encoder import ShardEncoder
+from streamrec.format.framing import HEADER_BYTES, OnCorrupt, RecordDecoder
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "DEFAULT_PIECE_BYTES", "ShardDecoder", "ShardEncoder"]
 
@@ -225,30 +226,3 @@ class _Gone:
 
     def close(self) -> list[bytes]:
         return []
-
-
-class ShardEncoder:
-    """TFRecord payloads -> bytes to store in one file (framed, then maybe compressed)."""
-
-    def __init__(self, compression: str | None = None, *, level: int = 6) -> None:
-        choice = normalize_compression(compression)
-        if choice == "auto":
-            raise ValueError("a writer needs an explicit compression: None, 'gzip' or 'zlib'")
-        self.compression: Compression = choice
-        self._framing = RecordEncoder()
-        self._compressor = make_compressor(choice, level=level)
-        self.records = 0
-        self.raw_bytes = 0  # uncompressed stream bytes so far
-
-    def encode(self, payloads: Sequence[BytesLike]) -> bytes:
-        """Frame and compress a chunk of payloads; return the bytes ready to store so far."""
-        framed = self._framing.encode_many(payloads)
-        if not framed:
-            return b""
-        self.records += len(payloads)
-        self.raw_bytes += len(framed)
-        return self._compressor.compress(framed)
-
-    def finish(self) -> bytes:
-        """The rest of the stream (compressor trailer); the encoder is done afterwards."""
-        return self._compressor.flush()

@@ -19,6 +19,7 @@ from collections.abc import (
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, cast
 
+from streamrec._portal import iterate_blocking
 from streamrec.errors import StateError
 from streamrec.format.accel import log_fallback_once
 from streamrec.format.codecs import normalize_compression
@@ -52,7 +53,6 @@ from streamrec.storage.stores import (
     store_key,
 )
 from streamrec.storage.stream import ObjectReader
-from streamrec.sync import iterate_blocking
 
 if TYPE_CHECKING:  # the transforms load protobuf: only on first use
     from streamrec.format.example import FeatureSpec

@@ -5,7 +5,7 @@ record; :class:`BatchedDataset` yields batches of ``batch_size`` records: stacke
 from a parsed dataset, lists of ``bytes`` from a raw one. Both work chunk by chunk underneath
 (one :func:`~streamrec.example.decode_batch` per chunk or batch, never per record), support
 ``async for`` and plain ``for`` (the blocking path crosses the background thread once per chunk,
-via :func:`streamrec.sync.iterate_chunks`), and forward ``set_epoch``, ``stats``,
+via :func:`streamrec._portal.iterate_chunks`), and forward ``set_epoch``, ``stats``,
 ``state_dict`` and ``load_state_dict`` to the underlying dataset.
 
 Exact resume: a dict or batch counts as consumed once it has been handed out; records the
@@ -28,9 +28,9 @@ from contextlib import aclosing
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
+from streamrec._portal import iterate_chunks
 from streamrec.errors import StreamrecError
 from streamrec.format.example import FeatureSpec, decode, decode_batch
-from streamrec.sync import iterate_chunks
 
 if TYPE_CHECKING:
     from streamrec.pipeline.dataset import Dataset

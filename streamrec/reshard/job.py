@@ -85,6 +85,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from streamrec._portal import EventLoopThread
 from streamrec.errors import StorageError
 from streamrec.format.codecs import normalize_compression
 from streamrec.manifest.core import ManifestEntry
@@ -101,7 +102,6 @@ from streamrec.reshard.state import (
 from streamrec.reshard.task import TaskOptions, TaskResult, run_task
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.stores import store_key
-from streamrec.sync import EventLoopThread
 
 __all__ = ["ReshardProgress", "ReshardSummary", "reshard"]
 

@@ -12,7 +12,6 @@ import bisect
 import hashlib
 import json
 import re
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -20,6 +19,7 @@ from typing import Any, Literal
 from streamrec.manifest.core import MANIFEST_NAME
 from streamrec.pipeline.shards import seeded_random
 from streamrec.storage.base import ObjectInfo
+from streamrec.write.template import parse_fields, template_directory
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
@@ -54,13 +54,6 @@ def _escape(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
-def _split_url(url: str) -> tuple[str, str]:
-    if "://" in url:
-        scheme, rest = url.split("://", 1)
-        return scheme + "://", rest
-    return "", url
-
-
 class Naming:
     """The user's destination template and the names derived from it.
 
@@ -75,28 +68,16 @@ class Naming:
         self.text = template
         self.mode = mode
         self.num_shards = num_shards
-        try:
-            self.parts = list(string.Formatter().parse(template))
-        except ValueError as exc:
-            raise ValueError(f"{template}: not a valid shard template: {exc}") from exc
         allowed = ("index", "num_shards") if mode == "fixed" else ("index", "task")
-        fields: set[str] = set()
-        for _, name, spec, conversion in self.parts:
-            if name is None:
-                continue
-            if name not in allowed or conversion or (spec and "{" in spec):
-                hint = (
-                    "{num_shards} needs a fixed num_shards="
-                    if name == "num_shards"
-                    else "{task} is only used with max_records / max_bytes"
-                    if name == "task"
-                    else "use {index}, and {num_shards} with num_shards"
-                )
-                raise ValueError(
-                    f"{template}: unsupported template field {{{name}}} ({hint}; double literal "
-                    "braces: {{ }})"
-                )
-            fields.add(name)
+
+        def hint(name: str) -> str:
+            if name == "num_shards":
+                return "{num_shards} needs a fixed num_shards="
+            if name == "task":
+                return "{task} is only used with max_records / max_bytes"
+            return "use {index}, and {num_shards} with num_shards"
+
+        self.parts, fields = parse_fields(template, allowed, hint)
         self.fields = fields
         several = mode == "rotate" or (num_shards or 1) > 1
         if several and "index" not in fields:
@@ -125,14 +106,11 @@ class Naming:
         return f"Naming({self.text!r}, {self.mode!r}, {self.num_shards!r})"
 
     def _directory(self) -> str:
-        scheme, rest = _split_url(self.text)
-        head = rest.rsplit("/", 1)[0] if "/" in rest else ""
-        if any(name is not None for _, name, _, _ in string.Formatter().parse(head)):
-            raise ValueError(
-                f"{self.text}: the output directory must not vary by shard (the manifest is "
-                "written beside the shards)"
-            )
-        return scheme + head.format() if (head or scheme) else ""
+        return template_directory(
+            self.text,
+            "the output directory must not vary by shard (the manifest is written beside the "
+            "shards)",
+        )
 
     def matches(self, url: str) -> bool:
         """True when ``url`` could be one of this template's output shards."""

@@ -8,7 +8,8 @@
 
 Three layers, each one thing:
 
-1. **Planning** (:class:`_Planner`, sans-I/O, runs in the caller's thread): frames and
+1. **Planning** (:class:`~streamrec.write.planner.Planner`, sans-I/O, on
+   :class:`~streamrec.format.encoder.ShardEncoder`, runs in the caller's thread): frames and
    compresses records, decides which shard each one goes to (rotation by ``max_records`` /
    ``max_bytes``, or a fixed ``num_shards`` filled round-robin or contiguously) and cuts the
    stored bytes into blocks of ``flush_bytes`` for the sinks.
@@ -67,16 +68,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import string
-import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 from streamrec.errors import StorageError
 from streamrec.format.codecs import Compression, normalize_compression
 from streamrec.format.crc import BytesLike
-from streamrec.format.framing import RecordEncoder
 from streamrec.manifest.check import invalidate_manifest
 from streamrec.manifest.core import MANIFEST_NAME, Manifest, ManifestEntry, dumps, relative_name
 from streamrec.storage.base import ObjectStore
@@ -88,18 +86,12 @@ from streamrec.storage.sinks import (
     run_to_completion,
 )
 from streamrec.storage.stores import open_store, store_key
-from streamrec.sync import EventLoopThread
+from streamrec.write.planner import Order, Planner
+from streamrec.write.template import ShardTemplate
 
-__all__ = ["DEFAULT_MANIFEST", "BlockingShardWriter", "ShardWriter", "open_writer"]
+__all__ = ["DEFAULT_MANIFEST", "ShardWriter", "open_writer"]
 
 _FLUSH_BYTES = 1 << 20
-_FRAME_BYTES = 16  # 12-byte header + 4-byte payload CRC
-# deflate's output for n new bytes is below n + n/8 + n/64 + this (zlib's own deflateBound is
-# about n + n/4096 + 13, plus the gzip header and trailer): far on the safe side.
-_DEFLATE_SLACK = 128
-_WBITS = {"gzip": 31, "zlib": 15}
-
-Order = Literal["round_robin", "contiguous"]
 
 
 class _DefaultName(str):
@@ -110,402 +102,6 @@ class _DefaultName(str):
 
 #: ``manifest=`` default: ``"_manifest.json"`` beside the shards of a templated writer.
 DEFAULT_MANIFEST: str = _DefaultName(MANIFEST_NAME)
-
-
-def _deflate_bound(n: int) -> int:
-    return n + (n >> 3) + (n >> 6) + _DEFLATE_SLACK
-
-
-def _nbytes(payload: BytesLike) -> int:
-    return payload.nbytes if isinstance(payload, memoryview) else len(payload)
-
-
-def _check_payload(payload: object, url: str) -> None:
-    if not isinstance(payload, (bytes, bytearray, memoryview)):
-        hint = ""
-        if isinstance(payload, dict):
-            hint = " (encode Examples with streamrec.example.encode)"
-        raise TypeError(f"{url}: a record must be bytes-like, not {type(payload).__name__}{hint}")
-
-
-# ----------------------------------------------------------------------------------------------
-# the template
-
-
-class _Template:
-    """A url with ``{index}`` / ``{num_shards}`` fields (str.format syntax)."""
-
-    FIELDS = ("index", "num_shards")
-
-    def __init__(self, template: str, num_shards: int | None) -> None:
-        self.text = template
-        self.num_shards = num_shards
-        try:
-            parsed = list(string.Formatter().parse(template))
-        except ValueError as exc:
-            raise ValueError(f"{template}: not a valid shard template: {exc}") from exc
-        fields: set[str] = set()
-        for _, name, spec, _ in parsed:
-            if name is None:
-                continue
-            if name not in self.FIELDS or (spec and "{" in spec):
-                raise ValueError(
-                    f"{template}: unknown template field {{{name}}} (use {{index}} and, with "
-                    "num_shards, {num_shards}; double literal braces: {{ }})"
-                )
-            fields.add(name)
-        if "num_shards" in fields and num_shards is None:
-            raise ValueError(f"{template}: {{num_shards}} needs a fixed num_shards=")
-        try:
-            template.format(index=0, num_shards=num_shards or 1)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"{template}: not a valid shard template: {exc}") from exc
-        self.fields = fields
-
-    @property
-    def sharded(self) -> bool:
-        return "index" in self.fields
-
-    def url(self, index: int) -> str:
-        if not self.fields:
-            return self.text.format()  # "{{" -> "{"
-        return self.text.format(index=index, num_shards=self.num_shards or 0)
-
-    def directory(self) -> str:
-        """The directory part shared by every shard (error if a field is in it)."""
-        scheme = ""
-        rest = self.text
-        if "://" in rest:
-            scheme, rest = rest.split("://", 1)
-            scheme += "://"
-        head = rest.rsplit("/", 1)[0] if "/" in rest else ""
-        if any(name is not None for _, name, _, _ in string.Formatter().parse(head)):
-            raise ValueError(
-                f"{self.text}: the shards' directory varies by shard; pass the manifest's full "
-                "url as manifest="
-            )
-        return scheme + head.format() if (head or scheme) else ""
-
-
-# ----------------------------------------------------------------------------------------------
-# planning (sans-I/O)
-
-
-class _Op:
-    """For the sink side: bytes for shard ``index``, and/or the end of that shard."""
-
-    __slots__ = ("data", "end", "index", "records")
-
-    def __init__(self, index: int, data: bytes, end: bool = False, records: int = 0) -> None:
-        self.index = index
-        self.data = data
-        self.end = end
-        self.records = records
-
-
-class _Shard:
-    """One shard being encoded: compressor state and exact stored-size accounting."""
-
-    __slots__ = (
-        "at_sync",
-        "compressor",
-        "index",
-        "pending",
-        "pieces",
-        "raw",
-        "records",
-        "since_sync",
-        "stored",
-    )
-
-    def __init__(self, index: int, compression: Compression, level: int) -> None:
-        self.index = index
-        self.records = 0
-        self.raw = 0  # framed (uncompressed) bytes
-        self.stored = 0  # bytes out of the compressor so far (exact)
-        self.at_sync = 0  # ``stored`` at the last sync flush
-        self.since_sync = 0  # framed bytes given to the compressor since then
-        self.pieces: list[bytes] = []
-        self.pending = 0  # stored bytes not yet handed out
-        self.compressor: Any = (
-            # memLevel 9, as TensorFlow's ZlibOutputBuffer: the same bytes as tf.io
-            zlib.compressobj(level, zlib.DEFLATED, _WBITS[compression], 9) if compression else None
-        )
-
-    def _emit(self, data: bytes) -> None:
-        if data:
-            self.pieces.append(data)
-            self.pending += len(data)
-            self.stored += len(data)
-
-    def add(self, framed: bytes, count: int) -> None:
-        self.records += count
-        self.raw += len(framed)
-        if self.compressor is None:
-            self._emit(framed)
-        else:
-            self.since_sync += len(framed)
-            self._emit(self.compressor.compress(framed))
-
-    def bound_fits(self, extra: int, limit: int) -> bool:
-        """True when the stream, finished after ``extra`` more framed bytes, surely fits."""
-        if self.compressor is None:
-            return self.stored + extra <= limit
-        return self.at_sync + _deflate_bound(self.since_sync + extra) <= limit
-
-    def add_if_fits(self, framed: bytes, limit: int) -> bool:
-        """Add one framed record iff the stream finished right after it is within ``limit``."""
-        trial = self.compressor.copy()
-        out = trial.compress(framed)
-        tail = trial.copy().flush()
-        if self.stored + len(out) + len(tail) > limit:
-            return False
-        self.compressor = trial
-        self.records += 1
-        self.raw += len(framed)
-        self.since_sync += len(framed)
-        self._emit(out)
-        return True
-
-    def finish(self) -> None:
-        if self.compressor is not None:
-            self._emit(self.compressor.flush())
-            self.compressor = None
-
-    def take(self) -> bytes:
-        data = b"".join(self.pieces) if len(self.pieces) != 1 else self.pieces[0]
-        self.pieces = []
-        self.pending = 0
-        return data
-
-
-class _Planner:
-    """Payloads -> per-shard stored bytes and shard ends, as a list of ops (no I/O)."""
-
-    def __init__(
-        self,
-        template: _Template,
-        *,
-        compression: Compression,
-        level: int,
-        max_records: int | None,
-        max_bytes: int | None,
-        num_shards: int | None,
-        order: Order,
-        total_records: int | None,
-        flush_bytes: int,
-    ) -> None:
-        self.template = template
-        self.compression = compression
-        self.level = level
-        self.max_records = max_records
-        self.max_bytes = max_bytes
-        self.num_shards = num_shards
-        self.order = order
-        self.total_records = total_records
-        self.flush_bytes = flush_bytes
-        self.framer = RecordEncoder()
-        self.ops: list[_Op] = []
-        self.open: dict[int, _Shard] = {}
-        self.current: _Shard | None = None  # rotating / contiguous: the shard being filled
-        self.next_index = 0
-        self.records = 0
-        self.finished = False
-        if num_shards is None:
-            self.mode = "rotate"
-        else:
-            self.mode = order
-        if self.mode == "contiguous":
-            assert num_shards is not None and total_records is not None
-            quotient, remainder = divmod(total_records, num_shards)
-            self.sizes = [quotient + (1 if k < remainder else 0) for k in range(num_shards)]
-
-    # -- shards ---------------------------------------------------------------------------
-    def _new_shard(self) -> _Shard:
-        shard = _Shard(self.next_index, self.compression, self.level)
-        self.open[shard.index] = shard
-        self.next_index += 1
-        return shard
-
-    def _end(self, shard: _Shard) -> None:
-        shard.finish()
-        self.ops.append(_Op(shard.index, shard.take(), end=True, records=shard.records))
-        del self.open[shard.index]
-        if self.current is shard:
-            self.current = None
-
-    def _collect(self, shard: _Shard) -> None:
-        if shard.pending >= self.flush_bytes:
-            self.ops.append(_Op(shard.index, shard.take()))
-
-    def take_ops(self) -> list[_Op]:
-        ops, self.ops = self.ops, []
-        return ops
-
-    # -- adding ---------------------------------------------------------------------------
-    def add(self, payload: BytesLike) -> bool:
-        """Encode one payload; True when ops are ready for the sink side."""
-        _check_payload(payload, self.template.text)
-        self._check_more(1)
-        if self.mode == "round_robin":
-            assert self.num_shards is not None
-            shard = self._round_robin_shard(self.records % self.num_shards)
-            shard.add(self.framer.encode(payload), 1)
-            self._collect(shard)
-            self.records += 1
-        else:
-            self._add_sequential((payload,))
-        return bool(self.ops)
-
-    def add_many(self, payloads: Iterable[BytesLike]) -> bool:
-        """Encode many payloads; True when ops are ready for the sink side."""
-        chunk = payloads if isinstance(payloads, (list, tuple)) else list(payloads)
-        for payload in chunk:
-            _check_payload(payload, self.template.text)
-        if not chunk:
-            return bool(self.ops)
-        self._check_more(len(chunk))
-        if self.mode == "round_robin":
-            assert self.num_shards is not None
-            n = self.num_shards
-            start = self.records % n
-            for k in range(min(n, len(chunk))):
-                part = chunk[k::n]
-                shard = self._round_robin_shard((start + k) % n)
-                shard.add(self.framer.encode_many(part), len(part))
-                self._collect(shard)
-            self.records += len(chunk)
-        else:
-            self._add_sequential(chunk)
-        return bool(self.ops)
-
-    def _check_more(self, count: int) -> None:
-        if self.finished:
-            raise RuntimeError(f"{self.template.text}: writer is closing")
-        if self.mode == "contiguous":
-            assert self.total_records is not None
-            if self.records + count > self.total_records:
-                raise ValueError(
-                    f"{self.template.text}: more records than total_records={self.total_records}"
-                )
-
-    def _round_robin_shard(self, index: int) -> _Shard:
-        shard = self.open.get(index)
-        if shard is None:
-            shard = _Shard(index, self.compression, self.level)
-            self.open[index] = shard
-        return shard
-
-    def _sequential_shard(self) -> _Shard:
-        """The shard being filled (rotating or contiguous), a new one when needed."""
-        if self.current is None:
-            self.current = self._new_shard()
-        if self.mode == "contiguous":
-            while self.current.records >= self.sizes[self.current.index]:
-                self._end(self.current)
-                self.current = self._new_shard()
-        return self.current
-
-    def _room(self, shard: _Shard) -> int | None:
-        """Records that may still go into ``shard`` by count (None: no count limit)."""
-        if self.mode == "contiguous":
-            return self.sizes[shard.index] - shard.records
-        if self.max_records is not None:
-            return self.max_records - shard.records
-        return None
-
-    def _add_sequential(self, chunk: Sequence[BytesLike]) -> None:
-        i, n = 0, len(chunk)
-        limit = self.max_bytes if self.mode == "rotate" else None
-        while i < n:
-            shard = self._sequential_shard()
-            room = self._room(shard)
-            stop = n if room is None else min(n, i + room)
-            j = i
-            if limit is None:
-                j = stop
-            else:
-                extra = 0
-                while j < stop:
-                    size = _nbytes(chunk[j]) + _FRAME_BYTES
-                    if not shard.bound_fits(extra + size, limit) and (shard.records or j > i):
-                        break
-                    extra += size
-                    j += 1
-            if j > i:
-                if j - i == 1:
-                    shard.add(self.framer.encode(chunk[i]), 1)
-                else:
-                    shard.add(self.framer.encode_many(chunk[i:j]), j - i)
-                self.records += j - i
-                i = j
-                self._collect(shard)
-            if self._full(shard, limit):
-                self._end(shard)  # no record can follow: commit it now, not at the next one
-                continue
-            if i == n:
-                break
-            if i < stop and self._add_exact(shard, chunk[i], limit):
-                self.records += 1
-                i += 1
-                self._collect(shard)
-                continue
-            self._end(shard)  # full: the next record starts a new shard
-
-    def _full(self, shard: _Shard, limit: int | None) -> bool:
-        """True when no further record can go into ``shard``."""
-        room = self._room(shard)
-        if room is not None and room <= 0:
-            return True
-        # uncompressed, every record takes at least 16 bytes
-        return (
-            limit is not None and shard.compressor is None and shard.stored + _FRAME_BYTES > limit
-        )
-
-    def _add_exact(self, shard: _Shard, payload: BytesLike, limit: int | None) -> bool:
-        """The bound said no: decide exactly whether ``payload`` still fits (compressed)."""
-        if limit is None or shard.compressor is None:
-            return False  # uncompressed, the bound is exact
-        framed = self.framer.encode(payload)
-        if shard.since_sync:
-            # Sync-flush a copy, kept only if the record then surely fits: the flush's own
-            # bytes could otherwise push a shard that is then closed past the limit.
-            trial = shard.compressor.copy()
-            synced = trial.flush(zlib.Z_SYNC_FLUSH)
-            if shard.stored + len(synced) + _deflate_bound(len(framed)) <= limit:
-                shard.compressor = trial
-                shard._emit(synced)
-                shard.at_sync, shard.since_sync = shard.stored, 0
-                shard.add(framed, 1)
-                return True
-        return shard.add_if_fits(framed, limit)
-
-    # -- the end --------------------------------------------------------------------------
-    def finish(self) -> None:
-        """End every shard still open (and write the empty ones a fixed set still lacks)."""
-        if self.finished:
-            return
-        if self.mode == "contiguous":
-            assert self.total_records is not None and self.num_shards is not None
-            if self.records != self.total_records:
-                raise ValueError(
-                    f"{self.template.text}: {self.records} records written, but "
-                    f"total_records={self.total_records}"
-                )
-        self.finished = True
-        if self.mode == "round_robin":
-            assert self.num_shards is not None
-            for index in range(self.num_shards):
-                self._end(self._round_robin_shard(index))
-            return
-        if self.current is None and self.next_index == 0:
-            self.current = self._new_shard()  # no record at all: one empty shard
-        if self.current is not None:
-            self._end(self.current)
-        if self.mode == "contiguous":
-            assert self.num_shards is not None
-            while self.next_index < self.num_shards:
-                self._end(self._new_shard())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -564,7 +160,7 @@ class ShardWriter:
                 )
         elif total_records is not None:
             raise ValueError('total_records= is only used with order="contiguous"')
-        self._template = _Template(template, num_shards)
+        self._template = ShardTemplate(template, num_shards)
         several = max_records is not None or max_bytes is not None or (num_shards or 1) > 1
         if several and not self._template.sharded:
             raise ValueError(
@@ -579,7 +175,7 @@ class ShardWriter:
         self._context = SinkContext(
             part_bytes=part_bytes, max_concurrency=max_concurrency, retry=retry or RetryPolicy()
         )
-        self._plan = _Planner(
+        self._plan = Planner(
             self._template,
             compression=codec,
             level=compression_level,
@@ -641,15 +237,32 @@ class ShardWriter:
     # -- writing --------------------------------------------------------------------------
     async def write(self, payload: BytesLike) -> None:
         """Append one record (a serialized Example or any bytes)."""
-        self._check_open()
-        if self._plan.add(payload) or self._context.failure is not None:
-            await self._drain()
+        if self.encode(payload):
+            await self.send()
 
     async def write_many(self, payloads: Iterable[BytesLike]) -> None:
         """Append many records at once (faster than ``write`` in a loop for small records)."""
+        if self.encode_many(payloads):
+            await self.send()
+
+    def encode(self, payload: BytesLike) -> bool:
+        """Frame, compress and route one record, without I/O (any thread, one at a time).
+
+        True when there is something to hand to storage: ``await send()`` then. ``write`` is
+        ``encode`` + ``send``; the blocking writer encodes in the caller's thread and crosses
+        into the event loop only for ``send``.
+        """
         self._check_open()
-        if self._plan.add_many(payloads) or self._context.failure is not None:
-            await self._drain()
+        return self._plan.add(payload) or self._context.failure is not None
+
+    def encode_many(self, payloads: Iterable[BytesLike]) -> bool:
+        """:meth:`encode` for many records at once."""
+        self._check_open()
+        return self._plan.add_many(payloads) or self._context.failure is not None
+
+    async def send(self) -> None:
+        """Hand what :meth:`encode` made to the uploads; raises an earlier upload failure."""
+        await self._drain()
 
     async def close(self) -> None:
         """Finish every shard, wait for them to be committed, then write the manifest.
@@ -835,76 +448,3 @@ def open_writer(
         retry=retry,
         **options,
     )
-
-
-class BlockingShardWriter:
-    """Blocking twin of :class:`ShardWriter`: ``with streamrec.sync.open_writer(...) as w``.
-
-    Records are framed, compressed and routed to shards here, in the caller's thread; only
-    blocks (``flush_bytes``) and shard ends cross into the background event loop.
-    """
-
-    def __init__(self, template: str, **options: Any) -> None:
-        self._writer = open_writer(template, **options)  # bad options fail before any thread
-        self._portal = EventLoopThread(name="streamrec-writer")
-        self.url = template
-
-    @property
-    def records(self) -> int:
-        """Records written so far."""
-        return self._writer.records
-
-    @property
-    def shards(self) -> list[ManifestEntry]:
-        """The shards committed so far, by index (all of them after ``close()``)."""
-        return self._writer.shards
-
-    @property
-    def manifest_url(self) -> str | None:
-        """Where the manifest is written (None: no manifest)."""
-        return self._writer.manifest_url
-
-    def write(self, payload: BytesLike) -> None:
-        """Append one record."""
-        writer = self._writer
-        writer._check_open()
-        # Encode here, in the caller's thread; cross into the loop only per block.
-        if writer._plan.add(payload) or writer._context.failure is not None:
-            self._portal.call(writer._drain())
-
-    def write_many(self, payloads: Iterable[BytesLike]) -> None:
-        """Append many records at once."""
-        writer = self._writer
-        writer._check_open()
-        if writer._plan.add_many(payloads) or writer._context.failure is not None:
-            self._portal.call(writer._drain())
-
-    def close(self) -> None:
-        """Finish every shard and write the manifest. Idempotent."""
-        try:
-            if not self._portal._closed:
-                self._portal.call(self._writer.close())
-        finally:
-            self._portal.close()
-
-    def abort(self) -> None:
-        """Drop every shard not yet committed. Idempotent."""
-        try:
-            if not self._portal._closed:
-                self._portal.call(self._writer.abort())
-        finally:
-            self._portal.close()
-
-    def __enter__(self) -> BlockingShardWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
