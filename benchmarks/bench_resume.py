@@ -21,6 +21,11 @@ loaded into a fresh dataset, which reads the rest of the epoch. Columns:
 * ``refetch s``: wall time of the refetch on the local disk, page cache warm (for scale only:
   on a remote store the number of round trips dominates).
 
+``--gaps 1024,256,64`` repeats the measurement with ``_GAP_BYTES`` (streamrec/pipeline/opener.py)
+set to each of these KiB values, and adds ``model s``: the refetch's seconds on the emulated cloud
+link of bench_remote.py, modelled as ``max(sum(60 ms + bytes / 25 MB/s over reads) / 16,
+bytes / 125 MB/s)`` (16 reads in flight, 25 MB/s per connection, ~1 Gbit in all).
+
 Range reads are counted by wrapping ``LocalStore.read_range`` (every local read goes through it)
 and the refetch is told apart by wrapping ``ShardOpener.fetch``: instrumentation, nothing is
 replaced. Prints a markdown table.
@@ -153,29 +158,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--buffer", type=int, default=4096)
     parser.add_argument("--stop", type=float, default=0.5)
+    parser.add_argument("--gaps", default="", help="KiB values of _GAP_BYTES to compare")
     args = parser.parse_args(argv)
     instrument()
     shard_bytes = {KIB: 4 * MIB, 100 * KIB: 64 * MIB}
     if args.quick:
         shard_bytes = {KIB: 1 * MIB, 100 * KIB: 8 * MIB}
+    gaps = [int(g) for g in args.gaps.split(",") if g]
     print(
         f"`python benchmarks/bench_resume.py{' --quick' if args.quick else ''} "
-        f"--buffer {args.buffer} --stop {args.stop}`\n"
+        f"--buffer {args.buffer} --stop {args.stop}{' --gaps ' + args.gaps if gaps else ''}`\n"
     )
     print(
-        "| records | shards | stopped at | state bytes | buffer bytes | refetch reads "
-        "| refetch MB | useful MB | rest MB | refetch s |"
+        "| records | shards | stopped at | gap KiB | state bytes | buffer bytes | refetch reads "
+        "| refetch MB | useful MB | rest MB | refetch s | model s |"
     )
-    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for size, per_shard in shard_bytes.items():
         paths = ensure_shards(size, per_shard)
-        r = measure(paths, args.buffer, args.stop)
-        label = "~1 KiB" if size == KIB else "~100 KiB"
-        print(
-            f"| {label} | {SHARDS} x {per_shard // MIB} MiB | {args.stop:.0%} of {r['records']:,} "
-            f"| {r['state']:,} | {r['buffer']:,} | {r['reads']:,} | {r['refetch'] / 1e6:.1f} "
-            f"| {r['useful'] / 1e6:.1f} | {r['rest'] / 1e6:.1f} | {r['seconds']:.2f} |"
-        )
+        for gap in gaps or [None]:
+            if gap is not None:
+                opener_module._GAP_BYTES = gap * KIB  # type: ignore[attr-defined]
+            shown = getattr(opener_module, "_GAP_BYTES", 0) // KIB
+            r = measure(paths, args.buffer, args.stop)
+            label = "~1 KiB" if size == KIB else "~100 KiB"
+            model = max((0.06 * r["reads"] + r["refetch"] / 25e6) / 16, r["refetch"] / 125e6)
+            print(
+                f"| {label} | {SHARDS} x {per_shard // MIB} MiB | {args.stop:.0%} of "
+                f"{r['records']:,} | {shown:,} | {r['state']:,} | {r['buffer']:,} | {r['reads']:,} "
+                f"| {r['refetch'] / 1e6:.1f} | {r['useful'] / 1e6:.1f} | {r['rest'] / 1e6:.1f} "
+                f"| {r['seconds']:.2f} | {model:.2f} |"
+            )
     return 0
 
 
