@@ -4,10 +4,12 @@ or raises StateError naming the field, never another exception, a hang or a huge
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import json
 import resource
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from test_resume import payload, write_shards
 
 import streamrec
 from streamrec.errors import StateError
+from streamrec.pipeline.buffer_codec import decode_buffer
 
 SIZES = [23, 0, 31, 17, 29, 11]
 MODES: dict[str, dict[str, Any]] = {
@@ -24,6 +27,7 @@ MODES: dict[str, dict[str, Any]] = {
     "interleaved": {"cycle_length": 3, "block_length": 2},
     "first-ready": {"cycle_length": 3, "deterministic": False},
     "shuffle-buffer": {"cycle_length": 2, "shuffle_buffer": 7, "seed": 3},
+    "shuffle-buffer-v1": {"cycle_length": 2, "shuffle_buffer": 7, "seed": 3},
 }
 BAD_VALUES: list[Any] = [None, -1, -(2**62), 2**62, "x", 1.5, True, [], {}, [0, 0, 0], 1]
 _PER_LIST = 3  # long lists (the generator state) have their first and last entries mutated
@@ -45,8 +49,38 @@ def memory_ceiling(extra: int = 2 << 30) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+def _as_version_1(state: dict[str, Any]) -> dict[str, Any]:
+    """The same position as a state of version 1 (the shuffle buffer as a list of locations)."""
+    shuffle = dict(state["shuffle"])
+    shuffle["buffer"] = decode_buffer(shuffle["buffer"], "shuffle.buffer")
+    return {**state, "version": 1, "shuffle": shuffle}
+
+
+def _pack(raw: bytes) -> str:
+    return base64.b64encode(zlib.compress(raw)).decode()
+
+
+def _packed_mutations(packed: str) -> Iterator[str]:
+    """The packed shuffle buffer with every byte of its columns changed (each to 0, 255 and
+    flipped in its lowest bit), cut short, lengthened, and not base64, zlib or one stream."""
+    raw = zlib.decompress(base64.b64decode(packed))
+    for k, byte in enumerate(raw):
+        for bad in {0, 255, byte ^ 1} - {byte}:
+            yield _pack(raw[:k] + bytes([bad]) + raw[k + 1 :])
+    for cut in (raw[:-1], raw[: len(raw) // 2], raw[:8], b"", raw + b"\0", raw + raw):
+        yield _pack(cut)
+    yield from ("!" + packed[1:], "é" + packed, packed[:-4], _pack(raw) + "AAAA")
+    yield base64.b64encode(b"not zlib").decode()
+    yield base64.b64encode(zlib.compress(raw) + b"more").decode()
+    yield _pack(bytes(1 << 20))  # inflates far beyond any buffer of 7 entries
+    yield _pack(raw[:8] + bytes(1 << 16))
+
+
 def _mutations(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
     """(path, replacement) pairs; replacement ``...`` deletes the key / entry."""
+    if isinstance(value, str) and path == ("shuffle", "buffer"):
+        for packed in _packed_mutations(value):
+            yield path, packed
     if isinstance(value, dict):
         for key, item in value.items():
             if path == () and key in ("config", "version"):
@@ -108,6 +142,8 @@ async def test_every_mutated_state_loads_and_reads_or_is_a_state_error(
             break
     state = json.loads(json.dumps(ds.state_dict()))
     assert state["read"] is not None  # a position inside the epoch
+    if mode.endswith("-v1"):
+        state = _as_version_1(state)
     rest = await _consume(_loaded(make, state), len(every))
     assert sorted(taken + rest) == sorted(every)  # the state itself is good
 

@@ -25,6 +25,7 @@ from streamrec.format.accel import log_fallback_once
 from streamrec.format.codecs import normalize_compression
 from streamrec.format.framing import OnCorrupt
 from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.buffer_codec import encode_buffer, unpacked_shuffle
 from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
 from streamrec.pipeline.opener import ShardOpener, shards_digest
 from streamrec.pipeline.shards import ShardPlan, plan_shards, seeded_random
@@ -263,7 +264,7 @@ class Dataset:
         range (states are untrusted: see :mod:`streamrec.pipeline.state_check`); a different
         set of shards, or positions past them, are detected when the iteration lists them.
         """
-        state = check_header(state, STATE_VERSION)
+        state = check_header(state, (1, STATE_VERSION))
         theirs, ours = state["config"], self._config()
         differences = [
             f"{key}: state has {theirs.get(key)!r}, dataset has {ours.get(key)!r}"
@@ -277,6 +278,10 @@ class Dataset:
         check_state(state, **{k: ours[k] for k in _CHECKED})  # every field, before any use
         self.epoch = state["epoch"]
         self._resume = copy.deepcopy(state)
+        if state["version"] == 1:  # its buffer is a list of locations: described anew
+            if state["shuffle"] is not None:
+                self._resume["shuffle"]["buffer"] = encode_buffer(state["shuffle"]["buffer"])
+            self._resume["version"] = STATE_VERSION
         self._set_cursor(None)
         self._report_consumed = None
         self._finished = bool(state.get("finished"))
@@ -304,6 +309,8 @@ class Dataset:
             self._finished = True
         else:
             self._finished = False
+        if resume is not None:  # the shuffle buffer's locations, unpacked once for all stages
+            resume = {**resume, "shuffle": unpacked_shuffle(resume["shuffle"])}
         read_state = resume["read"] if resume else None
         upstream: CycleTracker | ReadyTracker
         if self.deterministic or self.cycle_length == 1:

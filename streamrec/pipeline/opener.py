@@ -9,11 +9,12 @@ prefix. The shuffle buffer's records are fetched again from their locations the 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import json
 from collections import defaultdict
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Iterable, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -162,22 +163,45 @@ class ShardOpener:
         return chunks
 
     async def fetch(self, locations: Sequence[Sequence[Any]]) -> list[bytes]:
-        """The records at ``locations`` (``[ordinal, index, offset, length]``), in order."""
+        """The records at ``locations`` (``[ordinal, index, offset, length]``), in order.
+
+        Records of uncompressed shards resumed exactly are fetched by location: neighbouring
+        ones (see :func:`_runs`) share one range read, and the reads of every shard run
+        concurrently (at most ``max_concurrency`` at once, each within the prefetch budget).
+        Other shards are read from their start up to their last wanted record.
+        """
         wanted: dict[int, list[Sequence[Any]]] = defaultdict(list)
         for location in locations:
             self._check(int(location[0]))
             wanted[int(location[0])].append(location)
         found: dict[tuple[int, int], bytes] = {}
+        spans: list[tuple[int, list[Sequence[Any]]]] = []
         for ordinal, places in wanted.items():
             if self._exact and self._uncompressed.get(ordinal, False):
-                for run in _runs(places, _GAP_BYTES):
-                    await self._fetch_span(ordinal, run, found)
+                spans += [(ordinal, run) for run in _runs(places, _GAP_BYTES, self._span_bytes)]
             else:
                 await self._fetch_prefix(ordinal, places, found)
+        if spans:
+            limit = asyncio.Semaphore(min(self._fetch_concurrency(o) for o in wanted))
+
+            async def one(ordinal: int, run: list[Sequence[Any]]) -> None:
+                async with limit:
+                    await self._fetch_span(ordinal, run, found)
+
+            await _all(one(ordinal, run) for ordinal, run in spans)
         try:
             return [found[(int(loc[0]), int(loc[1]))] for loc in locations]
         except KeyError as exc:
             raise StateError(f"resume state names a record that is not there: {exc}") from None
+
+    @property
+    def _span_bytes(self) -> int:
+        """Most bytes one refetch read covers (a single record may exceed it)."""
+        return self.dataset.block_bytes
+
+    def _fetch_concurrency(self, ordinal: int) -> int:
+        store: ObjectStore = self.stores.get(self.plan.shards[ordinal].url)
+        return min(self.dataset.max_concurrency, store.concurrency_limit or _MAX_FETCHES)
 
     async def _fetch_span(
         self, ordinal: int, places: list[Sequence[Any]], found: dict[tuple[int, int], bytes]
@@ -187,14 +211,17 @@ class ShardOpener:
         first = min(places, key=lambda loc: int(loc[2]))
         last = max(int(loc[2]) + int(loc[3]) + 16 for loc in places)
         span = ObjectInfo(shard.url, min(last, shard.size), shard.version)
+        length = max(span.size - int(first[2]), 1)
         reader = ObjectReader(
             self.stores.get(shard.url),
             span,
             self.budget,
             start=int(first[2]),
-            block_bytes=self.dataset.block_bytes,
-            max_concurrency=self.dataset.max_concurrency,
+            block_bytes=length,
+            first_block_bytes=length,
+            max_concurrency=1,
             policy=self.dataset.retry,
+            on_retry=self.dataset._count_retry,
         )
         reader.prime()
         offsets = {int(loc[2]): int(loc[1]) for loc in places}
@@ -240,19 +267,42 @@ class ShardOpener:
 
 
 # Buffered records further apart than this are fetched by separate range reads; closer ones
-# share one read (reading a gap this size costs about one round trip on a cloud link).
-_GAP_BYTES = 1 << 20
+# share one read. Cutting at every gap wider than G is what minimises a cost of
+# ``requests x a + bytes x b`` for G = a / b: on a cloud link (60 ms round trips, 16 reads in
+# flight, ~125 MB/s) a request costs about what 470 KB cost; locally, this pipeline's own
+# per-read overhead makes small gaps slower too. Measured (bench_resume.py, benchmarks/README.md):
+# 256 KiB re-reads 24-31 % fewer bytes than 1 MiB did, with the fewest modelled seconds.
+_GAP_BYTES = 256 << 10
+_MAX_FETCHES = 16  # refetch reads in flight at once where the store sets no limit
 
 
-def _runs(places: list[Sequence[Any]], gap_bytes: int) -> list[list[Sequence[Any]]]:
-    """``places`` sorted by offset and cut where the gap between records exceeds gap_bytes."""
+def _runs(
+    places: list[Sequence[Any]], gap_bytes: int, span_bytes: int
+) -> list[list[Sequence[Any]]]:
+    """``places`` sorted by offset and cut where the gap between records exceeds
+    ``gap_bytes`` or a run would cover more than ``span_bytes`` (a lone record may)."""
     ordered = sorted(places, key=lambda loc: int(loc[2]))
     runs: list[list[Sequence[Any]]] = [[ordered[0]]]
+    start = int(ordered[0][2])
     for before, location in itertools.pairwise(ordered):
-        if int(location[2]) - (int(before[2]) + int(before[3]) + 16) > gap_bytes:
+        offset, end = int(location[2]), int(location[2]) + int(location[3]) + 16
+        if offset - (int(before[2]) + int(before[3]) + 16) > gap_bytes or end - start > span_bytes:
             runs.append([])
+            start = offset
         runs[-1].append(location)
     return runs
+
+
+async def _all(jobs: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Run ``jobs`` concurrently; the first error cancels the others and is raised as is."""
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _starting_a_record(chunks: Chunks, ordinal: int, offset: int) -> Chunks:

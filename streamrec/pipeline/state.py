@@ -31,8 +31,9 @@ A shard's position is ``[ordinal, records, offset]``: records handed on from it,
 offset after them in its uncompressed stream. The offset is only used where it can be trusted
 (an uncompressed shard, no skipped corrupt records, no record-level splitting); other shards
 resume by reading and dropping their first ``records`` records. The shuffle buffer is kept as
-record *locations* ``[ordinal, index, offset, length]``, never as data; resuming fetches those
-records again.
+record *locations* ``[ordinal, index, offset, length]``, never as data (in the state, packed
+into one string: see :mod:`~streamrec.pipeline.buffer_codec`); resuming fetches those records
+again.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from streamrec.errors import StateError
+from streamrec.pipeline.buffer_codec import encode_buffer, unpacked_shuffle
 
 __all__ = [
     "STATE_VERSION",
@@ -59,7 +61,9 @@ __all__ = [
     "rng_state",
 ]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+"""Version 2 packs the shuffle buffer's locations into one string (see buffer_codec); states of
+version 1 (the buffer as a list of locations) are still loaded."""
 HEADER_AND_CRCS = 16  # bytes of framing around every payload: length, its CRC, payload CRC
 
 Event = tuple[Any, ...]
@@ -310,7 +314,9 @@ class ShuffleTracker:
         self.buffer: list[Location] = []
         self.draining = False
         if state is not None:
-            self.buffer = [list(loc) for loc in state["buffer"]]
+            unpacked = unpacked_shuffle(state)
+            assert unpacked is not None
+            self.buffer = [list(loc) for loc in unpacked["buffer"]]
             self.draining = bool(state["draining"])
             self.rng.setstate(rng_from_state(state["rng"]))
 
@@ -368,7 +374,7 @@ class ShuffleTracker:
     def state(self) -> dict[str, Any]:
         return {
             "upstream": self.upstream.state(),
-            "buffer": [list(loc) for loc in self.buffer],
+            "buffer": encode_buffer(self.buffer),
             "rng": rng_state(self.rng),
             "draining": self.draining,
         }

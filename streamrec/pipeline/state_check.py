@@ -3,7 +3,8 @@ so every field is untrusted.
 
 :func:`check_header` (before the configuration is compared) and :func:`check_state` (after)
 check what a state can be checked against without the shards: every field's type and range,
-lengths against the configuration (interleave slots, shuffle buffer), the generator's state.
+lengths against the configuration (interleave slots, shuffle buffer), the generator's state,
+and the packing of the shuffle buffer (version 2; version 1 lists its locations).
 :func:`check_against_plan` checks the shard ordinals and byte offsets against the epoch's
 shards, once they are listed (and :class:`~streamrec.pipeline.opener.ShardOpener` checks that a
 byte offset it seeks to starts a record). Anything wrong is a :class:`~streamrec.errors.StateError`
@@ -17,6 +18,7 @@ import random
 from typing import Any
 
 from streamrec.errors import StateError
+from streamrec.pipeline.buffer_codec import decode_buffer
 
 __all__ = ["check_against_plan", "check_header", "check_state"]
 
@@ -61,11 +63,12 @@ def _key(mapping: dict[str, Any], key: str, field: str) -> Any:
     return mapping[key]
 
 
-def check_header(state: object, version: int) -> dict[str, Any]:
-    """The state as a dict, if it is one of ``version`` with a configuration mapping."""
-    if not isinstance(state, dict) or state.get("version") != version:
+def check_header(state: object, versions: tuple[int, ...]) -> dict[str, Any]:
+    """The state as a dict, if it is one of ``versions`` with a configuration mapping."""
+    if not isinstance(state, dict) or state.get("version") not in versions:
         got = state.get("version") if isinstance(state, dict) else None
-        raise StateError(f"not a streamrec dataset state of version {version} (got {got!r})")
+        shown = " or ".join(map(str, versions))
+        raise StateError(f"not a streamrec dataset state of version {shown} (got {got!r})")
     _dict(_key(state, "config", "state"), "config")
     return state
 
@@ -96,7 +99,7 @@ def check_state(
         else:
             _check_ready(_dict(read, "read"))
     if shuffle is not None:
-        _check_shuffle(_dict(shuffle, "shuffle"), shuffle_buffer)
+        _check_shuffle(_dict(shuffle, "shuffle"), shuffle_buffer, state["version"])
 
 
 def _position(value: object, field: str) -> list[int]:
@@ -142,8 +145,11 @@ def _check_ready(read: dict[str, Any]) -> None:
         seen.add(ordinal)
 
 
-def _check_shuffle(shuffle: dict[str, Any], shuffle_buffer: int) -> None:
-    buffer = _list(_key(shuffle, "buffer", "shuffle"), "shuffle.buffer", most=shuffle_buffer)
+def _check_shuffle(shuffle: dict[str, Any], shuffle_buffer: int, version: int) -> None:
+    buffer = _key(shuffle, "buffer", "shuffle")
+    if version >= 2:  # packed (decoding checks the packing; the locations are checked below)
+        buffer = decode_buffer(buffer, "shuffle.buffer", most=shuffle_buffer)
+    buffer = _list(buffer, "shuffle.buffer", most=shuffle_buffer)
     for k, location in enumerate(buffer):
         field = f"shuffle.buffer[{k}]"
         _list(location, field, 4)
