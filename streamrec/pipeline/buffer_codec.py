@@ -31,12 +31,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from streamrec.errors import StateError
+from streamrec.format.framing import OVERHEAD_BYTES
 
 __all__ = ["decode_buffer", "encode_buffer", "packed_size_limit", "unpacked_shuffle"]
 
 _MOD = 1 << 64
 _MAX = 2**63 - 1
-_FRAMING = 16  # bytes around every payload (see state.HEADER_AND_CRCS)
+_FRAMING = OVERHEAD_BYTES  # bytes around every payload
 _COLUMNS = 5
 _WIDTHS = {1: "B", 2: "H", 4: "I", 8: "Q"}
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import FormatError, StateError
 from streamrec.format.codecs import compression_from_name, normalize_compression, sniff
-from streamrec.format.framing import HEADER_BYTES
+from streamrec.format.framing import HEADER_BYTES, OVERHEAD_BYTES
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.read import read_shard
 from streamrec.pipeline.shards import ShardPlan
@@ -209,7 +209,7 @@ class ShardOpener:
         """One range read from the first to the last wanted record of an uncompressed shard."""
         shard = self.plan.shards[ordinal]
         first = min(places, key=lambda loc: int(loc[2]))
-        last = max(int(loc[2]) + int(loc[3]) + 16 for loc in places)
+        last = max(int(loc[2]) + int(loc[3]) + OVERHEAD_BYTES for loc in places)
         span = ObjectInfo(shard.url, min(last, shard.size), shard.version)
         length = max(span.size - int(first[2]), 1)
         reader = ObjectReader(
@@ -242,7 +242,7 @@ class ShardOpener:
                         index = offsets.get(offset)
                         if index is not None:
                             found[(ordinal, index)] = record
-                        offset += len(record) + 16
+                        offset += len(record) + OVERHEAD_BYTES
         except FormatError as exc:  # the span and its start come from the state alone
             raise StateError(
                 f"resume state's shuffle buffer names records of shard {ordinal} that do not "
@@ -285,8 +285,11 @@ def _runs(
     runs: list[list[Sequence[Any]]] = [[ordered[0]]]
     start = int(ordered[0][2])
     for before, location in itertools.pairwise(ordered):
-        offset, end = int(location[2]), int(location[2]) + int(location[3]) + 16
-        if offset - (int(before[2]) + int(before[3]) + 16) > gap_bytes or end - start > span_bytes:
+        offset, end = int(location[2]), int(location[2]) + int(location[3]) + OVERHEAD_BYTES
+        if (
+            offset - (int(before[2]) + int(before[3]) + OVERHEAD_BYTES) > gap_bytes
+            or end - start > span_bytes
+        ):
             runs.append([])
             start = offset
         runs[-1].append(location)

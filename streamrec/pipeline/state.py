@@ -44,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from streamrec.errors import StateError
+from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.pipeline.buffer_codec import encode_buffer, unpacked_shuffle
 
 __all__ = [
@@ -64,7 +65,7 @@ __all__ = [
 STATE_VERSION = 2
 """Version 2 packs the shuffle buffer's locations into one string (see buffer_codec); states of
 version 1 (the buffer as a list of locations) are still loaded."""
-HEADER_AND_CRCS = 16  # bytes of framing around every payload: length, its CRC, payload CRC
+HEADER_AND_CRCS = OVERHEAD_BYTES  # framing around every payload: length, its CRC, payload CRC
 
 Event = tuple[Any, ...]
 
