@@ -16,12 +16,11 @@ Public API (re-exports only)::
 """
 
 from streamrec import errors, sync
+from streamrec._version import __version__
 from streamrec.manifest.core import ManifestEntry, read_manifest
 from streamrec.pipeline.dataset import Dataset, open_dataset
 from streamrec.reshard.job import ReshardSummary, reshard
 from streamrec.write.writer import ShardWriter, open_writer
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Dataset",

@@ -21,7 +21,7 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-import streamrec
+from streamrec._version import __version__
 from streamrec.cli import cleanup, count, head, inspect, ls, reshard
 from streamrec.cli.common import EXIT_DATA_ERROR, error
 from streamrec.errors import StreamrecError
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version",
         action="version",
-        version=f"streamrec {streamrec.__version__}\n{accel.describe()}",
+        version=f"streamrec {__version__}\n{accel.describe()}",
         help="show the version and whether the C accelerators are in use, and exit",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -187,7 +187,7 @@ def dumps(manifest: Manifest, manifest_url: str, *, allow_absolute_urls: bool = 
     ``allow_absolute_urls`` lists such shards by their url instead (for streamrec's own
     scratch manifests, read back with the same flag).
     """
-    from streamrec import __version__
+    from streamrec._version import __version__
 
     def name_of(entry: ManifestEntry) -> str:
         name = relative_name(entry.url, manifest_url)
