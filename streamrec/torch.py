@@ -111,8 +111,7 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
         dataset = self.dataset
         if self.split_by_rank is None and (dataset.num_hosts, dataset.host_index) != (1, 0):
             return  # the user split by hand
-        dataset.num_hosts = dist.get_world_size()
-        dataset.host_index = dist.get_rank()
+        dataset.split_hosts(dist.get_world_size(), dist.get_rank())
 
     def __iter__(self) -> Iterator[Any]:
         self._apply_rank(starting=True)

@@ -22,6 +22,7 @@ import pytest
 
 import streamrec
 from streamrec.example import FixedLenFeature, VarLenFeature, encode
+from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.transform import BatchedDataset, ParsedDataset
 
 SPEC = {"idx": FixedLenFeature(np.int64), "pad": VarLenFeature(bytes)}
@@ -43,7 +44,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 def make(kind: str, files: list[str], read: str, cls: type[streamrec.Dataset] | None = None) -> Any:
     # small blocks: many chunks, several reads in flight when the consumer stops
-    ds = (cls or streamrec.Dataset)(files, block_bytes=16 << 10, **READS[read])
+    ds = (cls or streamrec.Dataset)(files, ReadOptions(block_bytes=16 << 10, **READS[read]))
     if kind == "raw":
         return ds
     if kind == "parsed":

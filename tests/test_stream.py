@@ -367,9 +367,9 @@ def test_interleaved_streams_shares_fit_in_the_budget(tmp_path: Path, determinis
         deterministic=deterministic,
         prefetch_bytes=64 << 20,
     )
-    share = ds._stream_share()
+    share = ds.options.stream_share()
     assert share is not None and share >= 3 << 20
     read_ahead = 16 if deterministic else 0  # the next generation, started before its turn
     assert 16 * share + read_ahead * (share // 4) <= 64 << 20
     assert list(ds) == []
-    assert streamrec.open_dataset(str(tmp_path / "*.tfrecord"))._stream_share() is None
+    assert streamrec.open_dataset(str(tmp_path / "*.tfrecord")).options.stream_share() is None

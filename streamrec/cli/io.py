@@ -20,12 +20,7 @@ from streamrec.format.shard import ShardDecoder
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.sources import list_sources
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.stores import (
-    ObjectInfo,
-    ObjectStore,
-    open_store,
-    store_key,
-)
+from streamrec.storage.stores import ObjectInfo, StoreSet
 from streamrec.storage.stream import ObjectReader
 
 __all__ = [
@@ -45,31 +40,14 @@ R = TypeVar("R")
 Located = tuple[ObjectInfo, int, int, bytes]
 
 
-class Stores:
-    """One store per scheme for one command run, created in its event loop, closed with it."""
+class Stores(StoreSet):
+    """One store per scheme for one command run (a :class:`StoreSet`), and its retry policy."""
 
     def __init__(
         self, storage_options: dict[str, Any] | None, retry: RetryPolicy | None = None
     ) -> None:
-        self.storage_options = storage_options
+        super().__init__(storage_options)
         self.retry = retry or RetryPolicy()
-        self._stores: dict[str, ObjectStore] = {}
-
-    def get(self, url: str) -> ObjectStore:
-        """The store serving ``url`` (created on first use)."""
-        key = store_key(url)
-        store = self._stores.get(key)
-        if store is None:
-            store = self._stores[key] = open_store(url, self.storage_options)
-        return store
-
-    async def __aenter__(self) -> Stores:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        stores, self._stores = self._stores, {}
-        for store in stores.values():
-            await store.close()
 
 
 async def list_shards(stores: Stores, urls: Sequence[str]) -> list[ObjectInfo]:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import copy
 import itertools
-import sys
-import time
 from collections import deque
 from collections.abc import (
     AsyncGenerator,
-    Awaitable,
     Callable,
     Generator,
     Iterator,
@@ -17,20 +14,17 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import aclosing
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from streamrec._portal import iterate_blocking
 from streamrec.errors import StateError
 from streamrec.format.accel import log_fallback_once
-from streamrec.format.codecs import normalize_compression
 from streamrec.format.framing import OnCorrupt
-from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.buffer_codec import encode_buffer, unpacked_shuffle
-from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
-from streamrec.pipeline.opener import ShardOpener, shards_digest
-from streamrec.pipeline.shards import ShardPlan, plan_shards, seeded_random
-from streamrec.pipeline.shuffle import shuffle_pieces
-from streamrec.pipeline.sources import list_sources
+from streamrec.pipeline.engine import Piece, ReadEngine
+from streamrec.pipeline.options import ReadOptions
+from streamrec.pipeline.shards import seeded_random
 from streamrec.pipeline.state import (
     STATE_VERSION,
     Cursor,
@@ -39,21 +33,12 @@ from streamrec.pipeline.state import (
     ReadyTracker,
     ShuffleTracker,
     Tracker,
-    rng_from_state,
-    take_event,
 )
 from streamrec.pipeline.state_check import check_header, check_state
 from streamrec.pipeline.stats import Stats
 from streamrec.redact import redact
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.stores import (
-    ObjectInfo,
-    ObjectStore,
-    is_per_scheme,
-    open_store,
-    store_key,
-)
-from streamrec.storage.stream import ObjectReader
+from streamrec.storage.stores import ObjectInfo, StoreSet, store_key
 
 if TYPE_CHECKING:  # the transforms load protobuf: only on first use
     from streamrec.format.example import FeatureSpec
@@ -62,8 +47,6 @@ if TYPE_CHECKING:  # the transforms load protobuf: only on first use
 __all__ = ["Dataset", "open_dataset"]
 
 _CHECKED = ("cycle_length", "block_length", "deterministic", "shuffle_buffer")
-_MIN_STREAM_SHARE = 64 << 10  # a smaller share would mean tiny range reads
-_READ_AHEAD_PART = 4  # a shard read ahead of its turn is kept 1/4 of a share
 
 
 class Dataset:
@@ -75,69 +58,15 @@ class Dataset:
     closed when the iteration ends. ``stats`` accumulates counters.
     """
 
-    def __init__(
-        self,
-        urls: str | Sequence[str],
-        *,
-        compression: str | None = "auto",
-        verify_crc: bool = True,
-        on_corrupt: OnCorrupt = "raise",
-        prefetch_bytes: int = 64 << 20,
-        block_bytes: int = 4 << 20,
-        max_concurrency: int = 16,
-        retry: RetryPolicy | None = None,
-        storage_options: dict[str, Any] | None = None,
-        cycle_length: int = 1,
-        block_length: int = 1,
-        deterministic: bool = True,
-        shuffle_shards: bool = False,
-        shuffle_buffer: int = 0,
-        seed: int = 0,
-        num_hosts: int = 1,
-        host_index: int = 0,
-        allow_absolute_urls: bool = False,
-    ) -> None:
+    def __init__(self, urls: str | Sequence[str], options: ReadOptions | None = None) -> None:
         log_fallback_once()  # a build without the C accelerators says so, once
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ValueError("open_dataset needs at least one path, glob or url")
         for url in self.urls:
             store_key(url)  # unsupported schemes fail now, not on first read
-        is_per_scheme(storage_options)  # so do options that mix scheme and option keys
-        normalize_compression(compression)  # so do bad codec names
-        if on_corrupt not in ("raise", "skip"):
-            raise ValueError(f"on_corrupt must be 'raise' or 'skip', not {on_corrupt!r}")
-        for name, value in (
-            ("prefetch_bytes", prefetch_bytes),
-            ("block_bytes", block_bytes),
-            ("max_concurrency", max_concurrency),
-            ("cycle_length", cycle_length),
-            ("block_length", block_length),
-            ("num_hosts", num_hosts),
-        ):
-            if value <= 0:
-                raise ValueError(f"{name} must be positive, not {value}")
-        if shuffle_buffer < 0:
-            raise ValueError(f"shuffle_buffer must be >= 0, not {shuffle_buffer}")
-        if not 0 <= host_index < num_hosts:
-            raise ValueError(f"host_index must be in [0, {num_hosts}), not {host_index}")
-        self.compression = compression
-        self.verify_crc = verify_crc
-        self.on_corrupt: OnCorrupt = on_corrupt
-        self.prefetch_bytes = prefetch_bytes
-        self.block_bytes = block_bytes
-        self.max_concurrency = max_concurrency
-        self.retry = retry or RetryPolicy()
-        self.storage_options = storage_options
-        self.cycle_length = cycle_length
-        self.block_length = block_length
-        self.deterministic = deterministic
-        self.shuffle_shards = shuffle_shards
-        self.shuffle_buffer = shuffle_buffer
-        self.seed = seed
-        self.num_hosts = num_hosts
-        self.host_index = host_index
-        self.allow_absolute_urls = allow_absolute_urls
+        self.options = options or ReadOptions()
+        """How the dataset reads (frozen; see :class:`~streamrec.pipeline.options.ReadOptions`)."""
         self.epoch = 0
         self._stats = Stats()
         self._handed_before = 0  # records handed out by the cursors before the current one
@@ -163,65 +92,30 @@ class Dataset:
 
     async def shards(self) -> list[ObjectInfo]:
         """Every shard to read, in reading order, with its size and version."""
-        async with _Stores(self.storage_options) as stores:
-            return await self._list(stores)
+        engine = ReadEngine(self.urls, self.options, self.epoch, self._stats)
+        async with StoreSet(self.options.storage_options) as stores:
+            return await engine.list_shards(stores)
 
-    async def _list(self, stores: _Stores) -> list[ObjectInfo]:
-        return await list_sources(
-            self.urls,
-            stores.get,
-            self.retry,
-            allow_absolute_urls=self.allow_absolute_urls,
-            on_retry=self._count_retry,
-        )
+    # The settings a DDP launcher or the user may change between iterations (the PyTorch
+    # adapter splits by rank); every other setting is fixed at open_dataset.
+    @property
+    def num_hosts(self) -> int:
+        """How many hosts share the shards (see ``open_dataset``)."""
+        return self.options.num_hosts
 
-    def _reader(
-        self,
-        stores: _Stores,
-        shard: ObjectInfo,
-        budget: ByteBudget,
-        start: int = 0,
-        *,
-        ahead: bool = False,
-    ) -> ObjectReader:
-        self._stats.shards_opened += 1
-        share = cap = self._stream_share()
-        block_bytes = self.block_bytes
-        if share is not None:
-            # a few blocks per share, so that one arrives while another is decoded
-            block_bytes = max(1, min(block_bytes, share // 4))
-            if ahead:  # a part is kept for it; up to a full share if nobody needs it
-                share //= _READ_AHEAD_PART
-        return ObjectReader(
-            stores.get(shard.url),
-            shard,
-            budget,
-            start=start,
-            block_bytes=block_bytes,
-            max_concurrency=self.max_concurrency,
-            share_bytes=share,
-            max_held_bytes=cap,
-            policy=self.retry,
-            on_retry=self._count_retry,
-        )
+    @property
+    def host_index(self) -> int:
+        """Which share of the shards this host reads."""
+        return self.options.host_index
 
-    def _stream_share(self) -> int | None:
-        """The part of the budget kept for one shard's reader when several are read at once.
+    def split_hosts(self, num_hosts: int, host_index: int) -> None:
+        """Read share ``host_index`` of ``num_hosts`` from the next iteration on."""
+        self.options = replace(self.options, num_hosts=num_hosts, host_index=host_index)
 
-        An interleave consumes its open shards side by side, so each gets an equal share.
-        Deterministic interleaving also starts the next ``cycle_length`` shards before their
-        turn: those only need to bridge their first round trips and are kept a quarter share
-        until they are opened. One shard at a time: no shares.
-        """
-        if self.cycle_length == 1:
-            return None
-        streams = float(self.cycle_length)
-        if self.deterministic:
-            streams *= 1 + 1 / _READ_AHEAD_PART
-        return max(int(self.prefetch_bytes / streams), _MIN_STREAM_SHARE)
-
-    def _count_retry(self, error: Exception) -> None:
-        self._stats.retries += 1
+    @property
+    def compression(self) -> str | None:
+        """The ``compression`` setting."""
+        return self.options.compression
 
     def _add_wait(self, seconds: float) -> None:
         self._stats.wait_s += seconds
@@ -250,7 +144,7 @@ class Dataset:
         }
         if self._cursor is not None and not self._finished:
             position = self._cursor.state()
-            if self.shuffle_buffer:
+            if self.options.shuffle_buffer:
                 state["read"], state["shuffle"] = position.pop("upstream"), position
             else:
                 state["read"] = position
@@ -287,19 +181,8 @@ class Dataset:
         self._finished = bool(state.get("finished"))
 
     def _config(self) -> dict[str, Any]:
-        return {
-            "urls": [redact(url) for url in self.urls],  # no credentials in states
-            "compression": self.compression,
-            "on_corrupt": self.on_corrupt,
-            "cycle_length": self.cycle_length,
-            "block_length": self.block_length,
-            "deterministic": self.deterministic,
-            "shuffle_shards": self.shuffle_shards,
-            "shuffle_buffer": self.shuffle_buffer,
-            "seed": self.seed,
-            "num_hosts": self.num_hosts,
-            "host_index": self.host_index,
-        }
+        # no credentials in states
+        return {"urls": [redact(url) for url in self.urls], **self.options.config()}
 
     def _begin(self) -> tuple[Cursor, dict[str, Any] | None]:
         """Consumer side of a new iteration: its cursor, and the state it resumes from."""
@@ -313,15 +196,16 @@ class Dataset:
             resume = {**resume, "shuffle": unpacked_shuffle(resume["shuffle"])}
         read_state = resume["read"] if resume else None
         upstream: CycleTracker | ReadyTracker
-        if self.deterministic or self.cycle_length == 1:
-            upstream = CycleTracker(self.cycle_length, read_state)
+        options = self.options
+        if options.deterministic or options.cycle_length == 1:
+            upstream = CycleTracker(options.cycle_length, read_state)
         else:
             upstream = ReadyTracker(read_state)
         tracker: Tracker = upstream
-        if self.shuffle_buffer:
-            rng = seeded_random(self.seed, self.epoch, "records")
+        if options.shuffle_buffer:
+            rng = seeded_random(options.seed, self.epoch, "records")
             shuffle_state = resume["shuffle"] if resume else None
-            tracker = ShuffleTracker(upstream, self.shuffle_buffer, rng, shuffle_state)
+            tracker = ShuffleTracker(upstream, options.shuffle_buffer, rng, shuffle_state)
         cursor = Cursor(tracker)
         self._set_cursor(cursor)
         return cursor, resume
@@ -356,116 +240,18 @@ class Dataset:
 
     async def _pieces(
         self, resume: dict[str, Any] | None, *, timed: bool = True
-    ) -> AsyncGenerator[tuple[list[bytes], list[Event]], None]:
-        """The pipeline: ``(records, events)`` pieces in reading order (see state.py)."""
+    ) -> AsyncGenerator[Piece, None]:
+        """This epoch's pieces from the read engine (none once the epoch is finished)."""
         if self._finished:
             return
-        budget = ByteBudget(self.prefetch_bytes)
-        closers: list[Callable[[], Awaitable[None]]] = []
-        connections = self.max_concurrency * (self.cycle_length + 1)
-        async with _Stores(self.storage_options, connections) as stores:
-            try:
-                plan = self._plan(await self._list(stores))
-                digest = shards_digest(plan)
-                if resume is not None and resume.get("shards") not in (None, digest):
-                    raise StateError(
-                        "the state was saved over different shards (other files, sizes or "
-                        "versions, or another host/worker split); it cannot resume here"
-                    )
-                self._shards_digest = digest
-                share = self._stream_share()
-                if share is not None:  # see ByteBudget: room kept for every stream's share
-                    streams = min(self.cycle_length, len(plan.shards))
-                    ahead = min(self.cycle_length, len(plan.shards) - streams)
-                    ahead = ahead if self.deterministic else 0
-                    # (more than the limit only with tiny budgets, where shares have a floor)
-                    kept = streams * share + ahead * (share // _READ_AHEAD_PART)
-                    budget.kept = min(budget.limit, kept)
-                opener = ShardOpener(self, stores, budget, plan)
-                closers.append(opener.aclose)
-                await opener.prepare(resume)
-                pieces = self._read(opener, resume["read"] if resume else None)
-                if self.shuffle_buffer:
-                    shuffle_state = resume["shuffle"] if resume else None
-                    rng = seeded_random(self.seed, self.epoch, "records")
-                    buffer: list[bytes] = []
-                    draining = False
-                    if shuffle_state is not None:
-                        rng.setstate(rng_from_state(shuffle_state["rng"]))
-                        buffer = await opener.fetch(shuffle_state["buffer"])
-                        draining = bool(shuffle_state["draining"])
-                    pieces = shuffle_pieces(
-                        pieces, self.shuffle_buffer, rng, buffer=buffer, draining=draining
-                    )
-                async with aclosing(pieces) as ordered:
-                    waited = time.monotonic()
-                    async for piece in ordered:
-                        if timed:  # the blocking path times the consumer's wait itself
-                            self._stats.wait_s += time.monotonic() - waited
-                        yield piece
-                        waited = time.monotonic()
-            finally:
-                for close in closers:
-                    await close()
-                self._stats.peak_prefetch_bytes = max(self._stats.peak_prefetch_bytes, budget.peak)
+        engine = ReadEngine(self.urls, self.options, self.epoch, self._stats)
+        pieces = engine.pieces(resume, timed=timed, on_planned=self._planned)
+        async with aclosing(pieces) as ordered:
+            async for piece in ordered:
+                yield piece
 
-    def _read(
-        self, opener: ShardOpener, start: dict[str, Any] | None
-    ) -> AsyncGenerator[tuple[list[bytes], list[Event]], None]:
-        num_shards = len(opener.plan.shards)
-        if self.cycle_length == 1:
-            return self._sequential(opener, start)
-        if self.deterministic:
-            return interleave_deterministic(
-                num_shards,
-                opener.chunks,
-                self.cycle_length,
-                self.block_length,
-                start,
-                prefetch=opener.prefetch,
-            )
-        jobs: list[tuple[int, int, int | None]] = []
-        started: set[int] = set()
-        if start is not None:
-            jobs = [(int(p[0]), int(p[1]), p[2]) for p in start["open"]]
-            started = {job[0] for job in jobs} | set(start["done"])
-        jobs += [(ordinal, 0, 0) for ordinal in range(num_shards) if ordinal not in started]
-        return interleave_first_ready(jobs, opener.chunks, self.cycle_length)
-
-    async def _sequential(
-        self, opener: ShardOpener, start: dict[str, Any] | None
-    ) -> AsyncGenerator[tuple[list[bytes], list[Event]], None]:
-        """One shard after another; the next shard's first blocks are requested as soon as
-        the current one has requested its last, so its first-byte latency hides."""
-        jobs: list[tuple[int, int, int | None]] = []
-        first = 0
-        if start is not None:
-            first = start["next"]
-            if start["slots"][0] is not None:
-                ordinal, records, offset = start["slots"][0]
-                jobs.append((ordinal, records, offset))
-        jobs += [(ordinal, 0, 0) for ordinal in range(first, len(opener.plan.shards))]
-        upcoming: ObjectReader | None = None
-        try:
-            for index, (ordinal, records, offset) in enumerate(jobs):
-                reader, upcoming = upcoming or opener.reader(ordinal, records, offset), None
-                reader.prime()
-                following = jobs[index + 1] if index + 1 < len(jobs) else None
-                events: list[Event] = [("open", 0, ordinal, records, offset)]
-                chunks = opener.chunks(ordinal, records, offset, reader)
-                async with aclosing(chunks) as source:
-                    async for chunk in source:
-                        if following and upcoming is None and reader.fully_requested:
-                            upcoming = opener.reader(*following)
-                            upcoming.prime()
-                        events.append(take_event(0, chunk, False))
-                        yield chunk, events
-                        events = []
-                events.append(take_event(0, [], True))
-                yield [], events
-        finally:
-            if upcoming is not None:
-                await upcoming.aclose()
+    def _planned(self, digest: str) -> None:
+        self._shards_digest = digest  # states taken from now on name these shards
 
     # ------------------------------------------------------------------ consumers
 
@@ -561,19 +347,6 @@ class Dataset:
             state["_handed_before"] = self.stats.records
         return state
 
-    def _plan(self, shards: list[ObjectInfo]) -> ShardPlan[ObjectInfo]:
-        num_workers, worker_index = _torch_worker()
-        return plan_shards(
-            shards,
-            shuffle=self.shuffle_shards,
-            seed=self.seed,
-            epoch=self.epoch,
-            num_hosts=self.num_hosts,
-            host_index=self.host_index,
-            num_workers=num_workers,
-            worker_index=worker_index,
-        )
-
     async def __aiter__(self) -> AsyncGenerator[bytes, None]:
         cursor, resume = self._begin()
         async with aclosing(self._pieces(resume)) as pieces:
@@ -633,48 +406,6 @@ class _Remaining:
 
     def __length_hint__(self) -> int:
         return self.n
-
-
-def _torch_worker() -> tuple[int, int]:
-    """(num_workers, worker_id) inside a PyTorch DataLoader worker, else (1, 0).
-
-    torch is only consulted when the process has already imported it.
-    """
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return 1, 0
-    info = torch.utils.data.get_worker_info()
-    if info is None:
-        return 1, 0
-    return int(info.num_workers), int(info.id)
-
-
-class _Stores:
-    """The stores one iteration uses, one per scheme, created in its loop and closed with it."""
-
-    def __init__(
-        self, storage_options: dict[str, Any] | None, max_connections: int | None = None
-    ) -> None:
-        self._options = storage_options
-        self._max_connections = max_connections
-        self._stores: dict[str, ObjectStore] = {}
-
-    def get(self, url: str) -> ObjectStore:
-        key = store_key(url)
-        store = self._stores.get(key)
-        if store is None:
-            store = self._stores[key] = open_store(
-                url, self._options, max_connections=self._max_connections
-            )
-        return store
-
-    async def __aenter__(self) -> _Stores:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        stores, self._stores = self._stores, {}
-        for store in stores.values():
-            await store.close()
 
 
 def open_dataset(
@@ -755,21 +486,23 @@ def open_dataset(
     """
     return Dataset(
         urls,
-        compression=compression,
-        verify_crc=verify_crc,
-        on_corrupt=on_corrupt,
-        prefetch_bytes=prefetch_bytes,
-        block_bytes=block_bytes,
-        max_concurrency=max_concurrency,
-        retry=retry,
-        storage_options=storage_options,
-        cycle_length=cycle_length,
-        block_length=block_length,
-        deterministic=deterministic,
-        shuffle_shards=shuffle_shards,
-        shuffle_buffer=shuffle_buffer,
-        seed=seed,
-        num_hosts=num_hosts,
-        host_index=host_index,
-        allow_absolute_urls=allow_absolute_urls,
+        ReadOptions(
+            compression=compression,
+            verify_crc=verify_crc,
+            on_corrupt=on_corrupt,
+            prefetch_bytes=prefetch_bytes,
+            block_bytes=block_bytes,
+            max_concurrency=max_concurrency,
+            retry=retry or RetryPolicy(),
+            storage_options=storage_options,
+            cycle_length=cycle_length,
+            block_length=block_length,
+            deterministic=deterministic,
+            shuffle_shards=shuffle_shards,
+            shuffle_buffer=shuffle_buffer,
+            seed=seed,
+            num_hosts=num_hosts,
+            host_index=host_index,
+            allow_absolute_urls=allow_absolute_urls,
+        ),
     )

@@ -14,7 +14,7 @@ import hashlib
 import itertools
 import json
 from collections import defaultdict
-from collections.abc import AsyncGenerator, Coroutine, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,13 @@ from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.stream import ObjectReader
 
 if TYPE_CHECKING:
-    from streamrec.pipeline.dataset import Dataset, _Stores
+    from streamrec.pipeline.options import ReadOptions
+    from streamrec.pipeline.stats import Stats
+    from streamrec.storage.stores import StoreSet
+
+#: ``make_reader(shard, start, ahead)``: a prefetching reader of ``shard`` from byte
+#: ``start``, sized for this iteration (``ahead``: opened before its turn)
+MakeReader = Callable[[ObjectInfo, int, bool], ObjectReader]
 
 __all__ = ["ShardOpener", "shards_digest"]
 
@@ -50,21 +56,32 @@ class ShardOpener:
     """Readers and record chunks for the shards of one plan, resumed where a state says."""
 
     def __init__(
-        self, dataset: Dataset, stores: _Stores, budget: ByteBudget, plan: ShardPlan[ObjectInfo]
+        self,
+        options: ReadOptions,
+        stores: StoreSet,
+        budget: ByteBudget,
+        plan: ShardPlan[ObjectInfo],
+        stats: Stats,
+        make_reader: MakeReader,
     ) -> None:
-        self.dataset = dataset
+        self.options = options
         self.stores = stores
         self.budget = budget
         self.plan = plan
-        self._exact = dataset.on_corrupt == "raise" and plan.record_stride == 1
+        self.stats = stats
+        self._make_reader = make_reader
+        self._exact = options.on_corrupt == "raise" and plan.record_stride == 1
         self._uncompressed: dict[int, bool] = {}
         self._primed: dict[int, ObjectReader] = {}  # readers opened ahead of their turn
+
+    def _count_retry(self, error: Exception) -> None:
+        self.stats.retries += 1
 
     def prefetch(self, ordinal: int) -> None:
         """Start reading shard ``ordinal`` from its start now, before :meth:`chunks` asks."""
         if ordinal not in self._primed:
             shard = self.plan.shards[ordinal]
-            reader = self.dataset._reader(self.stores, shard, self.budget, ahead=True)
+            reader = self._make_reader(shard, 0, True)
             self._primed[ordinal] = reader
             reader.prime()
 
@@ -98,7 +115,7 @@ class ShardOpener:
             raise StateError(f"resume state names shard {ordinal}; there are only {count}")
 
     async def _is_uncompressed(self, shard: ObjectInfo) -> bool:
-        choice = normalize_compression(self.dataset.compression)
+        choice = normalize_compression(self.options.compression)
         if choice != "auto":
             return choice is None
         by_name = compression_from_name(shard.url)
@@ -109,7 +126,7 @@ class ShardOpener:
         async def head() -> bytes:
             return await store.read_range(shard, 0, min(HEADER_BYTES, shard.size))
 
-        first = await self.dataset.retry.run(head, describe=f"reading {shard.url}")
+        first = await self.options.retry.run(head, describe=f"reading {shard.url}")
         return sniff(first) is None
 
     def _seeks(self, ordinal: int, records: int) -> bool:
@@ -124,7 +141,7 @@ class ShardOpener:
                 f"resume state seeks to byte {start} of shard {ordinal} "
                 f"({self.plan.shards[ordinal].url}), which has {size}"
             )
-        return self.dataset._reader(self.stores, self.plan.shards[ordinal], self.budget, start)
+        return self._make_reader(self.plan.shards[ordinal], start, False)
 
     def chunks(
         self,
@@ -139,18 +156,18 @@ class ShardOpener:
         if reader is None and records == 0:
             reader = self._primed.pop(ordinal, None)
             if reader is not None:  # its turn: from now on it gets a full share
-                reader.share_bytes = self.dataset._stream_share()
+                reader.share_bytes = self.options.stream_share()
                 reader.prime()
         if reader is None:
             reader = self.reader(ordinal, records, offset)
             reader.prime()
-        dataset = self.dataset
+        options = self.options
         chunks = read_shard(
             reader,
-            compression=None if seeks else dataset.compression,
-            verify_crc=dataset.verify_crc,
-            on_corrupt=dataset.on_corrupt,
-            stats=dataset._stats,  # the counters themselves: no consumer bookkeeping here
+            compression=None if seeks else options.compression,
+            verify_crc=options.verify_crc,
+            on_corrupt=options.on_corrupt,
+            stats=self.stats,
             start_offset=(offset or 0) if seeks else 0,
             start_index=records if seeks else 0,
         )
@@ -197,11 +214,11 @@ class ShardOpener:
     @property
     def _span_bytes(self) -> int:
         """Most bytes one refetch read covers (a single record may exceed it)."""
-        return self.dataset.block_bytes
+        return self.options.block_bytes
 
     def _fetch_concurrency(self, ordinal: int) -> int:
         store: ObjectStore = self.stores.get(self.plan.shards[ordinal].url)
-        return min(self.dataset.max_concurrency, store.concurrency_limit or _MAX_FETCHES)
+        return min(self.options.max_concurrency, store.concurrency_limit or _MAX_FETCHES)
 
     async def _fetch_span(
         self, ordinal: int, places: list[Sequence[Any]], found: dict[tuple[int, int], bytes]
@@ -220,8 +237,8 @@ class ShardOpener:
             block_bytes=length,
             first_block_bytes=length,
             max_concurrency=1,
-            policy=self.dataset.retry,
-            on_retry=self.dataset._count_retry,
+            policy=self.options.retry,
+            on_retry=self._count_retry,
         )
         reader.prime()
         offsets = {int(loc[2]): int(loc[1]) for loc in places}
@@ -229,9 +246,9 @@ class ShardOpener:
         chunks = read_shard(
             reader,
             compression=None,
-            verify_crc=self.dataset.verify_crc,
+            verify_crc=self.options.verify_crc,
             on_corrupt="raise",
-            stats=self.dataset._stats,
+            stats=self.stats,
             start_offset=offset,
             start_index=int(first[1]),
         )

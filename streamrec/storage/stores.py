@@ -9,7 +9,7 @@ mixes ``s3://`` and ``https://`` urls then gives S3's credentials to S3 alone.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from streamrec.errors import StorageError
 from streamrec.storage.base import ObjectInfo, ObjectStore, split_scheme
@@ -18,6 +18,7 @@ from streamrec.storage.local import LocalStore
 __all__ = [
     "ObjectInfo",
     "ObjectStore",
+    "StoreSet",
     "is_per_scheme",
     "open_store",
     "options_for",
@@ -115,3 +116,39 @@ def open_store(
     from streamrec.storage.memory import MemoryStore
 
     return MemoryStore(storage_options)
+
+
+_S = TypeVar("_S", bound="StoreSet")
+
+
+class StoreSet:
+    """The stores one run uses, one per scheme, created on first use inside its event loop
+    and closed with it (``async with StoreSet(options) as stores: stores.get(url)``).
+
+    ``max_connections``: what the run may have in flight at once (see :func:`open_store`).
+    """
+
+    def __init__(
+        self, storage_options: dict[str, Any] | None, max_connections: int | None = None
+    ) -> None:
+        self.storage_options = storage_options
+        self._max_connections = max_connections
+        self._stores: dict[str, ObjectStore] = {}
+
+    def get(self, url: str) -> ObjectStore:
+        """The store serving ``url`` (created on first use)."""
+        key = store_key(url)
+        store = self._stores.get(key)
+        if store is None:
+            store = self._stores[key] = open_store(
+                url, self.storage_options, max_connections=self._max_connections
+            )
+        return store
+
+    async def __aenter__(self: _S) -> _S:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        stores, self._stores = self._stores, {}
+        for store in stores.values():
+            await store.close()

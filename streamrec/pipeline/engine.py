@@ -1,0 +1,246 @@
+"""One iteration of reading: list, plan, open, read, interleave, shuffle, hand over.
+
+:class:`ReadEngine` turns urls and :class:`~streamrec.pipeline.options.ReadOptions` into an
+async stream of ``(records, events)`` pieces in reading order (see
+:mod:`streamrec.pipeline.state` for the events). It owns everything one pass over the shards
+uses - stores, the prefetch budget, the shard opener, the readers - and releases all of it when
+the stream is closed, however it ends. It knows nothing of consumers: the
+:class:`~streamrec.pipeline.dataset.Dataset` (the user's object) drives it and keeps the
+consumer's position.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from contextlib import aclosing
+from typing import Any
+
+from streamrec.errors import StateError
+from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
+from streamrec.pipeline.opener import ShardOpener, shards_digest
+from streamrec.pipeline.options import READ_AHEAD_PART, ReadOptions
+from streamrec.pipeline.shards import ShardPlan, plan_shards, seeded_random
+from streamrec.pipeline.shuffle import shuffle_pieces
+from streamrec.pipeline.sources import list_sources
+from streamrec.pipeline.state import Event, rng_from_state, take_event
+from streamrec.pipeline.stats import Stats
+from streamrec.storage.stores import ObjectInfo, StoreSet
+from streamrec.storage.stream import ObjectReader
+
+__all__ = ["Piece", "ReadEngine"]
+
+Piece = tuple[list[bytes], list[Event]]
+
+
+class ReadEngine:
+    """Reads the shards ``urls`` name for one epoch, with ``options``, counting in ``stats``."""
+
+    def __init__(self, urls: Sequence[str], options: ReadOptions, epoch: int, stats: Stats):
+        self.urls = list(urls)
+        self.options = options
+        self.epoch = epoch
+        self.stats = stats
+        self.shards_digest: str | None = None
+        """The fingerprint of the shards read (set once they are listed and planned)."""
+
+    async def list_shards(self, stores: StoreSet) -> list[ObjectInfo]:
+        """Every shard to read, in reading order, with its size and version."""
+        return await list_sources(
+            self.urls,
+            stores.get,
+            self.options.retry,
+            allow_absolute_urls=self.options.allow_absolute_urls,
+            on_retry=self._count_retry,
+        )
+
+    def _count_retry(self, error: Exception) -> None:
+        self.stats.retries += 1
+
+    def _reader(
+        self,
+        stores: StoreSet,
+        shard: ObjectInfo,
+        budget: ByteBudget,
+        start: int = 0,
+        ahead: bool = False,
+    ) -> ObjectReader:
+        """A prefetching reader of ``shard`` from ``start``, sized for this iteration."""
+        options = self.options
+        self.stats.shards_opened += 1
+        share = cap = options.stream_share()
+        block_bytes = options.block_bytes
+        if share is not None:
+            # a few blocks per share, so that one arrives while another is decoded
+            block_bytes = max(1, min(block_bytes, share // 4))
+            if ahead:  # a part is kept for it; up to a full share if nobody needs it
+                share //= READ_AHEAD_PART
+        return ObjectReader(
+            stores.get(shard.url),
+            shard,
+            budget,
+            start=start,
+            block_bytes=block_bytes,
+            max_concurrency=options.max_concurrency,
+            share_bytes=share,
+            max_held_bytes=cap,
+            policy=options.retry,
+            on_retry=self._count_retry,
+        )
+
+    async def pieces(
+        self,
+        resume: dict[str, Any] | None,
+        *,
+        timed: bool = True,
+        on_planned: Callable[[str], None] | None = None,
+    ) -> AsyncGenerator[Piece, None]:
+        """The pipeline: ``(records, events)`` pieces in reading order, from ``resume`` (a
+        checked state, its shuffle buffer unpacked) or the start. ``timed``: add the time
+        spent waiting for each piece to ``stats.wait_s`` (the blocking path times its own).
+        ``on_planned(digest)`` is called once the shards are listed and planned, before the
+        first piece (``digest``: :attr:`shards_digest`)."""
+        options = self.options
+        budget = ByteBudget(options.prefetch_bytes)
+        closers: list[Callable[[], Awaitable[None]]] = []
+        connections = options.max_concurrency * (options.cycle_length + 1)
+        async with StoreSet(options.storage_options, connections) as stores:
+            try:
+                plan = self._plan(await self.list_shards(stores))
+                digest = shards_digest(plan)
+                if resume is not None and resume.get("shards") not in (None, digest):
+                    raise StateError(
+                        "the state was saved over different shards (other files, sizes or "
+                        "versions, or another host/worker split); it cannot resume here"
+                    )
+                self.shards_digest = digest
+                if on_planned is not None:
+                    on_planned(digest)
+                share = options.stream_share()
+                if share is not None:  # see ByteBudget: room kept for every stream's share
+                    streams = min(options.cycle_length, len(plan.shards))
+                    ahead = min(options.cycle_length, len(plan.shards) - streams)
+                    ahead = ahead if options.deterministic else 0
+                    # (more than the limit only with tiny budgets, where shares have a floor)
+                    kept = streams * share + ahead * (share // READ_AHEAD_PART)
+                    budget.kept = min(budget.limit, kept)
+
+                def make_reader(shard: ObjectInfo, start: int, ahead: bool) -> ObjectReader:
+                    return self._reader(stores, shard, budget, start, ahead)
+
+                opener = ShardOpener(options, stores, budget, plan, self.stats, make_reader)
+                closers.append(opener.aclose)
+                await opener.prepare(resume)
+                pieces = self._read(opener, resume["read"] if resume else None)
+                if options.shuffle_buffer:
+                    shuffle_state = resume["shuffle"] if resume else None
+                    rng = seeded_random(options.seed, self.epoch, "records")
+                    buffer: list[bytes] = []
+                    draining = False
+                    if shuffle_state is not None:
+                        rng.setstate(rng_from_state(shuffle_state["rng"]))
+                        buffer = await opener.fetch(shuffle_state["buffer"])
+                        draining = bool(shuffle_state["draining"])
+                    pieces = shuffle_pieces(
+                        pieces, options.shuffle_buffer, rng, buffer=buffer, draining=draining
+                    )
+                async with aclosing(pieces) as ordered:
+                    waited = time.monotonic()
+                    async for piece in ordered:
+                        if timed:
+                            self.stats.wait_s += time.monotonic() - waited
+                        yield piece
+                        waited = time.monotonic()
+            finally:
+                for close in closers:
+                    await close()
+                self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
+
+    def _plan(self, shards: list[ObjectInfo]) -> ShardPlan[ObjectInfo]:
+        num_workers, worker_index = _torch_worker()
+        options = self.options
+        return plan_shards(
+            shards,
+            shuffle=options.shuffle_shards,
+            seed=options.seed,
+            epoch=self.epoch,
+            num_hosts=options.num_hosts,
+            host_index=options.host_index,
+            num_workers=num_workers,
+            worker_index=worker_index,
+        )
+
+    def _read(
+        self, opener: ShardOpener, start: dict[str, Any] | None
+    ) -> AsyncGenerator[Piece, None]:
+        num_shards = len(opener.plan.shards)
+        options = self.options
+        if options.cycle_length == 1:
+            return self._sequential(opener, start)
+        if options.deterministic:
+            return interleave_deterministic(
+                num_shards,
+                opener.chunks,
+                options.cycle_length,
+                options.block_length,
+                start,
+                prefetch=opener.prefetch,
+            )
+        jobs: list[tuple[int, int, int | None]] = []
+        started: set[int] = set()
+        if start is not None:
+            jobs = [(int(p[0]), int(p[1]), p[2]) for p in start["open"]]
+            started = {job[0] for job in jobs} | set(start["done"])
+        jobs += [(ordinal, 0, 0) for ordinal in range(num_shards) if ordinal not in started]
+        return interleave_first_ready(jobs, opener.chunks, options.cycle_length)
+
+    async def _sequential(
+        self, opener: ShardOpener, start: dict[str, Any] | None
+    ) -> AsyncGenerator[Piece, None]:
+        """One shard after another; the next shard's first blocks are requested as soon as
+        the current one has requested its last, so its first-byte latency hides."""
+        jobs: list[tuple[int, int, int | None]] = []
+        first = 0
+        if start is not None:
+            first = start["next"]
+            if start["slots"][0] is not None:
+                ordinal, records, offset = start["slots"][0]
+                jobs.append((ordinal, records, offset))
+        jobs += [(ordinal, 0, 0) for ordinal in range(first, len(opener.plan.shards))]
+        upcoming: ObjectReader | None = None
+        try:
+            for index, (ordinal, records, offset) in enumerate(jobs):
+                reader, upcoming = upcoming or opener.reader(ordinal, records, offset), None
+                reader.prime()
+                following = jobs[index + 1] if index + 1 < len(jobs) else None
+                events: list[Event] = [("open", 0, ordinal, records, offset)]
+                chunks = opener.chunks(ordinal, records, offset, reader)
+                async with aclosing(chunks) as source:
+                    async for chunk in source:
+                        if following and upcoming is None and reader.fully_requested:
+                            upcoming = opener.reader(*following)
+                            upcoming.prime()
+                        events.append(take_event(0, chunk, False))
+                        yield chunk, events
+                        events = []
+                events.append(take_event(0, [], True))
+                yield [], events
+        finally:
+            if upcoming is not None:
+                await upcoming.aclose()
+
+
+def _torch_worker() -> tuple[int, int]:
+    """(num_workers, worker_id) inside a PyTorch DataLoader worker, else (1, 0).
+
+    torch is only consulted when the process has already imported it.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 1, 0
+    info = torch.utils.data.get_worker_info()
+    if info is None:
+        return 1, 0
+    return int(info.num_workers), int(info.id)

@@ -1,0 +1,98 @@
+"""How a dataset reads: every ``open_dataset`` setting, validated once, frozen.
+
+:class:`ReadOptions` is what the engine, the shard opener and the state receive; the
+:class:`~streamrec.pipeline.dataset.Dataset` (the user's object) holds one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamrec.format.codecs import normalize_compression
+from streamrec.format.framing import OnCorrupt
+from streamrec.storage.retry import RetryPolicy
+from streamrec.storage.stores import is_per_scheme
+
+__all__ = ["CONFIG_KEYS", "ReadOptions"]
+
+#: The settings a resume state must agree on (the order of records depends on them).
+CONFIG_KEYS = (
+    "compression",
+    "on_corrupt",
+    "cycle_length",
+    "block_length",
+    "deterministic",
+    "shuffle_shards",
+    "shuffle_buffer",
+    "seed",
+    "num_hosts",
+    "host_index",
+)
+
+_MIN_STREAM_SHARE = 64 << 10  # a smaller share would mean tiny range reads
+READ_AHEAD_PART = 4
+"""A shard read ahead of its turn is kept ``1 / READ_AHEAD_PART`` of a share."""
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The settings of ``open_dataset`` (documented there), checked on construction."""
+
+    compression: str | None = "auto"
+    verify_crc: bool = True
+    on_corrupt: OnCorrupt = "raise"
+    prefetch_bytes: int = 64 << 20
+    block_bytes: int = 4 << 20
+    max_concurrency: int = 16
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    storage_options: dict[str, Any] | None = None
+    cycle_length: int = 1
+    block_length: int = 1
+    deterministic: bool = True
+    shuffle_shards: bool = False
+    shuffle_buffer: int = 0
+    seed: int = 0
+    num_hosts: int = 1
+    host_index: int = 0
+    allow_absolute_urls: bool = False
+
+    def __post_init__(self) -> None:
+        is_per_scheme(self.storage_options)  # options that mix scheme and option keys fail
+        normalize_compression(self.compression)  # so do bad codec names
+        if self.on_corrupt not in ("raise", "skip"):
+            raise ValueError(f"on_corrupt must be 'raise' or 'skip', not {self.on_corrupt!r}")
+        for name in (
+            "prefetch_bytes",
+            "block_bytes",
+            "max_concurrency",
+            "cycle_length",
+            "block_length",
+            "num_hosts",
+        ):
+            value = getattr(self, name)
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, not {value}")
+        if self.shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be >= 0, not {self.shuffle_buffer}")
+        if not 0 <= self.host_index < self.num_hosts:
+            raise ValueError(f"host_index must be in [0, {self.num_hosts}), not {self.host_index}")
+
+    def config(self) -> dict[str, Any]:
+        """The settings a resume state records and must match (:data:`CONFIG_KEYS`)."""
+        return {key: getattr(self, key) for key in CONFIG_KEYS}
+
+    def stream_share(self) -> int | None:
+        """The part of the budget kept for one shard's reader when several are read at once.
+
+        An interleave consumes its open shards side by side, so each gets an equal share.
+        Deterministic interleaving also starts the next ``cycle_length`` shards before their
+        turn: those only need to bridge their first round trips and are kept a quarter share
+        until they are opened. One shard at a time: no shares.
+        """
+        if self.cycle_length == 1:
+            return None
+        streams = float(self.cycle_length)
+        if self.deterministic:
+            streams *= 1 + 1 / READ_AHEAD_PART
+        return max(int(self.prefetch_bytes / streams), _MIN_STREAM_SHARE)
