@@ -1,0 +1,250 @@
+"""Hostile input: peak memory and the error raised for adversarial files, with the defaults.
+
+Run from the repository root after ``python setup.py build_ext --inplace``::
+
+    python benchmarks/bench_hostile.py [--out benchmarks/README.md]
+
+Each case is generated under a temporary directory (sparse or compressed: a few MiB on disk)
+and read with ``for record in streamrec.open_dataset(url)`` (defaults: ``prefetch_bytes``
+64 MiB, blocks of 4 MiB) in a fresh child process. ``RSS +MiB`` is the child's peak RSS
+(``VmHWM``, reset through ``/proc/self/clear_refs`` after the imports) minus its RSS at that
+moment, so the interpreter and the imported modules are not counted; ``vs prefetch`` divides it
+by ``prefetch_bytes``. ``records`` is what the loop received before the error (or in all).
+
+Cases:
+
+* ``gzip bomb``: 2 GiB of zero-filled 1 MiB records in ~2 MiB of gzip (~1000:1), a valid
+  shard: it must be read to its end without memory growing with the ratio.
+* ``2^40-byte header``: a 512 MiB object (sparse) whose first record header claims 2^40 bytes.
+* ``damaged gzip``: a gzip shard of 4,096 good 4 KiB records, then one whose payload CRC is
+  wrong: every good record first, then the error.
+* ``HTTP ignoring Range``: a 256 MiB shard behind Python's ``http.server`` (which answers every
+  range GET with the whole object, status 200).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import functools
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+MIB = 1 << 20
+START_MARK = "<!-- bench_hostile:start -->"
+END_MARK = "<!-- bench_hostile:end -->"
+
+
+def _masked_crc(data: bytes) -> int:
+    from streamrec.format.crc import masked_crc32c
+
+    return int(masked_crc32c(data))
+
+
+def _header(length: int) -> bytes:
+    packed = struct.pack("<Q", length)
+    return packed + struct.pack("<I", _masked_crc(packed))
+
+
+def make_bomb(directory: Path) -> str:
+    """2 GiB of zero records in ~2 MiB of gzip."""
+    from streamrec.format.shard import ShardEncoder
+
+    path = directory / "bomb.tfrecord.gz"
+    encoder = ShardEncoder("gzip", level=9)
+    records = [bytes(MIB)] * 64
+    with path.open("wb") as f:
+        for _ in range(32):
+            f.write(encoder.encode(records))
+        f.write(encoder.finish())
+    return str(path)
+
+
+def make_huge_header(directory: Path) -> str:
+    path = directory / "huge.tfrecord"
+    with path.open("wb") as f:
+        f.write(_header(1 << 40))
+        f.truncate(512 * MIB)  # sparse
+    return str(path)
+
+
+def make_damaged_gzip(directory: Path) -> str:
+    from streamrec.format.framing import RecordEncoder
+
+    good = [bytes([i % 251]) * 4096 for i in range(4096)]
+    data = bytearray(RecordEncoder().encode_many([*good, b"bad record", b"after"]))
+    offset = sum(len(p) + 16 for p in good)
+    data[offset + 12 + len(b"bad record")] ^= 0x40  # the damaged record's payload CRC
+    path = directory / "damaged.tfrecord.gz"
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 31)
+    path.write_bytes(compressor.compress(bytes(data)) + compressor.flush())
+    return str(path)
+
+
+def make_http_shard(directory: Path) -> str:
+    import streamrec.sync
+
+    served = directory / "http"
+    served.mkdir()
+    payload = os.urandom(100 << 10)
+    with streamrec.sync.open_writer(str(served / "big.tfrecord"), compression=None) as w:
+        for _ in range(256 * MIB // len(payload)):
+            w.write(payload)
+    return "big.tfrecord"
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    """The standard library's static file handler: it never answers 206."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # the reader hangs up mid-body on purpose (BrokenPipeError): not news
+
+
+CASES: dict[str, tuple[str, Callable[[Path], str]]] = {
+    "bomb": ("gzip bomb (2 GiB of zeros in ~2 MiB)", make_bomb),
+    "header": ("2^40-byte header in a 512 MiB object", make_huge_header),
+    "damaged": ("damaged gzip record after 4,096 good ones", make_damaged_gzip),
+    "http": ("HTTP server ignoring Range (256 MiB object)", make_http_shard),
+}
+
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def child(url: str) -> int:
+    """Read ``url`` with the defaults; print what happened as one JSON line."""
+    import streamrec
+
+    ds = streamrec.open_dataset(url)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _status_kib("VmRSS")
+    t0 = time.perf_counter()
+    records = 0
+    error = None
+    try:
+        for _ in ds:
+            records += 1
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    result = {
+        "records": records,
+        "error": error,
+        "seconds": time.perf_counter() - t0,
+        "rss_growth_mib": (_status_kib("VmHWM") - base) / 1024,
+        "prefetch_bytes": ds.prefetch_bytes,
+        "bytes_read": ds.stats.bytes_read,
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+def run_case(url: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, __file__, "--child", url], capture_output=True,
+                          text=True, timeout=600, check=False)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result: dict[str, Any] = json.loads(line[len("RESULT "):])
+            return result
+    raise RuntimeError(f"child failed ({done.returncode}): {done.stderr[-2000:]}")
+
+
+def _short(error: str | None, width: int = 200) -> str:
+    if error is None:
+        return "none (read to the end)"
+    error = error.replace("|", "\\|").replace("\n", " ")
+    return error if len(error) <= width else error[: width - 3] + "..."
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="write the table into this README's section")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child(args.child)
+    started = time.perf_counter()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-hostile-") as tmp:
+        directory = Path(tmp)
+        server = _Server(
+            ("127.0.0.1", 0), functools.partial(_Quiet, directory=str(directory / "http")))
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            for key, (label, make) in CASES.items():
+                url = make(directory)
+                if key == "http":
+                    url = f"http://127.0.0.1:{server.server_address[1]}/{url}"
+                on_disk = sum(f.stat().st_blocks * 512 for f in directory.rglob("*")
+                              if f.is_file() and f.name in url)
+                result = run_case(url)
+                if result["error"]:
+                    result["error"] = result["error"].replace(str(directory), "<dir>")
+                result.update(label=label, on_disk=on_disk)
+                rows.append(result)
+                print(f"  {label}: +{result['rss_growth_mib']:.0f} MiB, "
+                      f"{result['records']} records, {_short(result['error'], 100)}",
+                      flush=True)
+                for f in directory.glob("*.tfrecord*"):
+                    f.unlink()
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join()
+    today = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    command = "python benchmarks/bench_hostile.py " + " ".join(sys.argv[1:] if argv is None
+                                                              else argv)
+    lines = [
+        f"Command: `{command.strip()}` ({today}, {time.perf_counter() - started:.0f} s). "
+        "Defaults (`prefetch_bytes` 64 MiB, 4 MiB blocks), one fresh process per case.",
+        "",
+        "| input | on disk | records before the end | peak RSS +MiB | vs prefetch_bytes "
+        "| bytes read | error raised |",
+        "|---|--:|--:|--:|--:|--:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['label']} | {r['on_disk'] / MIB:,.1f} MiB | {r['records']:,} | "
+            f"{r['rss_growth_mib']:.0f} | {r['rss_growth_mib'] * MIB / r['prefetch_bytes']:.2f}x "
+            f"| {r['bytes_read'] / MIB:,.1f} MiB | {_short(r['error'])} |")
+    section = "\n".join(lines)
+    print()
+    print(section)
+    if args.out is not None:
+        text = args.out.read_text()
+        head, rest = text.split(START_MARK, 1)
+        _, tail = rest.split(END_MARK, 1)
+        args.out.write_text(f"{head}{START_MARK}\n{section}\n{END_MARK}{tail}")
+        print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

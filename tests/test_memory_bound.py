@@ -1,0 +1,56 @@
+"""What a read holds beyond ``prefetch_bytes`` does not depend on how fast bytes arrive.
+
+The budget counts a block from the moment it is requested until its pieces are handed to the
+decoder, so a starved reader (bytes received long before it gets to them) holds no more than a
+quiet one. ``memory://`` is that worst case on every read: a range read completes the moment it
+is requested, so the whole budget is always received and waiting. Beyond the budget a read
+holds at most the one block the stream the consumer waits on may overdraw, the piece being
+decoded and two lists of records (the one in the consumer's hand and the next): no queue of
+decoded records or received bytes may grow past that.
+"""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+import uuid
+from collections.abc import Iterator
+
+import fsspec
+import pytest
+
+import streamrec
+from streamrec.format.shard import ShardEncoder
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def shards() -> Iterator[str]:
+    """4 shards of 16 MiB of 100 KiB records in memory://."""
+    root = f"/streamrec-memory-bound/{uuid.uuid4().hex}"
+    fs = fsspec.filesystem("memory")
+    payloads = [os.urandom(100 << 10) for _ in range(8)]
+    for i in range(4):
+        fs.pipe(f"{root}/s{i}.tfrecord", ShardEncoder(None).encode(payloads * 20))
+    yield f"memory:/{root}/*.tfrecord"
+    fs.rm(root, recursive=True)
+
+
+@pytest.mark.parametrize(
+    ("prefetch", "block"), [(8 * MIB, MIB), (4 * MIB, MIB), (16 * MIB, 4 * MIB)]
+)
+def test_a_read_holds_the_budget_and_four_blocks_at_most(
+    shards: str, prefetch: int, block: int
+) -> None:
+    ds = streamrec.open_dataset(shards, prefetch_bytes=prefetch, block_bytes=block)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        count = sum(1 for _ in ds)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert count == 4 * 160
+    assert ds.stats.peak_prefetch_bytes <= prefetch + block
+    assert peak <= prefetch + 4 * block  # measured: +3.1-3.2 blocks (8/1, 4/1), +2.9 (16/4)
