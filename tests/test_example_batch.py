@@ -22,8 +22,10 @@ from hypothesis import strategies as st
 
 from streamrec.errors import ExampleError, FeatureError
 from streamrec.format import example as ex
+from streamrec.format.example import batch as example_batch
 
-CEXAMPLE = ex._cexample
+# The C parser, looked up in one place: example_batch._cexample (set to None for the Python path).
+CEXAMPLE = example_batch._cexample
 # protobuf's pure-Python backend turns every NaN it parses into the canonical quiet NaN (the
 # C parser and the default upb backend keep the bits): compare NaNs loosely there.
 CANONICAL_NANS = api_implementation.Type() == "python"
@@ -50,7 +52,8 @@ def read_payloads(rel: str) -> list[bytes]:
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Run the test with the C parser and again with the pure-Python path."""
     if request.param == "python":
-        monkeypatch.setattr(ex, "_cexample", None)
+        monkeypatch.setattr(example_batch, "_cexample", None)
+        assert not ex.has_c_accelerator()
     yield request.param
 
 
@@ -75,20 +78,21 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
     if CEXAMPLE is None:
         pytest.skip("the C accelerator is not built")
     spy = Spy()
-    monkeypatch.setattr(ex, "_cexample", spy)
+    monkeypatch.setattr(example_batch, "_cexample", spy)
     return spy
 
 
 def run(payloads: Sequence[bytes], spec: Mapping[str, ex.FeatureSpec], use_c: bool) -> Any:
     """decode_batch on one path: ("ok", result) or ("error", type, message)."""
-    saved = ex._cexample
-    ex._cexample = CEXAMPLE if use_c else None
+    saved = example_batch._cexample
+    example_batch._cexample = CEXAMPLE if use_c else None
     try:
+        assert use_c or not ex.has_c_accelerator()  # the Python path really runs
         return ("ok", ex.decode_batch(payloads, spec))
     except (ExampleError, TypeError, ValueError) as exc:
         return ("error", type(exc), str(exc))
     finally:
-        ex._cexample = saved
+        example_batch._cexample = saved
 
 
 def assert_same_value(a: Any, b: Any) -> None:
@@ -466,12 +470,12 @@ def test_c_parser_accepts_canonical_encodings(payloads: list[bytes]) -> None:
 
 def _c_decodes(payloads: list[bytes]) -> bool:
     spy = Spy()
-    saved = ex._cexample
-    ex._cexample = spy
+    saved = example_batch._cexample
+    example_batch._cexample = spy
     try:
         ex.decode_batch(payloads, SPEC)
     finally:
-        ex._cexample = saved
+        example_batch._cexample = saved
     return spy.decoded == 1
 
 

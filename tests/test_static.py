@@ -1,4 +1,8 @@
-"""The code standards, enforced: ruff and mypy --strict on streamrec/, C accelerators built."""
+"""The code standards, enforced: ruff and mypy --strict on streamrec/, C accelerators built.
+
+The structure rules (import cycles, private imports, module sizes, the sans-I/O format core)
+are in test_architecture.py.
+"""
 
 from __future__ import annotations
 
@@ -25,15 +29,6 @@ def test_ruff_is_clean() -> None:
 def test_mypy_strict_is_clean() -> None:
     done = run(sys.executable, "-m", "mypy", "--strict", "streamrec")
     assert done.returncode == 0, done.stdout + done.stderr
-
-
-def test_format_core_does_no_io() -> None:
-    # The sans-I/O promise: nothing under streamrec/format imports asyncio, fsspec or aiofiles.
-    forbidden = ("import asyncio", "import fsspec", "import aiofiles", "from asyncio", "open(")
-    for path in (ROOT / "streamrec" / "format").glob("*.py"):
-        text = path.read_text()
-        for word in forbidden:
-            assert word not in text, f"{path.name} uses {word!r}"
 
 
 @pytest.mark.skipif(pure_python_requested(), reason="STREAMREC_PURE_PYTHON=1: C paths not wanted")

@@ -21,7 +21,7 @@ from streamrec.example import (
     decode_batch,
     encode,
 )
-from streamrec.format import example as example_module
+from streamrec.format.example import batch as example_batch
 from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.transform import BatchedDataset, ParsedDataset
 
@@ -70,8 +70,9 @@ def write_shards(directory: Path, sizes: list[int], make: Any = example) -> list
 def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """decode_batch with the C parser and with the protobuf fallback."""
     if request.param == "python":
-        monkeypatch.setattr(example_module, "_cexample", None)
-    elif not example_module.has_c_accelerator():
+        monkeypatch.setattr(example_batch, "_cexample", None)
+        assert not example_batch.has_c_accelerator()
+    elif not example_batch.has_c_accelerator():
         pytest.skip("the C Example parser is not built")
     return str(request.param)
 

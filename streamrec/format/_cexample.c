@@ -11,7 +11,7 @@
  *
  * that decodes a batch of serialized Examples straight into preallocated output buffers
  * (numpy arrays passed in through the buffer protocol). It backs decode_batch() in
- * streamrec/format/example.py.
+ * streamrec/format/example/batch.py.
  *
  * Contract: parse_examples() either decodes the whole batch with exactly the result the
  * pure-Python (upb) path would give, or returns None, and the caller then decodes the batch
@@ -36,7 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Spec modes, mirrored in example.py (_C_* constants). */
+/* Spec modes, mirrored in example/batch.py (_C_* constants). */
 enum {
     M_INT64 = 0,     /* fixed count of int64 -> int64 out[n * count] */
     M_FLOAT = 1,     /* fixed count of float -> float32 out[n * count] */

@@ -36,7 +36,7 @@ import numpy as np
 from google.protobuf.message import DecodeError, Message
 
 from streamrec.errors import ExampleError
-from streamrec.format.example import _float_values
+from streamrec.format.example.decoding import float_values
 from streamrec.format.proto import example_pb2, feature_pb2
 
 __all__ = [
@@ -127,7 +127,7 @@ def render_feature(
     if kind == "int64_list":
         return {"int64_list": list(feature.int64_list.value)}
     if kind == "float_list":
-        floats = _float_values(feature.float_list)
+        floats = float_values(feature.float_list)
         bits = floats.astype(np.float32).view(np.uint32)
         return {
             "float_list": [repr(float(v)) for v in floats],

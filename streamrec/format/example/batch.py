@@ -1,0 +1,265 @@
+"""Decoding a batch: :func:`decode_batch`, on the C parser ``streamrec.format._cexample`` when it
+is built and on protobuf (the pure-Python path) otherwise.
+
+``_cexample`` below is the one place the C parser is looked up: tests set it to None to run
+the pure-Python path (``monkeypatch.setattr(batch, "_cexample", None)``).
+
+This module does no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from streamrec.format.accel import load_accelerator
+from streamrec.format.example.decoding import decode_one, float_values, parse_message
+from streamrec.format.example.spec import (
+    FLOAT_LIST,
+    INT64_LIST,
+    KIND_OF_DTYPE,
+    Array,
+    FeatureSpec,
+    FixedLenFeature,
+    RawFeature,
+    VarLenFeature,
+    check_spec,
+    numpy_dtype,
+)
+from streamrec.format.proto import example_pb2
+
+__all__ = ["decode_batch", "has_c_accelerator"]
+
+_cexample: Any = load_accelerator("_cexample")  # the optional C parser of decode_batch
+# shortest_bytes(payloads): the shortest payload's length, -1 if one is not exactly bytes
+_shortest_bytes: Any = None if _cexample is None else _cexample.shortest_bytes
+
+
+def has_c_accelerator() -> bool:
+    """Return whether :func:`decode_batch` can use the compiled C parser in this process."""
+    return _cexample is not None and sys.byteorder == "little"
+
+
+# Modes of _cexample.parse_examples (see _cexample.c).
+_C_INT64, _C_FLOAT, _C_BYTES, _C_RAW, _C_VAR_INT64, _C_VAR_FLOAT, _C_VAR_BYTES = range(7)
+
+
+def _decode_batch_python(
+    payloads: Sequence[bytes], items: list[tuple[str, FeatureSpec]]
+) -> dict[str, Array | list[Any]]:
+    """Decode with protobuf, record by record.
+
+    Features of the expected kind and length are written straight into the flat output rows
+    (the common case); anything else goes through :func:`decode_one`, which applies defaults
+    and raises the errors, so the result equals stacking :func:`decode`.
+    """
+    n = len(payloads)
+    out: dict[str, Array | list[Any]] = {}
+    # (name, spec, kind wanted, flat row target or None, value count, output)
+    plan: list[tuple[str, FeatureSpec, str, Array | None, int, Array | list[Any]]] = []
+    sizes = (memoryview(payload).nbytes for payload in payloads)
+    unfillable = _unfillable(min(sizes, default=sys.maxsize), items)
+    for name, entry in items:
+        target: Array | list[Any]
+        flat: Array | None = None
+        count = 0
+        if name in unfillable:
+            target = []  # some record cannot hold it: decoding raises at or before that one
+        elif isinstance(entry, FixedLenFeature):
+            dtype = object if entry._kind == "bytes" else numpy_dtype(entry._kind)
+            target = np.empty((n, *entry.shape), dtype=dtype)
+            count = entry._count
+            if entry._kind != "bytes" and count:
+                flat = target.reshape(n, count)
+        elif isinstance(entry, RawFeature):
+            target = np.empty((n, *entry.shape), dtype=entry._dtype)
+            count = entry._nbytes
+            if count:
+                flat = target.reshape(n, math.prod(entry.shape)).view(np.uint8)
+        else:
+            target = []
+        out[name] = target
+        plan.append((name, entry, KIND_OF_DTYPE[_kind_name(entry)], flat, count, target))
+    message = example_pb2.Example()
+    for index, payload in enumerate(payloads):
+        parse_message(message, payload, f"record {index} of the batch")
+        features = message.features.feature
+        for name, entry, want, flat, count, target in plan:
+            if flat is not None and name in features:
+                feature = features[name]
+                if feature.WhichOneof("kind") == want:
+                    if want == INT64_LIST:
+                        ints = feature.int64_list.value
+                        if len(ints) == count:
+                            flat[index] = ints[:]
+                            continue
+                    elif want == FLOAT_LIST:
+                        if len(feature.float_list.value) == count:
+                            flat[index] = float_values(feature.float_list)
+                            continue
+                    else:
+                        blobs = feature.bytes_list.value
+                        if len(blobs) == 1 and len(blobs[0]) == count:
+                            flat[index] = np.frombuffer(blobs[0], dtype=np.uint8)
+                            continue
+            value = decode_one(features, name, entry, f"record {index} of the batch: ")
+            if isinstance(target, list):
+                target.append(value)
+            else:
+                target[index, ...] = value
+    for name in unfillable:  # (only reached if every record held it after all)
+        out[name] = np.stack(list(out[name]))
+    return out
+
+
+def _unfillable(shortest: int, items: list[tuple[str, FeatureSpec]]) -> set[str]:
+    """Fixed-size features with no default that a payload of ``shortest`` bytes cannot hold.
+
+    Every value takes at least one byte on the wire, so a record of ``k`` bytes cannot hold
+    more than ``k`` values (or a raw value of more than ``k`` bytes): decoding that record
+    raises :class:`FeatureError` (or :class:`ExampleError`), as :func:`decode` does. The
+    batch's ``(n, *shape)`` output is then never allocated: a spec shape is checked against
+    the payloads before memory is taken for it.
+    """
+    found: set[str] = set()
+    for name, entry in items:
+        if isinstance(entry, FixedLenFeature):
+            if entry._default is None and entry._count > shortest:
+                found.add(name)
+        elif isinstance(entry, RawFeature) and entry._nbytes > shortest:
+            found.add(name)
+    return found
+
+
+def _kind_name(entry: FeatureSpec) -> str:
+    return "bytes" if isinstance(entry, RawFeature) else entry._kind
+
+
+def _decode_batch_c(
+    payloads: Sequence[bytes], items: list[tuple[str, FeatureSpec]]
+) -> dict[str, Array | list[Any]] | None:
+    """Decode with the C parser; None when it declines (then the Python path decides)."""
+    n = len(payloads)
+    specs: list[tuple[bytes, int, int, object, object, object]] = []
+    outs: list[Array] = []
+    for name, entry in items:
+        key = name.encode("utf-8")
+        counts: object = None
+        default: object = None
+        if isinstance(entry, FixedLenFeature):
+            count = entry._count
+            if entry._kind == "bytes":
+                mode = _C_BYTES
+                out = np.empty((n, count, 2), dtype=np.int64)
+                default = None if entry._default is None else True
+            else:
+                mode = _C_INT64 if entry._kind == "int64" else _C_FLOAT
+                out = np.empty((n, *entry.shape), dtype=numpy_dtype(entry._kind))
+                if entry._default is not None:
+                    default = np.ascontiguousarray(entry._default).tobytes()
+        elif isinstance(entry, RawFeature):
+            mode, count = _C_RAW, entry._nbytes
+            out = np.empty((n, *entry.shape), dtype=entry._dtype)
+        else:
+            mode = {"int64": _C_VAR_INT64, "float32": _C_VAR_FLOAT, "bytes": _C_VAR_BYTES}[
+                entry._kind
+            ]
+            count = 0
+            out = np.empty((n,), dtype=np.int64)  # per-record value counts
+            counts = out
+        outs.append(out)
+        specs.append((key, mode, count, None if counts is not None else out, default, counts))
+    result = _cexample.parse_examples(payloads, specs)
+    if result is None:
+        return None
+    decoded: dict[str, Array | list[Any]] = {}
+    for (name, entry), out, flat in zip(items, outs, result, strict=True):
+        if isinstance(entry, FixedLenFeature) and entry._kind == "bytes":
+            decoded[name] = _bytes_array(payloads, out, entry)
+        elif isinstance(entry, VarLenFeature):
+            decoded[name] = _split_var(payloads, entry._kind, out, flat)
+        else:
+            decoded[name] = out
+    return decoded
+
+
+def _bytes_array(payloads: Sequence[bytes], spans: Array, entry: FixedLenFeature) -> Array:
+    n = len(payloads)
+    array = np.empty((n, entry._count), dtype=object)
+    default = entry._default
+    for index, (payload, row) in enumerate(zip(payloads, spans.tolist(), strict=True)):
+        for j, (offset, length) in enumerate(row):
+            if offset < 0:
+                assert default is not None
+                array[index, j] = default.reshape(-1)[j]
+            else:
+                array[index, j] = bytes(payload[offset : offset + length])
+    return array.reshape((n, *entry.shape))
+
+
+def _split_var(payloads: Sequence[bytes], kind: str, counts: Array, flat: bytearray) -> list[Any]:
+    ends = np.cumsum(counts).tolist()
+    starts = [0, *ends][: len(ends)]
+    if kind == "bytes":
+        spans = np.frombuffer(flat, dtype=np.int64).reshape(-1, 2).tolist()
+        return [
+            [bytes(payload[o : o + ln]) for o, ln in spans[a:b]]
+            for payload, a, b in zip(payloads, starts, ends, strict=True)
+        ]
+    values = np.frombuffer(flat, dtype=numpy_dtype(kind))
+    return [values[a:b] for a, b in zip(starts, ends, strict=True)]
+
+
+def _byte_view(payload: Any) -> Any:
+    """``payload``'s bytes, indexed by byte (what ``memoryview(payload).tobytes()`` holds).
+
+    The C parser reads a buffer's bytes and returns byte offsets into it; a buffer whose items
+    are not single bytes (``memoryview.cast("I")``, a 2-d uint8 array) is cast to a flat byte
+    view (copied when it is not contiguous) so that those offsets index bytes.
+    """
+    if isinstance(payload, bytes):
+        return payload
+    view = memoryview(payload)
+    if view.ndim == 1 and view.itemsize == 1:
+        return payload
+    try:
+        return view.cast("B")
+    except (TypeError, ValueError):  # not C-contiguous, or a format cast() cannot read
+        return view.tobytes()
+
+
+def decode_batch(
+    payloads: Sequence[bytes], spec: Mapping[str, FeatureSpec]
+) -> dict[str, Array | list[Any]]:
+    """Decode many serialized ``Example`` payloads with one spec and stack the results.
+
+    Returns one entry per spec'd feature:
+
+    * :class:`FixedLenFeature` (int64 / float32): an ``(n, *shape)`` array;
+      ``bytes``: an ``(n, *shape)`` numpy object array of bytes.
+    * :class:`RawFeature`: an ``(n, *shape)`` array of its dtype.
+    * :class:`VarLenFeature`: a list of ``n`` per-record values, each a 1-d int64 / float32
+      array (with the C parser, views into one shared buffer) or a list of bytes.
+
+    The result equals stacking :func:`decode` of every payload. Uses the C parser when it is
+    built (see :func:`has_c_accelerator`); any batch it cannot decode cleanly is decoded again
+    by the Python path, so errors are the same either way: :class:`~streamrec.errors.ExampleError`
+    for a damaged payload and :class:`~streamrec.errors.FeatureError` for a spec mismatch, both
+    naming the record index in the batch (and the feature). Payloads may be any buffers
+    (their bytes are decoded, as in a ``bytes`` copy). A fixed shape that some payload is
+    too short to hold raises that record's error before the batch's output is allocated.
+    """
+    items = check_spec(spec)
+    if has_c_accelerator():
+        shortest = _shortest_bytes(payloads)  # one C pass: types and lengths
+        if shortest < 0:  # not all bytes: give the C parser flat byte views
+            payloads = [_byte_view(payload) for payload in payloads]
+            shortest = min(map(len, payloads))
+        decoded = None if _unfillable(shortest, items) else _decode_batch_c(payloads, items)
+        if decoded is not None:
+            return decoded
+    return _decode_batch_python(payloads, items)
