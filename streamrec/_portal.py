@@ -1,4 +1,5 @@
-"""The blocking portal: an event loop in a background thread, driven from plain code.
+"""Concurrency in one place: the blocking portal (an event loop in a background thread,
+driven from plain code) and the helpers that keep tasks structured inside a loop.
 
 Everything in streamrec is async underneath. Plain ``for`` loops and ``with`` blocks reach it
 through :class:`EventLoopThread`: one loop in one daemon thread per dataset or writer, started
@@ -12,11 +13,11 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["EventLoopThread", "iterate_blocking", "iterate_chunks"]
+__all__ = ["EventLoopThread", "cancel_and_wait", "iterate_blocking", "iterate_chunks", "run_all"]
 
 T = TypeVar("T")
 
@@ -190,3 +191,31 @@ async def _aclose(items: AsyncIterator[T]) -> None:
     aclose = getattr(items, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+# ---------------------------------------------------------------------------------------------
+# structured concurrency inside the loop: every task started is awaited or cancelled
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancel ``tasks`` and wait until every one of them has ended.
+
+    Their outcomes are dropped: the caller is closing or already failing, and a task that
+    outlived its owner would hold connections, budget or memory.
+    """
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def run_all(jobs: Iterable[Awaitable[T]]) -> list[T]:
+    """Run ``jobs`` concurrently and return their results in order; the first error cancels
+    the others (waiting for them to end) and is raised as it is."""
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        await cancel_and_wait(tasks)
+        raise

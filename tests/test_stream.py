@@ -21,10 +21,10 @@ from streamrec.errors import (
     TransientStorageError,
 )
 from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.memory import MemoryStore
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.stream import ObjectReader
 
 FAST = RetryPolicy(max_attempts=4, initial_backoff_s=0.001, max_backoff_s=0.002, timeout_s=5)
 

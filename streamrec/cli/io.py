@@ -3,7 +3,7 @@
 The subcommands need more than :class:`~streamrec.pipeline.dataset.Dataset` gives: which shard
 a record came from, its offset, the errors a ``skip``-mode decoder dropped, and shards read
 concurrently with one set of connections. So they drive the same parts directly: a store per
-scheme, an :class:`~streamrec.storage.stream.ObjectReader` per shard (retries, shared
+scheme, an :class:`~streamrec.pipeline.prefetch.ObjectReader` per shard (retries, shared
 prefetch budget) and a :class:`~streamrec.format.shard.ShardDecoder`.
 """
 
@@ -18,10 +18,10 @@ from streamrec.format.codecs import Compression, resolve_compression
 from streamrec.format.framing import FOOTER_BYTES, HEADER_BYTES, OnCorrupt
 from streamrec.format.shard import ShardDecoder
 from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.sources import list_sources
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import ObjectInfo, StoreSet
-from streamrec.storage.stream import ObjectReader
 
 __all__ = [
     "Located",

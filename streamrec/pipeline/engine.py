@@ -22,13 +22,13 @@ from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
 from streamrec.pipeline.opener import ShardOpener, shards_digest
 from streamrec.pipeline.options import READ_AHEAD_PART, ReadOptions
+from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.shards import ShardPlan, plan_shards, seeded_random
 from streamrec.pipeline.shuffle import shuffle_pieces
 from streamrec.pipeline.sources import list_sources
 from streamrec.pipeline.state import Event, rng_from_state, take_event
 from streamrec.pipeline.stats import Stats
 from streamrec.storage.stores import ObjectInfo, StoreSet
-from streamrec.storage.stream import ObjectReader
 
 __all__ = ["Piece", "ReadEngine"]
 

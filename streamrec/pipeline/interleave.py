@@ -21,6 +21,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
+from streamrec._portal import cancel_and_wait
 from streamrec.pipeline.state import HEADER_AND_CRCS, Event, rounds_event, take_event
 
 __all__ = ["OpenShard", "Pieces", "interleave_deterministic", "interleave_first_ready"]
@@ -244,4 +245,4 @@ async def interleave_first_ready(
                 ready.get_nowait()
             running = [task for task in tasks.values() if not task.done()]
             await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        await cancel_and_wait(tasks.values())  # all ended: collects their outcomes

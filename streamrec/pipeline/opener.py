@@ -14,19 +14,20 @@ import hashlib
 import itertools
 import json
 from collections import defaultdict
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
+from streamrec._portal import run_all
 from streamrec.errors import FormatError, StateError
 from streamrec.format.codecs import compression_from_name, normalize_compression, sniff
 from streamrec.format.framing import HEADER_BYTES, OVERHEAD_BYTES
 from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.read import read_shard
 from streamrec.pipeline.shards import ShardPlan
 from streamrec.pipeline.state_check import check_against_plan
 from streamrec.storage.base import ObjectInfo, ObjectStore
-from streamrec.storage.stream import ObjectReader
 
 if TYPE_CHECKING:
     from streamrec.pipeline.options import ReadOptions
@@ -205,7 +206,7 @@ class ShardOpener:
                 async with limit:
                     await self._fetch_span(ordinal, run, found)
 
-            await _all(one(ordinal, run) for ordinal, run in spans)
+            await run_all(one(ordinal, run) for ordinal, run in spans)
         try:
             return [found[(int(loc[0]), int(loc[1]))] for loc in locations]
         except KeyError as exc:
@@ -311,18 +312,6 @@ def _runs(
             start = offset
         runs[-1].append(location)
     return runs
-
-
-async def _all(jobs: Iterable[Coroutine[Any, Any, None]]) -> None:
-    """Run ``jobs`` concurrently; the first error cancels the others and is raised as is."""
-    tasks = [asyncio.ensure_future(job) for job in jobs]
-    try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 async def _starting_a_record(chunks: Chunks, ordinal: int, offset: int) -> Chunks:

@@ -8,8 +8,8 @@ from collections.abc import AsyncGenerator
 from streamrec.errors import FormatError
 from streamrec.format.framing import OnCorrupt
 from streamrec.format.shard import DEFAULT_PIECE_BYTES, ShardDecoder
+from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.stats import Stats
-from streamrec.storage.stream import ObjectReader
 
 __all__ = ["read_shard"]
 

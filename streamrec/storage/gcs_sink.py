@@ -30,6 +30,7 @@ import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from streamrec._portal import cancel_and_wait
 from streamrec.errors import StorageError, TransientStorageError
 from streamrec.storage.sinks import ObjectSink, SinkContext, bucket_and_key
 from streamrec.storage.translate import from_status, translate
@@ -296,8 +297,7 @@ class GCSResumableSink(ObjectSink):
     async def _abort(self) -> None:
         task, self._inflight = self._inflight, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait([task])
         self._buffer = bytearray()
         session_url, self.session_url = self.session_url, None
         if session_url is None:

@@ -20,6 +20,7 @@ import io
 import logging
 from typing import TYPE_CHECKING, Any
 
+from streamrec._portal import cancel_and_wait
 from streamrec.errors import ObjectNotFoundError, StorageError
 from streamrec.storage.sinks import ObjectSink, SinkContext, bucket_and_key
 from streamrec.storage.translate import translate
@@ -179,11 +180,7 @@ class S3MultipartSink(ObjectSink):
         return int(head.get("ContentLength", -1)) == self.bytes_written
 
     async def _abort(self) -> None:
-        tasks = [t for t in (self._put, *self._parts) if t is not None]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(t for t in (self._put, *self._parts) if t is not None)
         self._buffer = bytearray()
         if self._create is None:
             return

@@ -72,6 +72,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
+from streamrec._portal import cancel_and_wait
 from streamrec.errors import StorageError
 from streamrec.format.codecs import Compression, normalize_compression
 from streamrec.format.crc import BytesLike
@@ -358,11 +359,7 @@ class ShardWriter:
             await run_to_completion(self._abort_all())
 
     async def _abort_all(self) -> None:
-        tasks = list(self._finishing)
-        for task in tasks:
-            task.cancel()  # each commit aborts its sink when cancelled
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._finishing))  # each commit aborts its sink when cancelled
         # a commit task cancelled before it ran never aborted its sink: abort them all here
         # (abort is idempotent and leaves committed objects alone)
         sinks = [*self._committing.values(), *self._sinks.values()]

@@ -18,6 +18,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
+from streamrec._portal import cancel_and_wait
 from streamrec.errors import RetriesExhaustedError, TransientStorageError
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.storage.base import ObjectInfo, ObjectStore, first_bytes
@@ -196,10 +197,7 @@ class ObjectReader:
         self.budget.forget(self.prime)
         inflight, self._inflight = self._inflight, deque()
         ready, self._ready = self._ready, deque()
-        for _, task in inflight:
-            task.cancel()
-        if inflight:
-            await asyncio.gather(*(task for _, task in inflight), return_exceptions=True)
+        await cancel_and_wait(task for _, task in inflight)
         self.budget.release(sum(length for length, _ in inflight) + sum(map(len, ready)))
 
     async def _read_block(self, start: int, end: int) -> list[bytes]:
