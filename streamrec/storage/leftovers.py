@@ -79,7 +79,7 @@ async def remove_leftover(store: ObjectStore, leftover: Leftover) -> None:
             raise translate(exc, leftover.url, "removing its temporary file") from exc
         return
     s3: Any = store
-    client = await s3._client()
+    client = await s3.client()
     bucket, key = _bucket_key(leftover.url)
     try:
         await client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=leftover.handle)
@@ -121,7 +121,7 @@ def _bucket_key(url: str) -> tuple[str, str]:
 async def _open_multipart_uploads(store: S3Store, prefix: str) -> list[Leftover]:
     scheme = split_scheme(prefix)[0]
     bucket, key_prefix = _bucket_key(prefix)
-    client = await store._client()
+    client = await store.client()
     found: list[Leftover] = []
     markers: dict[str, str] = {}
     while True:

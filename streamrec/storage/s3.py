@@ -75,7 +75,9 @@ class S3Store(FsspecStore):
         super().__init__(fs)
         self._session_ready = False
 
-    async def _client(self) -> Any:
+    async def client(self) -> Any:
+        """The aiobotocore S3 client (its session set up on first use), for sinks and tools
+        that send their own requests: they get the client, not the store's internals."""
         if not self._session_ready:
             _share_loader(self.fs)
             tls = _start_tls_context(self.fs)
@@ -86,10 +88,10 @@ class S3Store(FsspecStore):
         return self.fs._s3
 
     async def _connect(self) -> None:
-        await self._client()
+        await self.client()
 
     async def expand(self, pattern: str) -> list[ObjectInfo]:
-        await self._client()
+        await self.client()
         return await super().expand(pattern)
 
     def version_of(self, info: dict[str, Any]) -> str | None:
@@ -100,7 +102,7 @@ class S3Store(FsspecStore):
         bucket, key, version_id = self.fs.split_path(url)
         if not key or version_id:
             return None
-        client = await self._client()
+        client = await self.client()
         try:
             response = await client.get_object(
                 Bucket=bucket, Key=key, Range=f"bytes=0-{length - 1}"
@@ -121,7 +123,7 @@ class S3Store(FsspecStore):
         return ObjectInfo(url, size, str(etag) if etag else None), first_bytes(pieces, length)
 
     async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
-        client = await self._client()
+        client = await self.client()
         bucket, key, _ = self.fs.split_path(obj.url)
         extra = {"IfMatch": obj.version} if obj.version else {}
         try:

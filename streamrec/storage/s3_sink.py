@@ -71,7 +71,7 @@ class S3MultipartSink(ObjectSink):
         """One request through the retry policy; errors translated, with the url."""
 
         async def attempt() -> Any:
-            client = await self._store._client()
+            client = await self._store.client()
             if body is not None:
                 body.seek(0)  # a retry sends the whole body again
                 kwargs["Body"] = body
