@@ -46,6 +46,8 @@ REPO_ROOT = BENCH_DIR.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from _harness import replace_section  # noqa: E402
+
 MIB = 1 << 20
 START_MARK = "<!-- bench_hostile:start -->"
 END_MARK = "<!-- bench_hostile:end -->"
@@ -238,10 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(section)
     if args.out is not None:
-        text = args.out.read_text()
-        head, rest = text.split(START_MARK, 1)
-        _, tail = rest.split(END_MARK, 1)
-        args.out.write_text(f"{head}{START_MARK}\n{section}\n{END_MARK}{tail}")
+        replace_section(args.out, START_MARK, END_MARK, section, "")
         print(f"\nwrote {args.out}")
     return 0
 

@@ -57,6 +57,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # measure the in-tree streamrec, installed or not
 
 import numpy as np  # noqa: E402
+from _harness import replace_section  # noqa: E402
 
 import streamrec  # noqa: E402
 import streamrec.sync  # noqa: E402
@@ -504,13 +505,8 @@ here). Every table is one run of the command shown with it, dated; treat differe
 
 def write_readme(path: Path, section: str) -> None:
     """Replace the marked section of ``path`` (created with an intro when missing)."""
-    block = f"{START_MARK}\n{section}\n{END_MARK}"
-    text = path.read_text() if path.exists() else README_INTRO + f"{START_MARK}\n{END_MARK}\n"
-    if START_MARK not in text or END_MARK not in text:
-        text = text.rstrip("\n") + "\n\n" + f"{START_MARK}\n{END_MARK}\n"
-    head, rest = text.split(START_MARK, 1)
-    _, tail = rest.split(END_MARK, 1)
-    path.write_text(head + block + tail)
+    intro = "" if path.exists() else README_INTRO
+    replace_section(path, START_MARK, END_MARK, section, intro)
 
 
 # ---------------------------------------------------------------- main

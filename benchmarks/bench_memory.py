@@ -47,6 +47,7 @@ for _p in (str(BENCH_DIR.parent), str(BENCH_DIR)):
         sys.path.insert(0, _p)
 
 import bench_remote as br  # noqa: E402
+from _harness import replace_section  # noqa: E402
 
 MIB = 1 << 20
 START_MARK = "<!-- bench_memory:start -->"
@@ -167,10 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(section)
     if args.out is not None:
-        text = args.out.read_text()
-        head, rest = text.split(START_MARK, 1)
-        _, tail = rest.split(END_MARK, 1)
-        args.out.write_text(f"{head}{START_MARK}\n{section}\n{END_MARK}{tail}")
+        replace_section(args.out, START_MARK, END_MARK, section, "")
         print(f"\nwrote {args.out}")
     return 0
 

@@ -89,6 +89,8 @@ for _p in (str(REPO_ROOT), str(BENCH_DIR)):
     if _p not in sys.path:
         sys.path.insert(0, _p)  # the in-tree streamrec, installed or not; netem beside us
 
+from _harness import replace_section  # noqa: E402
+
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # before gcsfs is imported anywhere
 
 import netem  # noqa: E402
@@ -1077,13 +1079,8 @@ The module docstring of `bench_remote.py` says what each column means.
 
 def write_readme(path: Path, section: str) -> None:
     """Replace the marked section of ``path`` (appended with a short description if missing)."""
-    block = f"{START_MARK}\n{section}\n{END_MARK}"
-    text = path.read_text() if path.exists() else "# streamrec benchmarks\n"
-    if START_MARK not in text or END_MARK not in text:
-        text = text.rstrip("\n") + "\n\n" + README_BLURB + f"{START_MARK}\n{END_MARK}\n"
-    head, rest = text.split(START_MARK, 1)
-    _, tail = rest.split(END_MARK, 1)
-    path.write_text(head + block + tail)
+    intro = README_BLURB if path.exists() else "# streamrec benchmarks\n\n" + README_BLURB
+    replace_section(path, START_MARK, END_MARK, section, intro)
 
 
 # ---------------------------------------------------------------- main

@@ -69,6 +69,8 @@ for _p in (str(REPO_ROOT), str(BENCH_DIR)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+from _harness import replace_section  # noqa: E402
+
 KIB, MIB, MB = 1 << 10, 1 << 20, 10**6
 BUCKET = "bench"
 S3_KEY, S3_SECRET = "k", "s"
@@ -511,15 +513,7 @@ def render(
 
 
 def write_readme(path: Path, table: str) -> None:
-    text = path.read_text() if path.exists() else ""
-    section = f"{START_MARK}\n{table}\n{END_MARK}"
-    if START_MARK in text and END_MARK in text:
-        head, rest = text.split(START_MARK, 1)
-        _, tail = rest.split(END_MARK, 1)
-        text = head + section + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + INTRO + "\n" + section + "\n"
-    path.write_text(text)
+    replace_section(path, START_MARK, END_MARK, table, INTRO + "\n")
 
 
 INTRO = """## Upload throughput (bench_write.py)
