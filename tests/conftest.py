@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from corpus import CORPUS_DIR, MANIFEST
 
 from streamrec.format import framing
+from support.corpus import CORPUS_DIR, MANIFEST
 
-pytest_plugins = ["conftest_servers"]
+pytest_plugins = ["support.server_fixtures"]
 
 
 @pytest.fixture(scope="session")

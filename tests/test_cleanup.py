@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest_servers import MotoS3Server
 
 from streamrec.cli.cleanup import parse_duration
 from streamrec.format.framing import RecordEncoder
 from streamrec.reshard.job import reshard
+from support.servers import MotoS3Server
 
 REPO = Path(__file__).resolve().parents[1]
 

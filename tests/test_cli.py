@@ -22,12 +22,12 @@ from typing import Any
 import fsspec
 import numpy as np
 import pytest
-from servers import FakeGcsServer, MotoS3Server
 
 import streamrec
 from streamrec.cli import build_parser, main
 from streamrec.example import decode_batch, encode, encode_sequence
 from streamrec.format.framing import FOOTER_BYTES, HEADER_BYTES
+from support.servers import FakeGcsServer, MotoS3Server
 
 REPO = Path(streamrec.__file__).resolve().parents[1]
 SHARD_COUNTS = [4, 0, 6, 2, 3]

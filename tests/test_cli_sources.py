@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import MotoS3Server
-from test_cli import cli
 
 import streamrec
 from streamrec.example import encode
+from support.servers import MotoS3Server
+from test_cli import cli
 
 RECORDS = [encode({"i": i}) for i in range(7)]
 

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest_servers import HttpDir
-from fault_proxy import FaultProxy
-from test_cli import cli, write_records
 
 import streamrec
 from streamrec.format import framing
+from support.fault_proxy import FaultProxy
+from support.server_fixtures import HttpDir
+from test_cli import cli, write_records
 
 
 def test_a_hung_endpoint_logs_every_retry_and_names_the_timeout(

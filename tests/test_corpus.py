@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from corpus import MANIFEST as _MANIFEST
 
 import streamrec
 from streamrec.errors import CompressionError, CorruptRecordError, TruncatedRecordError
+from support.corpus import MANIFEST as _MANIFEST
 
 VALID_FILES = sorted(_MANIFEST["files"])
 CORRUPT_FILES = sorted(_MANIFEST["corrupt"])

@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from corpus import CORPUS_DIR
 from google.protobuf.internal import api_implementation
 
 import streamrec.example as public
 from streamrec.errors import ExampleError, FeatureError
 from streamrec.format import example as ex
 from streamrec.format.proto import example_pb2, feature_pb2
+from support.corpus import CORPUS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from corpus import CORPUS_DIR
 from google.protobuf.internal import api_implementation
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,6 +22,7 @@ from hypothesis import strategies as st
 from streamrec.errors import ExampleError, FeatureError
 from streamrec.format import example as ex
 from streamrec.format.example import batch as example_batch
+from support.corpus import CORPUS_DIR
 
 # The C parser, looked up in one place: example_batch._cexample (set to None for the Python path).
 CEXAMPLE = example_batch._cexample

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_cli import cli
 
 import streamrec
 from streamrec.errors import CorruptRecordError, FormatError, TruncatedRecordError
 from streamrec.format import framing
 from streamrec.format.framing import RecordDecoder, RecordEncoder
 from streamrec.format.shard import ShardDecoder
+from test_cli import cli
 
 fixture_ok = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import FakeGcsServer, MotoS3Server
 
 import streamrec
 from streamrec.errors import FormatError, ObjectChangedError, ObjectNotFoundError
 from streamrec.manifest.core import loads
 from streamrec.storage.retry import RetryPolicy
+from support.servers import FakeGcsServer, MotoS3Server
 
 FAST = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=10)
 

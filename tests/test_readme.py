@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest_servers import MotoS3Server
+
+from support.servers import MotoS3Server
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -14,9 +14,6 @@ from typing import Any
 
 import fsspec
 import pytest
-from conftest_servers import HttpDir
-from fault_proxy import FaultProxy
-from servers import FakeGcsServer, MotoS3Server
 
 import streamrec
 from streamrec.errors import (
@@ -28,6 +25,9 @@ from streamrec.errors import (
 )
 from streamrec.format.framing import RecordEncoder
 from streamrec.storage.retry import RetryPolicy
+from support.fault_proxy import FaultProxy
+from support.server_fixtures import HttpDir
+from support.servers import FakeGcsServer, MotoS3Server
 
 FAST = RetryPolicy(max_attempts=5, initial_backoff_s=0.01, max_backoff_s=0.05, timeout_s=2)
 

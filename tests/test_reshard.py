@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import FakeGcsServer, MotoS3Server
 
 import streamrec
 from streamrec.cli.reshard import main as cli_main
@@ -32,6 +31,7 @@ from streamrec.reshard.job import ReshardProgress, ReshardSummary, reshard
 from streamrec.reshard.plan import Naming, make_plan, split_counts, split_groups
 from streamrec.reshard.task import KILL_AFTER_ENV
 from streamrec.storage.base import ObjectInfo
+from support.servers import FakeGcsServer, MotoS3Server
 
 REPO = Path(__file__).resolve().parent.parent
 # The writer's exact compressed rotation can overshoot max_bytes by a few bytes: _add_exact

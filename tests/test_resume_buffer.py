@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_resume import payload, resume_rest, stop_after, write_shards
 
 import streamrec
 from streamrec.errors import StateError
 from streamrec.format.framing import RecordEncoder
+from test_resume import payload, resume_rest, stop_after, write_shards
 
 GAP = 256 << 10  # records further apart are fetched by separate reads (opener._GAP_BYTES)
 

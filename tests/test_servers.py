@@ -1,7 +1,7 @@
 """The test infrastructure itself: real servers, real clients, and every fault of the proxy.
 
-These tests prove that the fixtures in conftest_servers.py behave as the storage tests assume:
-moto, fake-gcs-server and the range file server answer s3fs, gcsfs and fsspec's HTTP client
+These tests prove that the fixtures in support/server_fixtures.py behave as the storage tests
+assume: moto, fake-gcs-server and the range file server answer s3fs, gcsfs and fsspec's HTTP client
 (lists, globs, info, range and suffix-range reads), and FaultProxy injects each fault so that a
 client observes it. They also pin down the client quirks the storage layer must handle (s3fs
 and gcsfs pass short 206 responses on silently; both retry some faults internally).
@@ -23,9 +23,10 @@ from typing import Any
 import aiohttp
 import botocore.exceptions  # type: ignore[import-untyped]
 import pytest
-from conftest_servers import HttpDir
-from fault_proxy import FaultProxy
-from servers import (
+
+from support.fault_proxy import FaultProxy
+from support.server_fixtures import HttpDir
+from support.servers import (
     AWS_PART_MIN_SIZE,
     FakeGcsServer,
     MotoS3Server,

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_resume import payload, write_shards
 
 import streamrec
 from streamrec.errors import StateError
 from streamrec.pipeline.buffer_codec import decode_buffer
+from test_resume import payload, write_shards
 
 SIZES = [23, 0, 31, 17, 29, 11]
 MODES: dict[str, dict[str, Any]] = {

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest_servers import HttpDir
-from servers import MotoS3Server
 
 import streamrec
 from streamrec.errors import StorageError
 from streamrec.storage.stores import options_for
+from support.server_fixtures import HttpDir
+from support.servers import MotoS3Server
 
 
 def _shard(records: list[bytes]) -> bytes:

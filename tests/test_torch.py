@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from servers import MotoS3Server
 from torch.utils.data import DataLoader
 
 import streamrec
@@ -20,6 +19,7 @@ import streamrec.torch
 from streamrec.example import FixedLenFeature, VarLenFeature, decode, encode
 from streamrec.format.framing import RecordEncoder
 from streamrec.pipeline.transform import ParsedDataset
+from support.servers import MotoS3Server
 
 SPEC = {"idx": FixedLenFeature(np.int64), "ids": VarLenFeature(np.int64)}
 

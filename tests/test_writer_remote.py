@@ -20,8 +20,6 @@ from typing import Any
 
 import fsspec
 import pytest
-from fault_proxy import FaultProxy
-from servers import FakeGcsServer, MotoS3Server
 
 import streamrec
 from streamrec.errors import RetriesExhaustedError
@@ -29,6 +27,8 @@ from streamrec.format.crc import crc32c
 from streamrec.manifest.core import read_manifest
 from streamrec.storage.gcs_sink import CHUNK_ALIGN
 from streamrec.storage.retry import RetryPolicy
+from support.fault_proxy import FaultProxy
+from support.servers import FakeGcsServer, MotoS3Server
 
 FAST = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=10)
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-CORPUS_DIR = Path(__file__).resolve().parent / "data" / "corpus"
+CORPUS_DIR = Path(__file__).resolve().parents[1] / "data" / "corpus"
 
 with open(CORPUS_DIR / "manifest.json") as _f:
     MANIFEST: dict[str, Any] = json.load(_f)

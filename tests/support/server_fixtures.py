@@ -1,7 +1,7 @@
 """pytest plugin: real local storage servers and the fault proxy, as fixtures.
 
-Loaded by ``pytest_plugins = ["conftest_servers"]`` in tests/conftest.py. Servers start lazily
-(only for tests that ask for them), once per session, on free loopback ports.
+Loaded by ``pytest_plugins = ["support.server_fixtures"]`` in tests/conftest.py. Servers start
+lazily (only for tests that ask for them), once per session, on free loopback ports.
 
 Fixtures
 --------
@@ -45,8 +45,9 @@ if "gcsfs" in sys.modules:  # gcsfs reads the variable once, in its __init__
     _gcsfs = sys.modules["gcsfs"]
     if _gcsfs.GCSFileSystem is not sys.modules["gcsfs.core"].GCSFileSystem:
         raise RuntimeError(
-            "gcsfs was imported before conftest_servers set GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="
-            "false, so every gcsfs call against fake-gcs-server would wait 60 s on a gRPC probe: "
+            "gcsfs was imported before support.server_fixtures set "
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false, so every gcsfs call against fake-gcs-server "
+            "would wait 60 s on a gRPC probe: "
             "do not import gcsfs (or code that imports it) at the top of tests/conftest.py"
         )
 
@@ -57,8 +58,9 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
-from fault_proxy import FaultProxy, Flavor  # noqa: E402
-from servers import FakeGcsServer, MotoS3Server, RangeHTTPServer  # noqa: E402
+
+from support.fault_proxy import FaultProxy, Flavor  # noqa: E402
+from support.servers import FakeGcsServer, MotoS3Server, RangeHTTPServer  # noqa: E402
 
 __all__ = [
     "HttpDir",
