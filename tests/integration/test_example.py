@@ -28,7 +28,7 @@ from streamrec.format import example as ex
 from streamrec.format.proto import example_pb2, feature_pb2
 from support.corpus import CORPUS_DIR
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # protobuf's pure-Python backend turns every NaN it parses into the canonical quiet NaN; the
 # default upb (and the C++) backends keep float32 bits. NaN bit checks need the latter.

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 import streamrec
+from integration.test_cli import cli, write_records
 from streamrec.errors import CompressionError, CorruptRecordError, TruncatedRecordError
 from streamrec.example import encode
 from support.server_fixtures import HttpDir
-from test_cli import cli, write_records
 
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02"
 

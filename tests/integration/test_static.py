@@ -1,7 +1,7 @@
 """The code standards, enforced: ruff and mypy --strict on streamrec/, C accelerators built.
 
 The structure rules (import cycles, private imports, module sizes, the sans-I/O format core)
-are in test_architecture.py.
+are in unit/test_architecture.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from streamrec.format.accel import pure_python_requested
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*command: str) -> subprocess.CompletedProcess[str]:

@@ -33,7 +33,7 @@ from streamrec.reshard.task import KILL_AFTER_ENV
 from streamrec.storage.base import ObjectInfo
 from support.servers import FakeGcsServer, MotoS3Server
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # The writer's exact compressed rotation can overshoot max_bytes by a few bytes: _add_exact
 # sync-flushes the shard before learning that the record does not fit, and those flush bytes
 # stay. Set to 0 once write.planner.Planner._add_exact syncs a copy (the fix is in the reshard

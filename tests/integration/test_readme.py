@@ -23,7 +23,7 @@ import pytest
 
 from support.servers import MotoS3Server
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 BUCKET = "my-bucket"
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from integration.test_reshard import check_output, input_files, make_records, relative
 from streamrec.manifest.core import load_manifest
 from streamrec.reshard.job import reshard
 from streamrec.reshard.task import EXIT_ONCE_ENV
 from support.servers import MotoS3Server
-from test_reshard import check_output, input_files, make_records, relative
 
 distributed = pytest.importorskip("dask.distributed")
 

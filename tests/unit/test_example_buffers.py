@@ -19,7 +19,7 @@ from streamrec.errors import FeatureError, FormatError
 from streamrec.format import example as ex
 from streamrec.format import framing
 from streamrec.format.framing import RecordDecoder, RecordEncoder
-from test_example_batch import CEXAMPLE, IMAGE_SPEC, assert_same_outcome, read_payloads, run
+from unit.test_example_batch import CEXAMPLE, IMAGE_SPEC, assert_same_outcome, read_payloads, run
 
 
 def as_uint32_view(payload: bytes) -> Any:

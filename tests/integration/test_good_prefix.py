@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streamrec
+from integration.test_cli import cli
 from streamrec.errors import CorruptRecordError, FormatError, TruncatedRecordError
 from streamrec.format import framing
 from streamrec.format.framing import RecordDecoder, RecordEncoder
 from streamrec.format.shard import ShardDecoder
-from test_cli import cli
 
 fixture_ok = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

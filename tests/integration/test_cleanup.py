@@ -21,7 +21,7 @@ from streamrec.format.framing import RecordEncoder
 from streamrec.reshard.job import reshard
 from support.servers import MotoS3Server
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 KILLED_LOCAL_WRITER = """
 import os, sys

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 import streamrec
+from integration.test_cli import cli
 from streamrec.example import encode
 from support.servers import MotoS3Server
-from test_cli import cli
 
 RECORDS = [encode({"i": i}) for i in range(7)]
 

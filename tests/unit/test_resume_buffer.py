@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import streamrec
 from streamrec.errors import StateError
 from streamrec.format.framing import RecordEncoder
-from test_resume import payload, resume_rest, stop_after, write_shards
+from support.resume import payload, resume_rest, stop_after, write_shards
 
 GAP = 256 << 10  # records further apart are fetched by separate reads (opener._GAP_BYTES)
 

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 import streamrec
+from integration.test_cli import cli, write_records
 from streamrec.format import framing
 from support.fault_proxy import FaultProxy
 from support.server_fixtures import HttpDir
-from test_cli import cli, write_records
 
 
 def test_a_hung_endpoint_logs_every_retry_and_names_the_timeout(

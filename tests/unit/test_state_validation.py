@@ -19,7 +19,7 @@ import pytest
 import streamrec
 from streamrec.errors import StateError
 from streamrec.pipeline.buffer_codec import decode_buffer
-from test_resume import payload, write_shards
+from support.resume import payload, write_shards
 
 SIZES = [23, 0, 31, 17, 29, 11]
 MODES: dict[str, dict[str, Any]] = {
