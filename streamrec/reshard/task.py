@@ -6,22 +6,13 @@ record verified; payloads handed on as they are, never decoded) and written with
 :func:`streamrec.open_writer` (atomic commits: S3 multipart, GCS resumable, local rename). The
 task manifest is written only after every output shard is committed.
 
-Test hooks (environment variables, read when a task runs; used by the crash tests):
-
-``STREAMREC_RESHARD_TEST_KILL_AFTER=K``
-    the process sends itself SIGKILL once it has committed K output shards (over all the
-    tasks it ran).
-``STREAMREC_RESHARD_TEST_EXIT_ONCE=PATH``
-    the first task (over all processes) that has committed an output shard creates ``PATH``
-    and ends its process with ``os._exit(70)`` before writing its task manifest; later
-    attempts find ``PATH`` and carry on.
+Fault-injection seam: :data:`after_shard_committed` (``None`` in production; the crash tests set
+it in the process that runs the task, see tests/support/reshard_crash.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 from collections.abc import Callable
 from contextlib import aclosing
@@ -36,13 +27,14 @@ from streamrec.write.writer import ShardWriter, open_writer
 
 __all__ = ["TaskOptions", "TaskResult", "run_task", "run_task_blocking"]
 
-KILL_AFTER_ENV = "STREAMREC_RESHARD_TEST_KILL_AFTER"
-EXIT_ONCE_ENV = "STREAMREC_RESHARD_TEST_EXIT_ONCE"
-
-#: output shards this process has committed in finished tasks (for the kill hook)
-_committed_before = 0
-
 ProgressFn = Callable[[int, int], None]  # (records, bytes read) since the last call
+
+#: A seam for tests (fault injection), ``None`` in production: nothing in streamrec sets it and
+#: no setting reaches it. When set, a task calls it in its own process as ``hook(spec, committed)``
+#: after every chunk it has written and once more after its writers have closed (just before its
+#: task manifest), ``committed`` being how many output shards the task has committed so far. The
+#: crash tests install one that kills the process at a chosen point.
+after_shard_committed: Callable[[TaskSpec, int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -72,22 +64,6 @@ class TaskResult:
     skipped: bool = False
 
 
-def _hooks(committed_in_task: int) -> None:
-    """The crash-test hooks (see the module docstring); no-ops unless their variable is set."""
-    kill_after = os.environ.get(KILL_AFTER_ENV)
-    if kill_after and _committed_before + committed_in_task >= int(kill_after):
-        os.kill(os.getpid(), signal.SIGKILL)
-    marker = os.environ.get(EXIT_ONCE_ENV)
-    if marker and committed_in_task >= 1:
-        try:
-            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            return
-        os.write(fd, f"{os.getpid()}\n".encode())
-        os.close(fd)
-        os._exit(70)
-
-
 def _escape(url: str) -> str:
     return url.replace("{", "{{").replace("}", "}}")
 
@@ -96,7 +72,6 @@ async def run_task(
     spec: TaskSpec, options: TaskOptions, on_progress: ProgressFn | None = None
 ) -> TaskResult:
     """Run one task to its end: every output shard committed, then the task manifest."""
-    global _committed_before
     started = time.monotonic()
     dataset = open_dataset(
         [obj.url for obj in spec.inputs],
@@ -136,7 +111,8 @@ async def run_task(
                     read = dataset.stats.bytes_read
                     on_progress(len(chunk), read - reported)
                     reported = read
-                _hooks(sum(len(w.shards) for w in writers))
+                if after_shard_committed is not None:
+                    after_shard_committed(spec, sum(len(w.shards) for w in writers))
         await asyncio.gather(*(w.close() for w in writers))
     except BaseException:
         await asyncio.gather(*(w.abort() for w in writers), return_exceptions=True)
@@ -144,7 +120,8 @@ async def run_task(
     if on_progress is not None and dataset.stats.bytes_read > reported:
         on_progress(0, dataset.stats.bytes_read - reported)
     shards = [entry for w in writers for entry in w.shards]
-    _hooks(len(shards))
+    if after_shard_committed is not None:
+        after_shard_committed(spec, len(shards))
     entries = [
         ManifestEntry(e.url, e.records, e.bytes, e.crc32c, index=j, version=e.version)
         for j, e in enumerate(shards)
@@ -157,7 +134,6 @@ async def run_task(
         storage_options=options.dst_storage_options,
         scratch=True,
     )
-    _committed_before += len(entries)
     return TaskResult(
         spec.index,
         entries,

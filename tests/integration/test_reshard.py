@@ -29,7 +29,6 @@ from streamrec.format.framing import RecordEncoder
 from streamrec.manifest.core import Manifest, load_manifest
 from streamrec.reshard.job import ReshardProgress, ReshardSummary, reshard
 from streamrec.reshard.plan import Naming, make_plan, split_counts, split_groups
-from streamrec.reshard.task import KILL_AFTER_ENV
 from streamrec.storage.base import ObjectInfo
 from support.servers import FakeGcsServer, MotoS3Server
 
@@ -414,12 +413,18 @@ def test_s3_to_gcs(
 # the command line, and a SIGKILL half-way
 
 
-def run_cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(args: list[str], kill_after: int | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m streamrec.cli.reshard ARGS`` in a subprocess; with ``kill_after``, the process
+    sends itself SIGKILL once it has committed that many output shards (support.reshard_crash)."""
+    command = [sys.executable, "-m", "streamrec.cli.reshard"]
+    if kill_after is not None:
+        crash = ["support.reshard_crash", f"--kill-after={kill_after}", "--"]
+        command = [sys.executable, "-m", *crash]
     return subprocess.run(
-        [sys.executable, "-m", "streamrec.cli.reshard", *args],
+        [*command, *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])},
         timeout=120,
     )
 
@@ -469,7 +474,7 @@ def test_sigkill_half_way_then_rerun_gives_the_uninterrupted_output(
     ref = json.loads(reference.stdout)
     assert ref["tasks"] >= 4 and len(ref["shards"]) >= 12
 
-    killed = run_cli([sources, template("run"), *common], env={KILL_AFTER_ENV: "7"})
+    killed = run_cli([sources, template("run"), *common], kill_after=7)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     keys = s3_server.list(s3_bucket, "run/")
     assert "run/_manifest.json" not in keys

@@ -15,10 +15,11 @@ import pytest
 from integration.test_reshard import check_output, input_files, make_records, relative
 from streamrec.manifest.core import load_manifest
 from streamrec.reshard.job import reshard
-from streamrec.reshard.task import EXIT_ONCE_ENV
+from support.reshard_crash import SCRIPT
 from support.servers import MotoS3Server
 
 distributed = pytest.importorskip("dask.distributed")
+dask = pytest.importorskip("dask")
 
 
 @pytest.fixture(scope="module")
@@ -79,22 +80,27 @@ def test_dask_writes_what_the_local_engine_writes(
 
 
 def test_a_task_whose_worker_dies_is_retried_without_duplicates(
-    tmp_path: Path, s3_server: MotoS3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, s3_server: MotoS3Server, s3_bucket: str
 ) -> None:
     records = make_records(salt="x")
     options = s3_server.storage_options
     sources = upload_inputs(s3_server, s3_bucket, records)
     marker = tmp_path / "worker-died"
-    monkeypatch.setenv(EXIT_ONCE_ENV, str(marker))  # the cluster's workers inherit it
-    summary = reshard(  # no scheduler: reshard starts (and closes) its own LocalCluster
-        sources,
-        f"s3://{s3_bucket}/out/part-{{index:04d}}.tfrecord",
-        num_shards=3,
-        engine="dask",
-        src_storage_options=options,
-        dst_storage_options=options,
-        progress=False,
-    )
+    # every worker (restarted ones too) runs support/reshard_crash.py at start: the hook is set
+    preload = {
+        "distributed.worker.preload": [str(SCRIPT)],
+        "distributed.worker.preload-argv": ["--exit-once", str(marker)],
+    }
+    with dask.config.set(preload):
+        summary = reshard(  # no scheduler: reshard starts (and closes) its own LocalCluster
+            sources,
+            f"s3://{s3_bucket}/out/part-{{index:04d}}.tfrecord",
+            num_shards=3,
+            engine="dask",
+            src_storage_options=options,
+            dst_storage_options=options,
+            progress=False,
+        )
     assert marker.exists()  # a worker did exit in the middle of a task
     listed = [f"s3://{s3_bucket}/{k}" for k in s3_server.list(s3_bucket, "out/")]
     check_output(summary, collections.Counter(records), options, listed)
