@@ -73,7 +73,7 @@ async def manifest_shards(
                     f"object there has {' + '.join(map(str, sizes))}: it was replaced after "
                     "the manifest was written (a later write to the same names?)"
                 )
-        return ObjectInfo(entry.url, entry.bytes, entry.version)
+        return ObjectInfo(entry.url, entry.bytes, entry.version, entry.records)
 
     return list(await asyncio.gather(*(checked(entry) for entry in manifest.shards)))
 

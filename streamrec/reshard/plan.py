@@ -36,7 +36,7 @@ __all__ = [
     "split_groups",
 ]
 
-PLAN_VERSION = 2  # 2: a job of one rotation task numbers its shards 0, 1, 2, ...
+PLAN_VERSION = 3  # 2: one rotation task numbers 0, 1, 2, ...; 3: so do tasks with known counts
 SCRATCH_DIR = "_reshard"
 DEFAULT_SHUFFLE_BUFFER = 4096
 MIN_TASK_BYTES = 256 << 20
@@ -158,17 +158,23 @@ class Naming:
                 out.append(prefix + "{index" + (":" + spec if spec else "") + "}")
         return "".join(out)
 
-    def rule(self, tasks: int) -> str:
-        """How the output shards of a job of ``tasks`` tasks are named, with examples."""
+    def rule(self, tasks: int, global_index: bool = False) -> str:
+        """How the output shards of a job of ``tasks`` tasks are named, with examples
+        (``global_index``: the plan numbers them across tasks)."""
         if self.mode == "fixed":
             count = self.num_shards or 1
             names = self.fixed_url(0) + (f" .. {self.fixed_url(count - 1)}" if count > 1 else "")
             return f"output names: {names}"
-        if tasks == 1:
+        if tasks == 1 or global_index:
             first = self.task_template(0, alone=True)
+            why = (
+                "the input is one task"
+                if tasks == 1
+                else f"the {tasks} tasks' record counts are known from the input manifests"
+            )
             return (
                 f"output names: {first.format(index=0)}, {first.format(index=1)}, ... "
-                "({index} counts the shards: the input is one task)"
+                f"({{index}} counts the shards: {why})"
             )
         one, two = self.task_template(0), self.task_template(1)
         names = f"{one.format(index=0)}, {one.format(index=1)}, ..., {two.format(index=0)}, ..."
@@ -269,6 +275,8 @@ class TaskSpec:
     outputs: tuple[str, ...] = ()
     first_index: int = 0
     seed: int | None = None  # None: no shuffling
+    expected_records: int | None = None
+    """The records its inputs hold by their manifests, when the numbering relies on them."""
 
     @property
     def input_bytes(self) -> int:
@@ -293,6 +301,9 @@ class Plan:
     max_bytes: int | None = None
     shuffle_buffer: int = 0
     inputs: list[ObjectInfo] = field(default_factory=list)
+    global_index: bool = True
+    """``{index}`` numbers the output shards 0, 1, 2, ... across all tasks (else each task
+    numbers its own: ``<task>-<shard>``)."""
 
     @property
     def manifest_url(self) -> str:
@@ -305,7 +316,7 @@ class Plan:
     @property
     def naming_rule(self) -> str:
         """How this job names its output shards (printed when a run starts)."""
-        return self.naming.rule(len(self.tasks))
+        return self.naming.rule(len(self.tasks), self.global_index)
 
 
 def _task_seed(seed: int, task: int) -> int:
@@ -391,11 +402,22 @@ def make_plan(
             )
         )
 
+    firsts: list[int] | None = None
     if mode == "rotate":
         groups = group_by_bytes(sizes, chosen_task_bytes)
-        for positions in groups:
-            alone = len(groups) == 1  # one task: its own shard count is the global index
-            add(positions, writer_template=naming.task_template(len(tasks), alone=alone))
+        firsts = _first_indexes(groups, order, max_records, max_bytes)
+        known: list[int | None] = list(firsts) if firsts is not None else [None] * len(groups)
+        for positions, first in zip(groups, known, strict=True):
+            # one task, or shard counts known in advance: {index} is the global number
+            alone = len(groups) == 1 or first is not None
+            add(
+                positions,
+                writer_template=naming.task_template(len(tasks), alone=alone),
+                first_index=first or 0,
+                expected_records=(
+                    None if first is None else sum(order[p].records or 0 for p in positions)
+                ),
+            )
     else:
         assert shards is not None
         if shards <= len(order):
@@ -417,4 +439,27 @@ def make_plan(
         max_bytes=max_bytes,
         shuffle_buffer=shuffle_buffer if shuffle else 0,
         inputs=ordered,
+        global_index=mode == "fixed" or len(tasks) == 1 or firsts is not None,
     )
+
+
+def _first_indexes(
+    groups: list[list[int]],
+    order: Sequence[ObjectInfo],
+    max_records: int | None,
+    max_bytes: int | None,
+) -> list[int] | None:
+    """The global ``{index}`` of each rotation task's first shard, when the plan can know it:
+    rotation by ``max_records`` alone and every input's record count known (from a manifest).
+    A task of n records writes max(1, ceil(n / max_records)) shards (an empty one for none)."""
+    if max_records is None or max_bytes is not None:
+        return None
+    counts = [order[p].records for p in range(len(order))]
+    if any(count is None for count in counts):
+        return None
+    firsts, first = [], 0
+    for positions in groups:
+        records = sum(counts[p] or 0 for p in positions)
+        firsts.append(first)
+        first += max(1, -(-records // max_records))
+    return firsts

@@ -19,6 +19,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamrec.errors import FormatError
 from streamrec.manifest.core import ManifestEntry
 from streamrec.pipeline.dataset import open_dataset
 from streamrec.reshard.plan import TaskSpec
@@ -97,6 +98,7 @@ async def run_task(
                 spec.writer_template,
                 max_records=options.max_records,
                 max_bytes=options.max_bytes,
+                first_index=spec.first_index,
                 **common,
             )
         ]
@@ -105,6 +107,7 @@ async def run_task(
     try:
         async with aclosing(dataset.record_chunks()) as chunks:
             async for chunk in chunks:
+                _check_count(spec, records + len(chunk), final=False)
                 await _deal(writers, chunk, records)
                 records += len(chunk)
                 if on_progress is not None:
@@ -113,6 +116,7 @@ async def run_task(
                     reported = read
                 if after_shard_committed is not None:
                     after_shard_committed(spec, sum(len(w.shards) for w in writers))
+        _check_count(spec, records, final=True)
         await asyncio.gather(*(w.close() for w in writers))
     except BaseException:
         await asyncio.gather(*(w.abort() for w in writers), return_exceptions=True)
@@ -159,3 +163,18 @@ async def _deal(writers: list[ShardWriter], chunk: list[bytes], position: int) -
 def run_task_blocking(spec: TaskSpec, options: TaskOptions) -> TaskResult:
     """:func:`run_task` in a fresh event loop (what a Dask worker runs)."""
     return asyncio.run(run_task(spec, options))
+
+
+def _check_count(spec: TaskSpec, records: int, *, final: bool) -> None:
+    """A task numbered from counts in the input manifests must hold exactly that many records:
+    more would give a shard the number of the next task's first one (checked before a record
+    past the count is written)."""
+    expected = spec.expected_records
+    if expected is None or not (records > expected or (final and records != expected)):
+        return
+    held = f"{records}" if final else f"at least {records}"
+    raise FormatError(
+        f"reshard task {spec.index}: its {len(spec.inputs)} input shard(s) hold {held} records, "
+        f"but their manifests say {expected}; the output shards are numbered by those counts",
+        url=spec.inputs[0].url,
+    )

@@ -36,6 +36,8 @@ class ObjectInfo:
     url: str
     size: int
     version: str | None = None
+    records: int | None = None
+    """How many records the object holds, where known without reading it (a manifest)."""
 
 
 def split_scheme(url: str) -> tuple[str, str]:

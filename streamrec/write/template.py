@@ -53,9 +53,10 @@ class ShardTemplate:
 
     FIELDS = ("index", "num_shards")
 
-    def __init__(self, template: str, num_shards: int | None) -> None:
+    def __init__(self, template: str, num_shards: int | None, first_index: int = 0) -> None:
         self.text = template
         self.num_shards = num_shards
+        self.first_index = first_index  # the shard a writer makes first is {index} = this
         _, fields = parse_fields(
             template, self.FIELDS, lambda _: "use {index} and, with num_shards, {num_shards}"
         )
@@ -74,7 +75,7 @@ class ShardTemplate:
     def url(self, index: int) -> str:
         if not self.fields:
             return self.text.format()  # "{{" -> "{"
-        return self.text.format(index=index, num_shards=self.num_shards or 0)
+        return self.text.format(index=self.first_index + index, num_shards=self.num_shards or 0)
 
     def directory(self) -> str:
         """The directory part shared by every shard (error if a field is in it)."""

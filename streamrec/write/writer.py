@@ -133,6 +133,7 @@ class ShardWriter:
         retry: RetryPolicy | None = None,
         flush_bytes: int | None = None,
         compression_level: int = 6,
+        first_index: int = 0,
     ) -> None:
         self.template = template
         codec = normalize_compression(compression)
@@ -161,7 +162,9 @@ class ShardWriter:
                 )
         elif total_records is not None:
             raise ValueError('total_records= is only used with order="contiguous"')
-        self._template = ShardTemplate(template, num_shards)
+        if isinstance(first_index, bool) or first_index < 0:
+            raise ValueError(f"first_index must be an integer >= 0, not {first_index!r}")
+        self._template = ShardTemplate(template, num_shards, first_index)
         several = max_records is not None or max_bytes is not None or (num_shards or 1) > 1
         if several and not self._template.sharded:
             raise ValueError(
@@ -342,8 +345,9 @@ class ShardWriter:
     async def _commit(self, index: int, sink: ObjectSink, records: int) -> None:
         committed = await sink.commit()
         del self._committing[index]
+        number = self._template.first_index + index  # the {index} in its name
         self._entries[index] = ManifestEntry(
-            committed.url, records, committed.bytes, committed.crc32c, index, committed.version
+            committed.url, records, committed.bytes, committed.crc32c, number, committed.version
         )
 
     async def _write_manifest(self, url: str) -> None:
@@ -427,7 +431,9 @@ def open_writer(
         storage_options: passed to the fsspec filesystem (``endpoint_url``, ``key``, ...).
         retry: the :class:`~streamrec.storage.retry.RetryPolicy` of every upload request.
         **options: ``order``, ``total_records``, ``flush_bytes`` (bytes handed to the sink at
-            a time, default ``min(1 MiB, part_bytes)``), ``compression_level`` (default 6).
+            a time, default ``min(1 MiB, part_bytes)``), ``compression_level`` (default 6),
+            ``first_index`` (the ``{index}`` of the first shard, default 0: for a writer that
+            continues a numbering, as reshard's tasks do).
 
     Refused at open (ValueError): several shards possible but no ``{index}`` field, unknown
     template fields, ``num_shards`` with ``max_records`` / ``max_bytes``, ``compression="auto"``.

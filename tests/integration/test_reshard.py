@@ -530,3 +530,53 @@ def test_output_names_are_said_at_the_start_and_global_for_one_task(
         f"streamrec reshard: output names: {tmp_path}/fixed/p-000-of-004.tfrecord .. "
         f"{tmp_path}/fixed/p-003-of-004.tfrecord\n"
     )
+
+
+def write_set_with_manifest(root: Path, records: list[bytes], per_shard: int) -> str:
+    """A writer's set (shards + _manifest.json with record counts); returns the manifest."""
+    with streamrec.sync.open_writer(
+        str(root / "part-{index:03d}.tfrecord"), max_records=per_shard
+    ) as writer:
+        writer.write_many(records)
+    return str(root / "_manifest.json")
+
+
+def test_index_is_global_across_tasks_when_input_manifests_give_the_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = make_records(500)
+    source = write_set_with_manifest(tmp_path / "in", records, per_shard=37)  # 14 inputs
+    out = f"{tmp_path}/out/p-{{index:03d}}.tfrecord"
+    args = [source, out, "--max-records", "40", "--task-bytes", "4KiB"]
+    assert cli_main(args) == 0
+    err = capsys.readouterr().err
+    assert "{index} counts the shards: the " in err and "record counts are known" in err
+    shards = asyncio.run(streamrec.read_manifest(f"{tmp_path}/out/_manifest.json"))
+    names = [Path(entry.url).name for entry in shards]
+    assert len({e.url for e in shards}) == len(names) > 13  # several tasks' shards
+    assert names == [f"p-{k:03d}.tfrecord" for k in range(len(names))]  # 0, 1, 2, ... in order
+    assert [entry.index for entry in shards] == list(range(len(names)))
+    assert payloads([e.url for e in shards]) == collections.Counter(records)
+    # without counts (a glob of the same files) the tasks number their own shards
+    glob = str(tmp_path / "in" / "part-*.tfrecord")
+    assert cli_main([glob, f"{tmp_path}/own/p-{{index:03d}}.tfrecord", *args[2:]]) == 0
+    assert "'<task>-<shard of the task>'" in capsys.readouterr().err
+
+
+def test_a_manifest_whose_counts_lie_cannot_make_two_tasks_share_a_name(tmp_path: Path) -> None:
+    records = make_records(200)
+    source = write_set_with_manifest(tmp_path / "in", records, per_shard=50)
+    document = json.loads(Path(source).read_text())
+    document["shards"][0]["records"] = 10  # 50 in truth: its task would write too many shards
+    document["records"] -= 40  # (the total agrees, as a careful forger would make it)
+    Path(source).write_text(json.dumps(document))
+    lie = r"part-000.tfrecord: .* hold at least \d+ records, but their manifests say 10"
+    with pytest.raises(streamrec.errors.FormatError, match=lie):
+        reshard(
+            source,
+            f"{tmp_path}/out/p-{{index:03d}}.tfrecord",
+            max_records=5,
+            task_bytes=1,
+            progress=False,
+        )
+    assert not (tmp_path / "out" / "_manifest.json").exists()
