@@ -39,6 +39,17 @@ class ShardEncoder:
     ``stored`` is the exact number of bytes put out so far; ``finish()`` puts out the rest.
     """
 
+    __slots__ = (
+        "_at_sync",
+        "_compressor",
+        "_framing",
+        "_since_sync",
+        "compression",
+        "raw_bytes",
+        "records",
+        "stored",
+    )
+
     def __init__(self, compression: str | None = None, *, level: int = 6) -> None:
         choice = normalize_compression(compression)
         if choice == "auto":
@@ -68,6 +79,19 @@ class ShardEncoder:
         if not payloads:
             return b""
         return self.add_framed(self.frame(payloads), len(payloads))
+
+    def encode_one(self, payload: BytesLike) -> bytes:
+        """:meth:`encode` of one payload, in one call (the per-record write path)."""
+        framed = self._framing.encode(payload)
+        self.records += 1
+        self.raw_bytes += len(framed)
+        if self._compressor is None:
+            self.stored += len(framed)
+            return framed
+        self._since_sync += len(framed)
+        out: bytes = self._compressor.compress(framed)
+        self.stored += len(out)
+        return out
 
     def add_framed(self, framed: bytes, count: int) -> bytes:
         """Add ``count`` records already framed; return the bytes ready to store so far."""

@@ -50,17 +50,14 @@ class Op:
 class _Shard:
     """One shard being written: its encoder and the stored bytes not yet handed out."""
 
-    __slots__ = ("encoder", "index", "pending", "pieces")
+    __slots__ = ("encoder", "index", "pending", "pieces", "records")
 
     def __init__(self, index: int, compression: Compression, level: int) -> None:
         self.index = index
         self.encoder = ShardEncoder(compression, level=level)
         self.pieces: list[bytes] = []
         self.pending = 0  # stored bytes not yet handed out
-
-    @property
-    def records(self) -> int:
-        return self.encoder.records
+        self.records = 0  # the encoder's count, kept here too: the rotation reads it per record
 
     def emit(self, data: bytes | None) -> None:
         if data:
@@ -69,6 +66,14 @@ class _Shard:
 
     def add(self, payloads: Sequence[BytesLike]) -> None:
         self.emit(self.encoder.encode(payloads))
+        self.records = self.encoder.records
+
+    def add_one(self, payload: BytesLike) -> None:
+        data = self.encoder.encode_one(payload)
+        self.records += 1
+        if data:
+            self.pieces.append(data)
+            self.pending += len(data)
 
     def finish(self) -> None:
         self.emit(self.encoder.finish())
@@ -150,7 +155,7 @@ class Planner:
         if self.mode == "round_robin":
             assert self.num_shards is not None
             shard = self._round_robin_shard(self.records % self.num_shards)
-            shard.add((payload,))
+            shard.add_one(payload)
             self._collect(shard)
             self.records += 1
         else:
@@ -235,7 +240,10 @@ class Planner:
                     extra += size
                     j += 1
             if j > i:
-                shard.add(chunk[i:j])
+                if j - i == 1:
+                    shard.add_one(chunk[i])
+                else:
+                    shard.add(chunk[i:j])
                 self.records += j - i
                 i = j
                 self._collect(shard)
@@ -264,6 +272,7 @@ class Planner:
             return False  # uncompressed, the bound is exact
         out = shard.encoder.add_if_fits(payload, limit)
         shard.emit(out)
+        shard.records = shard.encoder.records
         return out is not None
 
     # -- the end --------------------------------------------------------------------------
