@@ -77,6 +77,9 @@ class Dataset:
         # a consumer that reports records handed out lazily (a transform's hand-out counter):
         # asked to report before any state is described, so the state is never behind it
         self._report_consumed: Callable[[], None] | None = None
+        # ... and how many records it has handed out so far (read only: for ``stats``, which
+        # any thread may read while the consumer iterates)
+        self._handed_out: Callable[[], int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch: shard and record shuffling depend on ``(seed, epoch)``.
@@ -87,7 +90,6 @@ class Dataset:
         if epoch != self.epoch:
             self._resume, self._finished = None, False
             self._set_cursor(None)
-            self._report_consumed = None
         self.epoch = epoch
 
     async def shards(self) -> list[ObjectInfo]:
@@ -177,7 +179,6 @@ class Dataset:
                 self._resume["shuffle"]["buffer"] = encode_buffer(state["shuffle"]["buffer"])
             self._resume["version"] = STATE_VERSION
         self._set_cursor(None)
-        self._report_consumed = None
         self._finished = bool(state.get("finished"))
 
     def _config(self) -> dict[str, Any]:
@@ -215,6 +216,7 @@ class Dataset:
         if self._cursor is not None:
             self._handed_before += self._cursor.handed_out()
         self._cursor = cursor
+        self._report_consumed = self._handed_out = None  # that consumer is done reporting
 
     @property
     def stats(self) -> Stats:
@@ -223,10 +225,10 @@ class Dataset:
         ``records`` is exactly the records handed to the consumer (up to the one last handed
         out); ``records_read`` what was decoded from storage.
         """
-        if self._report_consumed is not None:
-            self._report_consumed()
         handed = self._handed_before
-        if self._cursor is not None:
+        if self._handed_out is not None:
+            handed += self._handed_out()
+        elif self._cursor is not None:
             handed += self._cursor.handed_out()
         self._stats.records = handed
         return self._stats
@@ -260,6 +262,7 @@ class Dataset:
         *,
         auto_consume: bool = True,
         report_consumed: Callable[[], None] | None = None,
+        handed_out: Callable[[], int] | None = None,
     ) -> AsyncGenerator[list[bytes], None]:
         """The records in reading order, as chunks (lists): the fast path for consumers.
 
@@ -272,10 +275,12 @@ class Dataset:
         consumers that hand records on later, like ``.batch()``). Such a consumer may count
         lazily: ``report_consumed()`` is called whenever :meth:`state_dict` is about to
         describe the position (also when asked on this dataset, not on the consumer), and
-        makes its outstanding :meth:`mark_consumed` calls.
+        makes its outstanding :meth:`mark_consumed` calls; ``handed_out()`` says, without side
+        effects, how many records it has handed out in this iteration (for :attr:`stats`).
         """
         cursor, resume = self._begin()
         self._report_consumed = None if auto_consume else report_consumed
+        self._handed_out = None if auto_consume else handed_out
         self._pending: deque[tuple[list[bytes], list[Event]]] = deque()
         self._marked = 0  # records of the pending pieces marked consumed
         self._in_hand: tuple[list[bytes], list[Event]] | None = None
@@ -339,7 +344,7 @@ class Dataset:
     def __getstate__(self) -> dict[str, Any]:
         # pickled into DataLoader workers: configuration and position, never records in hand
         state = dict(self.__dict__)
-        state["_report_consumed"] = None
+        state["_report_consumed"] = state["_handed_out"] = None
         for transient in ("_pending", "_in_hand", "_left", "_marked", "_source_done"):
             state.pop(transient, None)
         if self._cursor is not None and not self._finished:

@@ -76,6 +76,10 @@ class _Handout:
         items = self._count - self._it.__length_hint__()
         return items if self._sizes is None else sum(self._sizes[:items])
 
+    def total(self) -> int:
+        """Records handed out so far (no side effect: any thread may ask)."""
+        return self._done + self._handed()
+
     def flush(self) -> None:
         """Report every record handed out so far."""
         total = self._done + self._handed()
@@ -95,7 +99,7 @@ def _open_chunks(dataset: Dataset, handout: _Handout) -> AsyncGenerator[list[byt
         return dataset.record_chunks()
     record_chunks: Any = dataset.record_chunks
     chunks: AsyncGenerator[list[bytes], None] = record_chunks(
-        auto_consume=False, report_consumed=handout.flush
+        auto_consume=False, report_consumed=handout.flush, handed_out=handout.total
     )
     return chunks
 

@@ -279,7 +279,7 @@ class CountingSource:
         self.stats = Stats()
         self.epoch = 0
 
-    async def record_chunks(self, *, auto_consume: bool = True, report_consumed: Any = None) -> Any:
+    async def record_chunks(self, *, auto_consume: bool = True, **consumer_hooks: Any) -> Any:
         self.auto.append(auto_consume)
         self.consumed = self.yielded = skip = self.start
         for chunk in self.chunks:
