@@ -19,6 +19,7 @@ from streamrec.format.framing import FOOTER_BYTES, HEADER_BYTES, OnCorrupt
 from streamrec.format.shard import ShardDecoder
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.prefetch import ObjectReader
+from streamrec.pipeline.read import decode_blocks
 from streamrec.pipeline.sources import list_sources
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import ObjectInfo, StoreSet
@@ -99,21 +100,10 @@ class ShardReader:
         reader = ObjectReader(
             self.stores.get(self.shard.url), self.shard, self.budget, policy=self.stores.retry
         )
-        decoder = self.decoder
-        try:
-            async for block in reader:
-                if self.on_bytes is not None:
-                    self.on_bytes(len(block))
-                for records in decoder.stream(block):  # raises after the records before it
-                    self.records += len(records)
-                    yield records
-        finally:
-            await reader.aclose()
-        records = decoder.close()
-        if records:
-            self.records += len(records)
-            yield records
-        decoder.raise_pending()
+        async with aclosing(decode_blocks(reader, self.decoder, self.on_bytes)) as chunks:
+            async for records in chunks:
+                self.records += len(records)
+                yield records
 
     async def count(self) -> int:
         """Read the whole shard; the number of good records."""

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 
 from streamrec.errors import FormatError
 from streamrec.format.framing import OnCorrupt
@@ -49,20 +50,37 @@ async def read_shard(
         max_piece_bytes=min(reader.block_bytes, DEFAULT_PIECE_BYTES),
     )
     reported = 0
+
+    def count_bytes(size: int) -> None:
+        stats.bytes_read += size
+
+    async with aclosing(decode_blocks(reader, decoder, count_bytes)) as chunks:
+        async for records in chunks:
+            stats.records_read += len(records)
+            reported = _report_drops(decoder.dropped, reported, stats)
+            yield records
+    _report_drops(decoder.dropped, reported, stats)
+
+
+async def decode_blocks(
+    reader: ObjectReader,
+    decoder: ShardDecoder,
+    on_block: Callable[[int], None] | None = None,
+) -> AsyncGenerator[list[bytes], None]:
+    """Drive ``decoder`` with ``reader``'s blocks: the records of each inflated piece as soon
+    as they are framed, those before any damage always before the error. ``on_block(size)``
+    is called for every block read. The reader is closed however this generator ends."""
     try:
         async for block in reader:
-            stats.bytes_read += len(block)
+            if on_block is not None:
+                on_block(len(block))
             for records in decoder.stream(block):  # raises after the records before damage
-                stats.records_read += len(records)
                 yield records
-            reported = _report_drops(decoder.dropped, reported, stats)
     finally:
         await reader.aclose()
     records = decoder.close()
     if records:
-        stats.records_read += len(records)
         yield records
-    _report_drops(decoder.dropped, reported, stats)
     decoder.raise_pending()
 
 
