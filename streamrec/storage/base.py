@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GLOB_CHARS",
+    "Leftover",
     "PIECE_BYTES",
     "ObjectInfo",
     "ObjectStore",
@@ -38,6 +40,24 @@ class ObjectInfo:
     version: str | None = None
     records: int | None = None
     """How many records the object holds, where known without reading it (a manifest)."""
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """One unfinished write: what it would have become, what it is, and since when."""
+
+    url: str
+    """The object the write would have committed."""
+    kind: str
+    """``"multipart upload"`` (S3) or ``"temporary file"`` (local)."""
+    started: float
+    """When the write began (Unix time: the upload's initiation, the file's mtime)."""
+    handle: str
+    """The S3 upload id, or the temporary file's path."""
+
+    def age_s(self, now: float | None = None) -> float:
+        """Seconds since the write began."""
+        return (time.time() if now is None else now) - self.started
 
 
 def split_scheme(url: str) -> tuple[str, str]:
@@ -103,6 +123,16 @@ class ObjectStore(abc.ABC):
         from streamrec.errors import StorageError
 
         raise StorageError(f"{url}: this store cannot remove objects")
+
+    async def unfinished_writes(self, prefix: str) -> list[Leftover]:
+        """What killed writers left unfinished under the url ``prefix`` (never visible as
+        objects: open multipart uploads, temporary files); stores with none, or that cannot
+        list them, give []. See :mod:`streamrec.storage.leftovers`."""
+        return []
+
+    async def abort_unfinished(self, leftover: Leftover) -> None:
+        """Abort or remove one of :meth:`unfinished_writes` (already gone: nothing to do)."""
+        raise NotImplementedError(f"{leftover.url}: this store leaves no unfinished writes")
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the store is unusable afterwards."""

@@ -7,8 +7,8 @@ import glob
 import os
 
 from streamrec.errors import ObjectNotFoundError, StorageError
-from streamrec.storage.base import ObjectInfo, ObjectStore, has_glob
-from streamrec.storage.sinks import AtomicLocalSink, SinkContext
+from streamrec.storage.base import Leftover, ObjectInfo, ObjectStore, has_glob
+from streamrec.storage.sinks import TEMP_NAME, AtomicLocalSink, SinkContext
 from streamrec.storage.translate import translate
 
 __all__ = ["LocalStore"]
@@ -60,6 +60,19 @@ class LocalStore(ObjectStore):
         except OSError as exc:
             raise translate(exc, url, "removing it") from exc
 
+    async def unfinished_writes(self, prefix: str) -> list[Leftover]:
+        """The hidden temporary files of local sinks (:data:`~streamrec.storage.sinks.
+        TEMP_NAME` only) under ``prefix``, a directory or a path prefix."""
+        return await asyncio.to_thread(_local_temp_files, prefix)
+
+    async def abort_unfinished(self, leftover: Leftover) -> None:
+        try:
+            await asyncio.to_thread(os.remove, leftover.handle)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise translate(exc, leftover.url, "removing its temporary file") from exc
+
     def open_sink(self, url: str, context: SinkContext | None = None) -> AtomicLocalSink:
         """A temporary file beside ``url``, fsynced and renamed into place on commit."""
         return AtomicLocalSink(self.path(url), url=url, context=context)
@@ -71,3 +84,26 @@ def _pread(path: str, start: int, end: int) -> bytes:
         return os.pread(fd, end - start, start)
     finally:
         os.close(fd)
+
+
+def _local_temp_files(prefix: str) -> list[Leftover]:
+    """Temporary files of local sinks under ``prefix`` (a directory, or a path prefix)."""
+    path = LocalStore.path(prefix)
+    scheme = "file://" if prefix.startswith("file://") else ""
+    root = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    found = []
+    for directory, _, names in os.walk(root):
+        for name in names:
+            match = TEMP_NAME.fullmatch(name)
+            if match is None:
+                continue
+            temp = os.path.join(directory, name)
+            target = os.path.join(directory, match["name"])
+            if not (os.path.isdir(path) or target.startswith(path)):
+                continue
+            try:
+                started = os.stat(temp).st_mtime
+            except FileNotFoundError:  # committed or aborted meanwhile
+                continue
+            found.append(Leftover(scheme + target, "temporary file", started, temp))
+    return found

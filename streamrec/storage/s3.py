@@ -31,7 +31,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from streamrec.storage.base import ObjectInfo, first_bytes
+from streamrec.errors import ObjectNotFoundError
+from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, split_scheme
 from streamrec.storage.body import parse_content_range, read_pieces
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import translate
@@ -142,6 +143,46 @@ class S3Store(FsspecStore):
         from streamrec.storage.s3_sink import S3MultipartSink
 
         return S3MultipartSink(self, url, context)
+
+    async def unfinished_writes(self, prefix: str) -> list[Leftover]:
+        """The open multipart uploads under ``prefix`` (invisible, but billed)."""
+        scheme = split_scheme(prefix)[0]
+        bucket, key_prefix = _bucket_key(prefix)
+        client = await self.client()
+        found: list[Leftover] = []
+        markers: dict[str, str] = {}
+        while True:
+            try:
+                page = await client.list_multipart_uploads(
+                    Bucket=bucket, Prefix=key_prefix, **markers
+                )
+            except Exception as exc:
+                raise translate(exc, prefix, "listing open multipart uploads") from exc
+            for upload in page.get("Uploads", []):
+                found.append(
+                    Leftover(
+                        f"{scheme}://{bucket}/{upload['Key']}",
+                        "multipart upload",
+                        upload["Initiated"].timestamp(),
+                        upload["UploadId"],
+                    )
+                )
+            if not page.get("IsTruncated"):
+                return found
+            markers = {
+                "KeyMarker": page["NextKeyMarker"],
+                "UploadIdMarker": page["NextUploadIdMarker"],
+            }
+
+    async def abort_unfinished(self, leftover: Leftover) -> None:
+        client = await self.client()
+        bucket, key = _bucket_key(leftover.url)
+        try:
+            await client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=leftover.handle)
+        except Exception as exc:
+            error = translate(exc, leftover.url, "aborting a multipart upload")
+            if not isinstance(error, ObjectNotFoundError):  # gone meanwhile: the goal holds
+                raise error from exc
 
     async def close(self) -> None:
         self._heads.clear()
@@ -301,3 +342,9 @@ async def _use_tls_context(client: Any, verify: Any, future: asyncio.Future[Any]
         return original(proxy_url)  # type: ignore[no-any-return]
 
     http._build_ssl_contexts = prebuilt
+
+
+def _bucket_key(url: str) -> tuple[str, str]:
+    _, rest = split_scheme(url)
+    bucket, _, key = rest.partition("/")
+    return bucket, key
