@@ -1,0 +1,123 @@
+"""The record index sidecar format (streamrec.format.index): the plain format the `tfrecord`
+package and DALI write, the extended format for compressed shards, and hostile indexes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.corpus import CORPUS_DIR
+from tfrecord.tools.tfrecord2idx import create_index
+
+from streamrec.errors import FormatError
+from streamrec.format.framing import RecordEncoder
+from streamrec.format.index import IndexBuilder, index_size_limit, parse_index
+
+
+def _shard(payloads: list[bytes]) -> bytes:
+    return RecordEncoder().encode_many(payloads)
+
+
+def test_plain_index_is_the_tfrecord_packages(tmp_path) -> None:
+    payloads = [bytes([k]) * (k * 37 % 300) for k in range(50)]
+    shard = tmp_path / "a.tfrecord"
+    shard.write_bytes(_shard(payloads))
+    create_index(str(shard), str(tmp_path / "a.idx"))
+    theirs = (tmp_path / "a.idx").read_bytes()
+    builder = IndexBuilder()
+    builder.add_records(len(p) + 16 for p in payloads)
+    ours = builder.build()
+    assert ours.to_bytes() == theirs
+    parsed = parse_index(theirs, source="a.idx", stored_size=shard.stat().st_size, compressed=False)
+    assert parsed.offsets.tolist() == ours.offsets.tolist()
+    assert parsed.lengths.tolist() == [len(p) + 16 for p in payloads]
+    assert parsed.random_access and len(parsed) == 50
+
+
+def test_corpus_uncompressed_files_index(tmp_path) -> None:
+    files = [
+        p
+        for p in CORPUS_DIR.glob("*/*.tfrecord")
+        if p.stat().st_size and p.parent.name != "corrupt"
+    ]
+    assert files
+    for path in files:
+        create_index(str(path), str(tmp_path / "x.idx"))
+        data = (tmp_path / "x.idx").read_bytes()
+        index = parse_index(
+            data, source=str(path), stored_size=path.stat().st_size, compressed=False
+        )
+        assert index.stream_bytes == path.stat().st_size
+
+
+def test_extended_round_trip() -> None:
+    builder = IndexBuilder(extended=True)
+    builder.add_records([20, 30], restart=(0, 0))
+    builder.add_records([40], restart=(17, 50))
+    builder.add_records([16, 16], restart=(17, 50))
+    index = builder.build()
+    assert index.restarts is not None and index.skips is not None
+    assert index.restarts.tolist() == [0, 0, 17, 17, 17]
+    assert index.skips.tolist() == [0, 20, 0, 40, 56]
+    again = parse_index(index.to_bytes(), source="x.idx", stored_size=100, compressed=True)
+    assert again.skips is not None and again.skips.tolist() == index.skips.tolist()
+    assert again.random_access
+
+
+def test_plain_index_of_compressed_shard_gives_counts_only() -> None:
+    index = parse_index(b"0 20\n20 30\n", source="x.idx", stored_size=10, compressed=True)
+    assert len(index) == 2 and not index.random_access
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"0 20\n20 30\n", "end at byte 50"),  # stale: the shard has 60 bytes
+        (b"0 20\n21 39\n", "ends at 20"),
+        (b"5 20\n25 35\n", "not 0"),
+        (b"0 10\n10 50\n", "< 16"),
+        (b"0 20\n20\n", "2 or 4 numbers"),
+        (b"0 20 0 0\n20 40 0 20\n", "uncompressed"),
+        (b"0 20\n\n20 40\n", "empty line"),
+        (b"0 -20\n", "not a digit"),
+        (b"0 1e3\n", "not a digit"),
+        (b"0 99999999999999999999\n", "digits"),
+        (b"<html>", "not a digit"),
+        (b"", "no records"),
+    ],
+)
+def test_hostile_plain_indexes(data: bytes, problem: str) -> None:
+    with pytest.raises(FormatError, match=problem) as caught:
+        parse_index(data, source="s3://b/x.idx", stored_size=60, compressed=False)
+    assert "s3://b/x.idx" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"0 20 0 0\n20 20 500 0\n", "beyond"),
+        (b"0 20 0 0\n20 20 0 25\n", "before the stream's start"),
+        (b"0 20 9 0\n20 20 5 0\n", "going back"),
+        (b"0 20 0 0\n20 20 5 30\n", "before the stream's start"),
+        (b"0 20 0 0\n20 20 5 20\n", "does not move forward"),
+        (b"0 20 0 0\n20 20 0 10\n", "disagree"),
+        (b"0 20 4 0\n20 20 0 20\n", "going back"),
+    ],
+)
+def test_hostile_extended_indexes(data: bytes, problem: str) -> None:
+    with pytest.raises(FormatError, match=problem):
+        parse_index(data, source="x.idx", stored_size=100, compressed=True)
+
+
+def test_size_limit_is_checked_before_parsing() -> None:
+    limit = index_size_limit(32, compressed=False)
+    with pytest.raises(FormatError, match="more than"):
+        parse_index(b" " * (limit + 1), source="x.idx", stored_size=32, compressed=False)
+
+
+def test_large_index_parses_fast_enough_to_be_vectorised() -> None:
+    lengths = np.full(200_000, 116, dtype=np.int64)
+    builder = IndexBuilder()
+    builder.add_records(lengths.tolist())
+    data = builder.build().to_bytes()
+    index = parse_index(data, source="x", stored_size=116 * 200_000, compressed=False)
+    assert len(index) == 200_000 and index.offsets[-1] == 116 * 199_999
