@@ -28,12 +28,11 @@ import struct
 import sys
 import zlib
 from collections.abc import Sequence
-from typing import Any
 
 from streamrec.errors import StateError
 from streamrec.format.framing import OVERHEAD_BYTES
 
-__all__ = ["decode_buffer", "encode_buffer", "packed_size_limit", "unpacked_shuffle"]
+__all__ = ["decode_buffer", "encode_buffer", "packed_size_limit"]
 
 _MOD = 1 << 64
 _MAX = 2**63 - 1
@@ -134,10 +133,3 @@ def _inflate(packed: object, field: str, limit: int) -> bytes:
 
 def _bad(field: str, problem: str) -> StateError:
     return StateError(f"resume state field {field} (the packed shuffle buffer) {problem}")
-
-
-def unpacked_shuffle(shuffle: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A checked state's ``shuffle`` field with its buffer as a list of locations."""
-    if shuffle is None or not isinstance(shuffle.get("buffer"), str):
-        return shuffle
-    return {**shuffle, "buffer": decode_buffer(shuffle["buffer"], "shuffle.buffer")}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections import deque
 from collections.abc import (
@@ -18,24 +17,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from streamrec._portal import iterate_blocking
-from streamrec.errors import StateError
 from streamrec.format.accel import log_fallback_once
 from streamrec.format.framing import OnCorrupt
-from streamrec.pipeline.buffer_codec import encode_buffer, unpacked_shuffle
-from streamrec.pipeline.engine import Piece, ReadEngine
+from streamrec.pipeline.engine import ReadEngine
+from streamrec.pipeline.events import Piece
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.shards import seeded_random
-from streamrec.pipeline.state import (
-    STATE_VERSION,
-    Cursor,
-    CycleTracker,
-    Event,
-    ReadyTracker,
-    ShuffleTracker,
-    Tracker,
-)
-from streamrec.pipeline.state_check import check_header, check_state
+from streamrec.pipeline.state import CycleState, DatasetState, ReadyState, parse_state
 from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.trackers import Cursor, CycleTracker, ReadyTracker, ShuffleTracker, Tracker
 from streamrec.redact import redact
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import ObjectInfo, StoreSet, store_key
@@ -45,8 +35,6 @@ if TYPE_CHECKING:  # the transforms load protobuf: only on first use
     from streamrec.pipeline.transform import BatchedDataset, ParsedDataset
 
 __all__ = ["Dataset", "open_dataset"]
-
-_CHECKED = ("cycle_length", "block_length", "deterministic", "shuffle_buffer")
 
 
 class Dataset:
@@ -70,7 +58,7 @@ class Dataset:
         self.epoch = 0
         self._stats = Stats()
         self._handed_before = 0  # records handed out by the cursors before the current one
-        self._resume: dict[str, Any] | None = None  # loaded state, for the next iteration
+        self._resume: DatasetState | None = None  # loaded state, for the next iteration
         self._cursor: Cursor | None = None  # the consumer's position in this epoch
         self._finished = False  # this epoch has been read to its end
         self._shards_digest: str | None = None
@@ -131,25 +119,16 @@ class Dataset:
         an iteration. :meth:`load_state_dict` on a fresh dataset with the same
         configuration continues with exactly the records that would have come next.
         """
+        return self._position().to_json()
+
+    def _position(self) -> DatasetState:
         if self._report_consumed is not None:
             self._report_consumed()
         if self._resume is not None:
-            return copy.deepcopy(self._resume)
-        state: dict[str, Any] = {
-            "version": STATE_VERSION,
-            "epoch": self.epoch,
-            "config": self._config(),
-            "shards": self._shards_digest,
-            "finished": self._finished,
-            "read": None,
-            "shuffle": None,
-        }
+            return self._resume
+        state = DatasetState(self.epoch, self._config(), self._shards_digest, self._finished)
         if self._cursor is not None and not self._finished:
-            position = self._cursor.state()
-            if self.options.shuffle_buffer:
-                state["read"], state["shuffle"] = position.pop("upstream"), position
-            else:
-                state["read"] = position
+            state.read, state.shuffle = self._cursor.position()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -157,55 +136,40 @@ class Dataset:
 
         Raises :class:`~streamrec.errors.StateError` when the state comes from a different
         configuration (the message lists the differences) or any field has the wrong type or
-        range (states are untrusted: see :mod:`streamrec.pipeline.state_check`); a different
-        set of shards, or positions past them, are detected when the iteration lists them.
+        range (states are untrusted: see :mod:`streamrec.pipeline.state`); a different set of
+        shards, or positions past them, are detected when the iteration lists them.
         """
-        state = check_header(state, (1, STATE_VERSION))
-        theirs, ours = state["config"], self._config()
-        differences = [
-            f"{key}: state has {theirs.get(key)!r}, dataset has {ours.get(key)!r}"
-            for key in sorted(set(theirs) | set(ours))
-            if theirs.get(key) != ours.get(key)
-        ]
-        if differences:
-            raise StateError(
-                "the state comes from a differently configured dataset; " + "; ".join(differences)
-            )
-        check_state(state, **{k: ours[k] for k in _CHECKED})  # every field, before any use
-        self.epoch = state["epoch"]
-        self._resume = copy.deepcopy(state)
-        if state["version"] == 1:  # its buffer is a list of locations: described anew
-            if state["shuffle"] is not None:
-                self._resume["shuffle"]["buffer"] = encode_buffer(state["shuffle"]["buffer"])
-            self._resume["version"] = STATE_VERSION
+        resume = parse_state(state, self._config())  # every field, before any use
+        self.epoch = resume.epoch
+        self._resume = resume
         self._set_cursor(None)
-        self._finished = bool(state.get("finished"))
+        self._finished = resume.finished
 
     def _config(self) -> dict[str, Any]:
         # no credentials in states
         return {"urls": [redact(url) for url in self.urls], **self.options.config()}
 
-    def _begin(self) -> tuple[Cursor, dict[str, Any] | None]:
+    def _begin(self) -> tuple[Cursor, DatasetState | None]:
         """Consumer side of a new iteration: its cursor, and the state it resumes from."""
         resume, self._resume = self._resume, None
-        if resume is not None and resume.get("finished"):
+        if resume is not None and resume.finished:
             resume = None
             self._finished = True
         else:
             self._finished = False
-        if resume is not None:  # the shuffle buffer's locations, unpacked once for all stages
-            resume = {**resume, "shuffle": unpacked_shuffle(resume["shuffle"])}
-        read_state = resume["read"] if resume else None
+        read_state = resume.read if resume else None
         upstream: CycleTracker | ReadyTracker
         options = self.options
         if options.deterministic or options.cycle_length == 1:
+            assert not isinstance(read_state, ReadyState)  # (parse_state: by the configuration)
             upstream = CycleTracker(options.cycle_length, read_state)
         else:
+            assert not isinstance(read_state, CycleState)
             upstream = ReadyTracker(read_state)
         tracker: Tracker = upstream
         if options.shuffle_buffer:
             rng = seeded_random(options.seed, self.epoch, "records")
-            shuffle_state = resume["shuffle"] if resume else None
+            shuffle_state = resume.shuffle if resume else None
             tracker = ShuffleTracker(upstream, options.shuffle_buffer, rng, shuffle_state)
         cursor = Cursor(tracker)
         self._set_cursor(cursor)
@@ -241,7 +205,7 @@ class Dataset:
     # ------------------------------------------------------------------ the pipeline
 
     async def _pieces(
-        self, resume: dict[str, Any] | None, *, timed: bool = True
+        self, resume: DatasetState | None, *, timed: bool = True
     ) -> AsyncGenerator[Piece, None]:
         """This epoch's pieces from the read engine (none once the epoch is finished)."""
         if self._finished:
@@ -281,9 +245,9 @@ class Dataset:
         cursor, resume = self._begin()
         self._report_consumed = None if auto_consume else report_consumed
         self._handed_out = None if auto_consume else handed_out
-        self._pending: deque[tuple[list[bytes], list[Event]]] = deque()
+        self._pending: deque[Piece] = deque()
         self._marked = 0  # records of the pending pieces marked consumed
-        self._in_hand: tuple[list[bytes], list[Event]] | None = None
+        self._in_hand: Piece | None = None
         self._left = _Remaining(0)
         self._source_done = False
         async with aclosing(self._pieces(resume)) as pieces:
@@ -348,7 +312,7 @@ class Dataset:
         for transient in ("_pending", "_in_hand", "_left", "_marked", "_source_done"):
             state.pop(transient, None)
         if self._cursor is not None and not self._finished:
-            state["_resume"], state["_cursor"] = self.state_dict(), None
+            state["_resume"], state["_cursor"] = self._position(), None
             state["_handed_before"] = self.stats.records
         return state
 

@@ -2,7 +2,7 @@
 
 :class:`ReadEngine` turns urls and :class:`~streamrec.pipeline.options.ReadOptions` into an
 async stream of ``(records, events)`` pieces in reading order (see
-:mod:`streamrec.pipeline.state` for the events). It owns everything one pass over the shards
+:mod:`streamrec.pipeline.events`). It owns everything one pass over the shards
 uses - stores, the prefetch budget, the shard opener, the readers - and releases all of it when
 the stream is closed, however it ends. It knows nothing of consumers: the
 :class:`~streamrec.pipeline.dataset.Dataset` (the user's object) drives it and keeps the
@@ -15,10 +15,10 @@ import sys
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from typing import Any
 
 from streamrec.errors import StateError
 from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.events import Event, Open, Piece, take_event
 from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
 from streamrec.pipeline.opener import ShardOpener, shards_digest
 from streamrec.pipeline.options import READ_AHEAD_PART, ReadOptions
@@ -26,13 +26,11 @@ from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.shards import ShardPlan, plan_shards, seeded_random
 from streamrec.pipeline.shuffle import shuffle_pieces
 from streamrec.pipeline.sources import list_sources
-from streamrec.pipeline.state import Event, rng_from_state, take_event
+from streamrec.pipeline.state import CycleState, DatasetState, ReadState, ReadyState
 from streamrec.pipeline.stats import Stats
 from streamrec.storage.stores import ObjectInfo, StoreSet
 
 __all__ = ["Piece", "ReadEngine"]
-
-Piece = tuple[list[bytes], list[Event]]
 
 
 class ReadEngine:
@@ -92,13 +90,13 @@ class ReadEngine:
 
     async def pieces(
         self,
-        resume: dict[str, Any] | None,
+        resume: DatasetState | None,
         *,
         timed: bool = True,
         on_planned: Callable[[str], None] | None = None,
     ) -> AsyncGenerator[Piece, None]:
         """The pipeline: ``(records, events)`` pieces in reading order, from ``resume`` (a
-        checked state, its shuffle buffer unpacked) or the start. ``timed``: add the time
+        parsed state) or the start. ``timed``: add the time
         spent waiting for each piece to ``stats.wait_s`` (the blocking path times its own).
         ``on_planned(digest)`` is called once the shards are listed and planned, before the
         first piece (``digest``: :attr:`shards_digest`)."""
@@ -110,7 +108,7 @@ class ReadEngine:
             try:
                 plan = self._plan(await self.list_shards(stores))
                 digest = shards_digest(plan)
-                if resume is not None and resume.get("shards") not in (None, digest):
+                if resume is not None and resume.shards not in (None, digest):
                     raise StateError(
                         "the state was saved over different shards (other files, sizes or "
                         "versions, or another host/worker split); it cannot resume here"
@@ -133,16 +131,16 @@ class ReadEngine:
                 opener = ShardOpener(options, stores, budget, plan, self.stats, make_reader)
                 closers.append(opener.aclose)
                 await opener.prepare(resume)
-                pieces = self._read(opener, resume["read"] if resume else None)
+                pieces = self._read(opener, resume.read if resume else None)
                 if options.shuffle_buffer:
-                    shuffle_state = resume["shuffle"] if resume else None
+                    shuffle_state = resume.shuffle if resume else None
                     rng = seeded_random(options.seed, self.epoch, "records")
                     buffer: list[bytes] = []
                     draining = False
                     if shuffle_state is not None:
-                        rng.setstate(rng_from_state(shuffle_state["rng"]))
-                        buffer = await opener.fetch(shuffle_state["buffer"])
-                        draining = bool(shuffle_state["draining"])
+                        rng.setstate(shuffle_state.rng)
+                        buffer = await opener.fetch(shuffle_state.buffer)
+                        draining = shuffle_state.draining
                     pieces = shuffle_pieces(
                         pieces, options.shuffle_buffer, rng, buffer=buffer, draining=draining
                     )
@@ -172,42 +170,47 @@ class ReadEngine:
             worker_index=worker_index,
         )
 
-    def _read(
-        self, opener: ShardOpener, start: dict[str, Any] | None
-    ) -> AsyncGenerator[Piece, None]:
-        num_shards = len(opener.plan.shards)
+    def _read(self, opener: ShardOpener, start: ReadState | None) -> AsyncGenerator[Piece, None]:
         options = self.options
+        if options.cycle_length > 1 and not options.deterministic:
+            assert not isinstance(start, CycleState)  # (parse_state: by the configuration)
+            return self._first_ready(opener, start)
+        assert not isinstance(start, ReadyState)
         if options.cycle_length == 1:
             return self._sequential(opener, start)
-        if options.deterministic:
-            return interleave_deterministic(
-                num_shards,
-                opener.chunks,
-                options.cycle_length,
-                options.block_length,
-                start,
-                prefetch=opener.prefetch,
-            )
+        return interleave_deterministic(
+            len(opener.plan.shards),
+            opener.chunks,
+            options.cycle_length,
+            options.block_length,
+            start,
+            prefetch=opener.prefetch,
+        )
+
+    def _first_ready(
+        self, opener: ShardOpener, start: ReadyState | None
+    ) -> AsyncGenerator[Piece, None]:
         jobs: list[tuple[int, int, int | None]] = []
         started: set[int] = set()
         if start is not None:
-            jobs = [(int(p[0]), int(p[1]), p[2]) for p in start["open"]]
-            started = {job[0] for job in jobs} | set(start["done"])
+            jobs = [(p.ordinal, p.records, p.offset) for p in start.open]
+            started = {job[0] for job in jobs} | set(start.done)
+        num_shards = len(opener.plan.shards)
         jobs += [(ordinal, 0, 0) for ordinal in range(num_shards) if ordinal not in started]
-        return interleave_first_ready(jobs, opener.chunks, options.cycle_length)
+        return interleave_first_ready(jobs, opener.chunks, self.options.cycle_length)
 
     async def _sequential(
-        self, opener: ShardOpener, start: dict[str, Any] | None
+        self, opener: ShardOpener, start: CycleState | None
     ) -> AsyncGenerator[Piece, None]:
         """One shard after another; the next shard's first blocks are requested as soon as
         the current one has requested its last, so its first-byte latency hides."""
         jobs: list[tuple[int, int, int | None]] = []
         first = 0
         if start is not None:
-            first = start["next"]
-            if start["slots"][0] is not None:
-                ordinal, records, offset = start["slots"][0]
-                jobs.append((ordinal, records, offset))
+            first = start.next
+            if start.slots[0] is not None:
+                position = start.slots[0]
+                jobs.append((position.ordinal, position.records, position.offset))
         jobs += [(ordinal, 0, 0) for ordinal in range(first, len(opener.plan.shards))]
         upcoming: ObjectReader | None = None
         try:
@@ -215,7 +218,7 @@ class ReadEngine:
                 reader, upcoming = upcoming or opener.reader(ordinal, records, offset), None
                 reader.prime()
                 following = jobs[index + 1] if index + 1 < len(jobs) else None
-                events: list[Event] = [("open", 0, ordinal, records, offset)]
+                events: list[Event] = [Open(0, ordinal, records, offset or 0)]
                 chunks = opener.chunks(ordinal, records, offset, reader)
                 async with aclosing(chunks) as source:
                     async for chunk in source:

@@ -2,7 +2,7 @@
 
 Both take ``open_shard(ordinal, records, offset) -> async generator of record chunks`` and
 hand on *pieces* ``(records, events)`` whose events say which shard each run of records came
-from (see :mod:`streamrec.pipeline.state`), so the consumer's position can be saved exactly.
+from (see :mod:`streamrec.pipeline.events`), so the consumer's position can be saved exactly.
 
 * :func:`interleave_deterministic` reproduces ``Dataset.from_tensor_slices(files).interleave(
   TFRecordDataset, cycle_length, block_length)`` exactly: ``cycle_length`` slots visited in turn,
@@ -19,15 +19,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
-from typing import Any
 
 from streamrec._portal import cancel_and_wait
-from streamrec.pipeline.state import HEADER_AND_CRCS, Event, rounds_event, take_event
+from streamrec.format.framing import OVERHEAD_BYTES
+from streamrec.pipeline.events import Event, Open, Piece, rounds_event, take_event
+from streamrec.pipeline.state import CycleState
 
 __all__ = ["OpenShard", "Pieces", "interleave_deterministic", "interleave_first_ready"]
 
 Chunks = AsyncGenerator[list[bytes], None]
-Pieces = AsyncGenerator[tuple[list[bytes], list[Event]], None]
+Pieces = AsyncGenerator[Piece, None]
 # open_shard(ordinal, records, offset): a shard's chunks, resumed after `records` records
 OpenShard = Callable[[int, int, "int | None"], Chunks]
 # Interleaving small blocks makes small lists; hand them on in batches of about this many.
@@ -70,7 +71,7 @@ async def interleave_deterministic(
     open_shard: OpenShard,
     cycle_length: int,
     block_length: int,
-    start: dict[str, Any] | None = None,
+    start: CycleState | None = None,
     *,
     prefetch: Callable[[int], None] | None = None,
 ) -> Pieces:
@@ -78,7 +79,7 @@ async def interleave_deterministic(
 
     Shards are the ordinals ``0 .. num_shards - 1``; ``open_shard(ordinal, records, offset)``
     opens one, resumed after ``records`` records at stream ``offset``. ``start`` is a
-    :class:`~streamrec.pipeline.state.CycleTracker` state to continue from. ``prefetch(
+    :class:`~streamrec.pipeline.state.CycleState` to continue from. ``prefetch(
     ordinal)`` (optional) starts reading a shard before its turn: the next ``cycle_length``
     shards are kept reading, so that when a generation of shards ends together (equal sizes)
     the next one is already under way instead of opening one round trip at a time.
@@ -88,12 +89,12 @@ async def interleave_deterministic(
     next_input, index, within = 0, 0, 0
     events: list[Event] = []
     if start is not None:
-        next_input, index, within = start["next"], start["index"], start["within"]
-        for number, position in enumerate(start["slots"]):
+        next_input, index, within = start.next, start.index, start.within
+        for number, position in enumerate(start.slots):
             if position is not None:
-                ordinal, records, offset = position
+                ordinal, records, offset = position.ordinal, position.records, position.offset
                 slots[number] = _Slot(open_shard(ordinal, records, offset))
-                events.append(("open", number, ordinal, records, offset))
+                events.append(Open(number, ordinal, records, offset))
     num_open = sum(slot is not None for slot in slots)
     end_of_input = next_input >= num_shards
     out: list[bytes] = []
@@ -142,7 +143,7 @@ async def interleave_deterministic(
                     end_of_input = True
                 else:
                     slots[index] = _Slot(open_shard(next_input, 0, 0))
-                    events.append(("open", index, next_input, 0, 0))
+                    events.append(Open(index, next_input, 0, 0))
                     next_input += 1
                     num_open += 1
                     read_ahead()
@@ -178,7 +179,7 @@ def _whole_rounds(
         # slot k's j-th record of round r goes to r * step + k * block_length + j
         for j in range(block_length):
             merged[k * block_length + j :: step] = part[j::block_length]
-        nbytes.append(sum(map(len, part)) + HEADER_AND_CRCS * count)
+        nbytes.append(sum(map(len, part)) + OVERHEAD_BYTES * count)
     order = [n for n, _ in turns]
     return merged, rounds_event(order, block_length, rounds, nbytes)
 

@@ -16,7 +16,7 @@ import json
 from collections import defaultdict
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from streamrec._portal import run_all
 from streamrec.errors import FormatError, StateError
@@ -26,7 +26,7 @@ from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.read import read_shard
 from streamrec.pipeline.shards import ShardPlan
-from streamrec.pipeline.state_check import check_against_plan
+from streamrec.pipeline.state import CycleState, DatasetState, Location, check_against_plan
 from streamrec.storage.base import ObjectInfo, ObjectStore
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class ShardOpener:
         for reader in primed.values():
             await reader.aclose()
 
-    async def prepare(self, resume: dict[str, Any] | None) -> None:
+    async def prepare(self, resume: DatasetState | None) -> None:
         """Check the shards a resume names exist; learn which of those it seeks into are
         uncompressed."""
         if resume is not None:
@@ -100,12 +100,15 @@ class ShardOpener:
         if resume is None or not self._exact:
             return
         ordinals: set[int] = set()
-        read = resume.get("read") or {}
-        for position in read.get("slots", []) + read.get("open", []):
-            if position is not None and position[1] > 0:
-                ordinals.add(int(position[0]))
-        for location in (resume.get("shuffle") or {}).get("buffer", []):
-            ordinals.add(int(location[0]))
+        read = resume.read
+        positions = (
+            [] if read is None else read.slots if isinstance(read, CycleState) else read.open
+        )
+        for position in positions:
+            if position is not None and position.records > 0:
+                ordinals.add(position.ordinal)
+        if resume.shuffle is not None:
+            ordinals.update(location[0] for location in resume.shuffle.buffer)
         for ordinal in sorted(ordinals):
             self._check(ordinal)
             self._uncompressed[ordinal] = await self._is_uncompressed(self.plan.shards[ordinal])
@@ -180,20 +183,20 @@ class ShardOpener:
             chunks = _drop_first(chunks, records)
         return chunks
 
-    async def fetch(self, locations: Sequence[Sequence[Any]]) -> list[bytes]:
-        """The records at ``locations`` (``[ordinal, index, offset, length]``), in order.
+    async def fetch(self, locations: Sequence[Location]) -> list[bytes]:
+        """The records at ``locations`` (``(ordinal, index, offset, length)``), in order.
 
         Records of uncompressed shards resumed exactly are fetched by location: neighbouring
         ones (see :func:`_runs`) share one range read, and the reads of every shard run
         concurrently (at most ``max_concurrency`` at once, each within the prefetch budget).
         Other shards are read from their start up to their last wanted record.
         """
-        wanted: dict[int, list[Sequence[Any]]] = defaultdict(list)
+        wanted: dict[int, list[Location]] = defaultdict(list)
         for location in locations:
-            self._check(int(location[0]))
-            wanted[int(location[0])].append(location)
+            self._check(location[0])
+            wanted[location[0]].append(location)
         found: dict[tuple[int, int], bytes] = {}
-        spans: list[tuple[int, list[Sequence[Any]]]] = []
+        spans: list[tuple[int, list[Location]]] = []
         for ordinal, places in wanted.items():
             if self._exact and self._uncompressed.get(ordinal, False):
                 spans += [(ordinal, run) for run in _runs(places, _GAP_BYTES, self._span_bytes)]
@@ -202,13 +205,13 @@ class ShardOpener:
         if spans:
             limit = asyncio.Semaphore(min(self._fetch_concurrency(o) for o in wanted))
 
-            async def one(ordinal: int, run: list[Sequence[Any]]) -> None:
+            async def one(ordinal: int, run: list[Location]) -> None:
                 async with limit:
                     await self._fetch_span(ordinal, run, found)
 
             await run_all(one(ordinal, run) for ordinal, run in spans)
         try:
-            return [found[(int(loc[0]), int(loc[1]))] for loc in locations]
+            return [found[(loc[0], loc[1])] for loc in locations]
         except KeyError as exc:
             raise StateError(f"resume state names a record that is not there: {exc}") from None
 
@@ -222,19 +225,19 @@ class ShardOpener:
         return min(self.options.max_concurrency, store.concurrency_limit or _MAX_FETCHES)
 
     async def _fetch_span(
-        self, ordinal: int, places: list[Sequence[Any]], found: dict[tuple[int, int], bytes]
+        self, ordinal: int, places: list[Location], found: dict[tuple[int, int], bytes]
     ) -> None:
         """One range read from the first to the last wanted record of an uncompressed shard."""
         shard = self.plan.shards[ordinal]
-        first = min(places, key=lambda loc: int(loc[2]))
-        last = max(int(loc[2]) + int(loc[3]) + OVERHEAD_BYTES for loc in places)
+        first = min(places, key=lambda loc: loc[2])
+        last = max(loc[2] + loc[3] + OVERHEAD_BYTES for loc in places)
         span = ObjectInfo(shard.url, min(last, shard.size), shard.version)
-        length = max(span.size - int(first[2]), 1)
+        length = max(span.size - first[2], 1)
         reader = ObjectReader(
             self.stores.get(shard.url),
             span,
             self.budget,
-            start=int(first[2]),
+            start=first[2],
             block_bytes=length,
             first_block_bytes=length,
             max_concurrency=1,
@@ -242,8 +245,8 @@ class ShardOpener:
             on_retry=self._count_retry,
         )
         reader.prime()
-        offsets = {int(loc[2]): int(loc[1]) for loc in places}
-        offset = int(first[2])
+        offsets = {loc[2]: loc[1] for loc in places}
+        offset = first[2]
         chunks = read_shard(
             reader,
             compression=None,
@@ -251,7 +254,7 @@ class ShardOpener:
             on_corrupt="raise",
             stats=self.stats,
             start_offset=offset,
-            start_index=int(first[1]),
+            start_index=first[1],
         )
         try:
             async with aclosing(chunks) as source:
@@ -268,10 +271,10 @@ class ShardOpener:
             ) from exc
 
     async def _fetch_prefix(
-        self, ordinal: int, places: list[Sequence[Any]], found: dict[tuple[int, int], bytes]
+        self, ordinal: int, places: list[Location], found: dict[tuple[int, int], bytes]
     ) -> None:
         """Read the shard from its start up to the last wanted record."""
-        indices = {int(loc[1]) for loc in places}
+        indices = {loc[1] for loc in places}
         last = max(indices)
         index = 0
         async with aclosing(self.chunks(ordinal)) as source:
@@ -294,18 +297,16 @@ _GAP_BYTES = 256 << 10
 _MAX_FETCHES = 16  # refetch reads in flight at once where the store sets no limit
 
 
-def _runs(
-    places: list[Sequence[Any]], gap_bytes: int, span_bytes: int
-) -> list[list[Sequence[Any]]]:
+def _runs(places: list[Location], gap_bytes: int, span_bytes: int) -> list[list[Location]]:
     """``places`` sorted by offset and cut where the gap between records exceeds
     ``gap_bytes`` or a run would cover more than ``span_bytes`` (a lone record may)."""
-    ordered = sorted(places, key=lambda loc: int(loc[2]))
-    runs: list[list[Sequence[Any]]] = [[ordered[0]]]
-    start = int(ordered[0][2])
+    ordered = sorted(places, key=lambda loc: loc[2])
+    runs: list[list[Location]] = [[ordered[0]]]
+    start = ordered[0][2]
     for before, location in itertools.pairwise(ordered):
-        offset, end = int(location[2]), int(location[2]) + int(location[3]) + OVERHEAD_BYTES
+        offset, end = location[2], location[2] + location[3] + OVERHEAD_BYTES
         if (
-            offset - (int(before[2]) + int(before[3]) + OVERHEAD_BYTES) > gap_bytes
+            offset - (before[2] + before[3] + OVERHEAD_BYTES) > gap_bytes
             or end - start > span_bytes
         ):
             runs.append([])

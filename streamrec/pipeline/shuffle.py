@@ -10,23 +10,24 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from streamrec.pipeline.state import Event
+from streamrec.pipeline.events import Drain, Event, Piece, ShuffleIn
 
 __all__ = ["shuffle_pieces"]
 
 
 async def shuffle_pieces(
-    pieces: AsyncIterator[tuple[list[bytes], list[Event]]],
+    pieces: AsyncIterator[Piece],
     buffer_size: int,
     rng: random.Random,
     *,
     buffer: list[bytes] | None = None,
     draining: bool = False,
-) -> AsyncGenerator[tuple[list[bytes], list[Event]], None]:
+) -> AsyncGenerator[Piece, None]:
     """Pieces of the records of ``pieces``, shuffled through a buffer of ``buffer_size``.
 
-    Each output piece's events wrap the input events it consumed (``("in", events, lengths)``)
-    so a :class:`~streamrec.pipeline.state.ShuffleTracker` can mirror the buffer. A resumed
+    Each output piece's events wrap the input events it consumed
+    (:class:`~streamrec.pipeline.events.ShuffleIn`) so a
+    :class:`~streamrec.pipeline.trackers.ShuffleTracker` can mirror the buffer. A resumed
     shuffle starts from ``buffer`` (and ``rng``'s state); ``draining`` means the input had
     already ended: the buffer is handed on as it is.
     """
@@ -34,12 +35,12 @@ async def shuffle_pieces(
         raise ValueError(f"shuffle_buffer must be >= 1, not {buffer_size}")
     buffer = list(buffer or ())
     if draining:
-        yield buffer, [("drain", False)]
+        yield buffer, [Drain(False)]
         return
     pick = rng.randrange
     pending: list[Event] = []
     async for chunk, events in pieces:
-        pending.append(("in", events, list(map(len, chunk))))
+        pending.append(ShuffleIn(events, list(map(len, chunk))))
         out: list[bytes] = []
         append = out.append
         for record in chunk:
@@ -53,5 +54,5 @@ async def shuffle_pieces(
             yield out, pending
             pending = []
     rng.shuffle(buffer)
-    pending.append(("drain", True))
+    pending.append(Drain(True))
     yield buffer, pending

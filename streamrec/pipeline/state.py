@@ -1,445 +1,362 @@
-"""Exact resume: the consumer's position as a small JSON-serialisable state.
+"""Exact resume: the consumer's position as typed values, parsed and checked once.
 
-The read pipeline runs ahead of its consumer (blocks in flight, the sync iterator's background
-thread, chunks in queues), so its own variables never say where the *consumer* is. Instead each
-stage hands on *pieces*: ``(records, events)``, where the events say where the records came
-from. The consumer's :class:`Cursor` applies the events of what it has actually taken to a
-tracker, so the tracker always describes exactly the consumer's position; ``state_dict()``
-applies the piece in hand up to the record last taken, on a copy.
+A state is JSON on the outside (``Dataset.state_dict()`` returns it, checkpoints store it) and
+:class:`DatasetState` inside: :func:`parse_state` turns untrusted JSON into it, checking every
+field (states come from storage), and :meth:`DatasetState.to_json` writes it back. Nothing
+past the parser reads a state's JSON.
 
-Events are tuples, one per block of records (never one per record):
+The JSON (version 2)::
 
-* ``("open", slot, ordinal, records, offset)``: shard ``ordinal`` of the epoch's shard plan is
-  opened into ``slot``, resuming after ``records`` records at stream ``offset``;
-* ``("take", slot, count, ended, nbytes)``: the next ``count`` records came from the shard in
-  ``slot``, one interleave turn; ``ended``: that shard has no more records; ``nbytes``: their
-  bytes in the shard's stream, framing included (:func:`take_event` counts them where the
-  records were just made: in the consumer's thread, reading every record's length again
-  costs more than decoding them did);
-* ``("rounds", order, block_length, rounds, nbytes)``: ``rounds`` whole rounds of the
-  interleave cycle, one turn of ``block_length`` records from each slot in ``order`` (the
-  open slots, in turn order) per round; ``nbytes[k]``: the stream bytes taken from slot
-  ``order[k]``. Deterministic interleaving takes whole rounds at once when every open slot
-  has them decoded (one event instead of one per turn: with ``block_length=1``, one per
-  record);
-* ``("in", events, lengths)`` (shuffle): input records of the given ``lengths``, described by
-  the upstream ``events``, went through the shuffle buffer;
-* ``("drain", reshuffle)`` (shuffle): the input ended; the buffer (shuffled first when
-  ``reshuffle``) is handed on.
+    {"version": 2, "epoch": 0, "config": {...}, "shards": "<digest>" | null,
+     "finished": false,
+     "read": {"kind": "cycle", "next": 3, "index": 1, "within": 0,
+              "slots": [[ordinal, records, offset] | null, ...]}       // deterministic
+           | {"kind": "ready", "open": [[ordinal, records, offset], ...],
+              "done": [ordinal, ...]}                                   // first-ready
+           | null,
+     "shuffle": {"buffer": "<packed locations>", "draining": false,
+                 "rng": [3, [624 + 1 words], null]} | null}
 
-A shard's position is ``[ordinal, records, offset]``: records handed on from it, and the byte
-offset after them in its uncompressed stream. The offset is only used where it can be trusted
-(an uncompressed shard, no skipped corrupt records, no record-level splitting); other shards
-resume by reading and dropping their first ``records`` records. The shuffle buffer is kept as
-record *locations* ``[ordinal, index, offset, length]``, never as data (in the state, packed
-into one string: see :mod:`~streamrec.pipeline.buffer_codec`); resuming fetches those records
-again.
+A shard's position is ``[ordinal, records, offset]``: records handed on from shard ``ordinal``
+of the epoch's plan, and the byte offset after them in its uncompressed stream. The offset is
+only used where it can be trusted (an uncompressed shard, no skipped corrupt records, no
+record-level splitting); other shards resume by reading and dropping their first ``records``
+records. The shuffle buffer is kept as record *locations* ``(ordinal, index, offset,
+length)``, never as data (packed into one string: :mod:`~streamrec.pipeline.buffer_codec`;
+version 1 listed them); resuming fetches those records again.
+
+What the parser checks without the shards: every field's type and range, lengths against the
+configuration (interleave slots, shuffle buffer), the generator's state and the packing of the
+buffer. :func:`check_against_plan` checks the shard ordinals against the epoch's shards once
+they are listed (and :class:`~streamrec.pipeline.opener.ShardOpener` checks that a byte offset
+it seeks to starts a record). Anything wrong is a :class:`~streamrec.errors.StateError` naming
+the field (``read.slots[2][1]``); a state that passes cannot make the pipeline allocate by its
+numbers, index out of range or mix types.
 """
 
 from __future__ import annotations
 
-import copy
 import random
-from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from streamrec.errors import StateError
-from streamrec.format.framing import OVERHEAD_BYTES
-from streamrec.pipeline.buffer_codec import encode_buffer, unpacked_shuffle
+from streamrec.pipeline.buffer_codec import decode_buffer, encode_buffer
 
 __all__ = [
     "STATE_VERSION",
-    "Cursor",
-    "CycleTracker",
-    "Event",
-    "rounds_event",
-    "take_event",
-    "turns",
-    "ReadyTracker",
-    "ShuffleTracker",
-    "Tracker",
-    "rng_from_state",
-    "rng_state",
+    "CycleState",
+    "DatasetState",
+    "Location",
+    "ReadState",
+    "ReadyState",
+    "RngState",
+    "ShardPosition",
+    "ShuffleState",
+    "check_against_plan",
+    "parse_state",
 ]
 
 STATE_VERSION = 2
 """Version 2 packs the shuffle buffer's locations into one string (see buffer_codec); states of
 version 1 (the buffer as a list of locations) are still loaded."""
-HEADER_AND_CRCS = OVERHEAD_BYTES  # framing around every payload: length, its CRC, payload CRC
 
-Event = tuple[Any, ...]
+_MAX = 2**63 - 1  # positions, counts and offsets fit a signed 64-bit integer
+_MT_WORDS = 624  # Mersenne Twister state words (random.getstate()[1] has 624 + 1 entries)
 
+Location = tuple[int, int, int, int]
+"""A record's place: ``(ordinal, index, offset, length)`` -- shard, record number in it, byte
+offset of its framing in the uncompressed stream, payload length."""
 
-def take_event(slot: int, records: Sequence[bytes], ended: bool) -> Event:
-    """The ``take`` event of ``records``, all from the shard in ``slot``."""
-    return (
-        "take",
-        slot,
-        len(records),
-        ended,
-        sum(map(len, records)) + HEADER_AND_CRCS * len(records),
-    )
+RngState = tuple[Any, ...]
+"""``random.Random.getstate()``'s value."""
 
 
-def rounds_event(
-    order: Sequence[int], block_length: int, rounds: int, nbytes: Sequence[int]
-) -> Event:
-    """The ``rounds`` event of whole rounds of turns over the slots ``order``."""
-    return ("rounds", tuple(order), block_length, rounds, tuple(nbytes))
+@dataclass(slots=True)
+class ShardPosition:
+    """Where reading shard ``ordinal`` stands: after ``records`` records, at stream byte
+    ``offset`` (mutable: the trackers advance it)."""
+
+    ordinal: int
+    records: int
+    offset: int
+
+    def copy(self) -> ShardPosition:
+        return ShardPosition(self.ordinal, self.records, self.offset)
+
+    def to_json(self) -> list[int]:
+        return [self.ordinal, self.records, self.offset]
 
 
-def turns(events: Sequence[Event]) -> Iterator[Event]:
-    """``events`` with each ``rounds`` event spelled out as its ``take`` events (whose
-    ``nbytes`` are then 0: for consumers that count bytes record by record)."""
-    for event in events:
-        if event[0] == "rounds":
-            _, order, block_length, rounds, _ = event
-            for _ in range(rounds):
-                for slot in order:
-                    yield ("take", slot, block_length, False, 0)
-        else:
-            yield event
+@dataclass
+class CycleState:
+    """Deterministic interleaving (sequential reading: ``cycle_length == 1``): the next shard
+    to open, the slot whose turn it is, records already taken in that turn, the open slots."""
 
+    next: int
+    index: int
+    within: int
+    slots: list[ShardPosition | None]
 
-Position = list[Any]  # [ordinal, records, offset]
-Location = list[Any]  # [ordinal, index, offset, length]
-
-
-class Tracker(Protocol):
-    """Applies pieces' events; describes the consumer's position."""
-
-    def apply(self, events: Sequence[Event], records: Sequence[bytes], limit: int | None) -> None:
-        """Apply the events of the piece ``records`` for its first ``limit`` records (all
-        when ``None``)."""
-
-    def copy(self) -> Tracker:
-        """An independent copy."""
-
-    def state(self) -> dict[str, Any]:
-        """The position, JSON-serialisable."""
-
-
-class _ReadTracker:
-    """Shared part of the trackers of the read stage (which shard each record came from)."""
-
-    kind = ""
-
-    def position(self, slot: int) -> Position:
-        raise NotImplementedError
-
-    def open(self, slot: int, ordinal: int, records: int, offset: int | None) -> None:
-        raise NotImplementedError
-
-    def end_turn(self, slot: int, ended: bool) -> None:
-        raise NotImplementedError
-
-    def copy(self) -> _ReadTracker:
-        raise NotImplementedError
-
-    def state(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def partial_turn(self, count: int) -> None:
-        """The consumer stopped ``count`` records into a turn."""
-
-    def apply(self, events: Sequence[Event], records: Sequence[bytes], limit: int | None) -> None:
-        pos = 0
-        for event in events:
-            if event[0] == "open":
-                self.open(*event[1:])
-                continue
-            if event[0] == "rounds":
-                pos = self._rounds(event, records, pos, limit)
-                if pos < 0:
-                    return
-                continue
-            _, slot, count, ended, nbytes = event
-            partial = limit is not None and pos + count > limit
-            taken = limit - pos if partial else count  # type: ignore[operator]
-            if taken:
-                position = self.position(slot)
-                position[1] += taken
-                if partial:
-                    nbytes = sum(map(len, records[pos : pos + taken])) + HEADER_AND_CRCS * taken
-                position[2] += nbytes
-            if partial:
-                self.partial_turn(taken)
-                return
-            self.end_turn(slot, ended)
-            pos += count
-
-    def _rounds(self, event: Event, records: Sequence[bytes], pos: int, limit: int | None) -> int:
-        """Apply a ``rounds`` event starting at record ``pos`` of the piece; the position
-        after it, or -1 when the consumer stopped inside it. The calls are those the same
-        records as ``take`` events would make."""
-        _, order, block_length, rounds, nbytes = event
-        step = len(order) * block_length
-        count = rounds * step
-        if limit is None or pos + count <= limit:
-            for slot, n in zip(order, nbytes, strict=True):
-                position = self.position(slot)
-                position[1] += rounds * block_length
-                position[2] += n
-            self.end_turn(order[-1], False)
-            return pos + int(count)
-        taken = limit - pos
-        end = pos + taken
-        for k, slot in enumerate(order):
-            first = pos + k * block_length
-            mine = [records[first + j : end : step] for j in range(block_length)]
-            n = sum(map(len, mine))
-            if n:
-                position = self.position(slot)
-                position[1] += n
-                position[2] += sum(sum(map(len, m)) for m in mine) + HEADER_AND_CRCS * n
-        whole, within = divmod(taken % step, block_length)
-        if whole:
-            self.end_turn(order[whole - 1], False)
-        elif taken >= step:
-            self.end_turn(order[-1], False)
-        self.partial_turn(within)
-        return -1
-
-
-class CycleTracker(_ReadTracker):
-    """Position in a (deterministic) interleave of ``cycle_length`` slots; sequential reading
-    is the case ``cycle_length == 1``."""
-
-    kind = "cycle"
-
-    def __init__(self, cycle_length: int, state: dict[str, Any] | None = None) -> None:
-        self.cycle_length = cycle_length
-        self.next = 0  # ordinal of the next shard to open
-        self.index = 0  # the slot whose turn it is
-        self.within = 0  # records already taken in this turn
-        self.slots: list[Position | None] = [None] * cycle_length
-        if state is not None:
-            _expect(state, "kind", self.kind)
-            self.next, self.index, self.within = state["next"], state["index"], state["within"]
-            slots = state["slots"]
-            if len(slots) != cycle_length:
-                raise StateError(f"state has {len(slots)} interleave slots, not {cycle_length}")
-            self.slots = [list(s) if s is not None else None for s in slots]
-
-    def position(self, slot: int) -> Position:
-        position = self.slots[slot]
-        assert position is not None, "records from an empty slot"
-        return position
-
-    def open(self, slot: int, ordinal: int, records: int, offset: int | None) -> None:
-        self.slots[slot] = [ordinal, records, offset]
-        self.next = ordinal + 1
-
-    def end_turn(self, slot: int, ended: bool) -> None:
-        if ended:
-            self.slots[slot] = None
-        self.index = (slot + 1) % self.cycle_length
-        self.within = 0
-
-    def partial_turn(self, count: int) -> None:
-        self.within += count
-
-    def copy(self) -> CycleTracker:
-        other = copy.copy(self)
-        other.slots = [list(s) if s is not None else None for s in self.slots]
-        return other
-
-    def state(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
+            "kind": "cycle",
             "next": self.next,
             "index": self.index,
             "within": self.within,
-            "slots": [list(s) if s is not None else None for s in self.slots],
+            "slots": [s.to_json() if s is not None else None for s in self.slots],
         }
 
 
-class ReadyTracker(_ReadTracker):
-    """Position in first-ready reading: which shards are finished, where the open ones are.
+@dataclass
+class ReadyState:
+    """First-ready reading: the shards being read, and those finished."""
 
-    Shards the pipeline opened but the consumer has not taken a record from are neither: they
-    are read again from their start after a resume, so each record comes exactly once.
-    """
+    open: list[ShardPosition]
+    done: list[int]
 
-    kind = "ready"
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "ready", "open": [p.to_json() for p in self.open], "done": self.done}
 
-    def __init__(self, state: dict[str, Any] | None = None) -> None:
-        self.open_shards: dict[int, Position] = {}
-        self.done: set[int] = set()
-        if state is not None:
-            _expect(state, "kind", self.kind)
-            self.open_shards = {int(p[0]): list(p) for p in state["open"]}
-            self.done = set(state["done"])
 
-    def position(self, slot: int) -> Position:
-        position = self.open_shards.get(slot)
-        if position is None:
-            position = self.open_shards[slot] = [slot, 0, 0]
-        return position
+ReadState = CycleState | ReadyState
 
-    def open(self, slot: int, ordinal: int, records: int, offset: int | None) -> None:
-        self.open_shards[ordinal] = [ordinal, records, offset]
 
-    def end_turn(self, slot: int, ended: bool) -> None:
-        if ended:
-            self.open_shards.pop(slot, None)
-            self.done.add(slot)
+@dataclass
+class ShuffleState:
+    """The shuffle buffer (as record locations), whether it is draining, its generator."""
 
-    def copy(self) -> ReadyTracker:
-        other = copy.copy(self)
-        other.open_shards = {k: list(v) for k, v in self.open_shards.items()}
-        other.done = set(self.done)
-        return other
+    buffer: list[Location]
+    draining: bool
+    rng: RngState
 
-    def state(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
+        version, internal, gauss = self.rng
         return {
-            "kind": self.kind,
-            "open": [list(self.open_shards[k]) for k in sorted(self.open_shards)],
-            "done": sorted(self.done),
-        }
-
-
-class ShuffleTracker:
-    """Mirror of the shuffle buffer over record locations, driven by the same generator."""
-
-    def __init__(
-        self,
-        upstream: _ReadTracker,
-        buffer_size: int,
-        rng: random.Random,
-        state: dict[str, Any] | None = None,
-    ) -> None:
-        self.upstream = upstream
-        self.buffer_size = buffer_size
-        self.rng = rng
-        self.buffer: list[Location] = []
-        self.draining = False
-        if state is not None:
-            unpacked = unpacked_shuffle(state)
-            assert unpacked is not None
-            self.buffer = [list(loc) for loc in unpacked["buffer"]]
-            self.draining = bool(state["draining"])
-            self.rng.setstate(rng_from_state(state["rng"]))
-
-    def apply(self, events: Sequence[Event], records: Sequence[bytes], limit: int | None) -> None:
-        produced = 0
-        for event in events:
-            if event[0] == "in":
-                produced = self._inputs(event[1], event[2], produced, limit)
-                if produced < 0:
-                    return
-            else:  # ("drain", reshuffle)
-                if event[1]:
-                    self.rng.shuffle(self.buffer)
-                self.draining = True
-                del self.buffer[: len(self.buffer) if limit is None else limit - produced]
-
-    def _inputs(
-        self, events: Sequence[Event], lengths: Sequence[int], produced: int, limit: int | None
-    ) -> int:
-        """Push input records through the mirror; -1 once ``limit`` outputs are reached."""
-        upstream, buffer, size, pick = self.upstream, self.buffer, self.buffer_size, self.rng
-        li = 0
-        for event in turns(events):
-            if event[0] == "open":
-                upstream.open(*event[1:])
-                continue
-            _, slot, count, ended, _ = event
-            position = upstream.position(slot) if count else None
-            for taken in range(count):
-                if len(buffer) >= size and limit is not None and produced >= limit:
-                    upstream.partial_turn(taken)
-                    return -1
-                assert position is not None
-                length = lengths[li]
-                li += 1
-                location = [position[0], position[1], position[2], length]
-                position[1] += 1
-                position[2] += length + HEADER_AND_CRCS
-                if len(buffer) < size:
-                    buffer.append(location)
-                else:
-                    buffer[pick.randrange(size)] = location
-                    produced += 1
-            upstream.end_turn(slot, ended)
-        return produced
-
-    def copy(self) -> ShuffleTracker:
-        other = copy.copy(self)
-        other.upstream = self.upstream.copy()
-        other.buffer = [list(loc) for loc in self.buffer]
-        other.rng = random.Random()
-        other.rng.setstate(self.rng.getstate())
-        return other
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "upstream": self.upstream.state(),
             "buffer": encode_buffer(self.buffer),
-            "rng": rng_state(self.rng),
+            "rng": [version, list(internal), gauss],
             "draining": self.draining,
         }
 
 
-class Cursor:
-    """The consumer's position: the events of each piece are applied as it is taken.
+@dataclass
+class DatasetState:
+    """A dataset's whole position (see the module docstring)."""
 
-    ``take(records, events, it)``: the consumer now reads ``records`` through the iterator
-    ``it`` (``None``: the whole piece is taken at once). Records still left in ``it`` are
-    not consumed; the one last handed out is.
-    """
+    epoch: int
+    config: dict[str, Any]
+    shards: str | None = None
+    finished: bool = False
+    read: ReadState | None = None
+    shuffle: ShuffleState | None = None
+    version: int = field(default=STATE_VERSION)
 
-    def __init__(self, tracker: Tracker) -> None:
-        self.tracker = tracker
-        self._records: Sequence[bytes] = ()
-        self._events: Sequence[Event] = ()
-        self._it: Any = None
-        self._settled = 0  # records of the pieces consumed before the one in hand
-
-    def take(self, records: Sequence[bytes], events: Sequence[Event], it: Any = None) -> None:
-        self.settle()
-        self._records, self._events, self._it = records, events, it
-
-    def settle(self) -> None:
-        """The piece in hand is fully consumed."""
-        if self._events:
-            self.tracker.apply(self._events, self._records, None)
-        self._settled += len(self._records)
-        self._records, self._events, self._it = (), (), None
-
-    def handed_out(self) -> int:
-        """Records handed to the consumer so far (the one last handed out included)."""
-        in_hand = len(self._records)
-        if self._it is not None:
-            in_hand -= self._it.__length_hint__()
-        return self._settled + in_hand
-
-    def state(self) -> dict[str, Any]:
-        """The position after the record last handed out."""
-        tracker = self.tracker.copy()
-        if self._events:
-            limit = None
-            if self._it is not None:
-                limit = len(self._records) - self._it.__length_hint__()
-            tracker.apply(self._events, self._records, limit)
-        return tracker.state()
+    def to_json(self) -> dict[str, Any]:
+        """The state as the JSON-serialisable dict ``state_dict()`` returns."""
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "config": dict(self.config),
+            "shards": self.shards,
+            "finished": self.finished,
+            "read": self.read.to_json() if self.read is not None else None,
+            "shuffle": self.shuffle.to_json() if self.shuffle is not None else None,
+        }
 
 
-def rng_state(rng: random.Random) -> list[Any]:
-    """``rng``'s state as JSON-friendly lists."""
-    version, internal, gauss = rng.getstate()
-    return [version, list(internal), gauss]
+# ---------------------------------------------------------------------------- the parser
 
 
-def rng_from_state(state: Sequence[Any]) -> tuple[Any, ...]:
-    """The argument for ``Random.setstate`` from :func:`rng_state`'s output."""
+def _bad(where: str, value: object, problem: str) -> StateError:
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return StateError(f"resume state field {where} = {shown}: {problem}")
+
+
+def _int(value: object, where: str, low: int = 0, high: int = _MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(where, value, "not an integer")
+    if not low <= value <= high:
+        raise _bad(where, value, f"not in [{low}, {high}]")
+    return value
+
+
+def _bool(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise _bad(where, value, "not true or false")
+    return value
+
+
+def _list(value: object, where: str, length: int | None = None, most: int = _MAX) -> list[Any]:
+    if not isinstance(value, list):
+        raise _bad(where, value, "not a list")
+    if length is not None and len(value) != length:
+        raise _bad(where, value, f"has {len(value)} entries, not {length}")
+    if len(value) > most:
+        raise _bad(where, value, f"has {len(value)} entries, more than {most}")
+    return value
+
+
+def _dict(value: object, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _bad(where, value, "not a mapping")
+    return value
+
+
+def _key(mapping: dict[str, Any], key: str, where: str) -> Any:
+    if key not in mapping:
+        raise StateError(f"resume state field {where}.{key} is missing")
+    return mapping[key]
+
+
+def parse_state(raw: object, config: Mapping[str, Any]) -> DatasetState:
+    """The state ``raw`` (from ``state_dict()``, maybe altered in storage) of a dataset
+    configured as ``config``; StateError when it comes from another configuration (the message
+    lists the differences) or any field has the wrong type or range."""
+    if not isinstance(raw, dict) or raw.get("version") not in (1, STATE_VERSION):
+        got = raw.get("version") if isinstance(raw, dict) else None
+        raise StateError(f"not a streamrec dataset state of version 1 or 2 (got {got!r})")
+    theirs = _dict(_key(raw, "config", "state"), "config")
+    differences = [
+        f"{key}: state has {theirs.get(key)!r}, dataset has {config.get(key)!r}"
+        for key in sorted(set(theirs) | set(config))
+        if theirs.get(key) != config.get(key)
+    ]
+    if differences:
+        raise StateError(
+            "the state comes from a differently configured dataset; " + "; ".join(differences)
+        )
+    cycle_length, block_length = config["cycle_length"], config["block_length"]
+    shuffle_buffer = config["shuffle_buffer"]
+    epoch = _int(_key(raw, "epoch", "state"), "epoch", -_MAX, _MAX)
+    digest = _key(raw, "shards", "state")
+    if digest is not None and not (isinstance(digest, str) and len(digest) <= 64):
+        raise _bad("shards", digest, "not a shard digest (a short string) or null")
+    finished = _bool(_key(raw, "finished", "state"), "finished")
+    read_raw, shuffle_raw = _key(raw, "read", "state"), _key(raw, "shuffle", "state")
+    if shuffle_buffer == 0 and shuffle_raw is not None:
+        raise _bad("shuffle", shuffle_raw, "a shuffle buffer state, but shuffle_buffer is 0")
+    if shuffle_buffer and (read_raw is None) != (shuffle_raw is None):
+        raise StateError("resume state fields read and shuffle: one is null, the other not")
+    read: ReadState | None = None
+    if read_raw is not None:
+        if config["deterministic"] or cycle_length == 1:
+            read = _cycle(_dict(read_raw, "read"), cycle_length, block_length)
+        else:
+            read = _ready(_dict(read_raw, "read"))
+    shuffle = None
+    if shuffle_raw is not None:
+        shuffle = _shuffle(_dict(shuffle_raw, "shuffle"), shuffle_buffer, raw["version"])
+    return DatasetState(epoch, dict(theirs), digest, finished, read, shuffle)
+
+
+def _position(value: object, where: str) -> ShardPosition:
+    """``[ordinal, records, offset]``."""
+    entries = _list(value, where, 3)
+    ordinal, records, offset = (
+        _int(entries[k], f"{where}[{k}] ({name})")
+        for k, name in enumerate(("ordinal", "records", "offset"))
+    )
+    return ShardPosition(ordinal, records, offset)
+
+
+def _cycle(read: dict[str, Any], cycle_length: int, block_length: int) -> CycleState:
+    if read.get("kind") != "cycle":
+        raise _bad("read.kind", read.get("kind"), "not 'cycle' (deterministic reading)")
+    next_ordinal = _int(_key(read, "next", "read"), "read.next")
+    index = _int(_key(read, "index", "read"), "read.index", 0, cycle_length - 1)
+    # (sequential reading counts records of a chunk there, and never resumes from it)
+    within_most = block_length - 1 if cycle_length > 1 else _MAX
+    within = _int(_key(read, "within", "read"), "read.within", 0, within_most)
+    slots: list[ShardPosition | None] = []
+    opened: set[int] = set()
+    for k, slot in enumerate(_list(_key(read, "slots", "read"), "read.slots", cycle_length)):
+        if slot is None:
+            slots.append(None)
+            continue
+        where = f"read.slots[{k}]"
+        position = _position(slot, where)
+        if position.ordinal >= next_ordinal or position.ordinal in opened:
+            problem = f"shard {position.ordinal} is not one opened before read.next, or twice"
+            raise _bad(where, slot, problem)
+        opened.add(position.ordinal)
+        slots.append(position)
+    return CycleState(next_ordinal, index, within, slots)
+
+
+def _ready(read: dict[str, Any]) -> ReadyState:
+    if read.get("kind") != "ready":
+        raise _bad("read.kind", read.get("kind"), "not 'ready' (first-ready reading)")
+    done: list[int] = []
+    finished: set[int] = set()
+    for k, ordinal in enumerate(_list(_key(read, "done", "read"), "read.done")):
+        if _int(ordinal, f"read.done[{k}]") in finished:
+            raise _bad(f"read.done[{k}]", ordinal, "listed twice")
+        done.append(ordinal)
+        finished.add(ordinal)
+    positions: list[ShardPosition] = []
+    seen: set[int] = set()
+    for k, value in enumerate(_list(_key(read, "open", "read"), "read.open")):
+        position = _position(value, f"read.open[{k}]")
+        if position.ordinal in finished or position.ordinal in seen:
+            raise _bad(f"read.open[{k}]", value, f"shard {position.ordinal} is open twice or done")
+        seen.add(position.ordinal)
+        positions.append(position)
+    return ReadyState(positions, done)
+
+
+def _shuffle(shuffle: dict[str, Any], shuffle_buffer: int, version: int) -> ShuffleState:
+    packed = _key(shuffle, "buffer", "shuffle")
+    if version >= 2:  # packed (decoding checks the packing; the locations are checked below)
+        packed = decode_buffer(packed, "shuffle.buffer", most=shuffle_buffer)
+    buffer: list[Location] = []
+    for k, location in enumerate(_list(packed, "shuffle.buffer", most=shuffle_buffer)):
+        where = f"shuffle.buffer[{k}]"
+        entries = _list(location, where, 4)
+        ordinal, index, offset, length = (
+            _int(entries[j], f"{where}[{j}] ({name})")
+            for j, name in enumerate(("ordinal", "index", "offset", "length"))
+        )
+        buffer.append((ordinal, index, offset, length))
+    draining = _bool(_key(shuffle, "draining", "shuffle"), "shuffle.draining")
+    return ShuffleState(buffer, draining, _rng(_key(shuffle, "rng", "shuffle")))
+
+
+def _rng(value: object) -> RngState:
+    where = "shuffle.rng"
+    version, internal, gauss = _list(value, where, 3)
+    _int(version, f"{where}[0] (version)", 3, 3)
+    words = _list(internal, f"{where}[1]", _MT_WORDS + 1)
+    for k in range(_MT_WORDS):
+        _int(words[k], f"{where}[1][{k}]", 0, 2**32 - 1)
+    _int(words[_MT_WORDS], f"{where}[1][{_MT_WORDS}] (position)", 0, _MT_WORDS)
+    if gauss is not None and (isinstance(gauss, bool) or not isinstance(gauss, (int, float))):
+        raise _bad(f"{where}[2]", gauss, "not a number or null")
+    state = (version, tuple(words), gauss)
     try:
-        version, internal, gauss = state
-        return (version, tuple(int(x) for x in internal), gauss)
+        random.Random().setstate(state)
     except (TypeError, ValueError) as exc:
-        raise StateError(f"bad shuffle generator state in the resume state: {exc}") from None
+        raise _bad(where, value, f"not a generator state ({exc})") from None
+    return state
 
 
-def _expect(state: dict[str, Any], key: str, value: object) -> None:
-    if state.get(key) != value:
-        raise StateError(f"resume state has {key}={state.get(key)!r}, expected {value!r}")
+def check_against_plan(state: DatasetState, count: int) -> None:
+    """The shard ordinals of a parsed state against the ``count`` shards of the epoch's plan
+    (byte offsets are checked where a shard is seeked into: see ShardOpener)."""
+    places: list[tuple[str, Sequence[int]]] = []
+    read = state.read
+    if isinstance(read, CycleState):
+        if read.next > count:
+            raise _bad("read.next", read.next, f"there are only {count} shards to read")
+        places += [(f"read.slots[{k}]", p.to_json()) for k, p in enumerate(read.slots) if p]
+    elif isinstance(read, ReadyState):
+        places += [(f"read.open[{k}]", p.to_json()) for k, p in enumerate(read.open)]
+    if state.shuffle is not None:
+        places += [(f"shuffle.buffer[{k}]", list(p)) for k, p in enumerate(state.shuffle.buffer)]
+    if isinstance(read, ReadyState):
+        places += [(f"read.done[{k}]", [o]) for k, o in enumerate(read.done)]
+    for where, place in places:
+        if place[0] >= count:
+            raise _bad(where, list(place), f"names shard {place[0]}; there are only {count}")

@@ -316,7 +316,8 @@ def test_rounds_event_applies_as_its_take_events(
 ) -> None:
     """Whole rounds taken at once describe exactly the position that one event per turn
     describes, wherever the consumer stops inside them."""
-    from streamrec.pipeline.state import CycleTracker, rounds_event, take_event
+    from streamrec.pipeline.events import rounds_event, take_event
+    from streamrec.pipeline.trackers import CycleTracker
 
     open_slots = [n for n in range(cycle) if n not in gaps] or [0]
     first = start % cycle

@@ -1,0 +1,349 @@
+"""The consumer's position, kept exact by applying the events of what it has taken.
+
+The read pipeline runs ahead of its consumer (blocks in flight, the sync iterator's background
+thread, chunks in queues), so its own variables never say where the *consumer* is. Each stage
+hands on pieces ``(records, events)`` (:mod:`~streamrec.pipeline.events`); the consumer's
+:class:`Cursor` applies the events of each piece it has actually taken to a tracker, so the
+tracker always describes exactly the consumer's position, as the typed values of
+:mod:`~streamrec.pipeline.state`. ``state_dict()`` applies the piece in hand up to the record
+last taken, on a copy.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+import random
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+from streamrec.format.framing import OVERHEAD_BYTES
+from streamrec.pipeline.events import Drain, Event, Open, Rounds, ShuffleIn, Take, turns
+from streamrec.pipeline.state import (
+    CycleState,
+    Location,
+    ReadState,
+    ReadyState,
+    ShardPosition,
+    ShuffleState,
+)
+
+__all__ = ["Cursor", "CycleTracker", "ReadyTracker", "Remaining", "ShuffleTracker", "Tracker"]
+
+
+class Tracker(Protocol):
+    """Applies pieces' events; describes the consumer's position."""
+
+    def apply(self, events: Sequence[Event], records: Sequence[bytes], limit: int | None) -> None:
+        """Apply the events of the piece ``records`` for its first ``limit`` records (all
+        when ``None``)."""
+
+    def copy(self) -> Tracker:
+        """An independent copy."""
+
+    def position(self) -> tuple[ReadState, ShuffleState | None]:
+        """The position: of the read stage, and of the shuffle buffer (if there is one)."""
+
+
+class _ReadTracker:
+    """Shared part of the trackers of the read stage (which shard each record came from)."""
+
+    def at(self, slot: int) -> ShardPosition:
+        """The position of the shard in ``slot``."""
+        raise NotImplementedError
+
+    def open(self, slot: int, ordinal: int, records: int, offset: int) -> None:
+        raise NotImplementedError
+
+    def end_turn(self, slot: int, ended: bool) -> None:
+        raise NotImplementedError
+
+    def copy(self) -> _ReadTracker:
+        raise NotImplementedError
+
+    def state(self) -> ReadState:
+        raise NotImplementedError
+
+    def position(self) -> tuple[ReadState, ShuffleState | None]:
+        return self.state(), None
+
+    def partial_turn(self, count: int) -> None:
+        """The consumer stopped ``count`` records into a turn."""
+
+    def apply(self, events: Sequence[Event], records: Sequence[bytes], limit: int | None) -> None:
+        pos = 0
+        for event in events:
+            if isinstance(event, Take):
+                slot, count, ended, nbytes = event
+                partial = limit is not None and pos + count > limit
+                taken = limit - pos if partial else count  # type: ignore[operator]
+                if taken:
+                    position = self.at(slot)
+                    position.records += taken
+                    if partial:
+                        nbytes = sum(map(len, records[pos : pos + taken])) + OVERHEAD_BYTES * taken
+                    position.offset += nbytes
+                if partial:
+                    self.partial_turn(taken)
+                    return
+                self.end_turn(slot, ended)
+                pos += count
+            elif isinstance(event, Rounds):
+                pos = self._rounds(event, records, pos, limit)
+                if pos < 0:
+                    return
+            elif isinstance(event, Open):
+                self.open(*event)
+
+    def _rounds(self, event: Rounds, records: Sequence[bytes], pos: int, limit: int | None) -> int:
+        """Apply a :class:`Rounds` event starting at record ``pos`` of the piece; the position
+        after it, or -1 when the consumer stopped inside it. The calls are those the same
+        records as :class:`Take` events would make."""
+        order, block_length, rounds, nbytes = event
+        step = len(order) * block_length
+        count = rounds * step
+        if limit is None or pos + count <= limit:
+            for slot, n in zip(order, nbytes, strict=True):
+                position = self.at(slot)
+                position.records += rounds * block_length
+                position.offset += n
+            self.end_turn(order[-1], False)
+            return pos + count
+        taken = limit - pos
+        end = pos + taken
+        for k, slot in enumerate(order):
+            first = pos + k * block_length
+            mine = [records[first + j : end : step] for j in range(block_length)]
+            n = sum(map(len, mine))
+            if n:
+                position = self.at(slot)
+                position.records += n
+                position.offset += sum(sum(map(len, m)) for m in mine) + OVERHEAD_BYTES * n
+        whole, within = divmod(taken % step, block_length)
+        if whole:
+            self.end_turn(order[whole - 1], False)
+        elif taken >= step:
+            self.end_turn(order[-1], False)
+        self.partial_turn(within)
+        return -1
+
+
+class CycleTracker(_ReadTracker):
+    """Position in a (deterministic) interleave of ``cycle_length`` slots; sequential reading
+    is the case ``cycle_length == 1``."""
+
+    def __init__(self, cycle_length: int, state: CycleState | None = None) -> None:
+        self.cycle_length = cycle_length
+        self.next = 0  # ordinal of the next shard to open
+        self.index = 0  # the slot whose turn it is
+        self.within = 0  # records already taken in this turn
+        self.slots: list[ShardPosition | None] = [None] * cycle_length
+        if state is not None:  # (parse_state checked it against the configuration)
+            self.next, self.index, self.within = state.next, state.index, state.within
+            self.slots = [s.copy() if s is not None else None for s in state.slots]
+
+    def at(self, slot: int) -> ShardPosition:
+        position = self.slots[slot]
+        assert position is not None, "records from an empty slot"
+        return position
+
+    def open(self, slot: int, ordinal: int, records: int, offset: int) -> None:
+        self.slots[slot] = ShardPosition(ordinal, records, offset)
+        self.next = ordinal + 1
+
+    def end_turn(self, slot: int, ended: bool) -> None:
+        if ended:
+            self.slots[slot] = None
+        self.index = (slot + 1) % self.cycle_length
+        self.within = 0
+
+    def partial_turn(self, count: int) -> None:
+        self.within += count
+
+    def copy(self) -> CycleTracker:
+        other = copy.copy(self)
+        other.slots = [s.copy() if s is not None else None for s in self.slots]
+        return other
+
+    def state(self) -> CycleState:
+        slots = [s.copy() if s is not None else None for s in self.slots]
+        return CycleState(self.next, self.index, self.within, slots)
+
+
+class ReadyTracker(_ReadTracker):
+    """Position in first-ready reading: which shards are finished, where the open ones are.
+
+    Shards the pipeline opened but the consumer has not taken a record from are neither: they
+    are read again from their start after a resume, so each record comes exactly once.
+    """
+
+    def __init__(self, state: ReadyState | None = None) -> None:
+        self.open_shards: dict[int, ShardPosition] = {}
+        self.done: set[int] = set()
+        if state is not None:
+            self.open_shards = {p.ordinal: p.copy() for p in state.open}
+            self.done = set(state.done)
+
+    def at(self, slot: int) -> ShardPosition:
+        position = self.open_shards.get(slot)
+        if position is None:
+            position = self.open_shards[slot] = ShardPosition(slot, 0, 0)
+        return position
+
+    def open(self, slot: int, ordinal: int, records: int, offset: int) -> None:
+        self.open_shards[ordinal] = ShardPosition(ordinal, records, offset)
+
+    def end_turn(self, slot: int, ended: bool) -> None:
+        if ended:
+            self.open_shards.pop(slot, None)
+            self.done.add(slot)
+
+    def copy(self) -> ReadyTracker:
+        other = copy.copy(self)
+        other.open_shards = {k: v.copy() for k, v in self.open_shards.items()}
+        other.done = set(self.done)
+        return other
+
+    def state(self) -> ReadyState:
+        return ReadyState(
+            [self.open_shards[k].copy() for k in sorted(self.open_shards)], sorted(self.done)
+        )
+
+
+class ShuffleTracker:
+    """Mirror of the shuffle buffer over record locations, driven by the same generator."""
+
+    def __init__(
+        self,
+        upstream: _ReadTracker,
+        buffer_size: int,
+        rng: random.Random,
+        state: ShuffleState | None = None,
+    ) -> None:
+        self.upstream = upstream
+        self.buffer_size = buffer_size
+        self.rng = rng
+        self.buffer: list[Location] = []
+        self.draining = False
+        if state is not None:
+            self.buffer = list(state.buffer)
+            self.draining = state.draining
+            self.rng.setstate(state.rng)
+
+    def apply(self, events: Sequence[Event], records: Sequence[bytes], limit: int | None) -> None:
+        produced = 0
+        for event in events:
+            if isinstance(event, ShuffleIn):
+                produced = self._inputs(event.events, event.lengths, produced, limit)
+                if produced < 0:
+                    return
+            elif isinstance(event, Drain):
+                if event.reshuffle:
+                    self.rng.shuffle(self.buffer)
+                self.draining = True
+                del self.buffer[: len(self.buffer) if limit is None else limit - produced]
+
+    def _inputs(
+        self, events: Sequence[Event], lengths: Sequence[int], produced: int, limit: int | None
+    ) -> int:
+        """Push input records through the mirror; -1 once ``limit`` outputs are reached."""
+        upstream, buffer, size, pick = self.upstream, self.buffer, self.buffer_size, self.rng
+        li = 0
+        for event in _read_events(events):
+            if isinstance(event, Open):
+                upstream.open(*event)
+                continue
+            slot, count, ended, _ = event
+            position = upstream.at(slot) if count else None
+            for taken in range(count):
+                if len(buffer) >= size and limit is not None and produced >= limit:
+                    upstream.partial_turn(taken)
+                    return -1
+                assert position is not None
+                length = lengths[li]
+                li += 1
+                location = (position.ordinal, position.records, position.offset, length)
+                position.records += 1
+                position.offset += length + OVERHEAD_BYTES
+                if len(buffer) < size:
+                    buffer.append(location)
+                else:
+                    buffer[pick.randrange(size)] = location
+                    produced += 1
+            upstream.end_turn(slot, ended)
+        return produced
+
+    def copy(self) -> ShuffleTracker:
+        other = copy.copy(self)
+        other.upstream = self.upstream.copy()
+        other.buffer = list(self.buffer)
+        other.rng = random.Random()
+        other.rng.setstate(self.rng.getstate())
+        return other
+
+    def position(self) -> tuple[ReadState, ShuffleState | None]:
+        shuffle = ShuffleState(list(self.buffer), self.draining, self.rng.getstate())
+        return self.upstream.state(), shuffle
+
+
+def _read_events(events: Sequence[Event]) -> Iterator[Open | Take]:
+    """The read stage's events, :class:`Rounds` spelled out as :class:`Take` events."""
+    for event in turns(events):
+        if isinstance(event, (Open, Take)):
+            yield event
+
+
+class Remaining(Protocol):
+    """What the consumer still has of a piece: its iterator, or anything that says how many
+    of its records are left."""
+
+    def __length_hint__(self) -> int: ...
+
+
+class Cursor:
+    """The consumer's position: the events of each piece are applied as it is taken.
+
+    ``take(records, events, it)``: the consumer now reads ``records`` through the iterator
+    ``it`` (``None``: the whole piece is taken at once). Records still left in ``it`` are
+    not consumed; the one last handed out is.
+    """
+
+    def __init__(self, tracker: Tracker) -> None:
+        self.tracker = tracker
+        self._records: Sequence[bytes] = ()
+        self._events: Sequence[Event] = ()
+        self._it: Remaining | Iterator[bytes] | None = None
+        self._settled = 0  # records of the pieces consumed before the one in hand
+
+    def take(
+        self,
+        records: Sequence[bytes],
+        events: Sequence[Event],
+        it: Remaining | Iterator[bytes] | None = None,
+    ) -> None:
+        self.settle()
+        self._records, self._events, self._it = records, events, it
+
+    def settle(self) -> None:
+        """The piece in hand is fully consumed."""
+        if self._events:
+            self.tracker.apply(self._events, self._records, None)
+        self._settled += len(self._records)
+        self._records, self._events, self._it = (), (), None
+
+    def _left(self) -> int:
+        return operator.length_hint(self._it) if self._it is not None else 0
+
+    def handed_out(self) -> int:
+        """Records handed to the consumer so far (the one last handed out included)."""
+        return self._settled + len(self._records) - self._left()
+
+    def position(self) -> tuple[ReadState, ShuffleState | None]:
+        """The position after the record last handed out."""
+        tracker = self.tracker.copy()
+        if self._events:
+            limit = None
+            if self._it is not None:
+                limit = len(self._records) - self._left()
+            tracker.apply(self._events, self._records, limit)
+        return tracker.position()
