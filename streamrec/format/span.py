@@ -1,0 +1,133 @@
+"""The records of one span of an indexed shard: random access without reading from the start.
+
+A *span* is a byte range of a shard as stored that holds consecutive records, found with the
+shard's index (:mod:`~streamrec.format.index`):
+
+* uncompressed: from the first record's offset to the last record's end;
+* compressed (an extended index): from the first record's restart point (a deflate full-flush
+  point, or the stream's start at offset 0) to the next restart point after the last record's
+  (or the object's end). Inflating starts there (raw deflate, or the codec's own header at
+  offset 0) and the first ``skip`` uncompressed bytes are dropped.
+
+:class:`SpanDecoder` is fed the span's bytes and returns its records, CRC-checked. The index is
+untrusted: every record must frame exactly where and as long as the index says
+(:class:`~streamrec.errors.FormatError` naming the shard, the offset and the index otherwise),
+and it never inflates more than the index's records need (what a span costs in memory is
+known before it is read).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+from streamrec.errors import CompressionError, FormatError
+from streamrec.format.codecs import Compression
+from streamrec.format.crc import BytesLike
+from streamrec.format.framing import OVERHEAD_BYTES, RecordDecoder
+
+__all__ = ["SpanDecoder"]
+
+_WBITS = {"gzip": 31, "zlib": 15}
+_RAW_DEFLATE = -15
+
+
+class SpanDecoder:
+    """Bytes of one span -> its records (sans-I/O).
+
+    ``lengths``: the framed lengths of the span's records by the index; the first starts at
+    stream ``offset`` and is record ``index`` of the shard. Compressed spans start at a restart
+    point: ``at_stream_start`` (restart point 0: the codec's header comes first) or raw
+    deflate; ``skip`` uncompressed bytes come before the first record.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        compression: Compression,
+        lengths: Sequence[int],
+        offset: int,
+        index: int,
+        skip: int = 0,
+        at_stream_start: bool = False,
+        verify_crc: bool = True,
+    ) -> None:
+        self.url = url
+        self._lengths = [int(n) for n in lengths]
+        self._framing = RecordDecoder(
+            url=url, verify_crc=verify_crc, start_offset=offset, start_index=index
+        )
+        self._inflater: zlib._Decompress | None = None
+        if compression is not None:
+            wbits = _WBITS[compression] if at_stream_start else _RAW_DEFLATE
+            self._inflater = zlib.decompressobj(wbits)
+        self._skip = skip
+        # uncompressed bytes still wanted: the skipped prefix and the records
+        self._wanted = skip + sum(self._lengths)
+        self._records: list[bytes] = []
+        self._consumed = 0  # stored bytes fed
+
+    @property
+    def done(self) -> bool:
+        """True once every record of the span is decoded."""
+        return len(self._records) == len(self._lengths)
+
+    @property
+    def records(self) -> list[bytes]:
+        """The records decoded so far."""
+        return self._records
+
+    def feed(self, data: BytesLike) -> None:
+        """Add the span's next stored bytes."""
+        if self.done:
+            return
+        self._consumed += len(data)
+        if self._inflater is None:
+            self._frame(bytes(data))
+            return
+        pending = bytes(data)
+        while pending and self._wanted > 0:
+            try:
+                out = self._inflater.decompress(pending, self._wanted)
+            except zlib.error as exc:
+                raise CompressionError(
+                    f"cannot inflate the span at its restart point ({exc}): the index does not "
+                    "match the shard",
+                    url=self.url,
+                ) from exc
+            pending = self._inflater.unconsumed_tail
+            self._wanted -= len(out)
+            if self._skip:
+                cut = min(self._skip, len(out))
+                out, self._skip = out[cut:], self._skip - cut
+            if out:
+                self._frame(out)
+            if self._inflater.eof:
+                break
+
+    def _frame(self, data: bytes) -> None:
+        before = len(self._records)
+        records = self._framing.feed(data)
+        self._framing.raise_pending()
+        for k, record in enumerate(records, start=before):
+            if k >= len(self._lengths) or len(record) + OVERHEAD_BYTES != self._lengths[k]:
+                expected = self._lengths[k] if k < len(self._lengths) else "no record"
+                raise FormatError(
+                    f"the record index says {expected} framed bytes here, the shard has a record "
+                    f"of {len(record) + OVERHEAD_BYTES}: the index does not match the shard",
+                    url=self.url,
+                    offset=self._framing.offset,
+                )
+            self._records.append(record)
+
+    def close(self) -> list[bytes]:
+        """The span's records; FormatError when its bytes ended before all of them."""
+        if not self.done:
+            raise FormatError(
+                f"the span ends after {len(self._records)} of its {len(self._lengths)} records "
+                f"({self._consumed} stored bytes): the index does not match the shard",
+                url=self.url,
+                offset=self._framing.offset,
+            )
+        return self._records
