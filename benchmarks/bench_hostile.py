@@ -160,7 +160,7 @@ def child(url: str) -> int:
         "error": error,
         "seconds": time.perf_counter() - t0,
         "rss_growth_mib": (_status_kib("VmHWM") - base) / 1024,
-        "prefetch_bytes": ds.prefetch_bytes,
+        "prefetch_bytes": ds.options.prefetch_bytes,
         "bytes_read": ds.stats.bytes_read,
     }
     print("RESULT " + json.dumps(result), flush=True)

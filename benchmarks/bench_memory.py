@@ -71,7 +71,8 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     records = sum(1 for _ in ds)
     seconds = time.perf_counter() - t0
     return {"records": records, "seconds": seconds, "cpu": time.process_time() - cpu0,
-            "base": base, "hwm": br._status_kib("VmHWM"), "prefetch_bytes": ds.prefetch_bytes,
+            "base": base, "hwm": br._status_kib("VmHWM"),
+            "prefetch_bytes": ds.options.prefetch_bytes,
             "peak_prefetch": ds.stats.as_dict()["peak_prefetch_bytes"]}
 
 
