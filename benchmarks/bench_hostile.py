@@ -25,13 +25,9 @@ Cases:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import functools
-import json
 import os
 import struct
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -41,14 +37,10 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from _harness import MIB
+from _harness.procs import print_result, reset_peak_rss, run_script, status_kib
+from _harness.report import command_line, now, publish, replace_section
 
-from _harness import replace_section  # noqa: E402
-
-MIB = 1 << 20
 START_MARK = "<!-- bench_hostile:start -->"
 END_MARK = "<!-- bench_hostile:end -->"
 
@@ -131,22 +123,14 @@ CASES: dict[str, tuple[str, Callable[[Path], str]]] = {
 }
 
 
-def _status_kib(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise KeyError(key)
-
-
 def child(url: str) -> int:
     """Read ``url`` with the defaults; print what happened as one JSON line."""
     import streamrec
 
     ds = streamrec.open_dataset(url)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = _status_kib("VmRSS")
+    base = reset_peak_rss()
+    if base is None:
+        raise SystemExit("needs Linux (/proc/self/clear_refs)")
     t0 = time.perf_counter()
     records = 0
     error = None
@@ -159,22 +143,15 @@ def child(url: str) -> int:
         "records": records,
         "error": error,
         "seconds": time.perf_counter() - t0,
-        "rss_growth_mib": (_status_kib("VmHWM") - base) / 1024,
-        "prefetch_bytes": ds.prefetch_bytes,
+        "rss_growth_mib": ((status_kib("VmHWM") or 0) - base) / 1024,
+        "prefetch_bytes": ds.options.prefetch_bytes,
         "bytes_read": ds.stats.bytes_read,
     }
-    print("RESULT " + json.dumps(result), flush=True)
-    return 0
+    return print_result(result)
 
 
 def run_case(url: str) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, __file__, "--child", url], capture_output=True,
-                          text=True, timeout=600, check=False)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result: dict[str, Any] = json.loads(line[len("RESULT "):])
-            return result
-    raise RuntimeError(f"child failed ({done.returncode}): {done.stderr[-2000:]}")
+    return run_script(__file__, "--child", url, 600, "child")
 
 
 def _short(error: str | None, width: int = 200) -> str:
@@ -196,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-hostile-") as tmp:
         directory = Path(tmp)
         server = _Server(
-            ("127.0.0.1", 0), functools.partial(_Quiet, directory=str(directory / "http")))
+            ("127.0.0.1", 0), functools.partial(_Quiet, directory=str(directory / "http"))
+        )
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         try:
@@ -204,27 +182,30 @@ def main(argv: list[str] | None = None) -> int:
                 url = make(directory)
                 if key == "http":
                     url = f"http://127.0.0.1:{server.server_address[1]}/{url}"
-                on_disk = sum(f.stat().st_blocks * 512 for f in directory.rglob("*")
-                              if f.is_file() and f.name in url)
+                on_disk = sum(
+                    f.stat().st_blocks * 512
+                    for f in directory.rglob("*")
+                    if f.is_file() and f.name in url
+                )
                 result = run_case(url)
                 if result["error"]:
                     result["error"] = result["error"].replace(str(directory), "<dir>")
                 result.update(label=label, on_disk=on_disk)
                 rows.append(result)
-                print(f"  {label}: +{result['rss_growth_mib']:.0f} MiB, "
-                      f"{result['records']} records, {_short(result['error'], 100)}",
-                      flush=True)
+                print(
+                    f"  {label}: +{result['rss_growth_mib']:.0f} MiB, "
+                    f"{result['records']} records, {_short(result['error'], 100)}",
+                    flush=True,
+                )
                 for f in directory.glob("*.tfrecord*"):
                     f.unlink()
         finally:
             server.shutdown()
             server.server_close()
             thread.join()
-    today = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    command = "python benchmarks/bench_hostile.py " + " ".join(sys.argv[1:] if argv is None
-                                                              else argv)
     lines = [
-        f"Command: `{command.strip()}` ({today}, {time.perf_counter() - started:.0f} s). "
+        f"Command: `{command_line('bench_hostile.py', argv)}` ({now()}, "
+        f"{time.perf_counter() - started:.0f} s). "
         "Defaults (`prefetch_bytes` 64 MiB, 4 MiB blocks), one fresh process per case.",
         "",
         "| input | on disk | records before the end | peak RSS +MiB | vs prefetch_bytes "
@@ -235,14 +216,15 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(
             f"| {r['label']} | {r['on_disk'] / MIB:,.1f} MiB | {r['records']:,} | "
             f"{r['rss_growth_mib']:.0f} | {r['rss_growth_mib'] * MIB / r['prefetch_bytes']:.2f}x "
-            f"| {r['bytes_read'] / MIB:,.1f} MiB | {_short(r['error'])} |")
+            f"| {r['bytes_read'] / MIB:,.1f} MiB | {_short(r['error'])} |"
+        )
     section = "\n".join(lines)
-    print()
-    print(section)
-    if args.out is not None:
-        replace_section(args.out, START_MARK, END_MARK, section, "")
-        print(f"\nwrote {args.out}")
+    publish(section, args.out, write_readme)
     return 0
+
+
+def write_readme(path: Path, section: str) -> None:
+    replace_section(path, START_MARK, END_MARK, section, "")
 
 
 if __name__ == "__main__":

@@ -30,44 +30,40 @@ the machine is shared and noisy. ``MB/s`` counts file bytes (payload + 16 B fram
 ratios of best times on the same file. ``peak RSS +MiB`` is the growth of the process' peak
 resident set during one read (``VmHWM`` after resetting it through ``/proc/self/clear_refs``;
 Linux only, blank elsewhere). Targets apply to streamrec's C path (rows a-c) and to Example
-``decode_batch``; Example rows come from ``benchmarks/bench_example.py`` when it exists.
+``decode_batch``; Example rows are bench_example.py's measurement (``_harness/examples.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import datetime as dt
 import importlib.util
 import math
 import os
 import platform
-import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))  # measure the in-tree streamrec, installed or not
+from _harness import KIB, MB, MIB
+from _harness.examples import run as example_rates
+from _harness.local import (
+    DataFile,
+    Reader,
+    ensure_file,
+    measure_readers,
+    plan_file,
+    read_async,
+    read_chunks,
+    read_raw,
+    read_sync,
+)
+from _harness.report import command_line, cpu_model, now, publish, replace_section, source_state
+from _harness.stats import Timings
 
-import numpy as np  # noqa: E402
-from _harness import replace_section  # noqa: E402
+import streamrec
+from streamrec.format import framing
 
-import streamrec  # noqa: E402
-import streamrec.sync  # noqa: E402
-from streamrec.format import framing  # noqa: E402
-
-KIB = 1 << 10
-MIB = 1 << 20
-MB = 10**6
-FRAME_OVERHEAD = 16
-READ_BLOCK = 4 * MIB
 SIZES = (100, KIB, 100 * KIB, 10 * MIB)
 START_MARK = "<!-- bench_local:start -->"
 END_MARK = "<!-- bench_local:end -->"
@@ -78,96 +74,7 @@ BYTES_TARGETS = {10 * MIB: 10e9}
 DECODE_BATCH_TARGET = 1.0e6
 TARGETED = ("streamrec for", "streamrec async for", "streamrec record_chunks")
 
-Reader = Callable[[str], int]  # reads one file, returns the number of records it saw
-
-
-# ---------------------------------------------------------------- data
-
-
-@dataclass(frozen=True)
-class DataFile:
-    """One benchmark input: ``records`` payloads of ``size`` bytes, framed, uncompressed."""
-
-    path: Path
-    size: int
-    records: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.records * (self.size + FRAME_OVERHEAD)
-
-
-def plan_file(size: int, target_bytes: int) -> DataFile:
-    """The file for ``size``-byte records holding about ``target_bytes``."""
-    records = max(3, target_bytes // (size + FRAME_OVERHEAD))
-    name = f"local-{size}B-{target_bytes // MIB}MiB.tfrecord"
-    return DataFile(BENCH_DIR / "data" / name, size, records)
-
-
-def write_file(data: DataFile) -> None:
-    """Write ``data`` with streamrec's writer: random payloads sliced from one random pool."""
-    rng = np.random.default_rng(data.size)
-    pool = rng.bytes(max(16 * MIB, 2 * data.size))
-    starts = rng.integers(0, len(pool) - data.size, size=data.records)
-    batch = max(1, 8 * MIB // data.size)
-    data.path.parent.mkdir(parents=True, exist_ok=True)
-    with streamrec.sync.open_writer(str(data.path), compression=None) as w:
-        for first in range(0, data.records, batch):
-            w.write_many([pool[s : s + data.size] for s in starts[first : first + batch]])
-
-
-def ensure_file(data: DataFile) -> None:
-    """Write ``data`` unless a file of exactly the right size is already there."""
-    if data.path.exists() and data.path.stat().st_size == data.nbytes:
-        return
-    t0 = time.perf_counter()
-    write_file(data)
-    print(f"  wrote {data.path.name} ({data.nbytes / MIB:.0f} MiB) in "
-          f"{time.perf_counter() - t0:.1f} s", flush=True)
-
-
 # ---------------------------------------------------------------- contenders
-
-
-def read_raw(path: str) -> int:
-    """The ceiling: the whole file into one reused 4 MiB buffer, no parsing (returns 0)."""
-    buf = bytearray(READ_BLOCK)
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(buf):
-            pass
-    return 0
-
-
-def read_sync(path: str) -> int:
-    """streamrec, plain ``for`` (the event loop runs in a background thread)."""
-    n = 0
-    for _ in streamrec.open_dataset(path):
-        n += 1
-    return n
-
-
-def read_async(path: str) -> int:
-    """streamrec, ``async for`` record by record."""
-
-    async def consume() -> int:
-        n = 0
-        async for _ in streamrec.open_dataset(path):
-            n += 1
-        return n
-
-    return asyncio.run(consume())
-
-
-def read_chunks(path: str) -> int:
-    """streamrec, ``record_chunks()``: one Python step per chunk, not per record."""
-
-    async def consume() -> int:
-        n = 0
-        async for chunk in streamrec.open_dataset(path).record_chunks():
-            n += len(chunk)
-        return n
-
-    return asyncio.run(consume())
 
 
 def read_pure_python(path: str) -> int:
@@ -218,66 +125,11 @@ def contenders() -> list[Contender]:
 # ---------------------------------------------------------------- measuring
 
 
-def _status_kib(key: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def reset_peak_rss() -> int | None:
-    """Reset the peak-RSS mark (Linux); return the current RSS in KiB, None if unsupported."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return None
-    return _status_kib("VmRSS")
-
-
-@dataclass
-class Samples:
-    """Timings of one contender on one file."""
-
-    seconds: list[float] = field(default_factory=list)
-    rss_growth_kib: int | None = None
-
-    def best(self) -> float:
-        return min(self.seconds)
-
-    def median(self) -> float:
-        return statistics.median(self.seconds)
-
-
-def run_once(contender: Contender, data: DataFile, samples: Samples) -> None:
-    """Time one read of ``data``; check the record count; record the peak-RSS growth."""
-    base = reset_peak_rss()
-    t0 = time.perf_counter()
-    n = contender.reader(str(data.path))
-    elapsed = time.perf_counter() - t0
-    peak = _status_kib("VmHWM") if base is not None else None
-    if contender.reader is not read_raw and n != data.records:
-        raise RuntimeError(f"{contender.label} read {n} records of {data.records}")
-    samples.seconds.append(elapsed)
-    if base is not None and peak is not None:
-        growth = max(0, peak - base)
-        samples.rss_growth_kib = max(samples.rss_growth_kib or 0, growth)
-
-
-def measure_file(data: DataFile, players: Sequence[Contender], rounds: int) -> list[Samples]:
-    """Interleave the contenders over ``rounds`` rounds, rotating who goes first."""
-    read_raw(str(data.path))  # warm the page cache, untimed
-    results = [Samples() for _ in players]
-    for r in range(rounds):
-        order = list(range(len(players)))
-        k = r % len(order)
-        for i in order[k:] + order[:k]:
-            run_once(players[i], data, results[i])
-    return results
+def measure_file(data: DataFile, players: Sequence[Contender], rounds: int) -> list[Timings]:
+    """Interleave the contenders over ``rounds`` rounds, rotating who goes first; every read
+    checks the record count (the raw ceiling's excepted) and records its peak-RSS growth."""
+    readers = [(p.label, p.reader) for p in players]
+    return measure_readers(str(data.path), data.records, readers, rounds, track_rss=True)
 
 
 # ---------------------------------------------------------------- reporting
@@ -326,7 +178,7 @@ HEADER = (
 
 
 def file_rows(
-    data: DataFile, players: Sequence[Contender], results: Sequence[Samples]
+    data: DataFile, players: Sequence[Contender], results: Sequence[Timings]
 ) -> list[str]:
     """Markdown rows for one file."""
     by_label = {p.label: s for p, s in zip(players, results, strict=True)}
@@ -349,31 +201,14 @@ def file_rows(
     return rows
 
 
-def load_bench_example() -> ModuleType | None:
-    """``benchmarks/bench_example.py`` as a module, or None when it does not exist yet."""
-    path = BENCH_DIR / "bench_example.py"
-    if not path.exists():
-        return None
-    spec = importlib.util.spec_from_file_location("bench_example", path)
-    if spec is None or spec.loader is None:
-        return None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def example_rows(n: int) -> list[str]:
-    """Rows for Example decoding from ``bench_example.run(n)``; [] when it is missing.
+    """Rows for Example decoding from ``_harness.examples.run(n)`` (bench_example.py's numbers).
 
     Keys ending in ``_bytes`` are metadata (``payload_bytes``: the Example size), not rates.
     The ``decode_batch`` target applies to the ``decode_batch`` key only (the C parser when
     built), not to ``decode_batch_python``.
     """
-    module = load_bench_example()
-    if module is None:
-        print("benchmarks/bench_example.py is missing: Example decoding rows left out", flush=True)
-        return []
-    results: dict[str, float] = module.run(n)
+    results = example_rates(n)
     payload = results.get("payload_bytes")
     size = "Example" if payload is None else f"Example {fmt_size(int(payload))}"
     rows = []
@@ -386,20 +221,13 @@ def example_rows(n: int) -> list[str]:
             met = "yes" if rate >= DECODE_BATCH_TARGET else "**no**"
         mb_s = "" if payload is None else f"{rate * payload / MB:,.0f}"
         shown = fmt_rate(rate) if math.isfinite(rate) else "n/a"
-        rows.append(
-            f"| {size} | {name} | n/a | {shown} | | {mb_s} | | | {goal} | {met} | |"
-        )
+        rows.append(f"| {size} | {name} | n/a | {shown} | | {mb_s} | | | {goal} | {met} | |")
     return rows
 
 
 def machine_notes() -> str:
     """One line about the machine and the software versions measured."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model(platform.processor() or platform.machine())
     versions = []
     for pkg in ("crc32c", "tfrecord", "numpy"):
         try:
@@ -415,7 +243,7 @@ def machine_notes() -> str:
     )
 
 
-def ceiling_note(data: DataFile, players: Sequence[Contender], results: Sequence[Samples]) -> str:
+def ceiling_note(data: DataFile, players: Sequence[Contender], results: Sequence[Timings]) -> str:
     """One line on the raw ceiling of ``data``'s file and whether a bytes target can be met."""
     raw = next(s for p, s in zip(players, results, strict=True) if p.reader is read_raw)
     ceiling = data.nbytes / raw.best()
@@ -436,30 +264,11 @@ NOTES = (
 )
 
 
-def source_state() -> str:
-    """The commit measured, and which files under ``streamrec/`` differ from it (if any)."""
-    def git(*args: str) -> str:
-        try:
-            done = subprocess.run(
-                ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-            )
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-        # rstrip only: porcelain lines start with a status column that may be a space
-        return done.stdout.rstrip()
-
-    commit = git("rev-parse", "--short", "HEAD").strip() or "unknown"
-    changed = [line[3:] for line in git("status", "--porcelain", "streamrec").splitlines()]
-    if not changed:
-        return f"commit {commit}, clean"
-    return f"commit {commit} + uncommitted changes in {', '.join(changed)}"
-
-
 def render(
     rows: Sequence[str], notes: Sequence[str], command: str, rounds: int, elapsed: float
 ) -> str:
     """The markdown section: command, date, machine, table, notes."""
-    today = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    today = now()
     return "\n".join(
         [
             f"Command: `{command}` ({today}, {rounds} rounds, {elapsed:.0f} s in all).",
@@ -523,8 +332,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if not framing.accelerated:
-        print("warning: the C framing accelerator is not built; run "
-              "`python setup.py build_ext --inplace` first", flush=True)
+        print(
+            "warning: the C framing accelerator is not built; run "
+            "`python setup.py build_ext --inplace` first",
+            flush=True,
+        )
     start = time.perf_counter()
     target_bytes = (32 if args.quick else 256) * MIB
     rounds = args.rounds or (3 if args.quick else 7)
@@ -538,16 +350,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = measure_file(data, players, rounds)
         rows += file_rows(data, players, results)
         notes.append(ceiling_note(data, players, results))
-        print(f"  {fmt_size(size)}: {data.records} records, {time.perf_counter() - t0:.1f} s",
-              flush=True)
+        print(
+            f"  {fmt_size(size)}: {data.records} records, {time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
     rows += example_rows(50_000 if args.quick else 200_000)
-    command = "python benchmarks/bench_local.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    section = render(rows, notes, command.strip(), rounds, time.perf_counter() - start)
-    print()
-    print(section)
-    if args.out is not None:
-        write_readme(args.out, section)
-        print(f"\nwrote {args.out}")
+    command = command_line("bench_local.py", argv)
+    section = render(rows, notes, command, rounds, time.perf_counter() - start)
+    publish(section, args.out, write_readme)
     return 0
 
 

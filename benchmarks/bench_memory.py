@@ -7,9 +7,9 @@ Run from the repository root, as root on Linux (the link needs ``ip netns`` and 
     python benchmarks/bench_memory.py [--quick] [--rounds N] [--out benchmarks/README.md]
 
 Reads 512 MiB of ~100 KiB Example records (8 shards of 64 MiB; ``--quick``: 2) from SeaweedFS
-through ``bench_remote.py``'s emulated link (1 Gbit, 60 ms round trips, 25 MB/s per
-connection) with streamrec's defaults (``prefetch_bytes`` 64 MiB, 4 MiB blocks, 16 in
-flight), each run in a fresh process, under three conditions interleaved in rounds:
+through bench_remote.py's emulated link (``_harness/servers.py``: 1 Gbit, 60 ms round trips,
+25 MB/s per connection) with streamrec's defaults (``prefetch_bytes`` 64 MiB, 4 MiB blocks, 16
+in flight), each run in a fresh process, under three conditions interleaved in rounds:
 
 * ``quiet``: nothing else started (the servers and the proxy share the 2 cores);
 * ``busy``: one CPU-burning process per core (``while True: pass``) beside the reader, as a
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import os
 import statistics
@@ -41,15 +40,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-for _p in (str(BENCH_DIR.parent), str(BENCH_DIR)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from _harness import KIB, MIB
+from _harness.datasets import Dataset, DataSpec, ensure_dataset
+from _harness.procs import reset_peak_rss, rotated, run_script, status_kib
+from _harness.remote import upload_all, worker_main
+from _harness.report import command_line, now, publish, replace_section, source_state
+from _harness.servers import Services, storage_options
 
-import bench_remote as br  # noqa: E402
-from _harness import replace_section  # noqa: E402
-
-MIB = 1 << 20
 START_MARK = "<!-- bench_memory:start -->"
 END_MARK = "<!-- bench_memory:end -->"
 CONDITIONS = ("quiet", "busy", "starved")
@@ -58,28 +55,33 @@ TARGET = 1.5  # RSS growth vs prefetch_bytes
 
 def worker(job: dict[str, Any]) -> dict[str, Any]:
     """One read with the defaults: its peak RSS growth, budget peak and CPU time."""
-    import aiohttp  # noqa: F401 - imported before the measurement starts
-    import s3fs  # noqa: F401
-
     import streamrec
 
-    ds = streamrec.open_dataset(
-        job["glob"], storage_options=br.storage_options("s3", job["endpoint"]))
-    base = br.reset_peak_rss() or 0
+    ds = streamrec.open_dataset(job["glob"], storage_options=storage_options("s3", job["endpoint"]))
+    base = reset_peak_rss() or 0
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     records = sum(1 for _ in ds)
     seconds = time.perf_counter() - t0
-    return {"records": records, "seconds": seconds, "cpu": time.process_time() - cpu0,
-            "base": base, "hwm": br._status_kib("VmHWM"), "prefetch_bytes": ds.prefetch_bytes,
-            "peak_prefetch": ds.stats.as_dict()["peak_prefetch_bytes"]}
+    return {
+        "records": records,
+        "seconds": seconds,
+        "cpu": time.process_time() - cpu0,
+        "base": base,
+        "hwm": status_kib("VmHWM"),
+        "prefetch_bytes": ds.options.prefetch_bytes,
+        "peak_prefetch": ds.stats.as_dict()["peak_prefetch_bytes"],
+    }
+
+
+# imported before the measurement starts
+PRELOAD = {"memory": ("aiohttp", "s3fs", "streamrec")}
 
 
 @contextlib.contextmanager
 def burners(count: int) -> Iterator[None]:
     """``count`` CPU-burning processes, stopped (by pid) on exit."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-             for _ in range(count)]
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
     try:
         yield
     finally:
@@ -90,22 +92,17 @@ def burners(count: int) -> Iterator[None]:
 
 
 def run(condition: str, job: dict[str, Any]) -> dict[str, Any]:
-    args = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(job)]
-    if condition == "starved":
-        args = ["nice", "-n", "10", *args]
+    prefix = ["nice", "-n", "10"] if condition == "starved" else []
     with burners(0 if condition == "quiet" else os.cpu_count() or 2):
-        done = subprocess.run(args, capture_output=True, text=True, timeout=900, check=False)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result: dict[str, Any] = json.loads(line[len("RESULT "):])
-            return result
-    raise RuntimeError(f"worker failed ({done.returncode}): {done.stderr[-3000:]}")
+        return run_script(__file__, "--worker", json.dumps(job), 900, "worker", prefix=prefix)
 
 
-def table(results: dict[str, list[dict[str, Any]]], data: br.Dataset) -> list[str]:
-    lines = ["| condition | RSS +MiB (max) | RSS +MiB (median) | vs prefetch (max) | "
-             "budget peak MiB | MB/s median | reader CPU |",
-             "|---|--:|--:|--:|--:|--:|--:|"]
+def table(results: dict[str, list[dict[str, Any]]], data: Dataset) -> list[str]:
+    lines = [
+        "| condition | RSS +MiB (max) | RSS +MiB (median) | vs prefetch (max) | "
+        "budget peak MiB | MB/s median | reader CPU |",
+        "|---|--:|--:|--:|--:|--:|--:|",
+    ]
     for condition in CONDITIONS:
         runs = results[condition]
         growth = [(r["hwm"] - r["base"]) / 1024 for r in runs]
@@ -114,7 +111,8 @@ def table(results: dict[str, list[dict[str, Any]]], data: br.Dataset) -> list[st
         lines.append(
             f"| {condition} | {max(growth):.0f} | {statistics.median(growth):.0f} | "
             f"{max(growth) * MIB / runs[0]['prefetch_bytes']:.2f}x | "
-            f"{max(r['peak_prefetch'] for r in runs) / MIB:.0f} | {mbps:.1f} | {cpu:.0%} |")
+            f"{max(r['peak_prefetch'] for r in runs) / MIB:.0f} | {mbps:.1f} | {cpu:.0%} |"
+        )
     return lines
 
 
@@ -126,51 +124,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print("RESULT " + json.dumps(worker(json.loads(args.worker))), flush=True)
-        return 0
+        return worker_main(args.worker, {"memory": worker}, PRELOAD)
     started = time.perf_counter()
-    spec = br.DataSpec("100KiB", 100 * br.KIB, 2 if args.quick else 8, 64 * MIB)
-    data = br.ensure_dataset(spec)
+    spec = DataSpec("100KiB", 100 * KIB, 2 if args.quick else 8, 64 * MIB)
+    data = ensure_dataset(spec)
     results: dict[str, list[dict[str, Any]]] = {c: [] for c in CONDITIONS}
-    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp, \
-            br.Services(Path(tmp), False) as services:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp,
+        Services(Path(tmp)) as services,
+    ):
         services.start()
-        br.upload_all(services, [data])
+        upload_all(__file__, services, [data])
         store = services.stores["s3-link"]
-        job = {"glob": data.glob("s3"), "endpoint": store.endpoint}
+        job = {"kind": "memory", "glob": data.glob("s3"), "endpoint": store.endpoint}
         for r in range(args.rounds):
-            order = CONDITIONS[r % 3:] + CONDITIONS[:r % 3]
-            for condition in order:
+            for condition in rotated(CONDITIONS, r):
                 result = run(condition, job)
                 if result["records"] != data.records:
                     raise RuntimeError(f"{condition}: {result['records']} records")
                 results[condition].append(result)
                 growth = (result["hwm"] - result["base"]) / 1024
                 mbps = data.nbytes / result["seconds"] / 1e6
-                print(f"  round {r + 1} {condition:8} +{growth:.0f} MiB  {mbps:.1f} MB/s",
-                      flush=True)
-    today = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    command = "python benchmarks/bench_memory.py " + " ".join(
-        sys.argv[1:] if argv is None else argv)
+                print(
+                    f"  round {r + 1} {condition:8} +{growth:.0f} MiB  {mbps:.1f} MB/s", flush=True
+                )
     worst = max((r["hwm"] - r["base"]) / 1024 for runs in results.values() for r in runs)
-    section = "\n".join([
-        f"Command: `{command.strip()}` ({today}, {args.rounds} rounds, "
-        f"{time.perf_counter() - started:.0f} s). Source: {br.source_state()}.",
-        "",
-        f"Data: {spec.shards} x 64 MiB, {data.records:,} records of ~100 KiB, "
-        f"{data.nbytes / MIB:,.0f} MiB; defaults (64 MiB / 4 MiB / 16).",
-        "",
-        *table(results, data),
-        "",
-        f"Worst RSS growth: {worst:.0f} MiB = {worst / 64:.2f}x prefetch_bytes; target <= "
-        f"{TARGET}x ({TARGET * 64:.0f} MiB): {'met' if worst <= TARGET * 64 else '**missed**'}.",
-    ])
-    print()
-    print(section)
-    if args.out is not None:
-        replace_section(args.out, START_MARK, END_MARK, section, "")
-        print(f"\nwrote {args.out}")
+    section = "\n".join(
+        [
+            f"Command: `{command_line('bench_memory.py', argv)}` ({now()}, {args.rounds} rounds, "
+            f"{time.perf_counter() - started:.0f} s). Source: {source_state()}.",
+            "",
+            f"Data: {spec.shards} x 64 MiB, {data.records:,} records of ~100 KiB, "
+            f"{data.nbytes / MIB:,.0f} MiB; defaults (64 MiB / 4 MiB / 16).",
+            "",
+            *table(results, data),
+            "",
+            f"Worst RSS growth: {worst:.0f} MiB = {worst / 64:.2f}x prefetch_bytes; target <= "
+            f"{TARGET}x ({TARGET * 64:.0f} MiB): "
+            f"{'met' if worst <= TARGET * 64 else '**missed**'}.",
+        ]
+    )
+    publish(section, args.out, write_readme)
     return 0
+
+
+def write_readme(path: Path, section: str) -> None:
+    replace_section(path, START_MARK, END_MARK, section, "")
 
 
 if __name__ == "__main__":

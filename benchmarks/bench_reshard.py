@@ -30,118 +30,47 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-for _p in (str(REPO_ROOT), str(BENCH_DIR)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from _harness import BUCKET, KIB, MB, MIB
+from _harness.procs import rotated
+from _harness.servers import Services, storage_options
 
-import bench_remote  # noqa: E402  (server start helpers; sets GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT)
-
-KIB, MIB, MB = 1 << 10, 1 << 20, 10**6
-IN_BUCKET = bench_remote.BUCKET  # created by `weed mini -bucket=...`
+IN_BUCKET = BUCKET  # created by `weed mini -bucket=...`
 OUT_BUCKET = "reshard-out"
 RECORD = 100 * KIB
 TARGET_SPEEDUP = 1.7
 
 
-class Servers:
-    """SeaweedFS (S3) and fake-gcs-server on loopback, stopped by pid however the run ends."""
+class Servers(Services):
+    """SeaweedFS (S3) and fake-gcs-server on loopback, with ``gs://reshard-out`` made; stopped
+    by pid however the run ends."""
 
     def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.offset: int | None = None
-        self.s3 = ""
-        self.gcs = ""
-        self._logs: list[Any] = []
+        super().__init__(workdir, gcs=True, link=False)
 
-    def _spawn(self, args: list[str], log: str, env: dict[str, str] | None = None) -> None:
-        out = open(self.workdir / log, "wb")  # noqa: SIM115 - closed in __exit__
-        self._logs.append(out)
-        self.procs.append(
-            subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
-            )
-        )
-
-    def __enter__(self) -> Servers:
-        try:
-            self.offset = bench_remote.weed_port_offset()
-            (self.workdir / "weed").mkdir()
-            self._spawn(
-                bench_remote.weed_args(self.workdir / "weed", self.offset),
-                "weed.log",
-                env=bench_remote.weed_env(),
-            )
-            gcs_port = bench_remote.free_port()
-            binary = bench_remote._fake_gcs_binary()
-            self._spawn(
-                [binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(gcs_port),
-                 "-backend", "memory", "-external-url", f"http://127.0.0.1:{gcs_port}",
-                 "-log-level", "warn"],
-                "fake-gcs.log",
-            )  # fmt: skip
-            self.s3 = f"http://127.0.0.1:{bench_remote.WEED_PORTS['s3'] + self.offset}"
-            self.gcs = f"http://127.0.0.1:{gcs_port}"
-            bench_remote._wait_status(self.s3 + "/", lambda s: s == 403, 60, "SeaweedFS")
-            bench_remote._wait_status(
-                self.gcs + "/storage/v1/b", lambda s: s == 200, 60, "fake-gcs-server"
-            )
-            time.sleep(2.5)  # SeaweedFS wants a moment after its first answer before writes
-            request = urllib.request.Request(
-                f"{self.gcs}/storage/v1/b?project=test",
-                data=json.dumps({"name": OUT_BUCKET}).encode(),
-                headers={"Content-Type": "application/json"},
-                method="POST",
-            )
-            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-            with opener.open(request, timeout=10):
-                pass
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        if self.offset is not None:
-            for name, base in bench_remote.WEED_PORTS.items():
-                port = base + self.offset + 10000
-                Path(f"/tmp/seaweedfs-{name}-grpc-{port}.sock").unlink(missing_ok=True)
-        for log in self._logs:
-            log.close()
+    def start(self) -> None:
+        super().start()
+        assert self.gcs is not None
+        self.gcs.create_bucket(OUT_BUCKET)
 
     @property
     def s3_options(self) -> dict[str, Any]:
-        options = bench_remote.storage_options("s3", self.s3)
+        options = storage_options("s3", self.stores["s3-lo"].endpoint)
         options["config_kwargs"] = {"max_pool_connections": 32}
         return options
 
     @property
     def gcs_options(self) -> dict[str, Any]:
-        return bench_remote.storage_options("gcs", self.gcs)
+        return storage_options("gcs", self.stores["gcs-lo"].endpoint)
 
 
 def write_input(servers: Servers, size_mb: int, shards: int) -> tuple[int, int]:
@@ -271,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = {c: [] for c in configs}
     cpus: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory(prefix="bench-reshard-") as tmp, Servers(Path(tmp)) as srv:
+        srv.start()
         records, nbytes = write_input(srv, args.size_mb, args.shards)
         clusters: dict[str, tuple[Any, Any]] = {}
         try:
@@ -288,8 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                     clusters[config] = (cluster, Client(cluster))
                     print(f"{config}: cluster up in {time.perf_counter() - started:.1f} s")
             for round_ in range(args.rounds):
-                order = configs[round_ % len(configs) :] + configs[: round_ % len(configs)]
-                for config in order:
+                for config in rotated(configs, round_):
                     client = clusters[config][1] if config in clusters else None
                     before = cpu_used(srv, client)
                     started = time.perf_counter()

@@ -36,24 +36,18 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from _harness import DATA_DIR, KIB, MIB
 
-import streamrec  # noqa: E402
-from streamrec.format.framing import RecordEncoder  # noqa: E402
-from streamrec.pipeline import opener as opener_module  # noqa: E402
-from streamrec.storage.local import LocalStore  # noqa: E402
+import streamrec
+from streamrec.format.framing import RecordEncoder
+from streamrec.pipeline import opener as opener_module
+from streamrec.storage.local import LocalStore
 
-KIB = 1 << 10
-MIB = 1 << 20
 SHARDS = 16
 
 
@@ -94,7 +88,7 @@ def instrument() -> None:
 
 
 def ensure_shards(size: int, shard_bytes: int) -> list[str]:
-    root = BENCH_DIR / "data" / f"resume-{size}-{SHARDS}x{shard_bytes}"
+    root = DATA_DIR / f"resume-{size}-{SHARDS}x{shard_bytes}"
     done = root / "_complete"
     paths = [str(root / f"shard-{k:02d}.tfrecord") for k in range(SHARDS)]
     if done.exists():

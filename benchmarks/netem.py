@@ -1,6 +1,7 @@
 """Emulate a cloud object-store link on one machine: a network namespace and a TCP proxy.
 
-Used by ``bench_remote.py``; usable on its own (as root, Linux, ``ip`` and ``tc`` present)::
+Used by the remote benchmarks (through ``_harness/servers.py``); usable on its own (as root,
+Linux, ``ip`` and ``tc`` present)::
 
     python benchmarks/netem.py selftest        # build a namespace + proxy, measure, tear down
     python benchmarks/netem.py proxy --listen 10.213.77.2:8333 --upstream 127.0.0.1:8333
@@ -242,14 +243,13 @@ async def serve_proxy(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     sock = listening_socket(*listen, netns=netns)
-    server = await asyncio.start_server(
-        lambda r, w: _handle(r, w, upstream, shape, log), sock=sock
-    )
+    server = await asyncio.start_server(lambda r, w: _handle(r, w, upstream, shape, log), sock=sock)
     try:
         if log is not None:
             where = f" in netns {netns}" if netns else ""
-            log.write(f"ready {listen[0]}:{listen[1]}{where} -> {upstream[0]}:{upstream[1]} "
-                      f"{shape}\n")
+            log.write(
+                f"ready {listen[0]}:{listen[1]}{where} -> {upstream[0]}:{upstream[1]} {shape}\n"
+            )
         await stop.wait()
     finally:
         server.close()
@@ -347,7 +347,10 @@ class Namespace:
         """Run ``args`` inside the namespace to completion."""
         return subprocess.run(
             ["ip", "netns", "exec", self.name, *args],
-            capture_output=True, text=True, timeout=timeout, check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
 
     def __enter__(self) -> Namespace:
@@ -406,12 +409,19 @@ def start_proxy(
     the whole proxy process runs inside the namespace.
     """
     args = [
-        sys.executable, str(Path(__file__).resolve()), "proxy",
-        "--listen", f"{ns.ns_ip}:{listen_port}",
-        "--upstream", f"{upstream[0]}:{upstream[1]}",
-        "--delay-ms", str(shape.delay * 1000),
-        "--rate-mbs", str(shape.rate / 1e6),
-        "--log", str(log_path),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "proxy",
+        "--listen",
+        f"{ns.ns_ip}:{listen_port}",
+        "--upstream",
+        f"{upstream[0]}:{upstream[1]}",
+        "--delay-ms",
+        str(shape.delay * 1000),
+        "--rate-mbs",
+        str(shape.rate / 1e6),
+        "--log",
+        str(log_path),
     ]
     if shape.handshake:
         args.append("--handshake")
@@ -445,9 +455,9 @@ def _selftest() -> int:
         "while True:\n"
         "    c,_=s.accept();threading.Thread(target=h,args=(c,),daemon=True).start()\n"
     )
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    from _harness.servers import free_port
+
+    port = free_port()
     with Namespace() as ns:
         server = subprocess.Popen([sys.executable, "-c", server_code, str(port)])
         log = Path(f"/tmp/netem-selftest-{os.getpid()}.log")
@@ -471,8 +481,10 @@ def _selftest() -> int:
                 return (first or t0) - t0, time.perf_counter() - t0
 
             ttfb, _ = fetch(1)
-            print(f"first byte on a new connection: {ttfb * 1000:.0f} ms "
-                  f"(expect ~{2 * shape.delay * 1000:.0f}: request + response)")
+            print(
+                f"first byte on a new connection: {ttfb * 1000:.0f} ms "
+                f"(expect ~{2 * shape.delay * 1000:.0f}: request + response)"
+            )
             _, total = fetch(50_000_000)
             print(f"one connection, 50 MB: {50 / total:.1f} MB/s (cap {shape.rate / 1e6:.0f})")
 
@@ -503,8 +515,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--upstream", type=_hostport, required=True)
     p.add_argument("--delay-ms", type=float, default=30.0)
     p.add_argument("--rate-mbs", type=float, default=25.0, help="per connection, MB/s")
-    p.add_argument("--handshake", action="store_true",
-                   help="hold a new connection's first bytes one round trip (TCP handshake)")
+    p.add_argument(
+        "--handshake",
+        action="store_true",
+        help="hold a new connection's first bytes one round trip (TCP handshake)",
+    )
     p.add_argument("--netns", help="listen inside this network namespace (upstream: here)")
     p.add_argument("--log")
     sub.add_parser("selftest", help="namespace + proxy round trip and rate check")

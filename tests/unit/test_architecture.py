@@ -13,6 +13,10 @@
 * ``streamrec/format/`` (the sans-I/O core) imports neither asyncio, fsspec nor aiofiles, and
   calls no ``open()``.
 
+The benchmarks (``benchmarks/``) keep three rules of their own: no file over 600 lines, no
+script imports (or loads) another (what they share lives in ``benchmarks/_harness/``), and only
+``benchmarks/_harness/__init__.py`` touches ``sys.path``.
+
 Each failure names the module and the rule. The checker itself is tested on a small made-up
 package at the end.
 """
@@ -325,6 +329,74 @@ def test_format_core_does_no_io() -> None:
     assert any(name.startswith(NO_IO_PACKAGE + ".") for name in MODULES)
     problems = no_io_problems(MODULES, ROOT, NO_IO_PACKAGE)
     assert not problems, "\n".join(problems)
+
+
+# ----------------------------------------------------------------------- the rules, on benchmarks/
+
+BENCHMARKS = ROOT / "benchmarks"
+PATH_SETUP = BENCHMARKS / "_harness" / "__init__.py"  # the one place that touches sys.path
+
+
+def benchmark_problems(bench_dir: Path) -> list[str]:
+    """Benchmark files over the line limit, scripts that import (or load) another script, and
+    ``sys.path`` touched anywhere but the harness's ``__init__``."""
+    share = "benchmark scripts share code through benchmarks/_harness/"
+    problems = []
+    for path in sorted(bench_dir.rglob("*.py")):
+        where = str(path.relative_to(bench_dir.parent))
+        found: list[tuple[int, str]] = []  # (line, problem), sorted by line at the end
+        if (count := line_count(path)) > MAX_LINES:
+            found.append((0, f"{where}: {count} lines (rule: at most {MAX_LINES} lines per file)"))
+        sets_path = path.name == "__init__.py" and path.parent.name == "_harness"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            line = getattr(node, "lineno", 0)
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(name.split(".")[0].startswith("bench_") for name in names):
+                what = f"imports {', '.join(names)} (rule: {share}, never import each other)"
+                found.append((line, f"{where} line {line}: {what}"))
+            if not isinstance(node, ast.Attribute):
+                continue
+            if node.attr == "spec_from_file_location":
+                what = f"loads a module from a file (rule: {share}, never load each other)"
+                found.append((line, f"{where} line {line}: {what}"))
+            is_sys = isinstance(node.value, ast.Name) and node.value.id == "sys"
+            if node.attr == "path" and is_sys and not sets_path:
+                what = "uses sys.path (rule: only benchmarks/_harness/__init__.py sets it up)"
+                found.append((line, f"{where} line {line}: {what}"))
+        problems.extend(problem for _, problem in sorted(found))
+    return problems
+
+
+def test_benchmarks_share_code_through_the_harness() -> None:
+    assert PATH_SETUP.exists()
+    problems = benchmark_problems(BENCHMARKS)
+    assert not problems, "\n".join(problems)
+
+
+def test_benchmark_checker_finds_problems(tmp_path: Path) -> None:
+    write_package(
+        tmp_path,
+        {
+            "benchmarks/_harness/__init__.py": "import sys\nsys.path.insert(0, '.')\n",
+            "benchmarks/bench_a.py": "import bench_b as b\nfrom bench_c import x\n",
+            "benchmarks/bench_b.py": (
+                "import importlib.util, sys\nsys.path.append('x')\n"
+                "importlib.util.spec_from_file_location('m', 'm.py')\n" + "x = 1\n" * 600
+            ),
+        },
+    )
+    problems = [p.split(" (rule")[0] for p in benchmark_problems(tmp_path / "benchmarks")]
+    assert problems == [
+        "benchmarks/bench_a.py line 1: imports bench_b",
+        "benchmarks/bench_a.py line 2: imports bench_c",
+        "benchmarks/bench_b.py: 603 lines",
+        "benchmarks/bench_b.py line 2: uses sys.path",
+        "benchmarks/bench_b.py line 3: loads a module from a file",
+    ]
 
 
 # ------------------------------------------------------------- the checker, on a made-up package

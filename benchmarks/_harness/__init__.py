@@ -1,0 +1,47 @@
+"""What the benchmark scripts share: ``import _harness`` from a script beside this package
+(``python benchmarks/bench_x.py`` puts ``benchmarks/`` on ``sys.path``).
+
+Importing it is the one place the benchmarks touch ``sys.path``: the repository root goes first,
+so that every script measures the in-tree ``streamrec`` (installed or not), and ``tests/`` goes
+last, for the test support package (``support.servers``: free ports, fake-gcs-server). It also
+turns off gcsfs's gRPC probe (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``: against an emulator
+every call would wait 60 s on it) before anything imports gcsfs.
+
+Modules (``local`` and ``examples`` import streamrec and numpy at the top, as the local scripts
+do; the others import streamrec and the remote clients inside their functions, so that a worker
+process imports what its own job needs):
+
+* ``procs``: child processes (one ``RESULT`` JSON line), peak RSS, the rotated round order.
+* ``local``: bench_local's single local files and the readers that bench_pipeline shares.
+* ``datasets``: the shard sets of Example records the remote benchmarks write and upload.
+* ``examples``: Example decoding rates (bench_example.py, bench_local's Example rows).
+* ``servers``: SeaweedFS, fake-gcs-server and the emulated cloud link (``netem.py``).
+* ``remote``: the workers that several remote benchmarks run (link limit, upload).
+* ``stats``: timings and per-run samples, best and median.
+* ``report``: README sections, the source state, the machine, the command line.
+* ``remote_report``: bench_remote.py's settings, targets, tables and notes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent.parent
+REPO_ROOT = BENCH_DIR.parent
+DATA_DIR = BENCH_DIR / "data"  # gitignored: inputs written once and reused
+
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+if str(REPO_ROOT / "tests") not in sys.path:
+    sys.path.append(str(REPO_ROOT / "tests"))
+
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # before gcsfs is imported anywhere
+
+KIB = 1 << 10
+MIB = 1 << 20
+MB = 10**6
+BUCKET = "bench"  # the bucket the benchmarks write to (SeaweedFS creates it at start)
+
+__all__ = ["BENCH_DIR", "BUCKET", "DATA_DIR", "KIB", "MB", "MIB", "REPO_ROOT"]

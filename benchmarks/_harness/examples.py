@@ -1,0 +1,94 @@
+"""Example decoding rates on 1 KiB Examples: what bench_example.py prints and bench_local's
+Example rows show.
+
+Each Example is ``{"label": int64 scalar, "values": 64 float32, "data": raw bytes}`` with the
+``data`` length chosen so the serialized payload is exactly 1,024 bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from streamrec.format import example as ex
+from streamrec.format.example import batch as example_batch
+
+__all__ = ["BATCH", "PAYLOAD_SIZE", "make_payloads", "run", "spec_for"]
+
+PAYLOAD_SIZE = 1024
+BATCH = 1024
+
+
+def make_payloads(n: int, size: int = PAYLOAD_SIZE) -> list[bytes]:
+    """``n`` distinct Examples of exactly ``size`` bytes (the ``data`` length is fitted)."""
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((n, 64)).astype(np.float32)
+    data_len = 700
+    probe = ex.encode({"label": 0, "values": values[0], "data": bytes(data_len)})
+    data_len += size - len(probe)  # varint lengths of this size do not change with +-few bytes
+    blob = rng.integers(0, 256, size=data_len + n, dtype=np.uint8).tobytes()
+    payloads = [
+        ex.encode({"label": i, "values": values[i], "data": blob[i : i + data_len]})
+        for i in range(n)
+    ]
+    return payloads
+
+
+def spec_for(payload: bytes) -> dict[str, ex.FeatureSpec]:
+    """The FixedLen / Raw spec of the benchmark records."""
+    data_len = len(ex.decode(payload)["data"][0])
+    return {
+        "label": ex.FixedLenFeature(np.int64),
+        "values": ex.FixedLenFeature(np.float32, (64,)),
+        "data": ex.RawFeature(np.uint8, (data_len,)),
+    }
+
+
+def _rate(n: int, fn: Callable[[], object], min_seconds: float = 0.5) -> float:
+    """Best records/s of ``fn`` (which decodes ``n`` records) over repeated runs."""
+    best = float("inf")
+    spent = 0.0
+    runs = 0
+    while spent < min_seconds or runs < 3:
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        best = min(best, elapsed)
+        spent += elapsed
+        runs += 1
+    return n / best
+
+
+def run(n: int) -> dict[str, float]:
+    """Decode ``n`` 1 KiB Examples and return records/s for each decoding path.
+
+    Keys: ``decode`` (per record, no spec), ``decode_batch`` (C parser if built, in batches of
+    1,024; equal to ``decode_batch_python`` when it is not built) and ``decode_batch_python``
+    (C parser disabled). The slow paths are timed on at most 20,000 of the ``n`` records.
+    """
+    payloads = make_payloads(n)
+    spec = spec_for(payloads[0])
+    batches = [payloads[i : i + BATCH] for i in range(0, n, BATCH)]
+
+    def batched() -> None:
+        for batch in batches:
+            ex.decode_batch(batch, spec)
+
+    results: dict[str, float] = {}
+    small = max(1, min(n, 20_000))  # the slow paths need fewer records for a stable number
+    results["decode"] = _rate(small, lambda: [ex.decode(p) for p in payloads[:small]])
+    results["decode_batch"] = _rate(n, batched) if ex.has_c_accelerator() else float("nan")
+    saved = example_batch._cexample  # the C parser's one seam: None runs the Python path
+    example_batch._cexample = None
+    try:
+        python_batches = [payloads[i : i + BATCH] for i in range(0, small, BATCH)]
+        results["decode_batch_python"] = _rate(
+            small, lambda: [ex.decode_batch(b, spec) for b in python_batches]
+        )
+        if not saved:
+            results["decode_batch"] = results["decode_batch_python"]
+    finally:
+        example_batch._cexample = saved
+    return results
