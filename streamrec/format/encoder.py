@@ -57,10 +57,6 @@ def deflate_bound(n: int) -> int:
     return n + (n >> 3) + (n >> 6) + _DEFLATE_SLACK
 
 
-def _nbytes(payload: BytesLike) -> int:
-    return payload.nbytes if isinstance(payload, memoryview) else len(payload)
-
-
 class ShardEncoder:
     """TFRecord payloads -> bytes to store in one file (framed, then maybe compressed).
 
@@ -136,7 +132,9 @@ class ShardEncoder:
             return b""
         if self._index is None:
             return self.add_framed(self.frame(payloads), len(payloads))
-        lengths = [_nbytes(p) + OVERHEAD_BYTES for p in payloads]
+        lengths = [
+            (p.nbytes if type(p) is memoryview else len(p)) + OVERHEAD_BYTES for p in payloads
+        ]
         return self.add_framed(self.frame(payloads), len(payloads), lengths)
 
     def encode_one(self, payload: BytesLike) -> bytes:
@@ -188,9 +186,10 @@ class ShardEncoder:
             # A restart point's run and the record after it hold more than restart_bytes, so
             # the extra bytes bring at most 2 * span // restart_bytes full flushes (and at
             # most one per record).
-            span = self._since_restart + extra_framed
-            flushes = min(2 * span // self._restart_bytes, extra_framed // OVERHEAD_BYTES)
-            bound += _FLUSH_COST * flushes
+            span = 2 * (self._since_restart + extra_framed)
+            if span >= self._restart_bytes:
+                flushes = min(span // self._restart_bytes, extra_framed // OVERHEAD_BYTES)
+                bound += _FLUSH_COST * flushes
         return bound <= limit
 
     def no_record_fits(self, limit: int) -> bool:
@@ -279,10 +278,17 @@ class ShardEncoder:
         return out
 
     def _add_one_indexed(self, framed: bytes) -> bytes:
+        n = len(framed)
+        assert self._index is not None
         if self._compressor is None:
-            return self.add_framed(framed, 1, (len(framed),))
-        before = self._full_flush() if self._needs_restart(len(framed)) else b""
-        out = self._took(len(framed), (len(framed),), self._compressor.compress(framed))
+            self._index.add_records((n,))
+            self.records += 1
+            self.raw_bytes += n
+            self.stored += n
+            return framed
+        since = self._since_restart
+        before = self._full_flush() if since and since + n > self._restart_bytes else b""
+        out = self._took(n, (n,), self._compressor.compress(framed))
         return before + out if before else out
 
     def _add_indexed(self, framed: bytes, lengths: Sequence[int]) -> bytes:
