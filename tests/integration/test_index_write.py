@@ -1,5 +1,7 @@
-"""Shards written with their record index (``index=True``): the command-line inflaters read
-indexed GZIP/ZLIB streams whole."""
+"""Shards written with their record index (``index=True``) and other tools: the command-line
+inflaters read indexed GZIP streams whole; the ``tfrecord`` package's indexed reader splits
+the writer's shards by their sidecars (plain, and the first columns of the extended format
+over gzip)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
+from tfrecord.reader import tfrecord_iterator
 
+import streamrec
 from streamrec.format.encoder import ShardEncoder
 from streamrec.format.framing import RecordEncoder
 
@@ -44,3 +49,39 @@ def test_the_gzip_tools_read_an_indexed_shard_whole(tmp_path: Path, tool: str, s
     done = subprocess.run([*tool.split(), str(path)], capture_output=True, check=True)
     assert done.stderr == b""
     assert done.stdout == RecordEncoder().encode_many(payloads)
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_the_tfrecord_package_reads_the_writers_indexed_shards(
+    tmp_path: Path, compression: str | None
+) -> None:
+    # shards of a few MiB (gzip: several restart points each), split by the tfrecord
+    # package's indexed reader into n parts: every record read exactly once, in order
+    payloads = mixed_payloads(1500, seed=3, high=30_000)
+    suffix = ".gz" if compression else ""
+    with streamrec.sync.open_writer(
+        str(tmp_path / f"part-{{index:02d}}.tfrecord{suffix}"),
+        max_records=600,
+        compression=compression,
+        index=True,
+    ) as w:
+        w.write_many(payloads)
+    start = 0
+    for entry in w.shards:
+        group = payloads[start : start + entry.records]
+        start += entry.records
+        assert entry.index_url is not None
+        for n in (1, 2, 3, 5):
+            seen: list[bytes] = []
+            for i in range(n):
+                part = tfrecord_iterator(
+                    entry.url, entry.index_url, shard=(i, n), compression_type=compression
+                )
+                seen += [bytes(view) for view in part]
+            assert seen == group, (entry.url, n)
+        if compression:
+            restarts = np.loadtxt(entry.index_url, dtype=np.int64)[:, 2]
+            assert len(set(restarts.tolist())) > 1  # restart points beyond the start
+            done = subprocess.run(["gzip", "-dc", entry.url], capture_output=True, check=True)
+            assert done.stdout == RecordEncoder().encode_many(group)
+    assert start == len(payloads)

@@ -25,6 +25,7 @@ from streamrec.format.encoder import RESTART_BYTES, ShardEncoder
 from streamrec.format.framing import RecordDecoder, RecordEncoder
 from streamrec.format.index import ShardIndex, parse_index
 from streamrec.format.shard import ShardDecoder
+from support.indexes import read_by_index, record_at
 
 FRAME = 16
 
@@ -47,16 +48,6 @@ def inflate_whole(stored: bytes, compression: str) -> bytes:
     return out
 
 
-def record_at(stored: bytes, compression: str, restart: int, skip: int, length: int) -> bytes:
-    """One framed record read alone from its restart point."""
-    if restart == 0:
-        inflater = zlib.decompressobj(31 if compression == "gzip" else 15)
-    else:
-        inflater = zlib.decompressobj(-15)  # raw deflate: no header, no history
-    data = inflater.decompress(stored[restart:], skip + length)
-    return data[skip : skip + length]
-
-
 def check_shard(stored: bytes, encoder: ShardEncoder, payloads: list[bytes]) -> ShardIndex:
     compression = encoder.compression
     assert len(stored) == encoder.stored
@@ -71,6 +62,7 @@ def check_shard(stored: bytes, encoder: ShardEncoder, payloads: list[bytes]) -> 
     assert parsed.offsets.tolist() == index.offsets.tolist()
     if compression is None:
         assert stored == framed and parsed.restarts is None
+        assert read_by_index(stored, parsed, compression) == payloads
         return parsed
     assert inflate_whole(stored, compression) == framed
     if not payloads:  # an empty index: nothing tells its columns (counts only, all 0 of them)
@@ -78,11 +70,12 @@ def check_shard(stored: bytes, encoder: ShardEncoder, payloads: list[bytes]) -> 
         return parsed
     assert parsed.random_access and parsed.restarts is not None and parsed.skips is not None
     assert parsed.restarts.tolist() == index.restarts.tolist()  # type: ignore[union-attr]
-    for k, payload in enumerate(payloads):
+    assert read_by_index(stored, parsed, compression) == payloads  # run by run
+    for k, payload in enumerate(payloads):  # and each record alone from its restart point
         restart, skip = int(parsed.restarts[k]), int(parsed.skips[k])
-        one = record_at(stored, compression, restart, skip, int(parsed.lengths[k]))
         decoder = RecordDecoder()
-        assert decoder.feed(one) == [payload], k  # both CRCs checked
+        framed_one = record_at(stored, compression, restart, skip, int(parsed.lengths[k]))
+        assert decoder.feed(framed_one) == [payload], k  # both CRCs checked
         decoder.close()
     for restart in set(parsed.restarts.tolist()) - {0}:
         inflater = zlib.decompressobj(-15)  # from a restart point to the stream's end

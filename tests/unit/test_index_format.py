@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.corpus import CORPUS_DIR
 from tfrecord.tools.tfrecord2idx import create_index
 
 from streamrec.errors import FormatError
 from streamrec.format.framing import RecordEncoder
 from streamrec.format.index import IndexBuilder, index_size_limit, parse_index
+from support.corpus import CORPUS_DIR
 
 
 def _shard(payloads: list[bytes]) -> bytes:
