@@ -89,7 +89,7 @@ from types import TracebackType
 from typing import Any
 
 from streamrec._portal import cancel_and_wait
-from streamrec.errors import StorageError
+from streamrec.errors import ObjectNotFoundError, StorageError
 from streamrec.format.codecs import Compression, normalize_compression
 from streamrec.format.crc import BytesLike
 from streamrec.format.index import index_url
@@ -376,10 +376,14 @@ class ShardWriter:
         return task
 
     async def _remove_index(self, url: str) -> None:
-        store, sidecar = self._store_now(), index_url(url)
-        await self._context.retry.run(
-            lambda: store.delete(sidecar), describe=f"{sidecar}: removing an older index"
-        )
+        """Remove an older sidecar of ``url`` if there is one (looked up first: a writer may
+        lack the right to delete, and needs it only when there is something to remove)."""
+        store, sidecar, retry = self._store_now(), index_url(url), self._context.retry
+        try:
+            await retry.run(lambda: store.expand(sidecar), describe=f"{sidecar}: looking it up")
+        except ObjectNotFoundError:
+            return
+        await retry.run(lambda: store.delete(sidecar), describe=f"{sidecar}: removing it")
 
     async def _commit(
         self, index: int, sink: ObjectSink, records: int, index_data: bytes | None
