@@ -30,6 +30,7 @@ that passes cannot make a reader allocate or seek by numbers the shard does not 
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -137,15 +138,15 @@ class IndexBuilder:
 
     ``add_records(lengths)`` appends records that follow each other from the current stream
     position; with ``restart=(compressed_offset, stream_offset)`` they are given that restart
-    point (an extended index). Per record it keeps one length: restart points are kept per
-    run of records and spread out by :meth:`build`.
+    point (an extended index). Per record it keeps one length (8 bytes): restart points are
+    kept per run of records and spread out by :meth:`build`.
     """
 
     __slots__ = ("_extended", "_last", "_lengths", "_runs")
 
     def __init__(self, *, extended: bool = False) -> None:
         self._extended = extended
-        self._lengths: list[int] = []
+        self._lengths = array("q")  # 8 bytes a record, however long the shard
         # extended: (first record, compressed offset, stream offset) of each restart point
         self._runs: list[tuple[int, int, int]] = []
         self._last: tuple[int, int] | None = None  # the latest restart point
@@ -167,7 +168,7 @@ class IndexBuilder:
 
     def build(self) -> ShardIndex:
         """The index of the records added so far."""
-        lengths = np.asarray(self._lengths, dtype=np.int64)
+        lengths = np.frombuffer(self._lengths, dtype=np.int64).copy()
         offsets = np.zeros(len(lengths), dtype=np.int64)
         if len(lengths) > 1:
             np.cumsum(lengths[:-1], out=offsets[1:])
