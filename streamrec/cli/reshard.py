@@ -59,6 +59,10 @@ resumable; each shard appears only when complete; _manifest.json is written last
 Resumable: interrupted (even killed) and run again with the same arguments, it skips the
 tasks an earlier run finished and ends with the same output as an uninterrupted run.
 
+--index writes beside each output shard its record index, <shard>.idx (committed after the
+shard, listed in _manifest.json), for readers that seek to records (DALI, the tfrecord
+package, streamrec).
+
 Output names: with --num-shards (or no limit: one shard) the template gets the shard's index
 (and {num_shards}). With --max-bytes / --max-records the input is cut into tasks of whole
 input shards (--task-bytes each); with one task {index} counts the shards (part-00000,
@@ -182,6 +186,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                 '\'{"token": "anon"}\' (GCS)'
             ),
         )
+    parser.add_argument(
+        "--index",
+        action="store_true",
+        help=(
+            "write each output shard's record index <shard>.idx (the tfrecord package's / "
+            "DALI's format; gzip/zlib shards get restart points for random access)"
+        ),
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument(
         "--no-progress",
@@ -226,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             task_bytes=args.task_bytes,
             workers=args.workers,
+            index=args.index,
             on_plan=lambda plan: print(f"streamrec reshard: {plan.naming_rule}", file=sys.stderr),
         )
     except StreamrecError as exc:  # damaged data, storage faults: FormatError is a ValueError

@@ -30,6 +30,7 @@ that passes cannot make a reader allocate or seek by numbers the shard does not 
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -113,9 +114,23 @@ class ShardIndex:
             columns += [self.restarts, self.skips]
         if not len(self.offsets):
             return b""
-        table = np.stack(columns, axis=1)
-        lines = "\n".join(" ".join(map(str, row)) for row in table.tolist())
-        return (lines + "\n").encode("ascii")
+        return _ascii_table(columns)
+
+
+def _ascii_table(columns: list[Int64Array]) -> bytes:
+    """Rows of numbers as text, ``"a b c\n"`` per row: formatted by C a block of rows at a
+    time (a writer formats a shard's whole index at once; a million lines in well under a
+    second, and never every number as a Python object at once)."""
+    table = np.stack(columns, axis=1)
+    line = " ".join(["%d"] * len(columns)) + "\n"
+    out: list[bytes] = []
+    for start in range(0, len(table), _FORMAT_ROWS):
+        block = table[start : start + _FORMAT_ROWS]
+        out.append(((line * len(block)) % tuple(block.ravel().tolist())).encode("ascii"))
+    return b"".join(out)
+
+
+_FORMAT_ROWS = 1 << 16
 
 
 class IndexBuilder:
@@ -123,17 +138,18 @@ class IndexBuilder:
 
     ``add_records(lengths)`` appends records that follow each other from the current stream
     position; with ``restart=(compressed_offset, stream_offset)`` they are given that restart
-    point (an extended index).
+    point (an extended index). Per record it keeps one length (8 bytes): restart points are
+    kept per run of records and spread out by :meth:`build`.
     """
 
-    __slots__ = ("_extended", "_lengths", "_restarts", "_skips", "_stream")
+    __slots__ = ("_extended", "_last", "_lengths", "_runs")
 
     def __init__(self, *, extended: bool = False) -> None:
         self._extended = extended
-        self._lengths: list[int] = []
-        self._restarts: list[int] = []
-        self._skips: list[int] = []
-        self._stream = 0  # stream offset after the last record
+        self._lengths = array("q")  # 8 bytes a record, however long the shard
+        # extended: (first record, compressed offset, stream offset) of each restart point
+        self._runs: list[tuple[int, int, int]] = []
+        self._last: tuple[int, int] | None = None  # the latest restart point
 
     def __len__(self) -> int:
         return len(self._lengths)
@@ -143,33 +159,26 @@ class IndexBuilder:
     ) -> None:
         """Append records of the given framed lengths; ``restart`` is required (and only
         allowed) for an extended index."""
-        if (restart is not None) != self._extended:
-            raise ValueError("an extended index needs a restart point per record, a plain none")
-        start = len(self._lengths)
+        if restart != self._last or (restart is None and self._extended):
+            if not self._extended or restart is None:
+                raise ValueError("an extended index needs a restart point per record, a plain none")
+            self._runs.append((len(self._lengths), restart[0], restart[1]))
+            self._last = restart
         self._lengths.extend(framed_lengths)
-        if restart is None:
-            self._stream += sum(self._lengths[start:])
-            return
-        compressed, restart_stream = restart
-        for length in self._lengths[start:]:
-            self._restarts.append(compressed)
-            self._skips.append(self._stream - restart_stream)
-            self._stream += length
 
     def build(self) -> ShardIndex:
         """The index of the records added so far."""
-        lengths = np.asarray(self._lengths, dtype=np.int64)
+        lengths = np.frombuffer(self._lengths, dtype=np.int64).copy()
         offsets = np.zeros(len(lengths), dtype=np.int64)
         if len(lengths) > 1:
             np.cumsum(lengths[:-1], out=offsets[1:])
         if not self._extended:
             return ShardIndex(offsets, lengths)
-        return ShardIndex(
-            offsets,
-            lengths,
-            np.asarray(self._restarts, dtype=np.int64),
-            np.asarray(self._skips, dtype=np.int64),
-        )
+        runs = np.asarray(self._runs, dtype=np.int64).reshape(-1, 3)
+        counts = np.diff(np.append(runs[:, 0], len(lengths)))
+        restarts = np.repeat(runs[:, 1], counts)
+        skips = offsets - np.repeat(runs[:, 2], counts)
+        return ShardIndex(offsets, lengths, restarts, skips)
 
 
 def parse_index(data: bytes, *, source: str, stored_size: int, compressed: bool) -> ShardIndex:

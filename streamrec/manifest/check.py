@@ -1,7 +1,8 @@
 """A manifest against the objects actually there: checked when read, removed when replaced.
 
 Reading (:func:`manifest_shards`): the shards of a manifest, each checked against the object
-that is there now.
+that is there now; each :class:`~streamrec.storage.base.ObjectInfo` carries what the manifest
+knows beyond size and version (the record count, the record index sidecar's url and size).
 
 A manifest states every shard's size and, where the store versions objects, the version it was
 committed as (S3 ETag, GCS generation). A shard rewritten since (a later writer to the same
@@ -73,7 +74,14 @@ async def manifest_shards(
                     f"object there has {' + '.join(map(str, sizes))}: it was replaced after "
                     "the manifest was written (a later write to the same names?)"
                 )
-        return ObjectInfo(entry.url, entry.bytes, entry.version, entry.records)
+        return ObjectInfo(
+            entry.url,
+            entry.bytes,
+            entry.version,
+            entry.records,
+            index_url=entry.index_url,
+            index_bytes=entry.index_bytes,
+        )
 
     return list(await asyncio.gather(*(checked(entry) for entry in manifest.shards)))
 

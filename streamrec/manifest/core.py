@@ -25,7 +25,11 @@ Schema (version 1)::
           "bytes": 7716049,                 // size of the object as stored (compressed)
           "crc32c": 2309112387,             // CRC-32C (Castagnoli, unmasked, as an unsigned
                                             // 32-bit integer) of the object's stored bytes
-          "version": "\"9b2cf535f27731c974343645a3985328\""   // ETag / generation, or null
+          "version": "\"9b2cf535f27731c974343645a3985328\"",  // ETag / generation, or null
+          "record_index": {                 // optional: the record index sidecar
+            "name": "train-00000-of-00016.tfrecord.idx",   // relative, as "name"
+            "bytes": 1190012                // size of the index object
+          }
         }
       ]
     }
@@ -45,6 +49,13 @@ relative names (:func:`dumps` refuses a shard outside the manifest's directory).
 ``version`` (optional) is the object's ETag (S3) or generation (GCS) as committed; readers
 check every shard's size, and version where both have one, before reading it (see
 :mod:`streamrec.manifest.check`).
+
+``record_index`` (optional; written by ``open_writer(..., index=True)``; not ``index``, which
+is the shard's position) names the shard's record index sidecar (``<shard name>.idx``, see
+:mod:`streamrec.format.index`) and its size, so a reader can fetch it without looking it up.
+Its name follows the same rules as shard names (relative, checked when read). A shard without
+it has no index as far as the manifest knows. Readers that predate it ignore it (unknown keys
+are ignored, so the version stays 1); this reader accepts manifests with and without it.
 """
 
 from __future__ import annotations
@@ -63,6 +74,7 @@ from streamrec.storage.stores import ObjectStore, open_store
 
 __all__ = [
     "MANIFEST_NAME",
+    "RECORD_INDEX",
     "is_manifest_url",
     "FORMAT",
     "VERSION",
@@ -80,12 +92,15 @@ MANIFEST_NAME = "_manifest.json"
 
 FORMAT = "streamrec.manifest.core"
 VERSION = 1
+RECORD_INDEX = "record_index"
+"""A shard's key for its record index sidecar (``{"name": ..., "bytes": ...}``)."""
 
 
 @dataclass(frozen=True)
 class ManifestEntry:
     """One shard: its url, index in the set, record count, stored size and CRC32C, and the
-    version (ETag, generation) it was committed as (None where the store has none)."""
+    version (ETag, generation) it was committed as (None where the store has none); and its
+    record index sidecar's url and size when it has one (``index_url``, ``index_bytes``)."""
 
     url: str
     records: int
@@ -93,6 +108,8 @@ class ManifestEntry:
     crc32c: int
     index: int = 0
     version: str | None = None
+    index_url: str | None = None
+    index_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -189,16 +206,30 @@ def dumps(manifest: Manifest, manifest_url: str, *, allow_absolute_urls: bool = 
     """
     from streamrec._version import __version__
 
-    def name_of(entry: ManifestEntry) -> str:
-        name = relative_name(entry.url, manifest_url)
+    def name_of(url: str) -> str:
+        name = relative_name(url, manifest_url)
         if name is not None:
             return name
         if allow_absolute_urls:
-            return entry.url
+            return url
         raise ValueError(
-            f"{entry.url}: the shard is not beside or below its manifest {manifest_url}; "
+            f"{url}: the shard is not beside or below its manifest {manifest_url}; "
             "readers only follow names relative to the manifest's directory"
         )
+
+    def item(entry: ManifestEntry) -> dict[str, Any]:
+        shard: dict[str, Any] = {
+            "index": entry.index,
+            "name": name_of(entry.url),
+            "url": entry.url,
+            "records": entry.records,
+            "bytes": entry.bytes,
+            "crc32c": entry.crc32c,
+            "version": entry.version,
+        }
+        if entry.index_url is not None:
+            shard[RECORD_INDEX] = {"name": name_of(entry.index_url), "bytes": entry.index_bytes}
+        return shard
 
     document: dict[str, Any] = {
         "format": FORMAT,
@@ -209,18 +240,7 @@ def dumps(manifest: Manifest, manifest_url: str, *, allow_absolute_urls: bool = 
         "num_shards": len(manifest.shards),
         "records": manifest.records,
         "bytes": manifest.bytes,
-        "shards": [
-            {
-                "index": entry.index,
-                "name": name_of(entry),
-                "url": entry.url,
-                "records": entry.records,
-                "bytes": entry.bytes,
-                "crc32c": entry.crc32c,
-                "version": entry.version,
-            }
-            for entry in manifest.shards
-        ],
+        "shards": [item(entry) for entry in manifest.shards],
     }
     return (json.dumps(document, indent=1) + "\n").encode("utf-8")
 
@@ -258,6 +278,9 @@ def loads(data: bytes | str, manifest_url: str, *, allow_absolute_urls: bool = F
             written = item.get("url")
             if not isinstance(written, str) or _canonical(written) != _canonical(url):
                 shard_version = None  # moved or copied since: its versions are of elsewhere
+            index_url, index_bytes = _record_index(
+                item.get(RECORD_INDEX), manifest_url, allow_absolute_urls
+            )
             entries.append(
                 ManifestEntry(
                     url=url,
@@ -266,6 +289,8 @@ def loads(data: bytes | str, manifest_url: str, *, allow_absolute_urls: bool = F
                     crc32c=_count(item["crc32c"]),
                     index=_count(item.get("index", position)),
                     version=shard_version,
+                    index_url=index_url,
+                    index_bytes=index_bytes,
                 )
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -288,6 +313,22 @@ def loads(data: bytes | str, manifest_url: str, *, allow_absolute_urls: bool = F
         template=template if isinstance(template, str) else None,
         version=version,
     )
+
+
+def _record_index(
+    value: object, manifest_url: str, allow_absolute_urls: bool
+) -> tuple[str | None, int | None]:
+    """A shard's ``record_index`` item: the sidecar's url (its name checked like a shard's)
+    and size; (None, None) when there is none."""
+    if value is None:
+        return None, None
+    if not isinstance(value, dict):
+        raise TypeError(f"{RECORD_INDEX} {value!r} is not an object")
+    name = value.get("name")
+    if not isinstance(name, str):
+        raise TypeError(f"{RECORD_INDEX} name {name!r} is not a string")
+    url = resolve_name(name, manifest_url, allow_absolute_urls=allow_absolute_urls)
+    return url, _count(value.get("bytes"))
 
 
 def _count(value: object) -> int:

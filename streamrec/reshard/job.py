@@ -60,6 +60,14 @@ uninterrupted run:
 * different arguments or changed inputs give another fingerprint, so nothing is reused by
   mistake. (Local files carry no version: an input rewritten at the same size is not noticed.)
 
+With ``index=True`` (``--index``) every output shard gets its record index sidecar
+(``<shard>.idx``, committed right after the shard; :mod:`streamrec.write.writer`), listed in
+the task manifests and the final manifest. ``index`` is part of the fingerprint, so a run
+without it is never resumed by one with it (or the other way round); a task counts as done
+only when every shard *and* its sidecar is there at its listed size, so a run killed between a
+shard and its index redoes that task; the leftovers aborted at the start include the
+sidecars' (a local sidecar's temporary file, an S3 upload).
+
 The manifest is written last, so its presence marks a complete output. A run starts by removing
 a ``_manifest.json`` already in the output directory (with a warning in the log): the shards it
 lists are about to be rewritten, and no reader may follow it to them meanwhile. A finished job
@@ -82,7 +90,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from streamrec._portal import EventLoopThread
@@ -239,7 +247,7 @@ def _check_overlap(plan: Plan) -> None:
     outputs = Naming(same_url(plan.naming.text), plan.naming.mode, plan.naming.num_shards)
     for obj in plan.inputs:
         url = same_url(obj.url)
-        if url == manifest or url.startswith(scratch) or outputs.matches(url):
+        if url == manifest or url.startswith(scratch) or outputs.matches_output(url):
             raise ValueError(
                 f"{obj.url}: the sources include what {plan.naming.text} would write; choose "
                 "a destination the sources do not match"
@@ -266,6 +274,7 @@ def reshard(
     workers: int = 2,
     part_bytes: int = 16 << 20,
     on_plan: Callable[[Plan], None] | None = None,
+    index: bool = False,
 ) -> ReshardSummary:
     """Rewrite TFRecord shards as a new set of shards, from any store to any store; resumable.
 
@@ -298,6 +307,8 @@ def reshard(
         part_bytes: upload part size (S3 multipart part, GCS resumable chunk).
         on_plan: called with the :class:`~streamrec.reshard.plan.Plan` before any task runs
             (its ``naming_rule`` says how the output shards will be named).
+        index: write each output shard's record index sidecar ``<shard>.idx`` (see
+            :mod:`streamrec.write.writer`), listed in the manifest. Part of the job's identity.
 
     Returns:
         A :class:`ReshardSummary`.
@@ -320,6 +331,8 @@ def reshard(
         raise StorageError(f"{dst_template}: http(s) urls are read-only")
     if isinstance(workers, bool) or workers < 1:
         raise ValueError(f"workers must be a positive integer, not {workers!r}")
+    if not isinstance(index, bool):
+        raise ValueError(f"index must be True or False, not {index!r}")
     portal = EventLoopThread(name="streamrec-reshard")
     try:
         inputs = portal.call(_list_inputs(sources, src_storage_options))
@@ -334,6 +347,7 @@ def reshard(
             seed=seed,
             shuffle_buffer=shuffle_buffer,
             task_bytes=task_bytes,
+            index=index,
         )
         _check_overlap(plan)
         if on_plan is not None:
@@ -352,6 +366,7 @@ def reshard(
             src_storage_options=src_storage_options,
             dst_storage_options=dst_storage_options,
             part_bytes=part_bytes,
+            index=index,
         )
         reporter = _Reporter(progress, sum(t.input_bytes for t in pending), len(pending))
         try:
@@ -378,16 +393,7 @@ def reshard(
         entries: list[ManifestEntry] = []
         for task in plan.tasks:
             for entry in by_task[task.index]:
-                entries.append(
-                    ManifestEntry(
-                        entry.url,
-                        entry.records,
-                        entry.bytes,
-                        entry.crc32c,
-                        len(entries),
-                        entry.version,
-                    )
-                )
+                entries.append(replace(entry, index=len(entries)))
         portal.call(
             write_manifest(
                 plan.manifest_url,

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from streamrec.format.index import INDEX_SUFFIX
 from streamrec.manifest.core import MANIFEST_NAME
 from streamrec.pipeline.shards import seeded_random
 from streamrec.storage.base import ObjectInfo
@@ -119,6 +120,12 @@ class Naming:
             for literal, name, _, _ in self.parts
         )
         return re.fullmatch(pattern, url) is not None
+
+    def matches_output(self, url: str) -> bool:
+        """True when ``url`` could be an output shard or an output shard's index sidecar."""
+        if url.endswith(INDEX_SUFFIX) and self.matches(url[: -len(INDEX_SUFFIX)]):
+            return True
+        return self.matches(url)
 
     def beside(self, name: str) -> str:
         """The url of ``name`` in the output directory."""
@@ -304,6 +311,8 @@ class Plan:
     global_index: bool = True
     """``{index}`` numbers the output shards 0, 1, 2, ... across all tasks (else each task
     numbers its own: ``<task>-<shard>``)."""
+    index: bool = False
+    """Every output shard has its record index sidecar (``<shard>.idx``)."""
 
     @property
     def manifest_url(self) -> str:
@@ -348,8 +357,10 @@ def make_plan(
     seed: int,
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
     task_bytes: int | None = None,
+    index: bool = False,
 ) -> Plan:
-    """The deterministic plan of a reshard of ``inputs`` (any order; sorted here by url)."""
+    """The deterministic plan of a reshard of ``inputs`` (any order; sorted here by url);
+    ``index``: the output shards get record index sidecars (part of the job's identity)."""
     ordered = sorted({obj.url: obj for obj in inputs}.values(), key=lambda o: o.url)
     if not ordered:
         raise ValueError("nothing to reshard: no input shard")
@@ -386,6 +397,8 @@ def make_plan(
         "shuffle": [seed, shuffle_buffer] if shuffle else None,
         "task_bytes": chosen_task_bytes if mode == "rotate" else None,
     }
+    if index:  # (only when set: jobs without it keep the fingerprints of earlier versions)
+        settings["index"] = True
     fingerprint = fingerprint_of(ordered, settings)
     sizes = [obj.size for obj in order]
     tasks: list[TaskSpec] = []
@@ -440,6 +453,7 @@ def make_plan(
         shuffle_buffer=shuffle_buffer if shuffle else 0,
         inputs=ordered,
         global_index=mode == "fixed" or len(tasks) == 1 or firsts is not None,
+        index=index,
     )
 
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from streamrec.errors import FormatError, ObjectNotFoundError, StorageError
+from streamrec.format.index import index_url
 from streamrec.manifest.check import invalidate_manifest
 from streamrec.manifest.core import Manifest, ManifestEntry, dumps, loads, manifest_for
 from streamrec.reshard.plan import Naming, Plan, TaskSpec
@@ -85,7 +86,8 @@ async def load_done_tasks(
     """The tasks of ``plan`` already done by an earlier run: task index -> its shards.
 
     A task counts as done when its manifest parses, lists exactly the shard names the plan
-    gives it, and every shard exists with the listed size. Anything else (no manifest, a
+    gives it (with their index sidecars when the job indexes), and every shard and sidecar
+    exists with the listed size. Anything else (no manifest, a
     damaged one, a missing shard) means the task is run again.
     """
     policy = retry or RetryPolicy()
@@ -144,17 +146,17 @@ async def _check_task(
         logger.warning("%s: lists other shards than this job writes; redoing the task", url)
         return None
 
-    async def present(entry: ManifestEntry) -> bool:
+    async def present(url: str, size: int | None) -> bool:
         async with checks:
             try:
-                [obj] = await policy.run(
-                    lambda: store.expand(entry.url), describe=f"{entry.url}: checking"
-                )
+                [obj] = await policy.run(lambda: store.expand(url), describe=f"{url}: checking")
             except (StorageError, ValueError):
                 return False
-            return obj.size == entry.bytes
+            return obj.size == size
 
-    there = await asyncio.gather(*(present(entry) for entry in manifest.shards))
+    objects: list[tuple[str, int | None]] = [(e.url, e.bytes) for e in manifest.shards]
+    objects += [(e.index_url, e.index_bytes) for e in manifest.shards if e.index_url is not None]
+    there = await asyncio.gather(*(present(url, size) for url, size in objects))
     if not all(there):
         logger.warning("%s: a shard it lists is missing or changed; redoing the task", url)
         return None
@@ -164,6 +166,10 @@ async def _check_task(
 def _matches(manifest: Manifest, task: TaskSpec, plan: Plan) -> bool:
     if manifest.compression != plan.compression:
         return False
+    for entry in manifest.shards:  # indexed exactly when the job indexes, each beside its shard
+        sidecar = None if entry.index_url is None else same_url(entry.index_url)
+        if sidecar != (same_url(index_url(entry.url)) if plan.index else None):
+            return False
     names = [same_url(entry.url) for entry in manifest.shards]
     if task.outputs:
         return names == [same_url(url) for url in task.outputs]
@@ -204,7 +210,7 @@ async def abort_unfinished_writes(naming: Naming, storage_options: dict[str, Any
     prefix = (naming.directory or ".").rstrip("/") + "/"
     store = open_store(prefix, storage_options)
     try:
-        found = [f for f in await find_leftovers(store, prefix) if naming.matches(f.url)]
+        found = [f for f in await find_leftovers(store, prefix) if naming.matches_output(f.url)]
         for leftover in found:
             logger.warning(
                 "%s: aborting the %s an earlier, killed run left (started %.0f s ago)",

@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from streamrec.errors import FormatError
@@ -51,6 +51,7 @@ class TaskOptions:
     dst_storage_options: dict[str, Any] | None = None
     prefetch_bytes: int = 64 << 20
     part_bytes: int = 16 << 20
+    index: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ async def run_task(
         "manifest": None,
         "storage_options": options.dst_storage_options,
         "part_bytes": options.part_bytes,
+        "index": options.index,
     }
     if spec.outputs:
         writers = [open_writer(_escape(url), **common) for url in spec.outputs]
@@ -126,10 +128,7 @@ async def run_task(
     shards = [entry for w in writers for entry in w.shards]
     if after_shard_committed is not None:
         after_shard_committed(spec, len(shards))
-    entries = [
-        ManifestEntry(e.url, e.records, e.bytes, e.crc32c, index=j, version=e.version)
-        for j, e in enumerate(shards)
-    ]
+    entries = [replace(e, index=j) for j, e in enumerate(shards)]
     await write_manifest(
         spec.scratch_url,
         entries,

@@ -40,6 +40,11 @@ class ObjectInfo:
     version: str | None = None
     records: int | None = None
     """How many records the object holds, where known without reading it (a manifest)."""
+    index_url: str | None = None
+    """Its record index sidecar (``<url>.idx``), where a manifest lists one: readers can fetch
+    it without looking it up (see :mod:`streamrec.format.index`)."""
+    index_bytes: int | None = None
+    """The sidecar's size as the manifest lists it (with ``index_url``)."""
 
 
 @dataclass(frozen=True)

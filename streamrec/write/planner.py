@@ -4,7 +4,8 @@ The planner runs in the caller's thread: it frames and compresses records
 (:class:`~streamrec.format.encoder.ShardEncoder`, one per open shard), decides which shard each
 one goes to (rotation by ``max_records`` / ``max_bytes``, or a fixed ``num_shards`` filled
 round-robin or contiguously) and cuts the stored bytes into blocks of ``flush_bytes`` for the
-sinks. See :mod:`streamrec.write.writer` for the rules.
+sinks. With ``index=True`` each shard's end carries its record index sidecar's bytes
+(:mod:`streamrec.format.index`). See :mod:`streamrec.write.writer` for the rules.
 """
 
 from __future__ import annotations
@@ -36,15 +37,24 @@ def _check_payload(payload: object, url: str) -> None:
 
 
 class Op:
-    """For the sink side: bytes for shard ``index``, and/or the end of that shard."""
+    """For the sink side: bytes for shard ``index``, and/or the end of that shard (with its
+    record index sidecar's bytes, ``index_data``, when the shards are indexed)."""
 
-    __slots__ = ("data", "end", "index", "records")
+    __slots__ = ("data", "end", "index", "index_data", "records")
 
-    def __init__(self, index: int, data: bytes, end: bool = False, records: int = 0) -> None:
+    def __init__(
+        self,
+        index: int,
+        data: bytes,
+        end: bool = False,
+        records: int = 0,
+        index_data: bytes | None = None,
+    ) -> None:
         self.index = index
         self.data = data
         self.end = end
         self.records = records
+        self.index_data = index_data
 
 
 class _Shard:
@@ -52,9 +62,9 @@ class _Shard:
 
     __slots__ = ("encoder", "index", "pending", "pieces", "records")
 
-    def __init__(self, index: int, compression: Compression, level: int) -> None:
+    def __init__(self, index: int, compression: Compression, level: int, indexed: bool) -> None:
         self.index = index
-        self.encoder = ShardEncoder(compression, level=level)
+        self.encoder = ShardEncoder(compression, level=level, index=indexed)
         self.pieces: list[bytes] = []
         self.pending = 0  # stored bytes not yet handed out
         self.records = 0  # the encoder's count, kept here too: the rotation reads it per record
@@ -75,8 +85,11 @@ class _Shard:
             self.pieces.append(data)
             self.pending += len(data)
 
-    def finish(self) -> None:
+    def finish(self) -> bytes | None:
+        """End the stream; the record index sidecar's bytes (None: not indexed)."""
         self.emit(self.encoder.finish())
+        index = self.encoder.shard_index
+        return None if index is None else index.to_bytes()
 
     def take(self) -> bytes:
         data = b"".join(self.pieces) if len(self.pieces) != 1 else self.pieces[0]
@@ -100,8 +113,10 @@ class Planner:
         order: Order,
         total_records: int | None,
         flush_bytes: int,
+        index: bool = False,
     ) -> None:
         self.template = template
+        self.indexed = index
         self.compression = compression
         self.level = level
         self.max_records = max_records
@@ -127,14 +142,16 @@ class Planner:
 
     # -- shards ---------------------------------------------------------------------------
     def _new_shard(self) -> _Shard:
-        shard = _Shard(self.next_index, self.compression, self.level)
+        shard = _Shard(self.next_index, self.compression, self.level, self.indexed)
         self.open[shard.index] = shard
         self.next_index += 1
         return shard
 
     def _end(self, shard: _Shard) -> None:
-        shard.finish()
-        self.ops.append(Op(shard.index, shard.take(), end=True, records=shard.records))
+        index_data = shard.finish()
+        self.ops.append(
+            Op(shard.index, shard.take(), end=True, records=shard.records, index_data=index_data)
+        )
         del self.open[shard.index]
         if self.current is shard:
             self.current = None
@@ -197,7 +214,7 @@ class Planner:
     def _round_robin_shard(self, index: int) -> _Shard:
         shard = self.open.get(index)
         if shard is None:
-            shard = _Shard(index, self.compression, self.level)
+            shard = _Shard(index, self.compression, self.level, self.indexed)
             self.open[index] = shard
         return shard
 

@@ -55,6 +55,22 @@ size, CRC32C and version (S3 ETag, GCS generation) as committed. A single-file
 writer (no template field) writes none unless ``manifest=`` is passed explicitly;
 ``manifest=None`` writes none.
 
+Record index (``index=True``)
+-----------------------------
+Each shard gets its record index sidecar, ``<shard url>.idx`` (:mod:`streamrec.format.index`):
+the plain ``<offset> <length>`` lines of DALI's ``tfrecord2idx`` and the ``tfrecord`` package
+for uncompressed shards; for GZIP / ZLIB shards the extended four-column lines, the stream
+having a restart point (a full flush) about every MiB of records
+(:mod:`streamrec.format.encoder`). The sidecar goes through the same kind of sink as the shard
+(nothing visible half-written, aborted on failure) and is committed right *after* its shard,
+so an index never describes a shard that is not there; an older sidecar at that url (an
+earlier indexed write of the same names) is removed while the shard is written, before the
+shard can appear, so it never describes the new shard either. A writer killed between the two
+commits leaves a shard without an index: readers treat it as unindexed (and the set has no
+manifest). The manifest lists each shard's sidecar (``record_index``: its name and size);
+``shards`` entries carry ``index_url`` / ``index_bytes``. Without ``index`` nothing changes:
+the same bytes, no sidecars, no extra requests.
+
 Failure
 -------
 An upload error (after its retries) is raised by the next ``write`` / ``write_many`` /
@@ -68,14 +84,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from types import TracebackType
 from typing import Any
 
 from streamrec._portal import cancel_and_wait
-from streamrec.errors import StorageError
+from streamrec.errors import ObjectNotFoundError, StorageError
 from streamrec.format.codecs import Compression, normalize_compression
 from streamrec.format.crc import BytesLike
+from streamrec.format.index import index_url
 from streamrec.manifest.check import invalidate_manifest
 from streamrec.manifest.core import MANIFEST_NAME, Manifest, ManifestEntry, dumps, relative_name
 from streamrec.storage.base import ObjectStore
@@ -134,8 +151,12 @@ class ShardWriter:
         flush_bytes: int | None = None,
         compression_level: int = 6,
         first_index: int = 0,
+        index: bool = False,
     ) -> None:
         self.template = template
+        if not isinstance(index, bool):
+            raise ValueError(f"index must be True or False, not {index!r}")
+        self.indexed = index
         codec = normalize_compression(compression)
         if codec == "auto":
             raise ValueError("a writer needs an explicit compression: None, 'gzip' or 'zlib'")
@@ -189,6 +210,7 @@ class ShardWriter:
             order=order,
             total_records=total_records,
             flush_bytes=flush_bytes or min(_FLUSH_BYTES, part_bytes),
+            index=index,
         )
         self.manifest_url = self._manifest_url(manifest)
         self.storage_options = storage_options
@@ -196,6 +218,7 @@ class ShardWriter:
         self._sinks: dict[int, ObjectSink] = {}
         self._finishing: set[asyncio.Task[None]] = set()
         self._committing: dict[int, ObjectSink] = {}  # sealed, commit under way
+        self._removing: dict[int, asyncio.Task[None]] = {}  # older sidecars being removed
         self._entries: dict[int, ManifestEntry] = {}
         self._state = "open"  # open -> closed | aborted | failed
         self._failure: BaseException | None = None
@@ -331,23 +354,59 @@ class ShardWriter:
                 sink = self._sinks[op.index] = self._store_now().open_sink(
                     self._template.url(op.index), self._context
                 )
+                if self.indexed:  # meanwhile: an older sidecar must not describe this shard
+                    self._removing[op.index] = self._background(self._remove_index(sink.url))
             if op.data:
                 await sink.write(op.data)
             if op.end:
                 del self._sinks[op.index]
                 self._committing[op.index] = sink
+                removing = self._removing.pop(op.index, None)
+                if removing is not None:
+                    await removing  # gone before the shard can appear (sealing may commit it)
                 await sink.seal()  # the last part starts here: waits for upload capacity
-                task = asyncio.ensure_future(self._commit(op.index, sink, op.records))
-                self._finishing.add(task)
-                task.add_done_callback(self._finishing.discard)
-                self._context.track(task)
+                self._background(self._commit(op.index, sink, op.records, op.index_data))
 
-    async def _commit(self, index: int, sink: ObjectSink, records: int) -> None:
+    def _background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A task the writer awaits at close and cancels on failure; its error fails it."""
+        task = asyncio.ensure_future(work)
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+        self._context.track(task)
+        return task
+
+    async def _remove_index(self, url: str) -> None:
+        """Remove an older sidecar of ``url`` if there is one (looked up first: a writer may
+        lack the right to delete, and needs it only when there is something to remove)."""
+        store, sidecar, retry = self._store_now(), index_url(url), self._context.retry
+        try:
+            await retry.run(lambda: store.expand(sidecar), describe=f"{sidecar}: looking it up")
+        except ObjectNotFoundError:
+            return
+        await retry.run(lambda: store.delete(sidecar), describe=f"{sidecar}: removing it")
+
+    async def _commit(
+        self, index: int, sink: ObjectSink, records: int, index_data: bytes | None
+    ) -> None:
         committed = await sink.commit()
+        indexed = None
+        if index_data is not None:  # the index after its shard: never one without the shard
+            sidecar = index_url(committed.url)
+            index_sink = self._store_now().open_sink(sidecar, self._context)
+            self._committing[index] = index_sink
+            await index_sink.write(index_data)
+            indexed = await index_sink.commit()
         del self._committing[index]
         number = self._template.first_index + index  # the {index} in its name
         self._entries[index] = ManifestEntry(
-            committed.url, records, committed.bytes, committed.crc32c, number, committed.version
+            committed.url,
+            records,
+            committed.bytes,
+            committed.crc32c,
+            number,
+            committed.version,
+            index_url=None if indexed is None else indexed.url,
+            index_bytes=None if indexed is None else indexed.bytes,
         )
 
     async def _write_manifest(self, url: str) -> None:
@@ -369,6 +428,7 @@ class ShardWriter:
         sinks = [*self._committing.values(), *self._sinks.values()]
         self._committing.clear()
         self._sinks.clear()
+        self._removing.clear()  # (their tasks were among those cancelled)
         if sinks:
             await asyncio.gather(*(sink.abort() for sink in sinks), return_exceptions=True)
         await self._close_store()
@@ -405,6 +465,7 @@ def open_writer(
     manifest: str | None = DEFAULT_MANIFEST,
     storage_options: dict[str, Any] | None = None,
     retry: RetryPolicy | None = None,
+    index: bool = False,
     **options: Any,
 ) -> ShardWriter:
     """Open TFRecord shards for writing (async): ``async with open_writer(...) as w``.
@@ -430,6 +491,9 @@ def open_writer(
             ``None`` for none. Written by default for templated writers only.
         storage_options: passed to the fsspec filesystem (``endpoint_url``, ``key``, ...).
         retry: the :class:`~streamrec.storage.retry.RetryPolicy` of every upload request.
+        index: write each shard's record index sidecar ``<shard url>.idx`` (committed after
+            its shard; listed in the manifest) and give GZIP / ZLIB streams restart points
+            about every MiB, so readers can seek to any record (see the module docstring).
         **options: ``order``, ``total_records``, ``flush_bytes`` (bytes handed to the sink at
             a time, default ``min(1 MiB, part_bytes)``), ``compression_level`` (default 6),
             ``first_index`` (the ``{index}`` of the first shard, default 0: for a writer that
@@ -449,5 +513,6 @@ def open_writer(
         manifest=manifest,
         storage_options=storage_options,
         retry=retry,
+        index=index,
         **options,
     )

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
 
 import streamrec
@@ -30,6 +31,7 @@ from streamrec.manifest.core import Manifest, load_manifest
 from streamrec.reshard.job import ReshardProgress, ReshardSummary, reshard
 from streamrec.reshard.plan import Naming, make_plan, split_counts, split_groups
 from streamrec.storage.base import ObjectInfo
+from support.indexes import check_sidecar
 from support.servers import FakeGcsServer, MotoS3Server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,16 +107,30 @@ def check_output(
     want: collections.Counter[bytes],
     options: dict[str, Any] | None,
     listed: list[str],
+    indexed: bool = False,
 ) -> Manifest:
     """The output holds exactly ``want``; ``listed`` (every object under the output prefix, as
-    urls) is exactly the manifest's shards plus the manifest: nothing stray, no scratch."""
+    urls) is exactly the manifest's shards (``indexed``: and their index sidecars, each a
+    valid index of its shard) plus the manifest: nothing stray, no scratch."""
     manifest = manifest_of(summary, options)
     assert [e.url for e in manifest.shards] == summary.shards
     assert [e.index for e in manifest.shards] == list(range(len(manifest.shards)))
-    assert sorted(listed) == sorted([*summary.shards, summary.manifest_url])
+    sidecars = [url + ".idx" for url in summary.shards] if indexed else []
+    assert sorted(listed) == sorted([*summary.shards, *sidecars, summary.manifest_url])
     assert manifest.records == summary.records == sum(want.values())
     assert manifest.bytes == summary.bytes_out
     assert payloads(summary.shards, options) == want
+    fs = fsspec.filesystem("file") if "://" not in summary.shards[0] else None
+    for entry in manifest.shards:
+        assert entry.index_url == (entry.url + ".idx" if indexed else None)
+        if entry.index_url is None:
+            continue
+        if fs is None:
+            fs, _ = fsspec.core.url_to_fs(entry.url, **(options or {}))
+        stored, sidecar = fs.cat_file(entry.url), fs.cat_file(entry.index_url)
+        assert entry.index_bytes == len(sidecar)
+        records = list(streamrec.open_dataset(entry.url, storage_options=options))
+        check_sidecar(stored, sidecar, manifest.compression, records)
     return manifest
 
 
@@ -349,8 +365,10 @@ def test_bad_arguments_fail_before_any_write(tmp_path: Path) -> None:
         {"max_records": 45, "task_bytes": 8000},
         {"max_bytes": 1000, "compression": "gzip", "task_bytes": 8000},
         {"num_shards": 3, "compression": "zlib"},
+        {"max_records": 45, "task_bytes": 8000, "index": True},
+        {"max_bytes": 1000, "compression": "gzip", "task_bytes": 8000, "index": True},
     ],
-    ids=["max_records", "max_bytes-gzip", "num_shards-zlib"],
+    ids=["max_records", "max_bytes-gzip", "num_shards-zlib", "max_records-index", "gzip-index"],
 )
 def test_local_to_s3(
     tmp_path: Path, s3_server: MotoS3Server, s3_bucket: str, case: dict[str, Any]
@@ -366,7 +384,8 @@ def test_local_to_s3(
         **case,
     )
     listed = [f"s3://{s3_bucket}/{key}" for key in s3_server.list(s3_bucket)]
-    manifest = check_output(summary, collections.Counter(records), options, listed)
+    indexed = case.get("index", False)
+    manifest = check_output(summary, collections.Counter(records), options, listed, indexed)
     assert manifest.compression == case.get("compression")
     if "max_bytes" in case:
         assert max(e.bytes for e in manifest.shards) <= case["max_bytes"] + COMPRESSED_OVERSHOOT
@@ -379,8 +398,9 @@ def test_local_to_s3(
         {"max_records": 45, "task_bytes": 4000, "compression": "gzip"},
         {"max_bytes": 4000, "task_bytes": 7000, "shuffle": True, "seed": 1},
         {"num_shards": 8, "compression": "zlib", "shuffle": True},
+        {"max_bytes": 4000, "task_bytes": 7000, "compression": "gzip", "index": True},
     ],
-    ids=["max_records-gzip", "max_bytes-shuffle", "num_shards-zlib-shuffle"],
+    ids=["max_records-gzip", "max_bytes-shuffle", "num_shards-zlib-shuffle", "gzip-index"],
 )
 def test_s3_to_gcs(
     s3_server: MotoS3Server,
@@ -404,7 +424,8 @@ def test_s3_to_gcs(
         **case,
     )
     listed = [f"gs://{gcs_bucket}/{name}" for name in gcs_server.list(gcs_bucket)]
-    check_output(summary, collections.Counter(records), gcs_server.storage_options, listed)
+    indexed = case.get("index", False)
+    check_output(summary, collections.Counter(records), gcs_server.storage_options, listed, indexed)
     if "num_shards" in case:
         assert summary.shards[-1].endswith("train-00007-of-00008.tfrecord")
 
@@ -455,8 +476,9 @@ def test_cli_summary_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "examples:" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("index", [False, True], ids=["", "index"])
 def test_sigkill_half_way_then_rerun_gives_the_uninterrupted_output(
-    tmp_path: Path, s3_server: MotoS3Server, s3_bucket: str
+    tmp_path: Path, s3_server: MotoS3Server, s3_bucket: str, index: bool
 ) -> None:
     records = make_records(300, salt="k")
     sources = write_local(tmp_path / "in", input_files(records[:240]))
@@ -464,7 +486,7 @@ def test_sigkill_half_way_then_rerun_gives_the_uninterrupted_output(
         (tmp_path / "in" / name).write_bytes(data)
     options = json.dumps(s3_server.storage_options)
     common = ["--max-records", "20", "--task-bytes", "3KiB", "--compression", "gzip"]
-    common += ["--dst-storage-options", options, "--json"]
+    common += ["--dst-storage-options", options, "--json", *(["--index"] if index else [])]
 
     def template(prefix: str) -> str:
         return f"s3://{s3_bucket}/{prefix}/part-{{index:04d}}.tfrecord"
@@ -494,8 +516,18 @@ def test_sigkill_half_way_then_rerun_gives_the_uninterrupted_output(
     want = relative(asyncio.run(load_manifest(ref["manifest_url"], opts)), f"s3://{s3_bucket}/ref/")
     assert got == want  # same names, order, counts, sizes and CRCs: same bytes
     keys = s3_server.list(s3_bucket, "run/")
-    assert sorted(keys) == sorted(["run/_manifest.json", *(f"run/{row[0]}" for row in got)])
-    assert payloads(again["shards"], opts) == collections.Counter(records)
+    sidecars = [f"run/{row[0]}.idx" for row in got] if index else []
+    assert sorted(keys) == sorted(
+        ["run/_manifest.json", *(f"run/{row[0]}" for row in got), *sidecars]
+    )
+    listed = [f"s3://{s3_bucket}/{key}" for key in keys]
+    summary = ReshardSummary(**{k: v for k, v in again.items() if k != "mb_per_s"})
+    check_output(summary, collections.Counter(records), opts, listed, index)
+    if index:  # the same sidecars as the uninterrupted run's
+        for row in got:
+            assert s3_server.get(s3_bucket, f"run/{row[0]}.idx") == s3_server.get(
+                s3_bucket, f"ref/{row[0]}.idx"
+            )
     assert s3_server.list_multipart_uploads(s3_bucket) == []
 
 

@@ -1,6 +1,7 @@
 """The Dask engine of streamrec.reshard.job on a real LocalCluster (2 worker processes) against the
-S3 server (moto): the same output as the local engine, and a worker that dies in the middle of
-a task (after committing a shard, before the task manifest) is retried without duplicates."""
+S3 server (moto): the same output as the local engine (record index sidecars included), and a
+worker that dies in the middle of a task (after committing a shard, before the task manifest)
+is retried without duplicates."""
 
 from __future__ import annotations
 
@@ -46,10 +47,12 @@ def upload_inputs(s3_server: MotoS3Server, bucket: str, records: list[bytes]) ->
     return f"s3://{bucket}/src/in-*"
 
 
+@pytest.mark.parametrize("index", [False, True], ids=["", "index"])
 def test_dask_writes_what_the_local_engine_writes(
-    s3_server: MotoS3Server, s3_bucket: str, dask_client: Any
+    s3_server: MotoS3Server, s3_bucket: str, dask_client: Any, index: bool
 ) -> None:
     case = {"max_bytes": 1500, "compression": "gzip", "task_bytes": 6000, "shuffle": True}
+    case["index"] = index
     records = make_records(salt="d")
     options = s3_server.storage_options
     sources = upload_inputs(s3_server, s3_bucket, records)
@@ -68,7 +71,7 @@ def test_dask_writes_what_the_local_engine_writes(
     dask = runs["dask"]
     assert dask.engine == "dask" and dask.tasks > 1 and dask.bytes_read == dask.bytes_in
     listed = [f"s3://{s3_bucket}/{k}" for k in s3_server.list(s3_bucket, "dask/")]
-    check_output(dask, collections.Counter(records), options, listed)
+    check_output(dask, collections.Counter(records), options, listed, index)
     manifests = {
         engine: relative(
             asyncio.run(load_manifest(summary.manifest_url, options)),
@@ -77,6 +80,10 @@ def test_dask_writes_what_the_local_engine_writes(
         for engine, summary in runs.items()
     }
     assert manifests["dask"] == manifests["local"]  # same names, counts, sizes, CRCs
+    for name, *_ in manifests["dask"] if index else []:  # and the same indexes
+        assert s3_server.get(s3_bucket, f"dask/{name}.idx") == s3_server.get(
+            s3_bucket, f"local/{name}.idx"
+        )
 
 
 def test_a_task_whose_worker_dies_is_retried_without_duplicates(

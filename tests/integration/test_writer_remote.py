@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import random
 import re
 import uuid
@@ -28,6 +29,7 @@ from streamrec.manifest.core import read_manifest
 from streamrec.storage.gcs_sink import CHUNK_ALIGN
 from streamrec.storage.retry import RetryPolicy
 from support.fault_proxy import FaultProxy
+from support.indexes import check_sidecar
 from support.servers import FakeGcsServer, MotoS3Server
 
 FAST = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=10)
@@ -422,3 +424,139 @@ def test_gcs_chunk_sizes_and_resume_offsets() -> None:
     assert next_offset("bytes=0-262143") == CHUNK_ALIGN
     with pytest.raises(StorageError, match="unexpected Range"):
         next_offset("items=3")
+
+
+# --- record index sidecars (index=True) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("compression", [None, "gzip", "zlib"])
+@pytest.mark.parametrize("rotation", ["max_records", "max_bytes"])
+async def test_indexed_set_round_trip(
+    target: Target, compression: str | None, rotation: str
+) -> None:
+    part = target.part_bytes
+    data = payloads(1 + 5 * part // 1000, seed=5)
+    limit: dict[str, int] = {"max_bytes": 2 * part} if rotation == "max_bytes" else {}
+    if rotation == "max_records":
+        limit = {"max_records": len(data) // 3 + 1}
+    template = f"{target.base}/part-{{index:05d}}.tfrecord"
+    async with streamrec.open_writer(
+        template,
+        compression=compression,
+        part_bytes=part,
+        storage_options=target.storage_options,
+        retry=FAST,
+        index=True,
+        **limit,
+    ) as w:
+        for i in range(0, len(data), 25):
+            await w.write_many(data[i : i + 25])
+    shards = w.shards
+    assert len(shards) >= 3
+    names = [f"part-{i:05d}.tfrecord" for i in range(len(shards))]
+    assert target.names() == sorted(["_manifest.json", *names, *(n + ".idx" for n in names)])
+    assert target.uploads() == []
+    start = 0
+    for name, entry in zip(names, shards, strict=True):
+        stored, sidecar = target.get(name), target.get(name + ".idx")
+        assert entry.bytes == len(stored) and entry.crc32c == crc32c(stored)
+        assert (entry.index_url, entry.index_bytes) == (f"{target.base}/{name}.idx", len(sidecar))
+        if rotation == "max_bytes":
+            assert entry.bytes <= limit["max_bytes"]
+        check_sidecar(stored, sidecar, compression, data[start : start + entry.records])
+        start += entry.records
+    assert start == len(data)
+    manifest = f"{target.base}/_manifest.json"
+    assert await read_manifest(manifest, target.storage_options) == shards
+    document = json.loads(target.get("_manifest.json"))
+    assert [item["record_index"] for item in document["shards"]] == [
+        {"name": n + ".idx", "bytes": e.index_bytes} for n, e in zip(names, shards, strict=True)
+    ]
+    listed = await streamrec.open_dataset(manifest, storage_options=target.storage_options).shards()
+    assert [(o.index_url, o.index_bytes) for o in listed] == [
+        (e.index_url, e.index_bytes) for e in shards
+    ]
+    assert read_all(manifest, target.storage_options) == data
+
+
+def _object_of(target: str) -> str | None:
+    """The name under ``set/`` of the object a request is about: S3 paths end with the key,
+    GCS ones carry it url-encoded in the path (``set%2F<name>``) or in ``name=``."""
+    path, _, query = target.replace("%2F", "/").replace("%2f", "/").partition("?")
+    params = dict(p.partition("=")[::2] for p in query.split("&") if p)
+    for where in (params.get("name", ""), path):
+        if "set/" in where:
+            return where.rsplit("set/", 1)[1]
+    return None
+
+
+async def test_an_index_is_committed_after_its_shard_and_an_older_one_removed_before(
+    served: Target, fault_proxy: Any
+) -> None:
+    proxy = fault_proxy(served.upstream)
+    template = f"{served.base}/p-{{index}}"
+    common: dict[str, Any] = {"part_bytes": served.part_bytes, "retry": FAST, "index": True}
+    async with streamrec.open_writer(
+        template, storage_options=served.storage_options, **common
+    ) as w:
+        await w.write_many(payloads(50, seed=6, high=300))  # an earlier indexed write
+    data = payloads(80, seed=7, high=300)
+    async with streamrec.open_writer(template, storage_options=served.via(proxy), **common) as w:
+        await w.write_many(data)
+    # the requests about p-0 and p-0.idx, in order; the resumable session's chunks name the
+    # object only in its first request
+    events = [(_object_of(r.target), r.method) for r in proxy.records]
+    shard = [k for k, (name, _) in enumerate(events) if name == "p-0"]
+    sidecar = [(k, method) for k, (name, method) in enumerate(events) if name == "p-0.idx"]
+    assert sidecar[0][1] in ("GET", "HEAD")  # looked up first: deleted only when there
+    sidecar = [(k, method) for k, method in sidecar if method not in ("GET", "HEAD")]
+    if served.kind == "gs":  # chunks of the shard's session: PUTs with an upload_id
+        shard += [k for k, r in enumerate(proxy.records) if "upload_id=" in r.target]
+    [(removed, delete), (put, upload)] = sidecar
+    assert delete == "DELETE" and upload in ("PUT", "POST")
+    assert removed < max(shard) < put  # old index removed, shard committed, new index put
+    check_sidecar(served.get("p-0"), served.get("p-0.idx"), None, data)
+
+
+async def test_a_failed_index_upload_leaves_the_shard_unindexed_and_no_manifest(
+    served: Target, fault_proxy: Any
+) -> None:
+    proxy = fault_proxy(served.upstream)
+    template = f"{served.base}/p-{{index}}"
+    common: dict[str, Any] = {"part_bytes": served.part_bytes, "retry": FAST, "index": True}
+    async with streamrec.open_writer(
+        template, storage_options=served.storage_options, **common
+    ) as w:
+        await w.write_many(payloads(50, seed=8, high=300))  # an earlier indexed write
+    if served.kind == "s3":
+        fault = proxy.status(503, method="PUT", path=re.compile(r"/set/p-0\.idx$"))
+    else:
+        fault = proxy.status(503, method="POST", path=re.compile(r"name=set(%2F|/)p-0\.idx"))
+    with pytest.raises(RetriesExhaustedError, match=r"p-0\.idx"):
+        async with streamrec.open_writer(
+            template, storage_options=served.via(proxy), **common
+        ) as w:
+            await w.write_many(payloads(80, seed=9, high=300))
+    assert fault.fired == 3
+    # the new shard is there, without an index (its old one was removed before it was
+    # committed), and no manifest: as if the writer had been killed between the two commits
+    assert served.names() == ["p-0"]
+    assert served.uploads() == []
+
+
+async def test_an_indexed_writer_deletes_nothing_where_there_is_no_older_index(
+    served: Target, fault_proxy: Any
+) -> None:
+    proxy = fault_proxy(served.upstream)
+    async with streamrec.open_writer(
+        f"{served.base}/p-{{index}}",
+        max_records=30,
+        part_bytes=served.part_bytes,
+        retry=FAST,
+        index=True,
+        storage_options=served.via(proxy),
+    ) as w:
+        await w.write_many(payloads(80, seed=10, high=300))
+    assert proxy.count("DELETE") == 0  # (a writer may lack the right to delete)
+    names = ["p-0", "p-1", "p-2"]
+    assert served.names() == sorted(["_manifest.json", *names, *(n + ".idx" for n in names)])
