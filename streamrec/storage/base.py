@@ -40,6 +40,13 @@ class ObjectInfo:
     version: str | None = None
     records: int | None = None
     """How many records the object holds, where known without reading it (a manifest)."""
+    index: ObjectInfo | None = None
+    """The shard's record index sidecar (``<url>.idx``, see :mod:`streamrec.format.index`),
+    where the listing that found the shard also returned it."""
+    index_known: bool = False
+    """True when that listing would have returned the sidecar had there been one (a directory
+    listing, a glob that also matches it): ``index`` None then means the shard has none,
+    without a lookup. False: unknown, look it up."""
 
 
 @dataclass(frozen=True)
