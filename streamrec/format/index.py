@@ -111,11 +111,7 @@ class ShardIndex:
         columns = [self.offsets, self.lengths]
         if self.restarts is not None and self.skips is not None:
             columns += [self.restarts, self.skips]
-        if not len(self.offsets):
-            return b""
-        table = np.stack(columns, axis=1)
-        lines = "\n".join(" ".join(map(str, row)) for row in table.tolist())
-        return (lines + "\n").encode("ascii")
+        return _text(columns)
 
 
 class IndexBuilder:
@@ -216,6 +212,50 @@ def parse_index(data: bytes, *, source: str, stored_size: int, compressed: bool)
     restarts, skips = table[:, 2].copy(), table[:, 3].copy()
     _check_restarts(offsets, restarts, skips, stored_size, bad)
     return ShardIndex(offsets, lengths, restarts, skips)
+
+
+# Decimal text without a Python step per number (~50 ns a line instead of ~1 us): each number
+# is cut into groups of 4 digits, each group looked up as 4 ASCII bytes (one uint32) in a table
+# whose second and third parts spell a number's most significant group without its leading
+# zeros, NUL-padded (the third, for a number's last group, spells 0 as "0"); the NULs of the
+# fixed-width lines are then deleted in one pass.
+_GROUPS = [b"%04d" % k for k in range(10_000)]
+_DIGITS = np.frombuffer(
+    b"".join(
+        _GROUPS
+        + [g.lstrip(b"0").rjust(4, b"\0") for g in _GROUPS]
+        + [(g.lstrip(b"0") or b"0").rjust(4, b"\0") for g in _GROUPS]
+    ),
+    dtype=np.uint32,
+)
+del _GROUPS
+
+
+def _text(columns: list[Int64Array]) -> bytes:
+    """Lines of the columns' numbers (non-negative), separated by spaces, each line ended by
+    a newline: exactly ``"".join(" ".join(map(str, row)) + "\n" for row in rows)``."""
+    n = len(columns[0])
+    if not n:
+        return b""
+    blocks = []
+    for column in columns:
+        groups = max(1, -(-len(str(int(column.max()))) // 4))
+        words = np.empty((n, groups), dtype=np.uint32)
+        rest = column
+        for k in range(groups - 1, -1, -1):
+            rest, group = np.divmod(rest, 10_000)
+            group += (20_000 if k == groups - 1 else 10_000) * (rest == 0)  # leading group
+            np.take(_DIGITS, group, out=words[:, k])
+        blocks.append(words.view(np.uint8))
+    width = sum(block.shape[1] + 1 for block in blocks)
+    lines = np.empty((n, width), dtype=np.uint8)
+    at = 0
+    for k, block in enumerate(blocks):
+        lines[:, at : at + block.shape[1]] = block
+        at += block.shape[1]
+        lines[:, at] = ord(" ") if k < len(blocks) - 1 else ord("\n")
+        at += 1
+    return lines.tobytes().translate(None, b"\0")
 
 
 _Bad = Callable[..., FormatError]
