@@ -1,0 +1,97 @@
+"""How many records a dataset holds without reading its shards: ``len(ds)``, ``ds.num_records``.
+
+Every shard the urls stand for is listed as the reader lists it
+(:meth:`~streamrec.pipeline.engine.ReadEngine.list_shards`), and its record count taken from
+its manifest, else from its index sidecar (:func:`~streamrec.pipeline.indexes.record_counts`).
+:class:`ShardCounts` keeps them: they do not depend on the epoch or on the split. From them,
+:func:`count_for` makes the plan the reader would make for this consumer and epoch (the
+shuffle, the host split, the DataLoader worker split, shard- or record-level:
+:func:`~streamrec.pipeline.shards.plan_shards`) and counts what it reads
+(:func:`~streamrec.pipeline.shards.planned_records`).
+
+A shard with neither a manifest count nor a sidecar, or with a sidecar that does not fit it,
+is a :class:`~streamrec.errors.RecordCountUnknownError` (a ``TypeError``, as ``len()``
+requires) naming a shard and the ``streamrec index`` command that indexes them.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from streamrec.errors import IndexMismatchError, RecordCountUnknownError
+from streamrec.pipeline.engine import ReadEngine
+from streamrec.pipeline.indexes import record_counts
+from streamrec.pipeline.options import ReadOptions
+from streamrec.pipeline.shards import dataloader_worker, plan_shards, planned_records
+from streamrec.pipeline.stats import Stats
+from streamrec.redact import redact
+from streamrec.storage.stores import StoreSet
+
+__all__ = ["RecordCounts", "ShardCounts", "count_for", "counts_key", "list_counts"]
+
+
+@dataclass(frozen=True)
+class RecordCounts:
+    """How many records a dataset holds (``Dataset.count_records()``)."""
+
+    total: int
+    """Records of every shard its urls stand for, before any host or worker split
+    (``ds.num_records``)."""
+    consumer: int
+    """Records this consumer reads in the dataset's current epoch, after the host split and
+    the DataLoader worker split (``len(ds)``)."""
+
+
+@dataclass(frozen=True)
+class ShardCounts:
+    """Each listed shard's record count, in listing order, and what they were listed for."""
+
+    key: tuple[object, ...]
+    """The settings the listing depends on (urls, compression, allow_absolute_urls)."""
+    counts: tuple[int, ...]
+
+
+def counts_key(urls: Sequence[str], options: ReadOptions) -> tuple[object, ...]:
+    """What a listing's counts depend on (nothing of the epoch or the split)."""
+    return (tuple(urls), options.compression, options.allow_absolute_urls)
+
+
+async def list_counts(urls: Sequence[str], options: ReadOptions, stats: Stats) -> ShardCounts:
+    """Every shard's record count, without reading the shards (see the module docstring)."""
+    engine = ReadEngine(urls, options, 0, stats)
+    async with StoreSet(options.storage_options) as stores:
+        shards = await engine.list_shards(stores)
+        try:
+            found = await record_counts(
+                shards, stores.get, options.retry, compression=options.compression
+            )
+        except IndexMismatchError as exc:
+            raise RecordCountUnknownError(f"{exc} (its record count is unknown)") from exc
+    unknown = [shard.url for shard, count in zip(shards, found, strict=True) if count is None]
+    if unknown:
+        command = " ".join(["streamrec index", *(shlex.quote(redact(url)) for url in urls)])
+        raise RecordCountUnknownError(
+            f"the record count of {len(unknown)} of {len(shards)} shards is not known without "
+            f"reading them: no manifest lists them and they have no index sidecar (e.g. "
+            f"{redact(unknown[0])}); index them once with `{command}`"
+        )
+    return ShardCounts(counts_key(urls, options), tuple(c for c in found if c is not None))
+
+
+def count_for(counts: ShardCounts, options: ReadOptions, epoch: int) -> RecordCounts:
+    """The totals, and what this consumer (host, DataLoader worker) reads in ``epoch``."""
+    num_workers, worker_index = dataloader_worker()
+    plan = plan_shards(
+        range(len(counts.counts)),  # the plan only permutes and slices: indices plan alike
+        shuffle=options.shuffle_shards,
+        seed=options.seed,
+        epoch=epoch,
+        num_hosts=options.num_hosts,
+        host_index=options.host_index,
+        num_workers=num_workers,
+        worker_index=worker_index,
+        quiet=True,
+    )
+    return RecordCounts(sum(counts.counts), planned_records(plan, counts.counts.__getitem__))
