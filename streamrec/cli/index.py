@@ -203,24 +203,24 @@ async def index_shards(args: argparse.Namespace) -> list[IndexResult]:
                 result = IndexResult(shard)
                 try:
                     old: ShardIndex | str | None = None  # str: why it does not fit
-                    if sidecar is not None:
+                    if sidecar is not None and not args.force:
                         store = stores.get(shard.url)
                         codec = await shard_compression(shard, store, stores.retry, compression)
-                        if not args.force or codec is not None:
-                            old = await _existing(stores, shard, sidecar, codec)
-                        if isinstance(old, ShardIndex) and not args.force:
+                        old = await _existing(stores, shard, sidecar, codec)
+                        if isinstance(old, ShardIndex):
                             bar.update(shard.size)
                             return _described(result, "skipped", old, codec, sidecar.size)
                     index, codec = await build_index(
                         stores, shard, budget, compression, bar.update, count_records
                     )
+                    if sidecar is not None and args.force and codec is not None:
+                        old = await _existing(stores, shard, sidecar, codec)
                     if (
                         isinstance(old, ShardIndex)
                         and old.random_access
-                        and codec is not None
                         and _same_records(old, index)
                         and sidecar is not None
-                    ):
+                    ):  # never replaced by a counts-only one
                         result.note = "its random-access index agrees with the shard: kept"
                         return _described(result, "skipped", old, codec, sidecar.size)
                     data = await asyncio.to_thread(index.to_bytes)
