@@ -2,14 +2,15 @@
 
 Run from the repository root (build the C accelerators first)::
 
-    python benchmarks/bench_index.py [--quick] [--rounds 7] [--out benchmarks/README.md]
+    python benchmarks/bench_index.py [--quick] [--shard-mib 64] [--rounds 7] [--out FILE]
 
 For each record size (100 B, 1 KiB, 100 KiB; lengths vary over +-25 %), 16 uncompressed shards
-of 32 MiB each (``--quick``: 4 MiB) are written to ``benchmarks/data/index/`` (gitignored;
-reused). Each round runs, in this process, ``streamrec count --no-progress --json DIR/*`` and
-``streamrec index --force --no-progress --json DIR/*`` (``--force``: every round reads every
-shard and writes every sidecar, fsynced and renamed into place), in alternating order, after one
-warm-up round of each (page cache warm: the local disk is not what is measured). Both read the
+of ``--shard-mib`` MiB each (default 64, a common production size is 100-200 MB; ``--quick``:
+4 MiB) are written to ``benchmarks/data/index/`` (gitignored; reused). Each round runs, in
+this process, ``streamrec count --no-progress --json DIR/*`` and ``streamrec index --force
+--no-progress --json DIR/*`` (``--force``: every round reads every shard and writes every
+sidecar, fsynced and renamed into place), in alternating order, after one warm-up round of
+each (page cache warm: the local disk is not what is measured). Both read the
 shards the same way (the CLI's ShardReader, 8 shards at a time, every CRC checked); the index
 also collects each record's length and formats and writes the sidecar.
 
@@ -124,11 +125,12 @@ def source_state() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="4 MiB shards instead of 32 MiB")
+    parser.add_argument("--quick", action="store_true", help="4 MiB shards")
+    parser.add_argument("--shard-mib", type=int, default=64, help="MiB per shard (default 64)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", type=Path, help="write the table into this markdown file")
     args = parser.parse_args(argv)
-    shard_bytes = (4 if args.quick else 32) * MIB
+    shard_bytes = (4 if args.quick else args.shard_mib) * MIB
     started = time.monotonic()
     rows = []
     for label, record_bytes in SIZES:
@@ -149,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(rows[-1], flush=True)
     command = "python benchmarks/bench_index.py" + (" --quick" if args.quick else "")
+    if args.shard_mib != 64 and not args.quick:
+        command += f" --shard-mib {args.shard_mib}"
     if args.rounds != 7:
         command += f" --rounds {args.rounds}"
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
