@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from streamrec._portal import run_all
 from streamrec.cli.common import (
     EXIT_DATA_ERROR,
     EXIT_OK,
@@ -32,7 +33,7 @@ from streamrec.cli.common import (
     retry_of,
     storage_options_of,
 )
-from streamrec.cli.io import ShardReader, Stores, list_shards, map_bounded
+from streamrec.cli.io import ShardReader, Stores, list_shards
 from streamrec.errors import FormatError, IndexMismatchError, StreamrecError
 from streamrec.format.codecs import Compression
 from streamrec.format.framing import OVERHEAD_BYTES
@@ -198,23 +199,19 @@ async def index_shards(args: argparse.Namespace) -> list[IndexResult]:
                 records_seen += n
                 bar.note(f"{records_seen:,} records")
 
-            async def one(item: tuple[ObjectInfo, ObjectInfo | None]) -> IndexResult:
-                shard, sidecar = item
+            # a shard's slot is free once it is read: its index is written while the next
+            # shard is read (a local sidecar's fsyncs take a few ms)
+            reading = asyncio.Semaphore(args.concurrency)
+            writing = asyncio.Semaphore(args.concurrency)
+
+            async def one(shard: ObjectInfo, sidecar: ObjectInfo | None) -> IndexResult:
                 result = IndexResult(shard)
                 try:
-                    old: ShardIndex | str | None = None  # str: why it does not fit
-                    if sidecar is not None and not args.force:
-                        store = stores.get(shard.url)
-                        codec = await shard_compression(shard, store, stores.retry, compression)
-                        old = await _existing(stores, shard, sidecar, codec)
-                        if isinstance(old, ShardIndex):
-                            bar.update(shard.size)
-                            return _described(result, "skipped", old, codec, sidecar.size)
-                    index, codec = await build_index(
-                        stores, shard, budget, compression, bar.update, count_records
-                    )
-                    if sidecar is not None and args.force and codec is not None:
-                        old = await _existing(stores, shard, sidecar, codec)
+                    async with reading:
+                        old, index, codec = await read(shard, sidecar)
+                    if index is None:
+                        assert isinstance(old, ShardIndex) and sidecar is not None
+                        return _described(result, "skipped", old, codec, sidecar.size)
                     if (
                         isinstance(old, ShardIndex)
                         and old.random_access
@@ -223,8 +220,9 @@ async def index_shards(args: argparse.Namespace) -> list[IndexResult]:
                     ):  # never replaced by a counts-only one
                         result.note = "its random-access index agrees with the shard: kept"
                         return _described(result, "skipped", old, codec, sidecar.size)
-                    data = await asyncio.to_thread(index.to_bytes)
-                    await _put(stores, result.index, data)
+                    async with writing:
+                        data = await asyncio.to_thread(index.to_bytes)
+                        await _put(stores, result.index, data)
                     _described(result, "indexed", index, codec, len(data))
                     if isinstance(old, str):
                         result.note = f"replaced an index that did not fit the shard: {old}"
@@ -232,8 +230,28 @@ async def index_shards(args: argparse.Namespace) -> list[IndexResult]:
                     result.action, result.error = "failed", exc
                 return result
 
-            return await map_bounded(
-                list(zip(shards, sidecars, strict=True)), args.concurrency, one
+            async def read(
+                shard: ObjectInfo, sidecar: ObjectInfo | None
+            ) -> tuple[ShardIndex | str | None, ShardIndex | None, Compression]:
+                """The index there (str: why it does not fit), the shard's new index (None:
+                the one there is valid and kept) and the shard's codec."""
+                old: ShardIndex | str | None = None
+                if sidecar is not None and not args.force:
+                    store = stores.get(shard.url)
+                    codec = await shard_compression(shard, store, stores.retry, compression)
+                    old = await _existing(stores, shard, sidecar, codec)
+                    if isinstance(old, ShardIndex):
+                        bar.update(shard.size)
+                        return old, None, codec
+                index, codec = await build_index(
+                    stores, shard, budget, compression, bar.update, count_records
+                )
+                if sidecar is not None and args.force and codec is not None:
+                    old = await _existing(stores, shard, sidecar, codec)
+                return old, index, codec
+
+            return await run_all(
+                one(shard, sidecar) for shard, sidecar in zip(shards, sidecars, strict=True)
             )
 
 

@@ -150,3 +150,12 @@ def test_to_bytes_spells_every_number_as_str_does() -> None:
             expected = "".join(" ".join(map(str, row)) + "\n" for row in rows.tolist())
             assert index.to_bytes() == expected.encode()
     assert ShardIndex(np.zeros(0, np.int64), np.zeros(0, np.int64)).to_bytes() == b""
+
+
+def test_to_bytes_of_many_records_is_made_in_pieces_that_join_up() -> None:
+    rng = np.random.default_rng(8)
+    builder = IndexBuilder()
+    builder.add_records(rng.integers(16, 5_000_000, 40_000).tolist())
+    index = builder.build()
+    rows = zip(index.offsets.tolist(), index.lengths.tolist(), strict=True)
+    assert index.to_bytes() == "".join(f"{o} {n}\n" for o, n in rows).encode()
