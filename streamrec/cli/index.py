@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -140,11 +141,12 @@ async def build_index(
     shard: ObjectInfo,
     budget: ByteBudget,
     compression: str | None,
-    on_bytes: Any = None,
-    on_records: Any = None,
+    on_bytes: Callable[[int], None] | None = None,
+    on_records: Callable[[int], None] | None = None,
 ) -> tuple[ShardIndex, Compression]:
     """Read ``shard`` (streamed, every CRC checked; damage raises) and return its plain index
-    and the codec it was read with (an index of a compressed shard gives counts only)."""
+    and the codec it was read with (an index of a compressed shard gives counts only).
+    ``on_bytes(n)``: a block of n bytes was read; ``on_records(n)``: n more records."""
     reader = ShardReader(stores, shard, budget, compression=compression, on_bytes=on_bytes)
     parts: list[np.ndarray[Any, np.dtype[np.int64]]] = []
     async with aclosing(reader.chunks()) as chunks:

@@ -387,14 +387,21 @@ class Dataset:
         (``len(ds)``). Counts come from manifests, else index sidecars (``streamrec index``);
         :class:`~streamrec.errors.RecordCountUnknownError` if a shard has neither. Listed
         once and kept (see :mod:`streamrec.pipeline.counts`)."""
-        counts: ShardCounts | None = getattr(self, "_counts", None)
-        if counts is None or counts.key != counts_key(self.urls, self.options):
+        counts = self._known_counts()
+        if counts is None:
             counts = self._counts = await list_counts(self.urls, self.options, self._stats)
         return count_for(counts, self.options, self.epoch)
 
+    def _known_counts(self) -> ShardCounts | None:
+        counts: ShardCounts | None = getattr(self, "_counts", None)
+        return counts if counts and counts.key == counts_key(self.urls, self.options) else None
+
     def _count_blocking(self) -> RecordCounts:
-        with EventLoopThread("streamrec-count") as portal:
-            return portal.call(self.count_records())
+        counts = self._known_counts()
+        if counts is None:
+            with EventLoopThread("streamrec-count") as portal:
+                return portal.call(self.count_records())
+        return count_for(counts, self.options, self.epoch)  # kept: no I/O, no loop thread
 
     @property
     def num_records(self) -> int:
