@@ -11,7 +11,9 @@ shuffle, the host split, the DataLoader worker split, shard- or record-level:
 
 A shard with neither a manifest count nor a sidecar, or with a sidecar that does not fit it,
 is a :class:`~streamrec.errors.RecordCountUnknownError` (a ``TypeError``, as ``len()``
-requires) naming a shard and the ``streamrec index`` command that indexes them.
+requires) naming a shard and the ``streamrec index`` command that indexes them. That outcome
+is kept as well (until the dataset is opened again): ``list(ds)`` asks ``len(ds)`` first, and
+must not look every shard's sidecar up again each time. Storage errors are not kept.
 """
 
 from __future__ import annotations
@@ -46,11 +48,14 @@ class RecordCounts:
 
 @dataclass(frozen=True)
 class ShardCounts:
-    """Each listed shard's record count, in listing order, and what they were listed for."""
+    """Each listed shard's record count, in listing order, and what they were listed for; or
+    why they are not all known (kept too: ``list(ds)`` asks for a length every time)."""
 
     key: tuple[object, ...]
     """The settings the listing depends on (urls, compression, allow_absolute_urls)."""
     counts: tuple[int, ...]
+    unknown: str | None = None
+    """Why some count is not known (the message of RecordCountUnknownError), or None."""
 
 
 def counts_key(urls: Sequence[str], options: ReadOptions) -> tuple[object, ...]:
@@ -59,7 +64,9 @@ def counts_key(urls: Sequence[str], options: ReadOptions) -> tuple[object, ...]:
 
 
 async def list_counts(urls: Sequence[str], options: ReadOptions, stats: Stats) -> ShardCounts:
-    """Every shard's record count, without reading the shards (see the module docstring)."""
+    """Every shard's record count, without reading the shards (see the module docstring), or
+    why they are not all known (``unknown``)."""
+    key = counts_key(urls, options)
     engine = ReadEngine(urls, options, 0, stats)
     async with StoreSet(options.storage_options) as stores:
         shards = await engine.list_shards(stores)
@@ -68,20 +75,26 @@ async def list_counts(urls: Sequence[str], options: ReadOptions, stats: Stats) -
                 shards, stores.get, options.retry, compression=options.compression
             )
         except IndexMismatchError as exc:
-            raise RecordCountUnknownError(f"{exc} (its record count is unknown)") from exc
+            return ShardCounts(key, (), f"{exc} (its record count is unknown)")
     unknown = [shard.url for shard, count in zip(shards, found, strict=True) if count is None]
     if unknown:
         command = " ".join(["streamrec index", *(shlex.quote(redact(url)) for url in urls)])
-        raise RecordCountUnknownError(
+        return ShardCounts(
+            key,
+            (),
             f"the record count of {len(unknown)} of {len(shards)} shards is not known without "
             f"reading them: no manifest lists them and they have no index sidecar (e.g. "
-            f"{redact(unknown[0])}); index them once with `{command}`"
+            f"{redact(unknown[0])}); index them once with `{command}` and open the dataset "
+            "again",
         )
-    return ShardCounts(counts_key(urls, options), tuple(c for c in found if c is not None))
+    return ShardCounts(key, tuple(c for c in found if c is not None))
 
 
 def count_for(counts: ShardCounts, options: ReadOptions, epoch: int) -> RecordCounts:
-    """The totals, and what this consumer (host, DataLoader worker) reads in ``epoch``."""
+    """The totals, and what this consumer (host, DataLoader worker) reads in ``epoch``;
+    RecordCountUnknownError when they are not known."""
+    if counts.unknown is not None:
+        raise RecordCountUnknownError(counts.unknown)
     num_workers, worker_index = dataloader_worker()
     plan = plan_shards(
         range(len(counts.counts)),  # the plan only permutes and slices: indices plan alike

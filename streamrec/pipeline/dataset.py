@@ -386,7 +386,7 @@ class Dataset:
         (:attr:`num_records`) and ``consumer``, what this consumer reads in the current epoch
         (``len(ds)``). Counts come from manifests, else index sidecars (``streamrec index``);
         :class:`~streamrec.errors.RecordCountUnknownError` if a shard has neither. Listed
-        once and kept (see :mod:`streamrec.pipeline.counts`)."""
+        once and kept, known or not (see :mod:`streamrec.pipeline.counts`)."""
         counts = self._known_counts()
         if counts is None:
             counts = self._counts = await list_counts(self.urls, self.options, self._stats)
@@ -415,7 +415,7 @@ class Dataset:
         the epoch. Records stored, whatever was consumed (a resumed epoch yields fewer,
         ``on_corrupt="skip"`` drops damaged ones). Blocking :meth:`count_records`; raises
         :class:`~streamrec.errors.RecordCountUnknownError` (a ``TypeError``: ``list(ds)``, which
-        asks for a length first, then just reads)."""
+        asks for a length first, then just reads; its listing costs one per dataset)."""
         return self._count_blocking().consumer
 
 

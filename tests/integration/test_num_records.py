@@ -119,7 +119,9 @@ def test_unknown_counts_are_a_type_error_naming_the_command(tmp_path: Path) -> N
         len(ds.parse({"i": FixedLenFeature(np.int64)}).batch(2))
     assert len(list(ds)) == sum(COUNTS)  # list() asks for the length, then simply reads
     index(url)
-    assert len(ds) == sum(COUNTS)  # unknown counts are not kept: indexed now, counted now
+    with pytest.raises(RecordCountUnknownError, match="and open the dataset again"):
+        len(ds)  # the outcome is kept: list(ds) must not look every sidecar up each time
+    assert len(streamrec.open_dataset(url)) == sum(COUNTS)
 
 
 def test_a_stale_sidecar_makes_the_count_unknown_not_the_read(tmp_path: Path) -> None:
