@@ -72,7 +72,11 @@ async def list_counts(urls: Sequence[str], options: ReadOptions, stats: Stats) -
         shards = await engine.list_shards(stores)
         try:
             found = await record_counts(
-                shards, stores.get, options.retry, compression=options.compression
+                shards,
+                stores.get,
+                options.retry,
+                compression=options.compression,
+                on_retry=lambda _: _count_retry(stats),
             )
         except IndexMismatchError as exc:
             return ShardCounts(key, (), f"{exc} (its record count is unknown)")
@@ -88,6 +92,10 @@ async def list_counts(urls: Sequence[str], options: ReadOptions, stats: Stats) -
             "again",
         )
     return ShardCounts(key, tuple(c for c in found if c is not None))
+
+
+def _count_retry(stats: Stats) -> None:
+    stats.retries += 1
 
 
 def count_for(counts: ShardCounts, options: ReadOptions, epoch: int) -> RecordCounts:
