@@ -6,10 +6,13 @@ The tree (catch a branch to catch everything below it)::
     ├── FormatError (ValueError)        the bytes are not a valid TFRecord stream
     │   ├── CorruptRecordError          a masked CRC32C does not match (length or payload)
     │   ├── TruncatedRecordError        the stream ends inside a record (header, payload or CRC)
-    │   └── CompressionError            a gzip / zlib stream fails to inflate
+    │   ├── CompressionError            a gzip / zlib stream fails to inflate
+    │   └── IndexMismatchError          a record index sidecar does not fit its shard (stale)
     ├── ExampleError (ValueError)       a payload is not the Example the caller asked for
     │   └── FeatureError (KeyError)     a feature is missing or has the wrong kind, length or shape
     ├── StateError (ValueError)         a resume state that does not fit this dataset
+    ├── RecordCountUnknownError         len(ds) / num_records: some shard's record count is not
+    │     (TypeError)                   known without reading it (no manifest count, no index)
     └── StorageError (OSError)          reading or writing an object failed; names the url
         ├── ObjectNotFoundError         (FileNotFoundError) no object, or a glob matched nothing
         ├── PermissionDeniedError       (PermissionError) 401/403, bad or missing credentials
@@ -42,9 +45,11 @@ __all__ = [
     "ExampleError",
     "FeatureError",
     "FormatError",
+    "IndexMismatchError",
     "ObjectChangedError",
     "ObjectNotFoundError",
     "PermissionDeniedError",
+    "RecordCountUnknownError",
     "RetriesExhaustedError",
     "StateError",
     "StorageError",
@@ -144,6 +149,12 @@ class CompressionError(FormatError):
     """A gzip or zlib stream is damaged or ends early."""
 
 
+class IndexMismatchError(FormatError):
+    """A shard's record index sidecar (``<shard>.idx``) is not a valid index of the shard as it
+    is now (stale: the shard was rewritten; or damaged); the message names both urls and how
+    to rebuild it (``streamrec index --force``)."""
+
+
 class ExampleError(StreamrecError, ValueError):
     """A payload cannot be decoded as the Example / SequenceExample the caller asked for."""
 
@@ -166,6 +177,14 @@ class FeatureError(ExampleError, KeyError):
 class StateError(StreamrecError, ValueError):
     """``load_state_dict`` got a state from another configuration, other shards or a newer
     streamrec; the message lists what differs."""
+
+
+class RecordCountUnknownError(StreamrecError, TypeError):
+    """``len(ds)`` / ``ds.num_records`` need every shard's record count without reading the
+    shards: from a manifest or an index sidecar (``streamrec index``). Raised when some shard
+    has neither (or a sidecar that does not fit its shard); the message names one and the
+    command that indexes them. A ``TypeError``, as ``len()`` of an object without a length
+    raises: ``list(ds)``, which asks for the length first, then simply reads."""
 
 
 class StorageError(StreamrecError, OSError):

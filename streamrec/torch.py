@@ -117,6 +117,14 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
         self._apply_rank(starting=True)
         return iter(self.source)
 
+    def __len__(self) -> int:
+        """``len()`` of the wrapped dataset for this process (its rank's share under DDP; in
+        the main process, what all DataLoader workers yield together): what
+        ``len(DataLoader(...))`` is made from. A TypeError where record counts are unknown
+        (see ``streamrec.Dataset.__len__``)."""
+        self._apply_rank()
+        return len(self.source)
+
     def __getstate__(self) -> dict[str, Any]:
         # pickled for spawned workers, which have no process group: resolve the rank here
         self._apply_rank()

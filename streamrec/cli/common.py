@@ -49,8 +49,8 @@ EXIT_DATA_ERROR = 1
 URLS_HELP = (
     "local path, glob, directory or prefix, manifest (.json), file://, s3://, gs://, "
     "http(s):// or memory:// url; globs are expanded and sorted by name, ** at any depth, "
-    "skipping names that start with _ or . (quote globs so the shell leaves them alone); a "
-    "directory means its _manifest.json, else its files"
+    "skipping names that start with _ or . and index sidecars (*.idx) (quote globs so the "
+    "shell leaves them alone); a directory means its _manifest.json, else its files"
 )
 
 
@@ -266,6 +266,11 @@ class Progress:
         """Advance the bar by ``n`` units."""
         if self._bar is not None:
             self._bar.update(n)
+
+    def note(self, text: str) -> None:
+        """Show ``text`` after the bar (e.g. a second counter), from the next refresh on."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(text, refresh=False)
 
     def close(self) -> None:
         """Remove the bar."""

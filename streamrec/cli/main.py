@@ -1,5 +1,5 @@
 """The ``streamrec`` command line: ``ls``, ``count``, ``verify``, ``head``, ``inspect``,
-``reshard`` and ``cleanup``.
+``index``, ``reshard`` and ``cleanup``.
 
 Each subcommand lives in a module of ``streamrec.cli`` exposing ``register(commands)``, which adds
 its parser and stores its handler with ``set_defaults(run=handler)``; a handler takes the parsed
@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from streamrec._version import __version__
-from streamrec.cli import cleanup, count, head, inspect, ls, reshard
+from streamrec.cli import cleanup, count, head, index, inspect, ls, reshard
 from streamrec.cli.common import EXIT_DATA_ERROR, error
 from streamrec.errors import StreamrecError
 from streamrec.format import accel
@@ -46,6 +46,7 @@ examples:
   streamrec verify 'gs://bucket/train-*.tfrecord.gz'
   streamrec head -n 2 --decode data/train-00000.tfrecord
   streamrec inspect 's3://bucket/train-*' --storage-options '{"anon": true}'
+  streamrec index 'data/train-*.tfrecord'          # SHARD.idx beside each: len(ds) without reading
 """
 
 Handler = Callable[[argparse.Namespace], int]
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="show the version and whether the C accelerators are in use, and exit",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (ls, count, head, inspect, reshard, cleanup):
+    for module in (ls, count, head, inspect, index, reshard, cleanup):
         module.register(commands)
     return parser
 

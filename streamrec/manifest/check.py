@@ -79,8 +79,14 @@ async def manifest_shards(
             entry.bytes,
             entry.version,
             entry.records,
-            index_url=entry.index_url,
-            index_bytes=entry.index_bytes,
+            # a sidecar the manifest lists is known; one added later (`streamrec index`) is
+            # looked up (and checked against the shard before it is used)
+            index=(
+                None
+                if entry.index_url is None or entry.index_bytes is None
+                else ObjectInfo(entry.index_url, entry.index_bytes)
+            ),
+            index_known=entry.index_url is not None,
         )
 
     return list(await asyncio.gather(*(checked(entry) for entry in manifest.shards)))

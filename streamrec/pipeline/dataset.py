@@ -16,9 +16,10 @@ from contextlib import aclosing
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
-from streamrec._portal import iterate_blocking
+from streamrec._portal import EventLoopThread, iterate_blocking
 from streamrec.format.accel import log_fallback_once
 from streamrec.format.framing import OnCorrupt
+from streamrec.pipeline.counts import RecordCounts, ShardCounts, count_for, counts_key, list_counts
 from streamrec.pipeline.engine import ReadEngine
 from streamrec.pipeline.events import Piece
 from streamrec.pipeline.options import ReadOptions
@@ -341,6 +342,45 @@ class Dataset:
 
     def __repr__(self) -> str:
         return f"Dataset({[redact(u) for u in self.urls]!r}, compression={self.compression!r})"
+
+    # ------------------------------------------------------------------ record counts
+
+    async def count_records(self) -> RecordCounts:
+        """How many records, without reading the shards: ``total`` in every shard listed
+        (:attr:`num_records`) and ``consumer``, what this consumer reads in the current epoch
+        (``len(ds)``). Counts come from manifests, else index sidecars (``streamrec index``);
+        :class:`~streamrec.errors.RecordCountUnknownError` if a shard has neither. Listed
+        once and kept, known or not (see :mod:`streamrec.pipeline.counts`)."""
+        counts = self._known_counts()
+        if counts is None:
+            counts = self._counts = await list_counts(self.urls, self.options, self._stats)
+        return count_for(counts, self.options, self.epoch)
+
+    def _known_counts(self) -> ShardCounts | None:
+        counts: ShardCounts | None = getattr(self, "_counts", None)
+        return counts if counts and counts.key == counts_key(self.urls, self.options) else None
+
+    def _count_blocking(self) -> RecordCounts:
+        counts = self._known_counts()
+        if counts is None:
+            with EventLoopThread("streamrec-count") as portal:
+                return portal.call(self.count_records())
+        return count_for(counts, self.options, self.epoch)  # kept: no I/O, no loop thread
+
+    @property
+    def num_records(self) -> int:
+        """Records in every shard listed, before any host or worker split (blocking
+        :meth:`count_records`)."""
+        return self._count_blocking().total
+
+    def __len__(self) -> int:
+        """Records this consumer reads in one epoch: its host's share (``num_hosts``), its
+        DataLoader worker's share within a worker; with ``shuffle_shards`` the share depends on
+        the epoch. Records stored, whatever was consumed (a resumed epoch yields fewer,
+        ``on_corrupt="skip"`` drops damaged ones). Blocking :meth:`count_records`; raises
+        :class:`~streamrec.errors.RecordCountUnknownError` (a ``TypeError``: ``list(ds)``, which
+        asks for a length first, then just reads; its listing costs one per dataset)."""
+        return self._count_blocking().consumer
 
 
 class _Records(itertools.chain):  # type: ignore[type-arg]

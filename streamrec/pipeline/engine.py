@@ -11,7 +11,6 @@ consumer's position.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
@@ -23,7 +22,7 @@ from streamrec.pipeline.interleave import interleave_deterministic, interleave_f
 from streamrec.pipeline.opener import ShardOpener, shards_digest
 from streamrec.pipeline.options import READ_AHEAD_PART, ReadOptions
 from streamrec.pipeline.prefetch import ObjectReader
-from streamrec.pipeline.shards import ShardPlan, plan_shards, seeded_random
+from streamrec.pipeline.shards import ShardPlan, dataloader_worker, plan_shards, seeded_random
 from streamrec.pipeline.shuffle import shuffle_pieces
 from streamrec.pipeline.sources import list_sources
 from streamrec.pipeline.state import CycleState, DatasetState, ReadState, ReadyState
@@ -157,7 +156,7 @@ class ReadEngine:
                 self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
 
     def _plan(self, shards: list[ObjectInfo]) -> ShardPlan[ObjectInfo]:
-        num_workers, worker_index = _torch_worker()
+        num_workers, worker_index = dataloader_worker()
         options = self.options
         return plan_shards(
             shards,
@@ -233,17 +232,3 @@ class ReadEngine:
         finally:
             if upcoming is not None:
                 await upcoming.aclose()
-
-
-def _torch_worker() -> tuple[int, int]:
-    """(num_workers, worker_id) inside a PyTorch DataLoader worker, else (1, 0).
-
-    torch is only consulted when the process has already imported it.
-    """
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return 1, 0
-    info = torch.utils.data.get_worker_info()
-    if info is None:
-        return 1, 0
-    return int(info.num_workers), int(info.id)

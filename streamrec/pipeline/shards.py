@@ -6,17 +6,21 @@ workers of each host. Where there are fewer shards than consumers, records are s
 every consumer reads the shards but keeps only every n-th record of each (by the record's
 index in its shard, so the split holds in first-ready order too); a warning says so, because
 every consumer then reads all of those bytes.
+
+:func:`planned_records` says how many records a plan's consumer reads, given each shard's
+record count (``len(ds)``).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["ShardPlan", "plan_shards", "seeded_random"]
+__all__ = ["ShardPlan", "dataloader_worker", "plan_shards", "planned_records", "seeded_random"]
 
 S = TypeVar("S")
 logger = logging.getLogger("streamrec")
@@ -50,8 +54,10 @@ def plan_shards(
     host_index: int = 0,
     num_workers: int = 1,
     worker_index: int = 0,
+    quiet: bool = False,
 ) -> ShardPlan[S]:
-    """The plan of consumer (``host_index``, ``worker_index``) for one epoch."""
+    """The plan of consumer (``host_index``, ``worker_index``) for one epoch (``quiet``: no
+    warning about splitting by record, for a plan made only to count)."""
     if not 0 <= host_index < num_hosts:
         raise ValueError(f"host_index must be in [0, {num_hosts}), not {host_index}")
     if not 0 <= worker_index < num_workers:
@@ -62,11 +68,13 @@ def plan_shards(
     if len(order) < num_hosts:
         consumers = num_hosts * num_workers
         consumer = host_index * num_workers + worker_index
-        _warn(len(order), consumers, "consumers (hosts x workers)")
+        if not quiet:
+            _warn(len(order), consumers, "consumers (hosts x workers)")
         return ShardPlan(order, consumers, consumer)
     mine = order[host_index::num_hosts]
     if len(mine) < num_workers:
-        _warn(len(mine), num_workers, "workers on this host")
+        if not quiet:
+            _warn(len(mine), num_workers, "workers on this host")
         return ShardPlan(mine, num_workers, worker_index)
     return ShardPlan(mine[worker_index::num_workers])
 
@@ -80,3 +88,27 @@ def _warn(shards: int, consumers: int, who: str) -> None:
         who,
         consumers,
     )
+
+
+def planned_records(plan: ShardPlan[S], count: Callable[[S], int]) -> int:
+    """How many records the consumer of ``plan`` reads in its epoch, ``count(shard)`` being
+    each shard's record count: all of them, or with a record stride n, those whose index in
+    their shard is ``record_offset`` modulo n."""
+    stride, offset = plan.record_stride, plan.record_offset
+    total = 0
+    for shard in plan.shards:
+        records = count(shard)
+        total += records if stride == 1 else max(0, -(-(records - offset) // stride))
+    return total
+
+
+def dataloader_worker() -> tuple[int, int]:
+    """``(num_workers, worker_id)`` inside a PyTorch DataLoader worker, else ``(1, 0)``; torch
+    is only consulted when the process has already imported it."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 1, 0
+    info = torch.utils.data.get_worker_info()
+    if info is None:
+        return 1, 0
+    return int(info.num_workers), int(info.id)

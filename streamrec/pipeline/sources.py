@@ -7,39 +7,84 @@ Each url is, in this order of checks:
   sizes it records;
 * a **glob** (``*``, ``?``, ``[``; ``**`` matches any depth): the matching objects sorted by
   name, except names starting with ``_`` or ``.`` in the part the glob matched (the
-  Hadoop/Spark convention: a writer's ``_manifest.json``, ``_reshard/`` scratch, dot files);
-  such a name can still be read by naming it explicitly, or by a glob whose literal part
-  names it;
+  Hadoop/Spark convention: a writer's ``_manifest.json``, ``_reshard/`` scratch, dot files)
+  and record index sidecars (names ending in ``.idx``, :mod:`streamrec.format.index`) where
+  the glob matched the name; such a name can still be read by naming it explicitly, or by a
+  glob whose literal part names it;
 * an **object**: itself;
 * a **directory or prefix** (a local directory, an S3/GCS prefix): its ``_manifest.json`` when
-  it has one, else the visible objects directly in it, sorted by name.
+  it has one, else the visible objects directly in it (no ``_``/``.`` names, no ``.idx``
+  sidecars), sorted by name.
+
+Index sidecars a listing returns anyway are not thrown away: each shard's
+:class:`~streamrec.storage.base.ObjectInfo` carries its sidecar (``index``, url and size) and
+whether the listing would have seen one (``index_known``), so a reader learns which shards have
+an index without a lookup per shard. A directory listing sees every sidecar beside its shards
+(also those of the shards its manifest lists directly in it); a glob sees them when it also
+matches ``<name>.idx`` (``data/*`` does, ``data/*.tfrecord`` does not); a manifest named by
+its url or an object named explicitly leaves ``index_known`` False.
 """
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from streamrec.errors import ObjectNotFoundError, StorageError, TransientStorageError
+from streamrec.format.index import INDEX_SUFFIX, index_url
 from streamrec.manifest.check import manifest_shards
 from streamrec.manifest.core import MANIFEST_NAME, is_manifest_url
 from streamrec.storage.base import GLOB_CHARS, ObjectInfo, ObjectStore, has_glob
 from streamrec.storage.retry import RetryPolicy
 
-__all__ = ["HIDDEN_PREFIXES", "is_hidden", "list_sources"]
+__all__ = ["HIDDEN_PREFIXES", "HIDDEN_SUFFIXES", "is_hidden", "list_sources"]
 
 HIDDEN_PREFIXES = ("_", ".")
 """Names starting with these are skipped by globs and directory listings."""
+HIDDEN_SUFFIXES = (INDEX_SUFFIX,)
+"""Object names ending with these (record index sidecars) are skipped by globs that match the
+name and by directory listings."""
 
 OnRetry = Callable[[TransientStorageError], None]
 
 
 def is_hidden(url: str, pattern: str) -> bool:
-    """True when a part of ``url`` that a glob component of ``pattern`` matched is hidden."""
+    """True when a part of ``url`` that a glob component of ``pattern`` matched is hidden: a
+    name starting with ``_`` or ``.``, or an object name ending in ``.idx`` that the glob's
+    last component matched."""
     parts = pattern.split("/")
     first = next((i for i, part in enumerate(parts) if not GLOB_CHARS.isdisjoint(part)), None)
     if first is None:
         return False
-    return any(name.startswith(HIDDEN_PREFIXES) for name in url.split("/")[first:])
+    names = url.split("/")
+    if any(name.startswith(HIDDEN_PREFIXES) for name in names[first:]):
+        return True
+    return names[-1].endswith(HIDDEN_SUFFIXES) and not GLOB_CHARS.isdisjoint(parts[-1])
+
+
+def _with_sidecars(
+    shards: list[ObjectInfo], listed: list[ObjectInfo], sees: Callable[[str], bool]
+) -> list[ObjectInfo]:
+    """``shards`` with the index sidecars among ``listed`` (what one listing returned);
+    ``sees(url)``: that listing would have returned ``url``'s sidecar had there been one.
+    Shards the listing did not return themselves are left as they are."""
+    by_url = {obj.url: obj for obj in listed}
+    found: list[ObjectInfo] = []
+    for shard in shards:
+        if shard.url in by_url:
+            sidecar = by_url.get(index_url(shard.url))
+            if sidecar is not None or sees(shard.url):
+                shard = replace(shard, index=sidecar, index_known=True)
+        found.append(shard)
+    return found
+
+
+def _glob_sees(pattern: str) -> Callable[[str], bool]:
+    """Whether the glob ``pattern`` also matches a match's sidecar: a sidecar lives beside its
+    shard, so it does when the last component matches the name with ``.idx`` appended."""
+    last = pattern.rsplit("/", 1)[-1]
+    return lambda url: fnmatch.fnmatchcase(index_url(url.rsplit("/", 1)[-1]), last)
 
 
 async def list_sources(
@@ -83,13 +128,14 @@ async def _one(
     if is_manifest_url(url):
         return await manifest(url)
     if has_glob(url):
-        shards = [obj for obj in await expand(url) if not is_hidden(obj.url, url)]
+        matches = await expand(url)
+        shards = [obj for obj in matches if not is_hidden(obj.url, url)]
         if not shards:
             raise ObjectNotFoundError(
-                f"{url}: the glob matched only names starting with '_' or '.' (skipped: name "
-                "such a file explicitly to read it)"
+                f"{url}: the glob matched only names starting with '_' or '.' or ending in "
+                "'.idx' (skipped: name such a file explicitly to read it)"
             )
-        return shards
+        return _with_sidecars(shards, matches, _glob_sees(url))
     try:
         return await expand(url)
     except ObjectNotFoundError as missing:
@@ -104,10 +150,11 @@ async def _one(
     except ObjectNotFoundError:
         children = []
     if any(obj.url.rsplit("/", 1)[-1] == MANIFEST_NAME for obj in children):
-        return await manifest(f"{directory}/{MANIFEST_NAME}")
+        listed = await manifest(f"{directory}/{MANIFEST_NAME}")
+        return _with_sidecars(listed, children, lambda _: True)
     shards = [obj for obj in children if not is_hidden(obj.url, directory + "/*")]
     if shards:
-        return shards
+        return _with_sidecars(shards, children, lambda _: True)
     if children or not isinstance(not_object, ObjectNotFoundError):
         raise ObjectNotFoundError(f"{url}: the directory holds no shard files") from not_object
     raise not_object

@@ -152,6 +152,11 @@ class _Transformed(Generic[T]):
 
     # ---------------------------------------------------------------- forwarded
 
+    def __len__(self) -> int:
+        """Items this consumer gets in one epoch: one per record of ``len(dataset)`` (see
+        ``Dataset.__len__``; a TypeError where the record count is unknown)."""
+        return len(self.dataset)
+
     @property
     def stats(self) -> Stats:
         """The underlying dataset's counters."""
@@ -293,6 +298,14 @@ class BatchedDataset(_Transformed[T]):
             self.spec = None
         self.batch_size = batch_size
         self.drop_remainder = drop_remainder
+
+    def __len__(self) -> int:
+        """Batches this consumer gets in one epoch: ``len(dataset) / batch_size``, rounded up
+        (the shorter last batch), or down with ``drop_remainder``."""
+        records = super().__len__()
+        if self.drop_remainder:
+            return records // self.batch_size
+        return -(-records // self.batch_size)
 
     def _finish(self, records: list[bytes]) -> T:
         if self.spec is None:

@@ -40,11 +40,13 @@ class ObjectInfo:
     version: str | None = None
     records: int | None = None
     """How many records the object holds, where known without reading it (a manifest)."""
-    index_url: str | None = None
-    """Its record index sidecar (``<url>.idx``), where a manifest lists one: readers can fetch
-    it without looking it up (see :mod:`streamrec.format.index`)."""
-    index_bytes: int | None = None
-    """The sidecar's size as the manifest lists it (with ``index_url``)."""
+    index: ObjectInfo | None = None
+    """The shard's record index sidecar (``<url>.idx``, see :mod:`streamrec.format.index`),
+    where the listing that found the shard also returned it."""
+    index_known: bool = False
+    """True when that listing would have returned the sidecar had there been one (a directory
+    listing, a glob that also matches it): ``index`` None then means the shard has none,
+    without a lookup. False: unknown, look it up."""
 
 
 @dataclass(frozen=True)

@@ -97,11 +97,11 @@ def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert streamrec.__version__ in capsys.readouterr().out
     assert main([]) == 0
     out = capsys.readouterr().out
-    for command in ("ls", "count", "verify", "head", "inspect"):
+    for command in ("ls", "count", "verify", "head", "inspect", "index"):
         assert f"    {command} " in out
 
 
-@pytest.mark.parametrize("command", ["ls", "count", "verify", "head", "inspect"])
+@pytest.mark.parametrize("command", ["ls", "count", "verify", "head", "inspect", "index"])
 def test_every_command_help_shows_options_output_and_examples(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -143,7 +143,7 @@ def test_console_module_runs_and_usage_errors_exit_2(
 def test_every_command_is_registered() -> None:
     # one dispatch for all: a broken subcommand module fails loudly at import, never hides
     help_text = build_parser().format_help()
-    for name in ("ls", "count", "verify", "head", "inspect", "reshard", "cleanup"):
+    for name in ("ls", "count", "verify", "head", "inspect", "index", "reshard", "cleanup"):
         assert f"    {name} " in help_text, name
 
 

@@ -9,7 +9,7 @@ from tfrecord.tools.tfrecord2idx import create_index
 
 from streamrec.errors import FormatError
 from streamrec.format.framing import RecordEncoder
-from streamrec.format.index import IndexBuilder, index_size_limit, parse_index
+from streamrec.format.index import IndexBuilder, ShardIndex, index_size_limit, parse_index
 from support.corpus import CORPUS_DIR
 
 
@@ -121,3 +121,41 @@ def test_large_index_parses_fast_enough_to_be_vectorised() -> None:
     data = builder.build().to_bytes()
     index = parse_index(data, source="x", stored_size=116 * 200_000, compressed=False)
     assert len(index) == 200_000 and index.offsets[-1] == 116 * 199_999
+
+
+def test_to_bytes_spells_every_number_as_str_does() -> None:
+    # the text is made without a Python step per number: check it against the obvious way
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        columns = [
+            rng.integers(0, 10 ** int(rng.integers(1, 19)), n, dtype=np.int64) for _ in range(4)
+        ]
+        for column in columns:
+            column[rng.random(n) < 0.2] = 0
+            column[rng.random(n) < 0.2] = 10 ** int(rng.integers(0, 18))
+            column[rng.random(n) < 0.1] = 10**18 - 1
+        for index in (
+            ShardIndex(columns[0], columns[1]),
+            ShardIndex(*columns),
+        ):
+            rows = np.stack(
+                [
+                    c
+                    for c in (index.offsets, index.lengths, index.restarts, index.skips)
+                    if c is not None
+                ],
+                axis=1,
+            )
+            expected = "".join(" ".join(map(str, row)) + "\n" for row in rows.tolist())
+            assert index.to_bytes() == expected.encode()
+    assert ShardIndex(np.zeros(0, np.int64), np.zeros(0, np.int64)).to_bytes() == b""
+
+
+def test_to_bytes_of_many_records_is_made_in_pieces_that_join_up() -> None:
+    rng = np.random.default_rng(8)
+    builder = IndexBuilder()
+    builder.add_records(rng.integers(16, 5_000_000, 40_000).tolist())
+    index = builder.build()
+    rows = zip(index.offsets.tolist(), index.lengths.tolist(), strict=True)
+    assert index.to_bytes() == "".join(f"{o} {n}\n" for o, n in rows).encode()
