@@ -30,25 +30,19 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-for path in (REPO_ROOT, BENCH_DIR):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+from _harness import BENCH_DIR
+from _harness.report import cpu_model, replace_section, source_state
 
-from _harness import replace_section  # noqa: E402
-
-import streamrec  # noqa: E402
-from streamrec.cli import main as cli_main  # noqa: E402
-from streamrec.format import framing  # noqa: E402
-from streamrec.format.framing import RecordEncoder  # noqa: E402
+import streamrec
+from streamrec.cli import main as cli_main
+from streamrec.format import framing
+from streamrec.format.framing import RecordEncoder
 
 MIB = 1 << 20
 SHARDS = 16
@@ -100,27 +94,7 @@ def measure(directory: Path, rounds: int) -> dict[str, list[float]]:
 
 
 def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
-def source_state() -> str:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return f"commit {commit}, {'modified' if dirty else 'clean'}"
+    return cpu_model(platform.processor() or platform.machine())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

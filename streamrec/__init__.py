@@ -19,6 +19,7 @@ from streamrec import errors, sync
 from streamrec._version import __version__
 from streamrec.manifest.core import ManifestEntry, read_manifest
 from streamrec.pipeline.dataset import Dataset, open_dataset
+from streamrec.pipeline.state import merge_states
 from streamrec.reshard.job import ReshardSummary, reshard
 from streamrec.write.writer import ShardWriter, open_writer
 
@@ -29,6 +30,7 @@ __all__ = [
     "ShardWriter",
     "__version__",
     "errors",
+    "merge_states",
     "open_dataset",
     "open_writer",
     "read_manifest",

@@ -48,7 +48,7 @@ first epoch's copies).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 try:
@@ -62,7 +62,7 @@ from streamrec.pipeline.dataset import Dataset
 from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.transform import BatchedDataset, ParsedDataset
 
-__all__ = ["IterableDataset"]
+__all__ = ["IterableDataset", "worker_states"]
 
 
 class IterableDataset(torch.utils.data.IterableDataset[Any]):
@@ -150,3 +150,27 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
 
     def __repr__(self) -> str:
         return f"streamrec.torch.IterableDataset({self.source!r})"
+
+
+def worker_states(loader_state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The dataset states in a torchdata ``StatefulDataLoader``'s ``state_dict()``: one per
+    worker (its ``dataset_state``), or the one of a loader without workers.
+
+    For elastic resume of indexed reading (``shuffle="global"``/``"block"``, ``even``): gather
+    these from every rank, merge them with :func:`streamrec.merge_states` and load the merged
+    state into the dataset before building the new loader (whose worker count may differ:
+    the loader itself refuses another ``num_workers``).
+    """
+    snapshot = loader_state.get("_snapshot")
+    if isinstance(snapshot, Mapping):
+        workers = snapshot.get("_worker_snapshots")
+        if isinstance(workers, Mapping):
+            ordered = sorted(workers.values(), key=lambda w: int(w.get("worker_id", 0)))
+            return [w["dataset_state"] for w in ordered if w.get("dataset_state") is not None]
+    state = loader_state.get("dataset_state")
+    if isinstance(state, dict):
+        return [state]
+    raise ValueError(
+        "not a StatefulDataLoader state with dataset states (is the dataset a "
+        "streamrec.torch.IterableDataset?)"
+    )

@@ -26,6 +26,7 @@ from streamrec.errors import IndexMismatchError, RecordCountUnknownError
 from streamrec.pipeline.engine import ReadEngine
 from streamrec.pipeline.indexes import record_counts
 from streamrec.pipeline.options import ReadOptions
+from streamrec.pipeline.order import part_of
 from streamrec.pipeline.shards import dataloader_worker, plan_shards, planned_records
 from streamrec.pipeline.stats import Stats
 from streamrec.redact import redact
@@ -104,6 +105,12 @@ def count_for(counts: ShardCounts, options: ReadOptions, epoch: int) -> RecordCo
     if counts.unknown is not None:
         raise RecordCountUnknownError(counts.unknown)
     num_workers, worker_index = dataloader_worker()
+    total = sum(counts.counts)
+    if options.indexed:  # contiguous parts of the epoch's positions (pipeline/order.py)
+        consumers = options.num_hosts * num_workers
+        consumer = options.host_index * num_workers + worker_index
+        whole = [(0, total)] if total else []
+        return RecordCounts(total, part_of(whole, consumers, consumer, options.even_mode).length)
     plan = plan_shards(
         range(len(counts.counts)),  # the plan only permutes and slices: indices plan alike
         shuffle=options.shuffle_shards,
@@ -115,4 +122,4 @@ def count_for(counts: ShardCounts, options: ReadOptions, epoch: int) -> RecordCo
         worker_index=worker_index,
         quiet=True,
     )
-    return RecordCounts(sum(counts.counts), planned_records(plan, counts.counts.__getitem__))
+    return RecordCounts(total, planned_records(plan, counts.counts.__getitem__))

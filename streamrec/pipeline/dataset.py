@@ -14,7 +14,7 @@ from collections.abc import (
 )
 from contextlib import aclosing
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from streamrec._portal import EventLoopThread, iterate_blocking
 from streamrec.format.accel import log_fallback_once
@@ -22,11 +22,25 @@ from streamrec.format.framing import OnCorrupt
 from streamrec.pipeline.counts import RecordCounts, ShardCounts, count_for, counts_key, list_counts
 from streamrec.pipeline.engine import ReadEngine
 from streamrec.pipeline.events import Piece
+from streamrec.pipeline.indexed import IndexedEngine
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.shards import seeded_random
-from streamrec.pipeline.state import CycleState, DatasetState, ReadyState, parse_state
+from streamrec.pipeline.state import (
+    CycleState,
+    DatasetState,
+    IndexedState,
+    ReadyState,
+    parse_state,
+)
 from streamrec.pipeline.stats import Stats
-from streamrec.pipeline.trackers import Cursor, CycleTracker, ReadyTracker, ShuffleTracker, Tracker
+from streamrec.pipeline.trackers import (
+    Cursor,
+    CycleTracker,
+    IndexedTracker,
+    ReadyTracker,
+    ShuffleTracker,
+    Tracker,
+)
 from streamrec.redact import redact
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import ObjectInfo, StoreSet, store_key
@@ -128,7 +142,8 @@ class Dataset:
         if self._resume is not None:
             return self._resume
         state = DatasetState(self.epoch, self._config(), self._shards_digest, self._finished)
-        if self._cursor is not None and not self._finished:
+        # (indexed: a finished consumer's position still says how much of its part it took)
+        if self._cursor is not None and (not self._finished or self.options.indexed):
             state.read, state.shuffle = self._cursor.position()
         return state
 
@@ -159,8 +174,14 @@ class Dataset:
         else:
             self._finished = False
         read_state = resume.read if resume else None
-        upstream: CycleTracker | ReadyTracker
         options = self.options
+        if options.indexed:
+            assert read_state is None or isinstance(read_state, IndexedState)
+            cursor = Cursor(IndexedTracker(read_state))
+            self._set_cursor(cursor)
+            return cursor, resume
+        assert not isinstance(read_state, IndexedState)  # (parse_state: by the configuration)
+        upstream: CycleTracker | ReadyTracker
         if options.deterministic or options.cycle_length == 1:
             assert not isinstance(read_state, ReadyState)  # (parse_state: by the configuration)
             upstream = CycleTracker(options.cycle_length, read_state)
@@ -211,8 +232,12 @@ class Dataset:
         """This epoch's pieces from the read engine (none once the epoch is finished)."""
         if self._finished:
             return
-        engine = ReadEngine(self.urls, self.options, self.epoch, self._stats)
-        pieces = engine.pieces(resume, timed=timed, on_planned=self._planned)
+        if self.options.indexed:
+            indexed = IndexedEngine(self.urls, self.options, self.epoch, self._stats)
+            pieces = indexed.pieces(resume, on_planned=self._planned)
+        else:
+            engine = ReadEngine(self.urls, self.options, self.epoch, self._stats)
+            pieces = engine.pieces(resume, timed=timed, on_planned=self._planned)
         async with aclosing(pieces) as ordered:
             async for piece in ordered:
                 yield piece
@@ -437,6 +462,9 @@ def open_dataset(
     max_concurrency: int = 16,
     retry: RetryPolicy | None = None,
     allow_absolute_urls: bool = False,
+    shuffle: Literal["global", "block"] | None = None,
+    even: bool | Literal["drop", "pad"] | None = None,
+    window_records: int | None = None,
 ) -> Dataset:
     """Open TFRecord shards for reading.
 
@@ -486,6 +514,19 @@ def open_dataset(
             Off by default: such a name is a FormatError. Turn it on only for manifests you
             trust. Shards are checked against the manifest (size, and ETag / generation as
             committed): one replaced since is an ObjectChangedError.
+        shuffle: read records by index (every shard needs an index sidecar: ``open_writer(...,
+            index=True)``, ``streamrec reshard --index`` or ``streamrec index``) in an order
+            of ``(seed, epoch)``: ``"global"``, a permutation of all records (one range read
+            per record: fine for large records); ``"block"``, windows of ``window_records``
+            consecutive records (default: one ``block_bytes`` read) permuted, then mixed
+            ``shuffle_buffer`` records at a time (default: up to 16 windows, within half of
+            ``prefetch_bytes``): the link stays busy with small records. Consumers (hosts x
+            DataLoader workers) read contiguous parts of the epoch's order, and their states
+            merge (``streamrec.merge_states``) so that any number of consumers continue.
+        even: every consumer reads exactly as many records per epoch (no DDP rank runs out
+            early): ``"drop"`` leaves the remainder out, ``"pad"`` (or True) wraps short parts
+            around; reads by index like ``shuffle`` (unshuffled when ``shuffle`` is None).
+        window_records: ``shuffle="block"``'s window (records read together).
 
     Urls may be local paths, ``file://``, ``s3://``, ``gs://``, ``http(s)://`` or
     ``memory://``.
@@ -513,5 +554,8 @@ def open_dataset(
             num_hosts=num_hosts,
             host_index=host_index,
             allow_absolute_urls=allow_absolute_urls,
+            shuffle=shuffle,
+            even=even,
+            window_records=window_records,
         ),
     )

@@ -25,7 +25,13 @@ from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.shards import ShardPlan, dataloader_worker, plan_shards, seeded_random
 from streamrec.pipeline.shuffle import shuffle_pieces
 from streamrec.pipeline.sources import list_sources
-from streamrec.pipeline.state import CycleState, DatasetState, ReadState, ReadyState
+from streamrec.pipeline.state import (
+    CycleState,
+    DatasetState,
+    IndexedState,
+    ReadState,
+    ReadyState,
+)
 from streamrec.pipeline.stats import Stats
 from streamrec.storage.stores import ObjectInfo, StoreSet
 
@@ -171,8 +177,9 @@ class ReadEngine:
 
     def _read(self, opener: ShardOpener, start: ReadState | None) -> AsyncGenerator[Piece, None]:
         options = self.options
+        assert not isinstance(start, IndexedState)  # (parse_state: by the configuration)
         if options.cycle_length > 1 and not options.deterministic:
-            assert not isinstance(start, CycleState)  # (parse_state: by the configuration)
+            assert not isinstance(start, CycleState)
             return self._first_ready(opener, start)
         assert not isinstance(start, ReadyState)
         if options.cycle_length == 1:

@@ -15,6 +15,8 @@ from typing import NamedTuple
 from streamrec.format.framing import OVERHEAD_BYTES
 
 __all__ = [
+    "Advance",
+    "Begin",
     "Drain",
     "Event",
     "Open",
@@ -75,7 +77,25 @@ class Drain(NamedTuple):
     reshuffle: bool
 
 
-Event = Open | Take | Rounds | ShuffleIn | Drain
+class Begin(NamedTuple):
+    """Indexed reading starts: this consumer (``consumer`` of ``consumers``) reads its part of
+    the positions ``remaining`` of an epoch of ``records`` records, after the first ``taken``
+    (see :mod:`streamrec.pipeline.order`)."""
+
+    records: int
+    consumers: int
+    consumer: int
+    remaining: tuple[tuple[int, int], ...]
+    taken: int
+
+
+class Advance(NamedTuple):
+    """Indexed reading: the next ``records`` positions of the consumer's part."""
+
+    records: int
+
+
+Event = Open | Take | Rounds | ShuffleIn | Drain | Begin | Advance
 Piece = tuple[list[bytes], list[Event]]
 
 

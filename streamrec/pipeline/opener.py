@@ -26,7 +26,14 @@ from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.read import read_shard
 from streamrec.pipeline.shards import ShardPlan
-from streamrec.pipeline.state import CycleState, DatasetState, Location, check_against_plan
+from streamrec.pipeline.state import (
+    CycleState,
+    DatasetState,
+    Location,
+    ReadyState,
+    ShardPosition,
+    check_against_plan,
+)
 from streamrec.storage.base import ObjectInfo, ObjectStore
 
 if TYPE_CHECKING:
@@ -101,9 +108,11 @@ class ShardOpener:
             return
         ordinals: set[int] = set()
         read = resume.read
-        positions = (
-            [] if read is None else read.slots if isinstance(read, CycleState) else read.open
-        )
+        positions: list[ShardPosition | None] = []
+        if isinstance(read, CycleState):
+            positions += read.slots
+        elif isinstance(read, ReadyState):
+            positions += read.open
         for position in positions:
             if position is not None and position.records > 0:
                 ordinals.add(position.ordinal)

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from streamrec.format.codecs import normalize_compression
 from streamrec.format.framing import OnCorrupt
@@ -28,6 +28,9 @@ CONFIG_KEYS = (
     "seed",
     "num_hosts",
     "host_index",
+    "shuffle",
+    "even",
+    "window_records",
 )
 
 _MIN_STREAM_SHARE = 64 << 10  # a smaller share would mean tiny range reads
@@ -56,8 +59,24 @@ class ReadOptions:
     num_hosts: int = 1
     host_index: int = 0
     allow_absolute_urls: bool = False
+    shuffle: Literal["global", "block"] | None = None
+    even: bool | Literal["drop", "pad"] | None = None
+    window_records: int | None = None
 
     def __post_init__(self) -> None:
+        if self.shuffle not in (None, "global", "block"):
+            raise ValueError(f"shuffle must be None, 'global' or 'block', not {self.shuffle!r}")
+        if self.even not in (None, False, True, "drop", "pad"):
+            raise ValueError(f"even must be True, 'drop', 'pad' or None, not {self.even!r}")
+        if self.window_records is not None and self.window_records <= 0:
+            raise ValueError(f"window_records must be positive, not {self.window_records}")
+        if self.indexed and (self.cycle_length > 1 or self.shuffle_shards):
+            raise ValueError(
+                "shuffle='global'/'block' and even read records by index, in an order of their "
+                "own: cycle_length and shuffle_shards do not apply"
+            )
+        if self.shuffle == "global" and self.shuffle_buffer:
+            raise ValueError("shuffle='global' is a full permutation: no shuffle_buffer")
         is_per_scheme(self.storage_options)  # options that mix scheme and option keys fail
         normalize_compression(self.compression)  # so do bad codec names
         if self.on_corrupt not in ("raise", "skip"):
@@ -78,9 +97,28 @@ class ReadOptions:
         if not 0 <= self.host_index < self.num_hosts:
             raise ValueError(f"host_index must be in [0, {self.num_hosts}), not {self.host_index}")
 
+    @property
+    def indexed(self) -> bool:
+        """True when records are read by index (shuffle global/block, even)."""
+        return self.shuffle is not None or self.even not in (None, False)
+
+    @property
+    def even_mode(self) -> Literal["drop", "pad"] | None:
+        """``even`` as what it does (True: ``"pad"``, as DistributedSampler's default)."""
+        if self.even is True:
+            return "pad"
+        if self.even in (None, False):
+            return None
+        return self.even  # type: ignore[return-value]
+
     def config(self) -> dict[str, Any]:
-        """The settings a resume state records and must match (:data:`CONFIG_KEYS`)."""
-        return {key: getattr(self, key) for key in CONFIG_KEYS}
+        """The settings a resume state records and must match (:data:`CONFIG_KEYS`). Indexed
+        reading leaves the host split out: its states say which consumer saved them, and
+        merged states continue on any number of hosts."""
+        config = {key: getattr(self, key) for key in CONFIG_KEYS}
+        if self.indexed:
+            del config["num_hosts"], config["host_index"]
+        return config
 
     def stream_share(self) -> int | None:
         """The part of the budget kept for one shard's reader when several are read at once.

@@ -43,11 +43,13 @@ from typing import Any
 
 from streamrec.errors import StateError
 from streamrec.pipeline.buffer_codec import decode_buffer, encode_buffer
+from streamrec.pipeline.order import remaining_after
 
 __all__ = [
     "STATE_VERSION",
     "CycleState",
     "DatasetState",
+    "IndexedState",
     "Location",
     "ReadState",
     "ReadyState",
@@ -55,6 +57,7 @@ __all__ = [
     "ShardPosition",
     "ShuffleState",
     "check_against_plan",
+    "merge_states",
     "parse_state",
 ]
 
@@ -120,7 +123,32 @@ class ReadyState:
         return {"kind": "ready", "open": [p.to_json() for p in self.open], "done": self.done}
 
 
-ReadState = CycleState | ReadyState
+@dataclass
+class IndexedState:
+    """Indexed reading (:mod:`~streamrec.pipeline.order`): an epoch of ``records`` records;
+    the positions ``remaining`` when this generation of consumers started; this consumer
+    (``consumer`` of ``consumers``) took the first ``taken`` positions of its part.
+    ``consumers == 0``: a merged state (:func:`merge_states`), where no consumer of the new
+    generation has started: any number of consumers may continue from it."""
+
+    records: int
+    consumers: int
+    consumer: int
+    remaining: list[tuple[int, int]]
+    taken: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "indexed",
+            "records": self.records,
+            "consumers": self.consumers,
+            "consumer": self.consumer,
+            "remaining": [[a, b] for a, b in self.remaining],
+            "taken": self.taken,
+        }
+
+
+ReadState = CycleState | ReadyState | IndexedState
 
 
 @dataclass
@@ -236,6 +264,11 @@ def parse_state(raw: object, config: Mapping[str, Any]) -> DatasetState:
         raise _bad("shards", digest, "not a shard digest (a short string) or null")
     finished = _bool(_key(raw, "finished", "state"), "finished")
     read_raw, shuffle_raw = _key(raw, "read", "state"), _key(raw, "shuffle", "state")
+    if config.get("shuffle") in ("global", "block") or config.get("even"):  # indexed reading
+        if shuffle_raw is not None:
+            raise _bad("shuffle", shuffle_raw, "a shuffle buffer state, but reading is indexed")
+        indexed = None if read_raw is None else _indexed(_dict(read_raw, "read"))
+        return DatasetState(epoch, dict(theirs), digest, finished, indexed, None)
     if shuffle_buffer == 0 and shuffle_raw is not None:
         raise _bad("shuffle", shuffle_raw, "a shuffle buffer state, but shuffle_buffer is 0")
     if shuffle_buffer and (read_raw is None) != (shuffle_raw is None):
@@ -307,6 +340,34 @@ def _ready(read: dict[str, Any]) -> ReadyState:
     return ReadyState(positions, done)
 
 
+_MOST_INTERVALS = 1 << 16  # a state of this many intervals is far beyond any real job's
+
+
+def _indexed(read: dict[str, Any]) -> IndexedState:
+    if read.get("kind") != "indexed":
+        raise _bad("read.kind", read.get("kind"), "not 'indexed' (shuffle global/block, even)")
+    records = _int(_key(read, "records", "read"), "read.records")
+    consumers = _int(_key(read, "consumers", "read"), "read.consumers", 0, _MAX_CONSUMERS)
+    consumer = _int(_key(read, "consumer", "read"), "read.consumer", 0, max(consumers - 1, 0))
+    remaining: list[tuple[int, int]] = []
+    end = 0
+    for k, pair in enumerate(
+        _list(_key(read, "remaining", "read"), "read.remaining", most=_MOST_INTERVALS)
+    ):
+        where = f"read.remaining[{k}]"
+        entries = _list(pair, where, 2)
+        a = _int(entries[0], f"{where}[0]", end, records)
+        b = _int(entries[1], f"{where}[1]", a + 1, records)
+        remaining.append((a, b))
+        end = b
+    held = sum(b - a for a, b in remaining)
+    taken = _int(_key(read, "taken", "read"), "read.taken", 0, held if consumers else 0)
+    return IndexedState(records, consumers, consumer, remaining, taken)
+
+
+_MAX_CONSUMERS = 1 << 20
+
+
 def _shuffle(shuffle: dict[str, Any], shuffle_buffer: int, version: int) -> ShuffleState:
     packed = _key(shuffle, "buffer", "shuffle")
     if version >= 2:  # packed (decoding checks the packing; the locations are checked below)
@@ -360,3 +421,67 @@ def check_against_plan(state: DatasetState, count: int) -> None:
     for where, place in places:
         if place[0] >= count:
             raise _bad(where, list(place), f"names shard {place[0]}; there are only {count}")
+
+
+def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One state from the states of *all* consumers of an indexed epoch (``shuffle="global"``
+    or ``"block"``, or ``even``), from which any number of consumers continue: every record
+    none of them consumed comes exactly once, none they consumed comes again.
+
+    Each consumer (host x DataLoader worker) saves its own state; gather them (e.g. with
+    ``torch.distributed.all_gather_object``, and :func:`streamrec.torch.worker_states` for a
+    StatefulDataLoader's) and load the merged state into every consumer of the new job.
+    StateError when they are not one complete generation of consumers of the same epoch.
+    """
+    if not states:
+        raise StateError("merge_states needs the states of all consumers, got none")
+    parsed: list[DatasetState] = []
+    for k, raw in enumerate(states):
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("config"), dict):
+            raise StateError(f"state {k} is not a streamrec dataset state")
+        parsed.append(parse_state(dict(raw), raw["config"]))
+    first = parsed[0]
+    for k, state in enumerate(parsed[1:], start=1):
+        if (state.config, state.epoch, state.shards) != (first.config, first.epoch, first.shards):
+            raise StateError(f"state {k} comes from another dataset, epoch or set of shards")
+    positions = [s.read for s in parsed]
+    if not all(isinstance(p, IndexedState) or p is None for p in positions):
+        raise StateError(
+            "merge_states merges the states of indexed reading only (shuffle "
+            "'global' or 'block', or even): other orders resume per consumer"
+        )
+    started = [p for p in positions if isinstance(p, IndexedState)]
+    if not started:
+        return first.to_json()  # nobody read anything yet
+    generation = started[0]
+    for p in started:
+        if (p.records, p.consumers, p.remaining) != (
+            generation.records,
+            generation.consumers,
+            generation.remaining,
+        ):
+            raise StateError(
+                "the states come from different generations of consumers: merge "
+                "the states of one run's consumers, all saved in that run"
+            )
+    if generation.consumers == 0:
+        return first.to_json()  # merged already; nobody of the new generation started
+    taken = [0] * generation.consumers
+    seen = set()
+    for p in started:
+        if p.consumer in seen:
+            raise StateError(f"two states of consumer {p.consumer}")
+        seen.add(p.consumer)
+        taken[p.consumer] = p.taken
+    if len(seen) != generation.consumers:
+        missing = sorted(set(range(generation.consumers)) - seen)
+        raise StateError(f"missing the states of consumers {missing} of {generation.consumers}")
+    remaining = remaining_after(generation.remaining, generation.consumers, taken)
+    merged = DatasetState(
+        first.epoch,
+        first.config,
+        first.shards,
+        not remaining,
+        IndexedState(generation.records, 0, 0, remaining, 0),
+    )
+    return merged.to_json()

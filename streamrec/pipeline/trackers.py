@@ -18,9 +18,20 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from streamrec.format.framing import OVERHEAD_BYTES
-from streamrec.pipeline.events import Drain, Event, Open, Rounds, ShuffleIn, Take, turns
+from streamrec.pipeline.events import (
+    Advance,
+    Begin,
+    Drain,
+    Event,
+    Open,
+    Rounds,
+    ShuffleIn,
+    Take,
+    turns,
+)
 from streamrec.pipeline.state import (
     CycleState,
+    IndexedState,
     Location,
     ReadState,
     ReadyState,
@@ -41,7 +52,7 @@ class Tracker(Protocol):
     def copy(self) -> Tracker:
         """An independent copy."""
 
-    def position(self) -> tuple[ReadState, ShuffleState | None]:
+    def position(self) -> tuple[ReadState | None, ShuffleState | None]:
         """The position: of the read stage, and of the shuffle buffer (if there is one)."""
 
 
@@ -64,7 +75,7 @@ class _ReadTracker:
     def state(self) -> ReadState:
         raise NotImplementedError
 
-    def position(self) -> tuple[ReadState, ShuffleState | None]:
+    def position(self) -> tuple[ReadState | None, ShuffleState | None]:
         return self.state(), None
 
     def partial_turn(self, count: int) -> None:
@@ -281,9 +292,51 @@ class ShuffleTracker:
         other.rng.setstate(self.rng.getstate())
         return other
 
-    def position(self) -> tuple[ReadState, ShuffleState | None]:
+    def position(self) -> tuple[ReadState | None, ShuffleState | None]:
         shuffle = ShuffleState(list(self.buffer), self.draining, self.rng.getstate())
         return self.upstream.state(), shuffle
+
+
+class IndexedTracker:
+    """Position in indexed reading: how many positions of its part this consumer took (the
+    part itself arrives with the first piece, as a :class:`Begin` event)."""
+
+    def __init__(self, state: IndexedState | None = None) -> None:
+        self.state = state
+
+    def apply(self, events: Sequence[Event], records: Sequence[bytes], limit: int | None) -> None:
+        pos = 0
+        for event in events:
+            if isinstance(event, Begin):
+                self.state = IndexedState(
+                    event.records,
+                    event.consumers,
+                    event.consumer,
+                    [(a, b) for a, b in event.remaining],
+                    event.taken,
+                )
+            elif isinstance(event, Advance):
+                count = event.records
+                if limit is not None and pos + count > limit:
+                    count = limit - pos
+                assert self.state is not None, "records before the part began"
+                self.state.taken += count
+                pos += count
+                if limit is not None and pos >= limit:
+                    return
+
+    def copy(self) -> IndexedTracker:
+        state = self.state
+        if state is None:
+            return IndexedTracker()
+        return IndexedTracker(
+            IndexedState(
+                state.records, state.consumers, state.consumer, list(state.remaining), state.taken
+            )
+        )
+
+    def position(self) -> tuple[ReadState | None, ShuffleState | None]:
+        return self.copy().state, None
 
 
 def _read_events(events: Sequence[Event]) -> Iterator[Open | Take]:
@@ -338,7 +391,7 @@ class Cursor:
         """Records handed to the consumer so far (the one last handed out included)."""
         return self._settled + len(self._records) - self._left()
 
-    def position(self) -> tuple[ReadState, ShuffleState | None]:
+    def position(self) -> tuple[ReadState | None, ShuffleState | None]:
         """The position after the record last handed out."""
         tracker = self.tracker.copy()
         if self._events:

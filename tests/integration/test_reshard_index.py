@@ -124,9 +124,16 @@ def test_the_temporary_files_of_sidecars_a_killed_run_left_are_removed(tmp_path:
 def test_sources_that_are_output_sidecars_are_refused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     write_local(out, input_files(make_records()))
-    (out / "p-00.tfrecord.idx").write_bytes(b"0 20\n")  # what this job would write
+    sidecar = out / "p-00.tfrecord.idx"
+    sidecar.write_bytes(b"0 20\n")  # what this job would write
+    # globs never list sidecars as shards; named explicitly, one is refused
     with pytest.raises(ValueError, match="the sources include what"):
-        reshard(str(out / "*"), f"{out}/p-{{index:02d}}.tfrecord", num_shards=2, progress=False)
+        reshard(
+            [str(out / "*"), str(sidecar)],
+            f"{out}/p-{{index:02d}}.tfrecord",
+            num_shards=2,
+            progress=False,
+        )
 
 
 def test_the_command_line_writes_indexes(

@@ -473,7 +473,7 @@ async def test_indexed_set_round_trip(
         {"name": n + ".idx", "bytes": e.index_bytes} for n, e in zip(names, shards, strict=True)
     ]
     listed = await streamrec.open_dataset(manifest, storage_options=target.storage_options).shards()
-    assert [(o.index_url, o.index_bytes) for o in listed] == [
+    assert [(o.index and o.index.url, o.index and o.index.size) for o in listed] == [
         (e.index_url, e.index_bytes) for e in shards
     ]
     assert read_all(manifest, target.storage_options) == data

@@ -85,7 +85,7 @@ async def test_rotation_by_records_indexes_every_shard(
     assert await read_manifest(str(tmp_path / "_manifest.json")) == shards
     # what a reader lists from the manifest carries the sidecar: no lookup needed
     listed = await streamrec.open_dataset(str(tmp_path)).shards()
-    assert [(o.index_url, o.index_bytes) for o in listed] == [
+    assert [(o.index and o.index.url, o.index and o.index.size) for o in listed] == [
         (e.index_url, e.index_bytes) for e in shards
     ]
     assert list(streamrec.open_dataset(str(tmp_path))) == payloads

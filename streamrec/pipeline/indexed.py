@@ -1,0 +1,234 @@
+"""Indexed reading: one epoch as a fixed order of record numbers, read by coalesced range reads.
+
+Used when ``shuffle="global"`` or ``"block"`` or ``even`` is set (every shard needs an index
+sidecar: records are read by position). One iteration:
+
+1. list the shards and load their indexes (:mod:`~streamrec.pipeline.indexes`) into a
+   :class:`~streamrec.pipeline.random_access.RecordTable`;
+2. the epoch's order (:class:`~streamrec.pipeline.order.EpochOrder`) and this consumer's part
+   of the positions still to read (:func:`~streamrec.pipeline.order.part_of`: hosts x
+   DataLoader workers, ``even`` drop/pad), from the resume state or the start;
+3. positions in *chunks* (about a quarter of ``prefetch_bytes`` of records each; in block
+   mode whole runs of ``mix`` positions): each chunk's records read with
+   :func:`~streamrec.pipeline.random_access.read_records` while the one before is consumed
+   (two chunks at most, so memory stays near ``prefetch_bytes``); pieces carry
+   :class:`~streamrec.pipeline.events.Begin` / :class:`~streamrec.pipeline.events.Advance`
+   events, so the consumer's state is one number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import shlex
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
+
+from streamrec._portal import cancel_and_wait
+from streamrec.errors import RecordCountUnknownError, StateError
+from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.events import Advance, Begin, Event, Piece
+from streamrec.pipeline.indexes import load_indexes, shard_compression
+from streamrec.pipeline.options import ReadOptions
+from streamrec.pipeline.order import EpochOrder, Intervals, Part, part_of
+from streamrec.pipeline.random_access import RecordTable, read_records
+from streamrec.pipeline.shards import dataloader_worker
+from streamrec.pipeline.sources import list_sources
+from streamrec.pipeline.state import DatasetState, IndexedState
+from streamrec.pipeline.stats import Stats
+from streamrec.redact import redact
+from streamrec.storage.stores import ObjectInfo, StoreSet
+
+__all__ = ["IndexedEngine", "load_table", "table_digest"]
+
+_GLOBAL_CONCURRENCY = 64  # single-record GETs in flight (global shuffle): a link's worth
+
+
+async def load_table(
+    urls: Sequence[str],
+    shards: Sequence[ObjectInfo],
+    stores: StoreSet,
+    options: ReadOptions,
+    on_retry: Callable[[Exception], None] | None = None,
+) -> RecordTable:
+    """The indexed shards as one table; RecordCountUnknownError naming `streamrec index` when
+    a shard has no index."""
+    indexes = await load_indexes(
+        shards, stores.get, options.retry, compression=options.compression, on_retry=on_retry
+    )
+    missing = [shard.url for shard, index in zip(shards, indexes, strict=True) if index is None]
+    if missing:
+        command = " ".join(["streamrec index", *(shlex.quote(redact(url)) for url in urls)])
+        raise RecordCountUnknownError(
+            f"reading by record index (shuffle='global'/'block', even) needs every shard's index "
+            f"sidecar; {len(missing)} of {len(shards)} shards have none (e.g. "
+            f"{redact(missing[0])}): index them once with `{command}`"
+        )
+    compressions = [
+        await shard_compression(shard, stores.get(shard.url), options.retry, options.compression)
+        for shard in shards
+    ]
+    return RecordTable.build(shards, [i for i in indexes if i is not None], compressions)
+
+
+def table_digest(table: RecordTable) -> str:
+    """A short fingerprint of the shards read (names, sizes, versions, record counts)."""
+    described = [
+        [s.url, s.size, s.version, len(i)] for s, i in zip(table.shards, table.indexes, strict=True)
+    ]
+    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    order: EpochOrder
+    part: Part
+    pool: Intervals
+    begin: Begin
+
+
+def mean_record_bytes(table: RecordTable) -> float:
+    total = sum(int(index.lengths.sum()) for index in table.indexes)
+    return max(total / max(len(table), 1), 1.0)
+
+
+class IndexedEngine:
+    """Reads this consumer's part of an indexed epoch (see the module docstring)."""
+
+    def __init__(self, urls: Sequence[str], options: ReadOptions, epoch: int, stats: Stats):
+        self.urls = list(urls)
+        self.options = options
+        self.epoch = epoch
+        self.stats = stats
+
+    def _count_retry(self, error: Exception) -> None:
+        self.stats.retries += 1
+
+    def _plan(self, table: RecordTable, resume: IndexedState | None) -> _Plan:
+        options = self.options
+        workers, worker = dataloader_worker()
+        consumers = options.num_hosts * workers
+        consumer = options.host_index * workers + worker
+        records = len(table)
+        pool: Intervals = [(0, records)] if records else []
+        taken = 0
+        if resume is not None:
+            if resume.records != records:
+                raise StateError(
+                    f"the state was saved over {resume.records} records; the shards now hold "
+                    f"{records}: it cannot resume here"
+                )
+            pool = list(resume.remaining)
+            if resume.consumers:
+                if (resume.consumers, resume.consumer) != (consumers, consumer):
+                    raise StateError(
+                        f"this state belongs to consumer {resume.consumer} of "
+                        f"{resume.consumers}; this is consumer {consumer} of {consumers} "
+                        "(hosts x DataLoader workers). To continue with other consumers, merge "
+                        "the states of all of them with streamrec.merge_states(states) and "
+                        "load the merged state into every new consumer"
+                    )
+                taken = resume.taken
+        even = options.even_mode
+        part = part_of(pool, consumers, consumer, even)
+        kind = options.shuffle or "none"
+        window, mix = 1, 1
+        if kind == "block":
+            mean = mean_record_bytes(table)
+            window = options.window_records or max(1, int(options.block_bytes // mean))
+            mix = options.shuffle_buffer or max(
+                window, min(16 * window, int(options.prefetch_bytes // 2 // mean))
+            )
+        order = EpochOrder(records, kind, options.seed, self.epoch, window, mix)
+        begin = Begin(records, consumers, consumer, tuple(pool), taken)
+        return _Plan(order, part, pool, begin)
+
+    async def pieces(
+        self,
+        resume: DatasetState | None,
+        *,
+        on_planned: Callable[[str], None] | None = None,
+    ) -> AsyncGenerator[Piece, None]:
+        """This consumer's records of the epoch, in pieces, from ``resume`` or the start."""
+        options = self.options
+        budget = ByteBudget(options.prefetch_bytes)
+        async with StoreSet(options.storage_options, options.max_concurrency * 4) as stores:
+            try:
+                shards = await list_sources(
+                    self.urls,
+                    stores.get,
+                    options.retry,
+                    allow_absolute_urls=options.allow_absolute_urls,
+                    on_retry=self._count_retry,
+                )
+                table = await load_table(self.urls, shards, stores, options, self._count_retry)
+                digest = table_digest(table)
+                if resume is not None and resume.shards not in (None, digest):
+                    raise StateError(
+                        "the state was saved over different shards (other files, sizes or "
+                        "versions); it cannot resume here"
+                    )
+                if on_planned is not None:
+                    on_planned(digest)
+                start = resume.read if resume is not None else None
+                assert start is None or isinstance(start, IndexedState)
+                plan = self._plan(table, start)
+                async for piece in self._read(table, plan, stores, budget):
+                    yield piece
+            finally:
+                self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
+
+    def _chunks(self, table: RecordTable, plan: _Plan) -> list[tuple[int, int]]:
+        """The part's positions still to read, cut into chunks ``(start, stop)``."""
+        mean = mean_record_bytes(table)
+        size = max(1, int(self.options.prefetch_bytes // 4 // mean))
+        if plan.order.shuffle == "block":
+            size = max(plan.order.mix, size // plan.order.mix * plan.order.mix)
+        first = plan.begin.taken
+        return [(a, min(a + size, plan.part.length)) for a in range(first, plan.part.length, size)]
+
+    async def _read(
+        self, table: RecordTable, plan: _Plan, stores: StoreSet, budget: ByteBudget
+    ) -> AsyncGenerator[Piece, None]:
+        options = self.options
+        concurrency = options.max_concurrency
+        if plan.order.shuffle == "global":
+            concurrency = max(concurrency, _GLOBAL_CONCURRENCY)
+
+        async def fetch(start: int, stop: int) -> list[bytes]:
+            positions = plan.part.positions(start, stop, plan.pool)
+            records = plan.order.records_at(positions)
+            got = await read_records(
+                table,
+                records.tolist(),
+                store_of=stores.get,
+                budget=budget,
+                policy=options.retry,
+                max_concurrency=concurrency,
+                span_bytes=options.block_bytes,
+                verify_crc=options.verify_crc,
+                on_retry=self._count_retry,
+            )
+            self.stats.records_read += len(got)
+            self.stats.bytes_read += sum(map(len, got))
+            return got
+
+        chunks = self._chunks(table, plan)
+        events: list[Event] = [plan.begin]
+        pending: asyncio.Task[list[bytes]] | None = None
+        try:
+            for k, (start, stop) in enumerate(chunks):
+                task = pending or asyncio.ensure_future(fetch(start, stop))
+                pending = None
+                if k + 1 < len(chunks):  # the next chunk is read while this one is consumed
+                    pending = asyncio.ensure_future(fetch(*chunks[k + 1]))
+                records = await task
+                events.append(Advance(len(records)))
+                yield records, events
+                events = []
+            if events:
+                yield [], events
+        finally:
+            if pending is not None:
+                await cancel_and_wait([pending])
