@@ -519,7 +519,7 @@ def open_dataset(
             of ``(seed, epoch)``: ``"global"``, a permutation of all records (one range read
             per record: fine for large records); ``"block"``, windows of ``window_records``
             consecutive records (default: one ``block_bytes`` read) permuted, then mixed
-            ``shuffle_buffer`` records at a time (default: up to 16 windows, within half of
+            ``shuffle_buffer`` records at a time (default: up to 16 windows, within a quarter of
             ``prefetch_bytes``): the link stays busy with small records. Consumers (hosts x
             DataLoader workers) read contiguous parts of the epoch's order, and their states
             merge (``streamrec.merge_states``) so that any number of consumers continue.

@@ -9,9 +9,10 @@ sidecar: records are read by position). One iteration:
    of the positions still to read (:func:`~streamrec.pipeline.order.part_of`: hosts x
    DataLoader workers, ``even`` drop/pad), from the resume state or the start;
 3. positions in *chunks* (about a quarter of ``prefetch_bytes`` of records each; in block
-   mode whole runs of ``mix`` positions): each chunk's records read with
-   :func:`~streamrec.pipeline.random_access.read_records` while the one before is consumed
-   (two chunks at most, so memory stays near ``prefetch_bytes``); pieces carry
+   mode whole runs of ``mix`` positions, by default also within a quarter): each chunk's
+   records read with :func:`~streamrec.pipeline.random_access.read_records` while the one
+   before is consumed: one chunk read (or held) besides the one the consumer has, so reads
+   in flight and decoded records stay within about half of ``prefetch_bytes``; pieces carry
    :class:`~streamrec.pipeline.events.Begin` / :class:`~streamrec.pipeline.events.Advance`
    events, so the consumer's state is one number.
 """
@@ -138,7 +139,7 @@ class IndexedEngine:
             mean = mean_record_bytes(table)
             window = options.window_records or max(1, int(options.block_bytes // mean))
             mix = options.shuffle_buffer or max(
-                window, min(16 * window, int(options.prefetch_bytes // 2 // mean))
+                window, min(16 * window, int(options.prefetch_bytes // 4 // mean))
             )
         order = EpochOrder(records, kind, options.seed, self.epoch, window, mix)
         begin = Begin(records, consumers, consumer, tuple(pool), taken)
