@@ -37,18 +37,13 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-for path in (REPO_ROOT, BENCH_DIR):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+from _harness import BENCH_DIR
+from _harness.report import replace_section
 
-from _harness import replace_section  # noqa: E402
-
-import streamrec  # noqa: E402
-from streamrec.cli import main as cli_main  # noqa: E402
-from streamrec.format import framing  # noqa: E402
-from streamrec.format.framing import RecordEncoder  # noqa: E402
+import streamrec
+from streamrec.cli import main as cli_main
+from streamrec.format import framing
+from streamrec.format.framing import RecordEncoder
 
 MIB = 1 << 20
 SHARDS = 16
