@@ -45,7 +45,8 @@ class Dataset:
     Iterate with ``async for`` inside an event loop or with plain ``for`` anywhere; both give
     the same records in the same order (shards sorted by name within a glob, in the order given
     across a list). Each iteration lists and reads the shards again, with its own connections,
-    closed when the iteration ends. ``stats`` accumulates counters.
+    closed when the iteration ends. ``stats`` accumulates counters. :meth:`get` reads records
+    by their index instead (indexed shards).
     """
 
     def __init__(self, urls: str | Sequence[str], options: ReadOptions | None = None) -> None:
