@@ -113,6 +113,8 @@ def test_local_random_sets_match_a_sequential_read(tmp_path: Path, compression: 
     other.set_epoch(5)
     assert other.get([0, 600, 1199]) == [data[0], data[600], data[1199]]
     assert other.num_records == 1200 and len(other) < 1200  # len: this host's share
+    by_manifest = streamrec.open_dataset(str(tmp_path))  # the writer's _manifest.json
+    assert by_manifest.get([1199, 0, 401]) == [data[1199], data[0], data[401]]
     ds.close()
     assert ds.get([3]) == [data[3]]  # a closed dataset opens a new session
 
