@@ -4,6 +4,7 @@ Public API (re-exports only)::
 
     ds = streamrec.open_dataset("data/train-*.tfrecord")
     for payload in ds: ...                 # or: async for payload in ds
+    records = ds.get([7, 3, 7])            # by index (every shard indexed); await ds.aget(...)
     async with streamrec.open_writer("out.tfrecord") as w:
         await w.write(payload)
     with streamrec.sync.open_writer("s3://b/out/part-{index:05d}.tfrecord",

@@ -13,7 +13,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -88,6 +88,19 @@ class EventLoopThread:
             error = outcome.pop("error")
             raise error
         return outcome["value"]  # type: ignore[no-any-return]
+
+    async def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Await ``coroutine`` run in this loop, from another event loop: the caller's loop
+        is not blocked, and cancelling the caller cancels the work in this loop."""
+        if self._closed:
+            coroutine.close()
+            raise RuntimeError("the event loop thread is closed")
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        return await asyncio.wrap_future(future)
+
+    def is_current(self) -> bool:
+        """True when called from this loop's own thread (where ``call`` would deadlock)."""
+        return threading.current_thread() is self._thread
 
     @property
     def closed(self) -> bool:

@@ -13,6 +13,8 @@ The tree (catch a branch to catch everything below it)::
     ├── StateError (ValueError)         a resume state that does not fit this dataset
     ├── RecordCountUnknownError         len(ds) / num_records: some shard's record count is not
     │     (TypeError)                   known without reading it (no manifest count, no index)
+    ├── RandomAccessUnavailableError    ds.get(indices): some shard has no index sidecar, or a
+    │     (TypeError)                   GZIP/ZLIB shard's index has no restart points
     └── StorageError (OSError)          reading or writing an object failed; names the url
         ├── ObjectNotFoundError         (FileNotFoundError) no object, or a glob matched nothing
         ├── PermissionDeniedError       (PermissionError) 401/403, bad or missing credentials
@@ -49,6 +51,7 @@ __all__ = [
     "ObjectChangedError",
     "ObjectNotFoundError",
     "PermissionDeniedError",
+    "RandomAccessUnavailableError",
     "RecordCountUnknownError",
     "RetriesExhaustedError",
     "StateError",
@@ -185,6 +188,17 @@ class RecordCountUnknownError(StreamrecError, TypeError):
     has neither (or a sidecar that does not fit its shard); the message names one and the
     command that indexes them. A ``TypeError``, as ``len()`` of an object without a length
     raises: ``list(ds)``, which asks for the length first, then simply reads."""
+
+
+class RandomAccessUnavailableError(StreamrecError, TypeError):
+    """``ds.get(indices)`` / ``await ds.aget(indices)`` read records by their index in the
+    dataset, which needs every shard's record index sidecar (``<shard>.idx``) and, for a
+    GZIP/ZLIB shard, one with restart points (written with ``index=True``, or ``streamrec
+    reshard --index``; ``streamrec index`` gives such a shard a counts-only index). Raised on
+    the first call when some shard has no such index: the message names one and what makes
+    it (such shards can still be read sequentially). A ``TypeError``, as indexing an object
+    that does not support it raises; stale indexes are an
+    :class:`IndexMismatchError` instead."""
 
 
 class StorageError(StreamrecError, OSError):

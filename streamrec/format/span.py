@@ -11,7 +11,8 @@ shard's index (:mod:`~streamrec.format.index`):
 
 :class:`SpanDecoder` is fed the span's bytes and returns its records, CRC-checked. The index is
 untrusted: every record must frame exactly where and as long as the index says
-(:class:`~streamrec.errors.FormatError` naming the shard, the offset and the index otherwise),
+(:class:`~streamrec.errors.IndexMismatchError`, a ``FormatError``, naming the shard and the
+offset otherwise; a bad CRC is a ``CorruptRecordError`` as in any read),
 and it never inflates more than the index's records need (what a span costs in memory is
 known before it is read).
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
-from streamrec.errors import CompressionError, FormatError
+from streamrec.errors import CompressionError, IndexMismatchError
 from streamrec.format.codecs import Compression
 from streamrec.format.crc import BytesLike
 from streamrec.format.framing import OVERHEAD_BYTES, RecordDecoder
@@ -113,7 +114,7 @@ class SpanDecoder:
         for k, record in enumerate(records, start=before):
             if k >= len(self._lengths) or len(record) + OVERHEAD_BYTES != self._lengths[k]:
                 expected = self._lengths[k] if k < len(self._lengths) else "no record"
-                raise FormatError(
+                raise IndexMismatchError(
                     f"the record index says {expected} framed bytes here, the shard has a record "
                     f"of {len(record) + OVERHEAD_BYTES}: the index does not match the shard",
                     url=self.url,
@@ -122,9 +123,9 @@ class SpanDecoder:
             self._records.append(record)
 
     def close(self) -> list[bytes]:
-        """The span's records; FormatError when its bytes ended before all of them."""
+        """The span's records; IndexMismatchError when its bytes ended before all of them."""
         if not self.done:
-            raise FormatError(
+            raise IndexMismatchError(
                 f"the span ends after {len(self._records)} of its {len(self._lengths)} records "
                 f"({self._consumed} stored bytes): the index does not match the shard",
                 url=self.url,

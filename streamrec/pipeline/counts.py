@@ -30,9 +30,16 @@ from streamrec.pipeline.order import part_of
 from streamrec.pipeline.shards import dataloader_worker, plan_shards, planned_records
 from streamrec.pipeline.stats import Stats
 from streamrec.redact import redact
-from streamrec.storage.stores import StoreSet
+from streamrec.storage.stores import ObjectInfo, StoreSet
 
-__all__ = ["RecordCounts", "ShardCounts", "count_for", "counts_key", "list_counts"]
+__all__ = [
+    "RecordCounts",
+    "ShardCounts",
+    "count_for",
+    "counts_key",
+    "index_command",
+    "list_counts",
+]
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,9 @@ class ShardCounts:
     counts: tuple[int, ...]
     unknown: str | None = None
     """Why some count is not known (the message of RecordCountUnknownError), or None."""
+    shards: tuple[ObjectInfo, ...] = ()
+    """The shards listed, in listing order (random access numbers their records without
+    listing them again: :mod:`streamrec.pipeline.lookup`)."""
 
 
 def counts_key(urls: Sequence[str], options: ReadOptions) -> tuple[object, ...]:
@@ -80,19 +90,24 @@ async def list_counts(urls: Sequence[str], options: ReadOptions, stats: Stats) -
                 on_retry=lambda _: _count_retry(stats),
             )
         except IndexMismatchError as exc:
-            return ShardCounts(key, (), f"{exc} (its record count is unknown)")
+            return ShardCounts(key, (), f"{exc} (its record count is unknown)", tuple(shards))
     unknown = [shard.url for shard, count in zip(shards, found, strict=True) if count is None]
     if unknown:
-        command = " ".join(["streamrec index", *(shlex.quote(redact(url)) for url in urls)])
         return ShardCounts(
             key,
             (),
             f"the record count of {len(unknown)} of {len(shards)} shards is not known without "
             f"reading them: no manifest lists them and they have no index sidecar (e.g. "
-            f"{redact(unknown[0])}); index them once with `{command}` and open the dataset "
-            "again",
+            f"{redact(unknown[0])}); index them once with `{index_command(urls)}` and open the "
+            "dataset again",
+            tuple(shards),
         )
-    return ShardCounts(key, tuple(c for c in found if c is not None))
+    return ShardCounts(key, tuple(c for c in found if c is not None), shards=tuple(shards))
+
+
+def index_command(urls: Sequence[str]) -> str:
+    """The ``streamrec index`` command line that indexes the shards ``urls`` stand for."""
+    return " ".join(["streamrec index", *(shlex.quote(redact(url)) for url in urls)])
 
 
 def _count_retry(stats: Stats) -> None:

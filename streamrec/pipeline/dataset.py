@@ -23,6 +23,7 @@ from streamrec.pipeline.counts import RecordCounts, ShardCounts, count_for, coun
 from streamrec.pipeline.engine import ReadEngine
 from streamrec.pipeline.events import Piece
 from streamrec.pipeline.indexed import IndexedEngine
+from streamrec.pipeline.lookup import Indices, RecordLookup
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.shards import seeded_random
 from streamrec.pipeline.state import (
@@ -58,7 +59,8 @@ class Dataset:
     Iterate with ``async for`` inside an event loop or with plain ``for`` anywhere; both give
     the same records in the same order (shards sorted by name within a glob, in the order given
     across a list). Each iteration lists and reads the shards again, with its own connections,
-    closed when the iteration ends. ``stats`` accumulates counters.
+    closed when the iteration ends. ``stats`` accumulates counters. :meth:`get` reads records
+    by their index instead (indexed shards).
     """
 
     def __init__(self, urls: str | Sequence[str], options: ReadOptions | None = None) -> None:
@@ -385,6 +387,11 @@ class Dataset:
         counts: ShardCounts | None = getattr(self, "_counts", None)
         return counts if counts and counts.key == counts_key(self.urls, self.options) else None
 
+    def _keep_counts(self, counts: ShardCounts) -> None:
+        known = self._known_counts()
+        if known is None or known.unknown is not None:
+            self._counts = counts  # a record table's: len(ds) needs no listing now
+
     def _count_blocking(self) -> RecordCounts:
         counts = self._known_counts()
         if counts is None:
@@ -406,6 +413,38 @@ class Dataset:
         :class:`~streamrec.errors.RecordCountUnknownError` (a ``TypeError``: ``list(ds)``, which
         asks for a length first, then just reads; its listing costs one per dataset)."""
         return self._count_blocking().consumer
+
+    # ------------------------------------------------------------------ random access
+
+    def get(self, indices: Indices) -> list[bytes]:
+        """The records at ``indices`` (blocking; from plain code, threads and DataLoader
+        workers), in the order asked, duplicates included: index ``i`` is the ``i``-th record
+        of all shards the urls list, in listing order (as :attr:`num_records` counts them),
+        whatever the host or worker split, shuffle or epoch; negative ones count from the
+        end. Neighbouring records share one range read; reads run ``max_concurrency`` at
+        once within ``prefetch_bytes``; CRCs are checked. Batch indices into one call: a call
+        costs about one round trip. Needs every shard's index
+        (:class:`~streamrec.errors.RandomAccessUnavailableError` names what to run);
+        IndexError out of range. See :mod:`streamrec.pipeline.lookup`."""
+        return self._lookup_of().get(indices, self._known_counts(), self._keep_counts)
+
+    async def aget(self, indices: Indices) -> list[bytes]:
+        """:meth:`get` for async code: the reads run on the dataset's loop thread, so they
+        never block the caller's loop."""
+        return await self._lookup_of().aget(indices, self._known_counts(), self._keep_counts)
+
+    def _lookup_of(self) -> RecordLookup:
+        lookup: RecordLookup | None = getattr(self, "_lookup", None)
+        if lookup is None or lookup.key != counts_key(self.urls, self.options):
+            lookup = self._lookup = RecordLookup(self.urls, self.options, self._stats)
+        return lookup
+
+    def close(self) -> None:
+        """End :meth:`get`'s loop thread and connections (also done when the dataset is
+        garbage-collected, or at exit); the dataset stays usable. Iterations hold nothing."""
+        lookup: RecordLookup | None = getattr(self, "_lookup", None)
+        if lookup is not None:
+            lookup.close()
 
 
 class _Records(itertools.chain):  # type: ignore[type-arg]

@@ -22,15 +22,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import shlex
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 
 from streamrec._portal import cancel_and_wait
-from streamrec.errors import RecordCountUnknownError, StateError
+from streamrec.errors import StateError
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.events import Advance, Begin, Event, Piece
-from streamrec.pipeline.indexes import load_indexes, shard_compression
+from streamrec.pipeline.lookup import build_table
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.order import EpochOrder, Intervals, Part, part_of
 from streamrec.pipeline.random_access import RecordTable, read_records
@@ -38,39 +37,11 @@ from streamrec.pipeline.shards import dataloader_worker
 from streamrec.pipeline.sources import list_sources
 from streamrec.pipeline.state import DatasetState, IndexedState
 from streamrec.pipeline.stats import Stats
-from streamrec.redact import redact
-from streamrec.storage.stores import ObjectInfo, StoreSet
+from streamrec.storage.stores import StoreSet
 
-__all__ = ["IndexedEngine", "load_table", "table_digest"]
+__all__ = ["IndexedEngine", "table_digest"]
 
 _GLOBAL_CONCURRENCY = 64  # single-record GETs in flight (global shuffle): a link's worth
-
-
-async def load_table(
-    urls: Sequence[str],
-    shards: Sequence[ObjectInfo],
-    stores: StoreSet,
-    options: ReadOptions,
-    on_retry: Callable[[Exception], None] | None = None,
-) -> RecordTable:
-    """The indexed shards as one table; RecordCountUnknownError naming `streamrec index` when
-    a shard has no index."""
-    indexes = await load_indexes(
-        shards, stores.get, options.retry, compression=options.compression, on_retry=on_retry
-    )
-    missing = [shard.url for shard, index in zip(shards, indexes, strict=True) if index is None]
-    if missing:
-        command = " ".join(["streamrec index", *(shlex.quote(redact(url)) for url in urls)])
-        raise RecordCountUnknownError(
-            f"reading by record index (shuffle='global'/'block', even) needs every shard's index "
-            f"sidecar; {len(missing)} of {len(shards)} shards have none (e.g. "
-            f"{redact(missing[0])}): index them once with `{command}`"
-        )
-    compressions = [
-        await shard_compression(shard, stores.get(shard.url), options.retry, options.compression)
-        for shard in shards
-    ]
-    return RecordTable.build(shards, [i for i in indexes if i is not None], compressions)
 
 
 def table_digest(table: RecordTable) -> str:
@@ -163,7 +134,7 @@ class IndexedEngine:
                     allow_absolute_urls=options.allow_absolute_urls,
                     on_retry=self._count_retry,
                 )
-                table = await load_table(self.urls, shards, stores, options, self._count_retry)
+                table = await build_table(self.urls, options, self.stats, stores, shards)
                 digest = table_digest(table)
                 if resume is not None and resume.shards not in (None, digest):
                     raise StateError(

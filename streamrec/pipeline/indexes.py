@@ -63,6 +63,7 @@ __all__ = [
     "find_indexes",
     "load_index",
     "load_indexes",
+    "load_indexes_and_codecs",
     "record_counts",
     "shard_compression",
 ]
@@ -207,14 +208,14 @@ async def _each_index(
     shards: Sequence[ObjectInfo],
     store_of: StoreOf,
     retry: RetryPolicy,
-    use: Callable[[ShardIndex | None], T],
+    use: Callable[[ShardIndex | None, Compression], T],
     *,
     compression: str | None,
     concurrency: int,
     on_retry: OnRetry | None,
 ) -> list[T]:
-    """``use(index)`` of each shard's index (None: no sidecar), ``concurrency`` at a time;
-    each index is dropped once used."""
+    """``use(index, codec)`` of each shard's index (None: no sidecar, codec None: not looked
+    at) and codec, ``concurrency`` at a time; each index is dropped once used."""
     sidecars = await find_indexes(
         shards, store_of, retry, concurrency=concurrency, on_retry=on_retry
     )
@@ -222,7 +223,7 @@ async def _each_index(
 
     async def one(shard: ObjectInfo, sidecar: ObjectInfo | None) -> T:
         if sidecar is None:
-            return use(None)
+            return use(None, None)
         async with gate:
             store = store_of(shard.url)
             codec = await shard_compression(shard, store, retry, compression, on_retry=on_retry)
@@ -234,7 +235,7 @@ async def _each_index(
                 compressed=codec is not None,
                 on_retry=on_retry,
             )
-            return use(index)
+            return use(index, codec)
 
     return await run_all(one(s, i) for s, i in zip(shards, sidecars, strict=True))
 
@@ -254,7 +255,33 @@ async def load_indexes(
         shards,
         store_of,
         retry,
-        lambda index: index,
+        lambda index, _: index,
+        compression=compression,
+        concurrency=concurrency,
+        on_retry=on_retry,
+    )
+
+
+async def load_indexes_and_codecs(
+    shards: Sequence[ObjectInfo],
+    store_of: StoreOf,
+    retry: RetryPolicy,
+    *,
+    compression: str | None = "auto",
+    concurrency: int = DEFAULT_CONCURRENCY,
+    on_retry: OnRetry | None = None,
+) -> list[tuple[ShardIndex, Compression] | None]:
+    """Each shard's parsed index and the codec it is read with, None where it has no
+    sidecar (as :func:`load_indexes`)."""
+
+    def keep(index: ShardIndex | None, codec: Compression) -> tuple[ShardIndex, Compression] | None:
+        return None if index is None else (index, codec)
+
+    return await _each_index(
+        shards,
+        store_of,
+        retry,
+        keep,
         compression=compression,
         concurrency=concurrency,
         on_retry=on_retry,
@@ -278,7 +305,7 @@ async def record_counts(
         [shards[k] for k in todo],
         store_of,
         retry,
-        lambda index: None if index is None else len(index),
+        lambda index, _: None if index is None else len(index),
         compression=compression,
         concurrency=concurrency,
         on_retry=on_retry,

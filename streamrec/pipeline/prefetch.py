@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_FIRST_BLOCK_BYTES",
     "DEFAULT_MAX_CONCURRENCY",
     "ObjectReader",
+    "read_exact",
 ]
 
 DEFAULT_BLOCK_BYTES = 4 << 20
@@ -201,38 +202,53 @@ class ObjectReader:
         self.budget.release(sum(length for length, _ in inflight) + sum(map(len, ready)))
 
     async def _read_block(self, start: int, end: int) -> list[bytes]:
-        """Exactly bytes ``start:end`` (as pieces), resuming after short reads at the exact
-        offset."""
-        pieces: list[bytes] = []
-        have = 0
-        short_reads = 0
-        url = self.obj.url
-        while start + have < end:
-            offset = start + have
+        return await read_exact(
+            self.store, self.obj, start, end, policy=self.policy, on_retry=self._on_retry
+        )
 
-            async def attempt(offset: int = offset) -> list[bytes]:
-                return await self.store.read_range_pieces(self.obj, offset, end)
 
-            got = await self.policy.run(
-                attempt, describe=f"{url} bytes {offset}-{end - 1}", on_retry=self._on_retry
+async def read_exact(
+    store: ObjectStore,
+    obj: ObjectInfo,
+    start: int,
+    end: int,
+    *,
+    policy: RetryPolicy,
+    on_retry: Callable[[TransientStorageError], None] | None = None,
+) -> list[bytes]:
+    """Exactly bytes ``start:end`` of ``obj`` (as pieces), each attempt retried per
+    ``policy``, resuming after short reads at the exact offset (a short body counts as a
+    retry: ``on_retry`` is called for it too)."""
+    pieces: list[bytes] = []
+    have = 0
+    short_reads = 0
+    url = obj.url
+    while start + have < end:
+        offset = start + have
+
+        async def attempt(offset: int = offset) -> list[bytes]:
+            return await store.read_range_pieces(obj, offset, end)
+
+        got = await policy.run(
+            attempt, describe=f"{url} bytes {offset}-{end - 1}", on_retry=on_retry
+        )
+        want = end - offset
+        size = sum(map(len, got))
+        if size > want:  # a server that ignored the range end
+            got, size = first_bytes(got, want), want
+        if size < want:
+            # s3fs and gcsfs pass such bodies on silently; we keep them and ask for the rest
+            short_reads += 1
+            error = TransientStorageError(
+                f"{url}: asked for bytes {offset}-{end - 1}, got {size} bytes"
             )
-            want = end - offset
-            size = sum(map(len, got))
-            if size > want:  # a server that ignored the range end
-                got, size = first_bytes(got, want), want
-            if size < want:
-                # s3fs and gcsfs pass such bodies on silently; we keep them and ask for the rest
-                short_reads += 1
-                error = TransientStorageError(
-                    f"{url}: asked for bytes {offset}-{end - 1}, got {size} bytes"
-                )
-                if short_reads >= self.policy.max_attempts:
-                    raise RetriesExhaustedError(
-                        f"{url}: the server kept returning short bodies "
-                        f"({short_reads} in a row for bytes {start}-{end - 1})"
-                    ) from error
-                if self._on_retry is not None:
-                    self._on_retry(error)
-            pieces.extend(piece for piece in got if piece)
-            have += size
-        return pieces
+            if short_reads >= policy.max_attempts:
+                raise RetriesExhaustedError(
+                    f"{url}: the server kept returning short bodies "
+                    f"({short_reads} in a row for bytes {start}-{end - 1})"
+                ) from error
+            if on_retry is not None:
+                on_retry(error)
+        pieces.extend(piece for piece in got if piece)
+        have += size
+    return pieces

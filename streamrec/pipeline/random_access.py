@@ -5,34 +5,61 @@ shard, in the order given) and answers where each one is. :func:`plan_spans` gro
 records into *spans* (:mod:`~streamrec.format.span`): neighbours share one range read when the
 bytes between them cost less than another request (``gap_bytes``), up to ``span_bytes`` per
 read. :func:`read_records` reads the spans concurrently (at most ``max_concurrency`` at once,
-every byte reserved in the prefetch budget before it is requested), decodes and CRC-checks
-them, and returns the records in the order asked, duplicates included.
+every span's bytes reserved in the prefetch budget before it is requested, without overdraft:
+with ``span_bytes`` at most the budget, the budget is never exceeded unless one record is
+larger), decodes and CRC-checks them, and returns the records in the order asked, duplicates
+included. Planning is vectorised (numpy): a Python step per span, not per record.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Sequence
-from contextlib import aclosing
+import asyncio
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from streamrec._portal import run_all
-from streamrec.errors import FormatError, TransientStorageError
+from streamrec.errors import RandomAccessUnavailableError, TransientStorageError
 from streamrec.format.codecs import Compression
 from streamrec.format.index import ShardIndex
 from streamrec.format.span import SpanDecoder
 from streamrec.pipeline.budget import ByteBudget
-from streamrec.pipeline.prefetch import ObjectReader
+from streamrec.pipeline.prefetch import read_exact
+from streamrec.pipeline.stats import Stats
+from streamrec.redact import redact
 from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.retry import RetryPolicy
 
-__all__ = ["RecordTable", "Span", "plan_spans", "read_records"]
+__all__ = ["DEFAULT_GAP_BYTES", "RecordTable", "Span", "as_indices", "plan_spans", "read_records"]
+
+Int64Array = npt.NDArray[np.int64]
 
 # Records closer than this share one range read (see opener._GAP_BYTES for the reasoning:
 # a request on a cloud link costs about what this many bytes cost).
 DEFAULT_GAP_BYTES = 256 << 10
+
+
+def as_indices(indices: Sequence[int] | npt.ArrayLike) -> Int64Array:
+    """``indices`` (a sequence or 1-d array of integers) as an int64 array; TypeError for
+    anything else (floats, booleans, a lone integer)."""
+    if isinstance(indices, (int, np.integer)):
+        raise TypeError(
+            f"record indices must be a sequence of integers, not the integer {indices}: "
+            "ds.get([i])[0] reads one record"
+        )
+    array = np.asarray(indices)
+    if array.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise TypeError(
+            f"record indices must be a sequence of integers, not {array.ndim}-d {array.dtype}"
+        )
+    if array.dtype.kind == "u" and array.max() > np.iinfo(np.int64).max:
+        raise IndexError(f"record index {int(array.max())} out of range")
+    return array.astype(np.int64, copy=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,7 +69,7 @@ class RecordTable:
     shards: Sequence[ObjectInfo]
     indexes: Sequence[ShardIndex]
     compressions: Sequence[Compression]
-    starts: npt.NDArray[np.int64]  # global index of each shard's first record; then the total
+    starts: Int64Array  # global index of each shard's first record; then the total
 
     @classmethod
     def build(
@@ -59,13 +86,29 @@ class RecordTable:
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    def locate(self, indices: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], ...]:
+    def counts(self) -> tuple[int, ...]:
+        """Each shard's record count, in order."""
+        return tuple(np.diff(self.starts).tolist())
+
+    def normalize(self, indices: Int64Array) -> Int64Array:
+        """``indices`` with negative ones counted from the end (as a Python sequence's);
+        IndexError naming the first one out of range and the record count."""
+        total = len(self)
+        bad = np.flatnonzero((indices < -total) | (indices >= total))
+        if len(bad):
+            index = int(indices[bad[0]])
+            if not total:
+                raise IndexError(f"record index {index} out of range: the dataset has no records")
+            raise IndexError(
+                f"record index {index} out of range: the dataset has {total} records "
+                f"(0..{total - 1}, or -{total}..-1 from the end)"
+            )
+        return np.where(indices < 0, indices + total, indices)
+
+    def locate(self, indices: Int64Array) -> tuple[Int64Array, Int64Array]:
         """``(ordinals, local)``: each global index's shard and its record number there;
         IndexError naming the first index out of range."""
-        total = len(self)
-        bad = np.flatnonzero((indices < 0) | (indices >= total))
-        if len(bad):
-            raise IndexError(f"record index {int(indices[bad[0]])} out of range (0..{total - 1})")
+        indices = self.normalize(indices)
         ordinals = np.searchsorted(self.starts, indices, side="right") - 1
         return ordinals, indices - self.starts[ordinals]
 
@@ -82,22 +125,26 @@ class Span:
     end: int
 
 
-def _span_of(table: RecordTable, ordinal: int, first: int, last: int) -> Span:
+def _extents(table: RecordTable, ordinal: int, local: Int64Array) -> tuple[Int64Array, Int64Array]:
+    """Where each record's own span starts and ends as stored: an uncompressed record's bytes;
+    a compressed one's restart point up to the next restart point (or the object's end)."""
     index = table.indexes[ordinal]
     if table.compressions[ordinal] is None:
-        end = int(index.offsets[last] + index.lengths[last])
-        return Span(ordinal, first, last, int(index.offsets[first]), end)
-    assert index.restarts is not None
+        starts = index.offsets[local]
+        return starts, starts + index.lengths[local]
     restarts = index.restarts
-    after = int(np.searchsorted(restarts, restarts[last], side="right"))
-    end = int(restarts[after]) if after < len(restarts) else table.shards[ordinal].size
-    return Span(ordinal, first, last, int(restarts[first]), end)
+    assert restarts is not None  # (checked by plan_spans: random access)
+    starts = restarts[local]
+    after = np.searchsorted(restarts, starts, side="right")
+    following = restarts[np.minimum(after, len(restarts) - 1)]
+    ends = np.where(after < len(restarts), following, table.shards[ordinal].size)
+    return starts, ends.astype(np.int64)
 
 
 def plan_spans(
     table: RecordTable,
     ordinal: int,
-    local: Sequence[int],
+    local: Sequence[int] | Int64Array,
     *,
     gap_bytes: int = DEFAULT_GAP_BYTES,
     span_bytes: int,
@@ -106,64 +153,86 @@ def plan_spans(
     one span per run of records whose stored bytes are at most ``gap_bytes`` apart and
     together at most ``span_bytes`` (a single record's span may be larger)."""
     if not table.indexes[ordinal].random_access:
-        raise FormatError(
-            "random access needs an index with restart points: this compressed shard's index "
-            "only counts records (rewrite it with `streamrec reshard --index`, or read it "
-            "sequentially)",
-            url=table.shards[ordinal].url,
+        raise RandomAccessUnavailableError(
+            f"{redact(table.shards[ordinal].url)}: this compressed shard's record index only "
+            "counts records (no restart points): rewrite it with `streamrec reshard --index` "
+            "for random access, or read it sequentially"
         )
+    records = np.asarray(local, dtype=np.int64)
+    if not len(records):
+        return []
+    starts, ends = _extents(table, ordinal, records)
+    # ends never go backwards (records sorted): a run continues while the gap is small
+    cuts = np.flatnonzero(starts[1:] - ends[:-1] > gap_bytes) + 1
     spans: list[Span] = []
-    current = _span_of(table, ordinal, local[0], local[0])
-    for record in local[1:]:
-        alone = _span_of(table, ordinal, record, record)
-        if alone.start - current.end <= gap_bytes and alone.end - current.start <= span_bytes:
-            current = Span(
-                ordinal, current.first, record, current.start, max(current.end, alone.end)
+    for low, high in itertools.pairwise([0, *cuts.tolist(), len(records)]):
+        k = low
+        while k < high:
+            fit = int(np.searchsorted(ends[k:high], starts[k] + span_bytes, side="right"))
+            j = k + max(fit, 1)  # records k .. j-1 (at least one)
+            spans.append(
+                Span(
+                    ordinal,
+                    int(records[k]),
+                    int(records[j - 1]),
+                    int(starts[k]),
+                    int(ends[j - 1]),
+                )
             )
-        else:
-            spans.append(current)
-            current = alone
-    spans.append(current)
+            k = j
     return spans
 
 
 async def read_records(
     table: RecordTable,
-    indices: Sequence[int],
+    indices: Sequence[int] | Int64Array,
     *,
     store_of: Callable[[str], ObjectStore],
     budget: ByteBudget,
     policy: RetryPolicy,
     max_concurrency: int,
     span_bytes: int,
+    gate: asyncio.Semaphore | None = None,
     verify_crc: bool = True,
     gap_bytes: int = DEFAULT_GAP_BYTES,
+    stats: Stats | None = None,
     on_retry: Callable[[TransientStorageError], None] | None = None,
 ) -> list[bytes]:
-    """The records at global ``indices``, in that order (see the module docstring)."""
-    wanted = np.asarray(indices, dtype=np.int64)
+    """The records at global ``indices`` (negative ones from the end), in that order (see the
+    module docstring). At most ``max_concurrency`` range reads are in flight, and at most
+    ``gate``'s slots when given (a semaphore of that many, shared by concurrent calls);
+    ``stats`` (optional) counts bytes and records read."""
+    wanted = table.normalize(as_indices(indices))
     if not len(wanted):
         return []
-    ordinals, local = table.locate(wanted)
+    unique, inverse = np.unique(wanted, return_inverse=True)
+    ordinals = np.searchsorted(table.starts, unique, side="right") - 1
     spans: list[Span] = []
-    for ordinal in np.unique(ordinals).tolist():
-        mine = np.unique(local[ordinals == ordinal]).tolist()
-        spans += plan_spans(table, ordinal, mine, gap_bytes=gap_bytes, span_bytes=span_bytes)
-    found: dict[tuple[int, int], bytes] = {}
-    wanted_set = set(zip(ordinals.tolist(), local.tolist(), strict=True))
-    limit = max(1, max_concurrency)
-    queue = list(reversed(spans))
+    shard_cuts = np.flatnonzero(np.diff(ordinals)) + 1
+    for low, high in itertools.pairwise([0, *shard_cuts.tolist(), len(unique)]):
+        ordinal = int(ordinals[low])
+        local = unique[low:high] - table.starts[ordinal]
+        spans += plan_spans(table, ordinal, local, gap_bytes=gap_bytes, span_bytes=span_bytes)
+    # the wanted records of span k are unique[bounds[k]:bounds[k + 1]] (both sorted)
+    firsts = np.array([table.starts[s.ordinal] + s.first for s in spans], dtype=np.int64)
+    bounds = [*np.searchsorted(unique, firsts).tolist(), len(unique)]
+    got: list[bytes] = [b""] * len(unique)
+    queue = iter(range(len(spans)))
+    slots = gate or asyncio.Semaphore(max_concurrency)
 
     async def worker() -> None:
-        while queue:
-            span = queue.pop()
-            records = await _read_span(table, span, store_of, budget, policy, verify_crc, on_retry)
-            for k, record in enumerate(records, start=span.first):
-                if (span.ordinal, k) in wanted_set:
-                    found[(span.ordinal, k)] = record
+        for k in queue:
+            async with slots:
+                records = await _read_span(
+                    table, spans[k], store_of, budget, policy, verify_crc, stats, on_retry
+                )
+            low, high = bounds[k], bounds[k + 1]
+            first = int(firsts[k])
+            for at, index in enumerate(unique[low:high].tolist(), start=low):
+                got[at] = records[index - first]  # only the wanted ones are kept
 
-    await run_all(worker() for _ in range(min(limit, len(spans))))
-    return [found[key] for key in zip(ordinals.tolist(), local.tolist(), strict=True)]
+    await run_all(worker() for _ in range(min(len(spans), max(1, max_concurrency))))
+    return [got[at] for at in inverse.reshape(-1).tolist()]
 
 
 async def _read_span(
@@ -173,6 +242,7 @@ async def _read_span(
     budget: ByteBudget,
     policy: RetryPolicy,
     verify_crc: bool,
+    stats: Stats | None,
     on_retry: Callable[[TransientStorageError], None] | None,
 ) -> list[bytes]:
     shard, index = table.shards[span.ordinal], table.indexes[span.ordinal]
@@ -191,30 +261,21 @@ async def _read_span(
         at_stream_start=compression is not None and span.start == 0,
         verify_crc=verify_crc,
     )
-    length = max(span.end - span.start, 1)
-    reader = ObjectReader(
-        store_of(shard.url),
-        ObjectInfo(shard.url, span.end, shard.version),
-        budget,
-        start=span.start,
-        block_bytes=length,
-        first_block_bytes=length,
-        max_concurrency=1,
-        policy=policy,
-        on_retry=on_retry,
-    )
-    async with aclosing(_pieces(reader)) as pieces:
-        async for piece in pieces:
+    length = span.end - span.start
+    await budget.reserve(length)  # no overdraft: granted alone when it exceeds the budget
+    try:
+        pieces = await read_exact(
+            store_of(shard.url), shard, span.start, span.end, policy=policy, on_retry=on_retry
+        )
+        for piece in pieces:
             decoder.feed(piece)
             if decoder.done:
                 break
-    return decoder.close()
-
-
-async def _pieces(reader: ObjectReader) -> AsyncGenerator[bytes, None]:
-    try:
-        reader.prime()
-        async for piece in reader:
-            yield piece
+        del pieces
+        records = decoder.close()
     finally:
-        await reader.aclose()
+        budget.release(length)
+    if stats is not None:
+        stats.bytes_read += length
+        stats.records_read += len(records)
+    return records

@@ -19,7 +19,8 @@ class Stats:
     they resumed."""
     records_read: int = 0
     """Records decoded from storage: read ahead but not yet handed out, read again to resume
-    (a shard's prefix, the shuffle buffer) or held in the shuffle buffer included."""
+    (a shard's prefix, the shuffle buffer) or held in the shuffle buffer included; for
+    ``ds.get()``, every record its range reads decoded (neighbours read along included)."""
     corrupt_skipped: int = 0
     """Damaged records or shard tails dropped under ``on_corrupt="skip"``."""
     shards_opened: int = 0
@@ -27,7 +28,8 @@ class Stats:
     retries: int = 0
     """Storage requests retried after a transient fault (short reads included)."""
     peak_prefetch_bytes: int = 0
-    """Most bytes held read-ahead at once (bounded by prefetch_bytes plus one block)."""
+    """Most bytes held read-ahead at once (bounded by prefetch_bytes plus one block; for
+    ``ds.get()`` by prefetch_bytes, unless a single read is larger than all of it)."""
     wait_s: float = 0.0
     """Seconds the consumer spent waiting for records (storage or decoding was the bottleneck)."""
 

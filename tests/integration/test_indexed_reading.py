@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import streamrec
-from streamrec.errors import RecordCountUnknownError, StateError
+from streamrec.errors import RandomAccessUnavailableError, StateError
 from streamrec.sync import open_writer
 
 RECORDS = 600
@@ -170,7 +170,7 @@ def test_unindexed_shards_name_streamrec_index(tmp_path: Path) -> None:
         for i in range(25):
             writer.write(payload(i))
     ds = streamrec.open_dataset(str(tmp_path / "p-*.tfrecord"), shuffle="global")
-    with pytest.raises(RecordCountUnknownError, match="streamrec index"):
+    with pytest.raises(RandomAccessUnavailableError, match="streamrec index"):
         list(ds)
 
 
