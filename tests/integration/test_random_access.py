@@ -289,28 +289,36 @@ def test_aget_inside_a_running_loop(tmp_path: Path) -> None:
     assert ds.get([5]) == [data[5]]  # the same session serves blocking calls
 
 
-def get_threads() -> list[str]:
-    """The loop threads of get() (their executors' workers, reading local files, aside)."""
-    return [t.name for t in threading.enumerate() if t.name == "streamrec-get"]
+def get_threads(before: frozenset[threading.Thread] = frozenset()) -> list[str]:
+    """The loop threads of get() started since ``before`` (their executors' workers, reading
+    local files, aside)."""
+    return [t.name for t in threading.enumerate() if t.name == "streamrec-get" and t not in before]
 
 
-def get_workers() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("streamrec-get-worker")]
+def get_workers(before: frozenset[threading.Thread] = frozenset()) -> list[str]:
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith("streamrec-get-worker") and t not in before
+    ]
 
 
 def test_close_and_garbage_collection_end_the_loop_thread(tmp_path: Path) -> None:
     data = payloads(20, seed=19)
     url = write_set(str(tmp_path), data, None, per_shard=10)
-    assert get_threads() == []
+    gc.collect()
+    # (datasets of earlier tests may still hold theirs until collected: only new ones count)
+    old = frozenset(threading.enumerate())
+    assert get_threads(old) == []
     ds = streamrec.open_dataset(url)
     assert ds.get([1, 2]) == data[1:3] and ds.get([3]) == [data[3]]
-    assert get_threads() == ["streamrec-get"]  # one thread, kept between calls
+    assert get_threads(old) == ["streamrec-get"]  # one thread, kept between calls
     ds.close()
-    assert get_threads() == get_workers() == []
-    assert ds.get([4]) == [data[4]] and get_threads() == ["streamrec-get"]
+    assert get_threads(old) == get_workers(old) == []
+    assert ds.get([4]) == [data[4]] and get_threads(old) == ["streamrec-get"]
     del ds
     gc.collect()
-    assert get_threads() == get_workers() == []  # the dataset's end closes it
+    assert get_threads(old) == get_workers(old) == []  # the dataset's end closes it
 
 
 def test_get_from_threads_at_once(tmp_path: Path) -> None:
