@@ -62,7 +62,6 @@ __all__ = [
     "DEFAULT_CONCURRENCY",
     "find_indexes",
     "load_index",
-    "load_indexes",
     "load_indexes_and_codecs",
     "record_counts",
     "shard_compression",
@@ -240,28 +239,6 @@ async def _each_index(
     return await run_all(one(s, i) for s, i in zip(shards, sidecars, strict=True))
 
 
-async def load_indexes(
-    shards: Sequence[ObjectInfo],
-    store_of: StoreOf,
-    retry: RetryPolicy,
-    *,
-    compression: str | None = "auto",
-    concurrency: int = DEFAULT_CONCURRENCY,
-    on_retry: OnRetry | None = None,
-) -> list[ShardIndex | None]:
-    """Each shard's parsed index, None where it has no sidecar (see the module docstring);
-    ``compression`` is the dataset's setting (``"auto"``, None, ``"gzip"``, ``"zlib"``)."""
-    return await _each_index(
-        shards,
-        store_of,
-        retry,
-        lambda index, _: index,
-        compression=compression,
-        concurrency=concurrency,
-        on_retry=on_retry,
-    )
-
-
 async def load_indexes_and_codecs(
     shards: Sequence[ObjectInfo],
     store_of: StoreOf,
@@ -271,8 +248,9 @@ async def load_indexes_and_codecs(
     concurrency: int = DEFAULT_CONCURRENCY,
     on_retry: OnRetry | None = None,
 ) -> list[tuple[ShardIndex, Compression] | None]:
-    """Each shard's parsed index and the codec it is read with, None where it has no
-    sidecar (as :func:`load_indexes`)."""
+    """Each shard's parsed index and the codec it is read with, None where it has no sidecar
+    (see the module docstring); ``compression`` is the dataset's setting (``"auto"``, None,
+    ``"gzip"``, ``"zlib"``)."""
 
     def keep(index: ShardIndex | None, codec: Compression) -> tuple[ShardIndex, Compression] | None:
         return None if index is None else (index, codec)

@@ -16,7 +16,7 @@ from tfrecord.tools.tfrecord2idx import create_index
 from streamrec.errors import IndexMismatchError, ObjectNotFoundError
 from streamrec.format.framing import RecordEncoder
 from streamrec.format.index import index_size_limit
-from streamrec.pipeline.indexes import find_indexes, load_indexes, record_counts
+from streamrec.pipeline.indexes import find_indexes, load_indexes_and_codecs, record_counts
 from streamrec.pipeline.shards import plan_shards, planned_records
 from streamrec.pipeline.sources import list_sources
 from streamrec.storage.base import ObjectInfo
@@ -113,8 +113,8 @@ def test_a_directory_with_a_manifest_attaches_the_sidecars_beside_its_shards(
 def indexes_of(shards: list[ObjectInfo], **kwargs: object) -> list[object]:
     async def run() -> list[object]:
         async with StoreSet(None) as stores:
-            found = await load_indexes(shards, stores.get, RETRY, **kwargs)  # type: ignore[arg-type]
-            return [None if i is None else len(i) for i in found]
+            found = await load_indexes_and_codecs(shards, stores.get, RETRY, **kwargs)  # type: ignore[arg-type]
+            return [None if i is None else len(i[0]) for i in found]
 
     return asyncio.run(run())
 

@@ -25,6 +25,17 @@ from streamrec.format.shard import ShardEncoder
 MIB = 1 << 20
 
 
+def read_traced(ds: streamrec.Dataset) -> tuple[int, int]:
+    """(records read, peak bytes Python allocated while reading them)."""
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        count = sum(1 for _ in ds)
+        return count, tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
 @pytest.fixture(scope="module")
 def shards() -> Iterator[str]:
     """4 shards of 16 MiB of 100 KiB records in memory://."""
@@ -44,13 +55,7 @@ def test_a_read_holds_the_budget_and_four_blocks_at_most(
     shards: str, prefetch: int, block: int
 ) -> None:
     ds = streamrec.open_dataset(shards, prefetch_bytes=prefetch, block_bytes=block)
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        count = sum(1 for _ in ds)
-        peak = tracemalloc.get_traced_memory()[1] - base
-    finally:
-        tracemalloc.stop()
+    count, peak = read_traced(ds)
     assert count == 4 * 160
     assert ds.stats.peak_prefetch_bytes <= prefetch + block
     assert peak <= prefetch + 4 * block  # measured: +3.1-3.2 blocks (8/1, 4/1), +2.9 (16/4)
@@ -81,13 +86,7 @@ def test_indexed_reading_holds_the_budget_and_four_blocks_at_most(
 ) -> None:
     prefetch, block = 8 * MIB, MIB
     ds = streamrec.open_dataset(indexed_shards, prefetch_bytes=prefetch, block_bytes=block, **mode)
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        count = sum(1 for _ in ds)
-        peak = tracemalloc.get_traced_memory()[1] - base
-    finally:
-        tracemalloc.stop()
+    count, peak = read_traced(ds)
     assert count == 4 * 160
     assert ds.stats.peak_prefetch_bytes <= prefetch + block
     assert peak <= prefetch + 4 * block
