@@ -382,7 +382,10 @@ local clumps that `|rho|` misses. The trade-off: `global` is a true permutation 
 at the `random.shuffle` reference) but costs one GET per record, which small records cannot
 amortise over a 60 ms round trip; `block` reads whole windows with coalesced range reads (the
 link stays busy at any record size) and mixes several windows, so the order has no global trend
-but neighbouring reads still often come from the same window.
+but neighbouring reads still often come from the same window. On 1 KiB records `global` is
+bound by its read chunk (`prefetch_bytes / 4` of records, ~16,000): one chunk's records are
+spread over the whole dataset, so its coalesced reads move about all of it (`link MB`), and
+the rate is about the link's times the chunk's share of the dataset (here 16 MiB / 1 GiB).
 
 """
 
