@@ -58,6 +58,7 @@ class _Plan:
     part: Part
     pool: Intervals
     begin: Begin
+    mean_bytes: float  # framed bytes of a record, on average
 
 
 def mean_record_bytes(table: RecordTable) -> float:
@@ -106,15 +107,15 @@ class IndexedEngine:
         part = part_of(pool, consumers, consumer, even)
         kind = options.shuffle or "none"
         window, mix = 1, 1
+        mean = mean_record_bytes(table)
         if kind == "block":
-            mean = mean_record_bytes(table)
             window = options.window_records or max(1, int(options.block_bytes // mean))
             mix = options.shuffle_buffer or max(
                 window, min(16 * window, int(options.prefetch_bytes // 4 // mean))
             )
         order = EpochOrder(records, kind, options.seed, self.epoch, window, mix)
         begin = Begin(records, consumers, consumer, tuple(pool), taken)
-        return _Plan(order, part, pool, begin)
+        return _Plan(order, part, pool, begin, mean)
 
     async def pieces(
         self,
@@ -151,10 +152,9 @@ class IndexedEngine:
             finally:
                 self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
 
-    def _chunks(self, table: RecordTable, plan: _Plan) -> list[tuple[int, int]]:
+    def _chunks(self, plan: _Plan) -> list[tuple[int, int]]:
         """The part's positions still to read, cut into chunks ``(start, stop)``."""
-        mean = mean_record_bytes(table)
-        size = max(1, int(self.options.prefetch_bytes // 4 // mean))
+        size = max(1, int(self.options.prefetch_bytes // 4 // plan.mean_bytes))
         if plan.order.shuffle == "block":
             size = max(plan.order.mix, size // plan.order.mix * plan.order.mix)
         first = plan.begin.taken
@@ -186,7 +186,7 @@ class IndexedEngine:
             self.stats.bytes_read += sum(map(len, got))
             return got
 
-        chunks = self._chunks(table, plan)
+        chunks = self._chunks(plan)
         events: list[Event] = [plan.begin]
         pending: asyncio.Task[list[bytes]] | None = None
         try:
