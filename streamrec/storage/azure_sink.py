@@ -28,7 +28,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from streamrec._portal import cancel_and_wait
-from streamrec.storage.sinks import ObjectSink, SinkContext
+from streamrec.storage.sinks import ObjectSink, SinkContext, bucket_and_key
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
@@ -43,11 +43,9 @@ class AzureBlockSink(ObjectSink):
     """One block blob, staged in blocks while it is written; it appears on commit only."""
 
     def __init__(self, store: AzureStore, url: str, context: SinkContext | None = None) -> None:
-        from streamrec.storage.azure import container_and_blob
-
         super().__init__(url, context)
         self._store = store
-        self.container, self.blob = container_and_blob(store.fs, url)
+        self.container, self.blob = bucket_and_key(store.fs, url, "an Azure blob url")
         self._tag = uuid.uuid4().hex[:17]
         self._buffer = bytearray()
         self._blocks: list[asyncio.Task[str]] = []  # block i -> its id, once staged
