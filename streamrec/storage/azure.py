@@ -20,6 +20,7 @@ connection string works (adlfs turns ``account_host`` into https).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from streamrec.storage.sinks import SinkContext
 
 __all__ = ["AzureStore"]
+
+logger = logging.getLogger("streamrec")
 
 NO_RETRIES: dict[str, Any] = {"retry_total": 0}
 """Per-request option that turns the Azure SDK's own retries off (ours decide)."""
@@ -214,36 +217,31 @@ class AzureStore(FsspecStore):
         ]
 
     async def abort_unfinished(self, leftover: Leftover) -> None:
-        """Discard a blob's uncommitted blocks: Azure has no call for that, but deleting the
-        blob drops them. Where the service refuses to delete a blob that has no committed
-        content (404), an empty blob is created only if there is still none
-        (``If-None-Match: *``, so nothing written meanwhile is replaced; that commit
-        discards the staged blocks) and deleted at once, pinned to its ETag."""
-        client = self.blob_client(leftover.url)
+        """Discard a blob's uncommitted blocks by deleting the blob (Azure has no call that
+        drops staged blocks alone). A service that answers 404 (nothing committed to delete)
+        keeps them until it discards them itself, 7 days after the last was staged: that is
+        logged, not raised. A blob committed meanwhile is deleted only if it is still the
+        listed leftover: the delete is not sent when the blob has committed content now."""
         action = "discarding its uncommitted blocks"
+        client = self.blob_client(leftover.url)
         try:
-            try:
-                await client.delete_blob(**NO_RETRIES)
-                return
-            except Exception as exc:
-                if not isinstance(translate(exc, leftover.url, action), ObjectNotFoundError):
-                    raise
-            from azure.core import MatchConditions
-
-            made = await client.upload_blob(
-                b"",
-                overwrite=True,
-                etag="*",
-                match_condition=MatchConditions.IfMissing,
-                **NO_RETRIES,
-            )
-            await client.delete_blob(
-                etag=made["etag"], match_condition=MatchConditions.IfNotModified, **NO_RETRIES
-            )
+            await client.get_blob_properties(**NO_RETRIES)
+        except Exception as exc:
+            if not isinstance(translate(exc, leftover.url, action), ObjectNotFoundError):
+                raise translate(exc, leftover.url, action) from exc
+        else:
+            return  # committed since it was listed: a writer finished it; leave it
+        try:
+            await client.delete_blob(**NO_RETRIES)
         except Exception as exc:
             error = translate(exc, leftover.url, action)
-            if not isinstance(error, (ObjectNotFoundError, ObjectChangedError)):
-                raise error from exc  # gone, or committed by someone meanwhile: leave it
+            if not isinstance(error, ObjectNotFoundError):
+                raise error from exc
+            logger.info(
+                "%s: the service will not delete a blob with only uncommitted blocks; it "
+                "discards them 7 days after the last was staged",
+                leftover.url,
+            )
 
     async def close(self) -> None:
         self._heads.clear()

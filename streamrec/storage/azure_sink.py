@@ -11,7 +11,8 @@ Staged blocks are invisible: readers and listings see the old blob (or none) unt
 ``abort()`` cancels the block uploads and leaves what was staged uncommitted; Azure has no call
 that discards uncommitted blocks (a later commit of the same blob does, and the service drops
 them 7 days after the last one was staged), so nothing visible remains
-(:meth:`~streamrec.storage.azure.AzureStore.unfinished_writes` lists such blobs).
+(:meth:`~streamrec.storage.azure.AzureStore.unfinished_writes` lists such blobs, ``streamrec
+cleanup`` deletes them).
 
 Block ids are the block number and a per-sink random tag, all of one length (Azure
 requires that within a blob): two writers of one blob never commit each other's blocks.
@@ -98,7 +99,8 @@ class AzureBlockSink(ObjectSink):
             self._launch_block(self._cut(size))
 
     def _cut(self, size: int) -> bytes:
-        data = bytes(self._buffer[:size])
+        with memoryview(self._buffer) as view:
+            data = bytes(view[:size])  # one copy (a bytearray slice would make two)
         del self._buffer[:size]
         return data
 

@@ -12,7 +12,8 @@ left is visible as an object:
   service discards them after a week, so there is nothing to find.
 * **Azure**: staged, uncommitted blocks (invisible; the service discards them 7 days after the
   last one was staged). Blobs that have only those are listed (``include=uncommittedblobs``)
-  and discarded by deleting them (see :meth:`~streamrec.storage.azure.AzureStore.abort_unfinished`).
+  and discarded by deleting them; a blob committed since it was listed is left alone (see
+  :meth:`~streamrec.storage.azure.AzureStore.abort_unfinished`).
 
 Used by ``streamrec cleanup`` and by ``reshard``, which aborts the open uploads of the shards
 a rerun is about to write.

@@ -10,6 +10,7 @@ test_reshard.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -164,3 +165,38 @@ def test_server_busy_answers_are_retried_and_a_lasting_one_named(
     ds = streamrec.open_dataset(url, storage_options=options, retry=FAST)
     with pytest.raises(RetriesExhaustedError, match=r"busy\.tfrecord.*HTTP 503: ServerBusy"):
         list(ds)
+
+
+def test_cleanup_leaves_a_blob_committed_since_it_was_listed_and_takes_404_as_gone(
+    azure_server: AzuriteServer,
+    azure_container: str,
+    fault_proxy: Any,
+) -> None:
+    for name in ("out/part-7", "out/part-8"):  # what killed writers left
+        blob = azure_server.client.get_blob_client(azure_container, name)
+        blob.stage_block("000000-killedwriterblock", b"s" * 1000)
+    store_options = azure_server.storage_options
+    proxy = fault_proxy(azure_server.server_url)
+    # part-8 is committed by a writer between the listing and the delete (the HEAD sees it)
+    proxy.status(404, method="DELETE", path="part-7", times=1)  # Azure proper: nothing to delete
+
+    async def run() -> None:
+        from streamrec.storage.leftovers import find_leftovers, remove_leftover
+        from streamrec.storage.stores import open_store
+
+        prefix = f"az://{azure_container}/out/"
+        store = open_store(prefix, store_options)
+        found = await find_leftovers(store, prefix)
+        assert [f.url.rsplit("/", 1)[1] for f in found] == ["part-7", "part-8"]
+        azure_server.put(azure_container, "out/part-8", b"finished")
+        proxied = open_store(prefix, _via(azure_server, proxy))
+        for leftover in found:
+            await remove_leftover(proxied, leftover)
+        await store.close()
+        await proxied.close()
+
+    asyncio.run(run())
+    assert proxy.count("DELETE") == 1  # part-7's; part-8 was committed: left alone
+    assert azure_server.list(azure_container) == ["out/part-8"]
+    assert azure_server.get(azure_container, "out/part-8") == b"finished"
+    assert azure_server.uncommitted(azure_container) == ["out/part-7"]  # for the service

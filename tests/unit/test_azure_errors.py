@@ -1,0 +1,48 @@
+"""azure.core's exceptions -> streamrec's tree, by type (no server: the exceptions the SDK
+raises when no HTTP answer arrived; answered ones are translated by status and are exercised
+against Azurite in tests/integration)."""
+
+from __future__ import annotations
+
+import pytest
+from azure.core import exceptions as azure
+
+from streamrec.errors import (
+    PermissionDeniedError,
+    StorageError,
+    TransientStorageError,
+)
+from streamrec.storage.stores import open_store, store_key
+from streamrec.storage.translate import translate
+
+URL = "az://container/shard.tfrecord"
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (azure.ServiceRequestError("connection refused"), TransientStorageError),
+        (azure.ServiceRequestTimeoutError("connect timed out"), TransientStorageError),
+        (azure.ServiceResponseError("connection reset mid-body"), TransientStorageError),
+        (azure.ServiceResponseTimeoutError("read timed out"), TransientStorageError),
+        (azure.IncompleteReadError("body cut short"), TransientStorageError),
+        (azure.ClientAuthenticationError("no credential found"), PermissionDeniedError),
+        (azure.DecodeError("not XML"), StorageError),
+    ],
+)
+def test_azure_exceptions_are_translated_by_type_naming_the_url(
+    exc: BaseException, expected: type[StorageError]
+) -> None:
+    error = translate(exc, URL, "reading bytes 0-9")
+    assert type(error) is expected
+    assert URL in str(error) and "reading bytes 0-9" in str(error)
+    assert error.__cause__ is exc
+
+
+def test_az_and_abfs_urls_share_one_store_kind() -> None:
+    assert {store_key(u) for u in ("az://c/k", "abfs://c/k", "abfss://c/k")} == {"azure"}
+
+
+def test_a_store_without_credentials_fails_as_a_storage_error() -> None:
+    with pytest.raises(StorageError, match="Azure"):
+        open_store("az://container/k", {"account_name": None, "connection_string": None})
