@@ -66,6 +66,7 @@ import argparse
 import os
 import statistics
 import struct
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -442,10 +443,15 @@ def run_azure(
     start: float,
     load_start: float,
 ) -> int:
-    """``--azure``: streamrec's defaults, naive and the link limit on Azurite, through the
-    emulated link and on loopback, one round at a time (the load noted after each)."""
+    """``--azure``: streamrec's defaults (and the settings given with ``--settings``), naive
+    and the link limit on Azurite, through the emulated link and on loopback, one round at a
+    time (the load noted after each)."""
     results: dict[Key, RunSamples] = {}
-    readers = [Reader("streamrec", DEFAULTS), Reader("naive"), Reader("bulk")]
+    given = sys.argv[1:] if argv is None else list(argv)
+    settings = [DEFAULTS]
+    if "--settings" in given:  # only settings asked for: the default list is S3's
+        settings += [s for s in map(Settings.parse, args.settings) if s != DEFAULTS]
+    readers = [*(Reader("streamrec", s) for s in settings), Reader("naive"), Reader("bulk")]
     loads = []
     with (
         tempfile.TemporaryDirectory(prefix="bench-remote-azure-") as tmp,
