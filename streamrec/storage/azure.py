@@ -57,6 +57,7 @@ class AzureStore(FsspecStore):
         except ValueError as exc:  # adlfs: no or unusable credentials
             raise StorageError(f"az://: cannot set up the Azure client: {exc}") from exc
         super().__init__(fs)
+        _detach_finalizers(fs)
         # Listing through adlfs too: one attempt per request (the policy object is shared by
         # every container and blob client made from this service client).
         policy = getattr(getattr(fs.service_client, "_config", None), "retry_policy", None)
@@ -252,11 +253,16 @@ class AzureStore(FsspecStore):
         credential = getattr(fs, "credential", None)
         if credential is not None and hasattr(credential, "close"):
             await credential.close()
-        # adlfs registered finalizers that close the same clients on its loop when the
-        # filesystem is collected, which fails once this loop is gone: they are done now.
-        for ref in list(weakref.finalize._registry):  # type: ignore[attr-defined]
-            if ref.peek() is not None and ref.peek()[0] is fs:
-                ref.detach()
+
+
+def _detach_finalizers(fs: Any) -> None:
+    """Drop the finalizers adlfs registers to close its clients on ``fs``'s loop when ``fs`` is
+    collected: they fail (and print a traceback at exit) once that loop is gone, and the store
+    closes the clients itself (:meth:`AzureStore.close`), inside its loop."""
+    for ref in list(weakref.finalize._registry):  # type: ignore[attr-defined]
+        held = ref.peek()
+        if held is not None and held[0] is fs:
+            ref.detach()
 
 
 def container_and_blob(fs: Any, url: str, *, key_required: bool = True) -> tuple[str, str]:

@@ -12,6 +12,7 @@ from streamrec.errors import (
     StorageError,
     TransientStorageError,
 )
+from streamrec.redact import redact
 from streamrec.storage.stores import open_store, store_key
 from streamrec.storage.translate import translate
 
@@ -46,3 +47,9 @@ def test_az_and_abfs_urls_share_one_store_kind() -> None:
 def test_a_store_without_credentials_fails_as_a_storage_error() -> None:
     with pytest.raises(StorageError, match="Azure"):
         open_store("az://container/k", {"account_name": None, "connection_string": None})
+
+
+def test_an_abfs_container_at_its_account_is_not_taken_for_a_credential() -> None:
+    url = "abfs://train@myaccount.dfs.core.windows.net/data/part-0.tfrecord"
+    assert redact(f"{url}: failed") == f"{url}: failed"
+    assert redact("see https://user:tok@host/x and " + url) == ("see https://***@host/x and " + url)
