@@ -1,7 +1,8 @@
 """What is Azure's own, against Azurite: the block blob sink (blocks staged while writing,
 invisible until the one Put Block List; a small blob one Put Blob), a killed writer (no
 visible blob; ``streamrec cleanup`` finds and discards its staged blocks), ``abfs://`` urls,
-the command line on ``az://``, and throttling answers (ServerBusy) retried.
+the command line on ``az://`` (ls, count, head, index, then ``ds.get`` by the sidecars), and
+throttling answers (ServerBusy) retried.
 
 The store contract, the injected faults and the writer's guarantees run on ``az://`` with the
 other stores' (test_remote.py, test_writer_remote.py); reshard to and from Azure is in
@@ -146,6 +147,14 @@ def test_abfs_urls_and_the_command_line(
     )
     shown = json.loads(capsys.readouterr().out)["records"]
     assert [r["head_hex"] for r in shown] == [b"r2-0".hex(), b"r2-1".hex()]
+    assert main(["index", az, "--json", "--storage-options", options]) == 0  # via the sink
+    capsys.readouterr()
+    assert azure_server.list(azure_container) == [
+        f"d/s-{k}.tfrecord{suffix}" for k in range(3) for suffix in ("", ".idx")
+    ]
+    indexed = streamrec.open_dataset(az, storage_options=azure_server.storage_options)
+    assert indexed.get([0, 32]) == [b"r0-0", b"r2-11"]  # by the sidecars
+    indexed.close()
 
 
 def test_server_busy_answers_are_retried_and_a_lasting_one_named(
