@@ -137,6 +137,8 @@ class ReadEngine:
                 closers.append(opener.aclose)
                 await opener.prepare(resume)
                 pieces = self._read(opener, resume.read if resume else None)
+                # closed here too: the shuffle wrapping it does not close it when closed early
+                closers.insert(0, pieces.aclose)
                 if options.shuffle_buffer:
                     shuffle_state = resume.shuffle if resume else None
                     rng = seeded_random(options.seed, self.epoch, "records")
