@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from contextlib import aclosing
 from itertools import islice
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +84,9 @@ def model(
     out: list[tuple[int, int]] = []
     draw = 0
     while len(out) < limit:
-        total = sum(w for w, on in zip(WEIGHTS, active) if on)
+        total = sum(w for w, on in zip(WEIGHTS, active, strict=True) if on)
         x, pick, acc = u[draw] * total, None, 0.0
-        for src, (w, on) in enumerate(zip(WEIGHTS, active)):
+        for src, (w, on) in enumerate(zip(WEIGHTS, active, strict=True)):
             if on:
                 acc += w
                 pick = src
