@@ -33,8 +33,8 @@ rank, and each worker mixes its shares (same seed, same draws).
 
 Items are whatever the wrapped dataset yields: ``bytes`` (a ``Dataset`` or a mix), dicts of
 numpy arrays (``ds.parse(spec)``; the DataLoader's ``batch_size`` then stacks them into
-tensors) or whole batches (``ds.parse(spec).batch(n)``, with ``DataLoader(batch_size=None)``; numpy arrays become
-tensors, ``VarLenFeature`` lists stay lists).
+tensors) or whole batches (``ds.parse(spec).batch(n)``, with ``DataLoader(batch_size=None)``;
+numpy arrays become tensors, ``VarLenFeature`` lists stay lists).
 
 ``set_epoch``, ``stats``, ``state_dict`` and ``load_state_dict`` are forwarded to the wrapped
 dataset. Exact resume is supported with ``num_workers=0``: the state then describes what the
