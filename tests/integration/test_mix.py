@@ -93,18 +93,23 @@ def test_resume_in_a_fresh_process(
     assert len(head) == cut
 
 
-def read_with_workers(source: Any) -> list[bytes]:
+def read_with_workers(source: Any, context: str = "fork") -> list[bytes]:
     loader = DataLoader(
         streamrec.torch.IterableDataset(source),
         batch_size=None,
         num_workers=2,
-        multiprocessing_context="fork",
+        multiprocessing_context=context,
     )
     return [bytes(r) for r in loader]
 
 
-def test_two_workers_read_every_record_once_with_stop_all(files: list[list[str]]) -> None:
-    got = read_with_workers(mixed(files, "all"))
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_two_workers_read_every_record_once_with_stop_all(
+    files: list[list[str]], context: str
+) -> None:
+    source = mixed(files, "all")
+    list(source)  # the parent has iterated the mix before the workers start
+    got = read_with_workers(source, context)
     assert Counter(got) == EVERYTHING
 
 
