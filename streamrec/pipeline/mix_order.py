@@ -127,19 +127,24 @@ class Draws:
         return first
 
 
-def first_stop_length(
-    key: int, weights: Sequence[float], lengths: Sequence[int], limit: int = 1 << 40
-) -> int:
+def first_stop_length(key: int, weights: Sequence[float], lengths: Sequence[int]) -> int:
     """Records a ``stop="first"`` mix yields: the draws before the first that picks a source
-    with no record left (sources of ``lengths`` records)."""
+    with no record left (sources of ``lengths`` records). O(draws), in growing windows (up to
+    a million draws at a time: ~10 ns per draw)."""
+    left = np.array(lengths, dtype=np.int64)
     active = [True] * len(weights)
-    draw = 0
-    while draw < limit:
-        window = Draws(key, draw, weights, active)
-        stop = window.reach(draw, lengths)
-        if stop < window.end:
-            return stop
-        # (draw is on a window boundary: the window's counts are all new)
-        lengths = [have - int(window.counts[i, -1]) for i, have in enumerate(lengths)]
-        draw = window.end
-    raise ValueError("mix: the sources are too long to count")  # pragma: no cover
+    draw, blocks = 0, 16
+    while True:
+        choices = choose(uniforms(key, draw // BLOCK, blocks), weights, active)
+        counts = np.bincount(choices, minlength=len(weights))
+        if np.all(counts <= left):
+            left -= counts
+            draw += len(choices)
+            blocks = min(2 * blocks, 4096)
+            continue
+        stops = [
+            int(np.flatnonzero(choices == i)[left[i]])
+            for i in range(len(weights))
+            if counts[i] > left[i]
+        ]
+        return draw + min(stops)
