@@ -332,3 +332,16 @@ def test_closing_early_cancels_every_sources_reads(files: list[list[str]]) -> No
         assert asyncio.all_tasks() == {asyncio.current_task()}
 
     asyncio.run(main())
+
+
+def test_read_ahead_stays_within_the_sum_of_the_sources_budgets(files: list[list[str]]) -> None:
+    budgets = [1 << 12, 1 << 13, 1 << 12]
+    datasets = [
+        streamrec.open_dataset(paths, prefetch_bytes=budget, block_bytes=1 << 10)
+        for paths, budget in zip(files, budgets, strict=True)
+    ]
+    mixed = streamrec.mix(datasets, list(WEIGHTS), stop="all")
+    assert len(list(mixed)) == sum(SIZES)
+    # each source within its own budget plus one block (see ByteBudget)
+    assert 0 < mixed.stats.peak_prefetch_bytes <= sum(budgets) + 3 * (1 << 10)
+    assert mixed.stats.records == sum(SIZES)
