@@ -24,13 +24,18 @@ order:
   counts (so they run out together; every record of every source comes once).
 * ``mix, first``: equal weights, ``stop="first"`` (the mix ends with its first exhausted
   source: part of the data, at the sources' draw rates).
+* ``mix, first, 1KiB at 4 MiB``: the same with ``prefetch_bytes=4 MiB`` for the 1 KiB source
+  (drawn for a third of the records but ~1% of the bytes: its default 64 MiB of read-ahead
+  is mostly never consumed before the mix stops).
 * ``one after another``: each source's ``for rec in open_dataset(glob)`` in turn, in one
   process (the same bytes as ``mix, all``).
 
 ``MB/s`` is record bytes consumed (framed as stored, payload + 16; the link limit: object
 bytes) over the wall time from opening to the last record, median and best over rounds; ``x
-link`` the median over the link limit's median. ``peak prefetch`` is the mix's
-``stats.peak_prefetch_bytes`` (the sum of its sources' peaks, each within its own 64 MiB).
+link`` the median over the link limit's median; ``link MB`` what came down the link during
+the read (the proxy's log, median: read-ahead never consumed included). ``peak prefetch`` is
+the mix's ``stats.peak_prefetch_bytes`` (the sum of its sources' peaks, each within its own
+budget).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import netem
 from _harness import BUCKET, KIB, MB, MIB
 from _harness.datasets import Dataset, DataSpec, ensure_dataset
 from _harness.procs import rotated
@@ -62,7 +68,8 @@ from _harness.servers import (
 
 START_MARK = "<!-- bench_mix:start -->"
 END_MARK = "<!-- bench_mix:end -->"
-READERS = ("link limit", "mix, all", "mix, first", "one after another")
+SMALL_BUDGET = "mix, first, 1KiB at 4 MiB"
+READERS = ("link limit", "mix, all", "mix, first", SMALL_BUDGET, "one after another")
 TARGET = 0.9  # "mix, all" at the defaults, x the link limit
 
 
@@ -92,9 +99,9 @@ def work_read(job: dict[str, Any]) -> dict[str, Any]:
     n = nbytes = 0
     peak = 0
     if job["mix"]:
-        extra = job.get("options", {})
         datasets = [
-            streamrec.open_dataset(g, storage_options=options, **extra) for g in job["globs"]
+            streamrec.open_dataset(g, storage_options=options, **extra)
+            for g, extra in zip(job["globs"], job["source_options"], strict=True)
         ]
         mixed = streamrec.mix(datasets, job["weights"], seed=job["seed"], stop=job["stop"])
         runs: list[Any] = [mixed]
@@ -149,19 +156,22 @@ def job_for(reader: str, store: Store, sources: Sequence[Source], seed: int) -> 
         "globs": globs,
         "seed": seed,
         "mix": reader != "one after another",
+        "source_options": [{} for _ in sources],
     }
     if reader == "mix, all":
         total = sum(s.records for s in sources)
         job.update(weights=[s.records / total for s in sources], stop="all")
-    elif reader == "mix, first":
+    else:
         job.update(weights=None, stop="first")
+    if reader == SMALL_BUDGET:  # the source drawn for 1/3 of the records, ~1% of the bytes
+        job["source_options"][1] = {"prefetch_bytes": 4 * MIB}
     return job
 
 
 Samples = dict[str, list[dict[str, Any]]]
 
 
-def measure(store: Store, sources: Sequence[Source], rounds: int) -> Samples:
+def measure(store: Store, sources: Sequence[Source], rounds: int, proxy_log: Path) -> Samples:
     samples: Samples = {}
     total_bytes = sum(s.nbytes for s in sources)
     total_records = sum(s.records for s in sources)
@@ -174,6 +184,9 @@ def measure(store: Store, sources: Sequence[Source], rounds: int) -> Samples:
                 raise SystemExit(f"link limit: {result['nbytes']} bytes, not {total_bytes}")
             if reader in ("mix, all", "one after another") and result["records"] != total_records:
                 raise SystemExit(f"{reader}: {result['records']} records, not {total_records}")
+            start, end = result["wall"]
+            conns = netem.connections_between(proxy_log, start - 0.5, end + 0.5)
+            result["down"] = sum(down for _, down in conns)
             samples.setdefault(reader, []).append(result)
             print(
                 f"    {reader:18} {result['nbytes'] / result['seconds'] / MB:8.1f} MB/s "
@@ -206,9 +219,10 @@ def render(
         records = "all bytes" if reader == "link limit" else f"{runs[0]['records']:,}"
         peak = "" if reader == "link limit" else f"{max(r['peak'] for r in runs) / MIB:.0f}"
         first = statistics.median(r["first"] for r in runs)
+        down = statistics.median(r["down"] for r in runs) / MB
         rows.append(
             f"| {reader} | {records} | {med / MB:.1f} | {max(rates) / MB:.1f} | "
-            f"{med / limit:.2f} | {first:.2f} | {peak} |"
+            f"{med / limit:.2f} | {down:,.0f} | {first:.2f} | {peak} |"
         )
     mix_ratio = statistics.median(ratios["mix, all"])
     serial = statistics.median(ratios["one after another"])
@@ -228,8 +242,9 @@ def render(
         )
         + f"; uncompressed. {link_note}",
         "",
-        "| reader | records | MB/s median | MB/s best | x link | first s | peak prefetch MiB |",
-        "|---|--:|--:|--:|--:|--:|--:|",
+        "| reader | records | MB/s median | MB/s best | x link | link MB | first s "
+        "| peak prefetch MiB |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
         *rows,
         "",
         f"* mix of 3 sources at the defaults (`mix, all`): {mix_ratio:.2f}x the link limit "
@@ -291,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         services.start()
         print(f"  servers up in {time.perf_counter() - start:.1f} s", flush=True)
         upload(services, sources)
-        samples = measure(services.stores["s3-link"], sources, rounds)
+        samples = measure(services.stores["s3-link"], sources, rounds, services.proxy_log)
     link_note = (
         f"Emulated link: 1 Gbit tbf, {RTT * 1000:.0f} ms RTT, "
         f"{LINK_SHAPE.rate / 1e6:.0f} MB/s per connection."
