@@ -136,9 +136,15 @@ class ReadEngine:
                 opener = ShardOpener(options, stores, budget, plan, self.stats, make_reader)
                 closers.append(opener.aclose)
                 await opener.prepare(resume)
-                pieces = self._read(opener, resume.read if resume else None)
-                # closed here too: the shuffle wrapping it does not close it when closed early
-                closers.insert(0, pieces.aclose)
+                pieces = read = self._read(opener, resume.read if resume else None)
+
+                async def close_read() -> None:
+                    # the shuffle wrapping it does not close it when closed early; not while
+                    # it is closing already (a loop's shutdown closes every generator at once)
+                    if not getattr(read, "ag_running", False):
+                        await read.aclose()
+
+                closers.insert(0, close_read)
                 if options.shuffle_buffer:
                     shuffle_state = resume.shuffle if resume else None
                     rng = seeded_random(options.seed, self.epoch, "records")
