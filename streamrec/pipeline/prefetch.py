@@ -171,7 +171,7 @@ class ObjectReader:
         self._block = min(self._block * 2, self.block_bytes)
         task: asyncio.Future[list[bytes]]
         cached = None
-        if self._open_cache is None:  # (a copy being filled must get these bytes too)
+        if self._open_cache is None:  # (else in the task: a cache copy is read instead)
             cached = self.store.read_range_cached(self.obj, start, start + length)
         if cached is not None:  # already here: no task to wait behind the other requests
             task = asyncio.get_running_loop().create_future()
@@ -266,11 +266,15 @@ class ObjectReader:
     async def _read_block(self, start: int, end: int) -> list[bytes]:
         store, obj = self.store, self.obj
         route = None if self._open_cache is None else await self._route()
+        pieces = None
         if isinstance(route, CacheHit):
             store, obj = route.store, route.obj
-        pieces = await read_exact(
-            store, obj, start, end, policy=self.policy, on_retry=self._on_retry
-        )
+        elif route is not None:  # bytes a listing already fetched are not fetched again
+            pieces = store.read_range_cached(obj, start, end)
+        if pieces is None:
+            pieces = await read_exact(
+                store, obj, start, end, policy=self.policy, on_retry=self._on_retry
+            )
         if isinstance(route, CacheFill):
             # written while the block is still reserved in the budget: no extra copy held
             await route.write(start, pieces)

@@ -172,9 +172,10 @@ class CacheFill:
         if offset < 0 or offset + sum(map(len, pieces)) > self.size:
             raise ValueError(f"{self.path}: a write beyond the object's {self.size} bytes")
         try:
-            self._written += await self._part.run(_pwrite_all, pieces, offset)
+            written = await self._part.run(_pwrite_all, pieces, offset)
         except OSError:  # a cache that cannot be written is no reason to fail the read
-            self._written = -1 - self.size  # never complete: publish aborts
+            written = -1 - self.size  # never complete: publish aborts
+        self._written += written  # (after the await: writes run concurrently)
 
     async def publish(self) -> bool:
         """Make the copy an entry (fsync, atomic rename) if every byte was written, else
@@ -206,9 +207,7 @@ class CacheFill:
         lock, self._lock = self._lock, None
         if lock is not None:
             _filling.discard(self.path)
-            with contextlib.suppress(FileNotFoundError):  # (see _try_lock: safe while held)
-                os.unlink(self.path[: -len(ENTRY)] + LOCK)
-            os.close(lock)  # releases the flock: a waiting process goes on
+            _unlock(lock, self.path[: -len(ENTRY)] + LOCK)
 
 
 _BUSY = object()  # another process holds the object's lock
@@ -264,23 +263,24 @@ class ShardCache:
         if hit is not None or not fill:
             return hit
         os.makedirs(self.directory, exist_ok=True)
-        lock = _try_lock(path[: -len(ENTRY)] + LOCK)
+        lock_path = path[: -len(ENTRY)] + LOCK
+        lock = _try_lock(lock_path)
         if lock is None:
             return _BUSY
         try:
             hit = self._open_entry(path, size)  # published while we took the lock
             if hit is not None:
-                os.close(lock)
+                _unlock(lock, lock_path)
                 return hit
             part = path[: -len(ENTRY)] + PART
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(part)  # a dead holder's (we hold the lock: nobody else writes it)
             fd = self._reserve(part, size)
         except BaseException:
-            os.close(lock)
+            _unlock(lock, lock_path)
             raise
         if fd is None:
-            os.close(lock)
+            _unlock(lock, lock_path)
             return None
         _filling.add(path)
         return CacheFill(path, size, _Handle(fd), lock)
@@ -296,8 +296,9 @@ class ShardCache:
             _unlink_if_same(fd, path)
             os.close(fd)
             return None
+        now = time.time_ns()  # (not the kernel's coarse clock: uses a few ms apart still order)
         with contextlib.suppress(OSError):
-            os.utime(path)  # used now (eviction is least recently used)
+            os.utime(path, ns=(now, now))  # used now (eviction is least recently used)
         handle = _Handle(fd)
         return CacheHit(path, ObjectInfo(path, size), _EntryStore(handle), handle)
 
@@ -353,21 +354,17 @@ class ShardCache:
 
 
 async def _off_loop(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in a worker thread; what it opened is closed if the caller is cancelled
-    before taking it (the thread cannot be stopped)."""
+    """``fn(*args)`` in a worker thread. Cancelled, it still waits for the thread (a few file
+    operations; it cannot be stopped) and closes what it opened: nothing outlives the call."""
     future = asyncio.get_running_loop().run_in_executor(None, fn, *args)
-    outer = asyncio.shield(future)
-
-    def abandoned(done: asyncio.Future[T]) -> None:
-        if outer.cancelled() and not done.cancelled() and done.exception() is None:
-            _release(done.result())
-
-    future.add_done_callback(abandoned)
     try:
-        return await outer
+        return await asyncio.shield(future)
     except asyncio.CancelledError:
-        if outer.done() and not outer.cancelled():  # finished, then the caller was cancelled
-            _release(outer.result())
+        while not future.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([future])
+        if not future.cancelled() and future.exception() is None:
+            _release(future.result())
         raise
 
 
@@ -406,13 +403,19 @@ def _try_lock(path: str, create: bool = True) -> int | None:
             return None
 
 
+def _unlock(fd: int, path: str) -> None:
+    """Remove the lock file ``path`` we hold as ``fd`` (safe while held: see _try_lock), then
+    release it: a waiting process goes on."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    os.close(fd)
+
+
 def _remove_lock_file(path: str) -> None:
     """Remove a lock file nobody holds (entries come and go; their lock files with them)."""
     fd = _try_lock(path, create=False)
     if fd is not None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        os.close(fd)
+        _unlock(fd, path)
 
 
 def _remove_if_dead(part: str) -> bool:
@@ -424,9 +427,7 @@ def _remove_if_dead(part: str) -> bool:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(part)
     if fd is not None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(lock_path)
-        os.close(fd)
+        _unlock(fd, lock_path)
     return True
 
 
