@@ -51,7 +51,9 @@ class ReadEngine:
         """The fingerprint of the shards read (set once they are listed and planned)."""
         self.cache: ShardCache | None = None
         if options.cache_dir is not None and options.cache_bytes is not None:
-            self.cache = ShardCache(options.cache_dir, options.cache_bytes)
+            # a download that made no progress for one attempt's time is not waited for
+            stall_s = options.retry.timeout_s
+            self.cache = ShardCache(options.cache_dir, options.cache_bytes, stall_s=stall_s)
 
     async def list_shards(self, stores: StoreSet) -> list[ObjectInfo]:
         """Every shard to read, in reading order, with its size and version."""
