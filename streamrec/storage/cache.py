@@ -48,7 +48,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 from streamrec.errors import StorageError
 from streamrec.storage.base import ObjectInfo, ObjectStore
@@ -134,6 +134,8 @@ class _EntryStore(ObjectStore):
 class CacheHit:
     """A published entry, open for reading (see the module docstring)."""
 
+    concurrency_limit: ClassVar[int] = _EntryStore.concurrency_limit
+    """Reads of one entry worth having in flight (as for any local file)."""
     path: str
     """The entry's file (errors about its contents name it)."""
     obj: ObjectInfo
