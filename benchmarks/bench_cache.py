@@ -3,9 +3,9 @@ and the cache directory's size sampled throughout, in one run.
 
 Run from the repository root (build the C accelerators first)::
 
-    python benchmarks/bench_cache.py [--quick] [--shard-mib 16] [--rounds 5] [--out FILE]
+    python benchmarks/bench_cache.py [--quick] [--shard-mib 32] [--rounds 9] [--out FILE]
 
-16 uncompressed shards of ``--shard-mib`` MiB (default 16; ``--quick``: 2 MiB) of 1 KiB
+16 uncompressed shards of ``--shard-mib`` MiB (default 32; ``--quick``: 2 MiB) of 1 KiB
 records (lengths vary over +-25 %) are written to ``benchmarks/data/cache/`` (gitignored;
 reused) and uploaded to a fake-gcs-server on loopback (tests/support). Then:
 
@@ -170,8 +170,8 @@ def measure(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 MiB shards")
-    parser.add_argument("--shard-mib", type=int, default=16, help="MiB per shard (default 16)")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--shard-mib", type=int, default=32, help="MiB per shard (default 32)")
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out", type=Path, help="write the table into this markdown file")
     args = parser.parse_args(argv)
     shard_mib = 2 if args.quick else args.shard_mib
@@ -200,9 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ratios = [lo / c for c, lo in zip(times["cache"], times["local"], strict=True)]
     best_cache, best_local = min(times["cache"]), min(times["local"])
     command = "python benchmarks/bench_cache.py" + (" --quick" if args.quick else "")
-    if args.shard_mib != 16 and not args.quick:
+    if args.shard_mib != 32 and not args.quick:
         command += f" --shard-mib {args.shard_mib}"
-    if args.rounds != 5:
+    if args.rounds != 9:
         command += f" --rounds {args.rounds}"
     section = "\n".join(
         [
