@@ -44,6 +44,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -58,6 +59,7 @@ from streamrec.storage.translate import translate
 __all__ = ["CacheFill", "CacheHit", "ShardCache", "cache_namespace", "is_cacheable"]
 
 T = TypeVar("T")
+logger = logging.getLogger("streamrec")
 
 DIR_LOCK = "streamrec-cache.lock"
 ENTRY, PART, LOCK = ".shard", ".part", ".lock"
@@ -248,7 +250,11 @@ class ShardCache:
             fill = False
         delay, progress, since = _POLL_FIRST_S, None, time.monotonic()
         while True:
-            found = await _off_loop(self._try_open, path, obj.size, fill)
+            try:
+                found = await _off_loop(self._try_open, path, obj.size, fill)
+            except OSError as exc:  # a full or read-only disk must not stop the training
+                logger.warning("not using the cache %s for %s: %s", self.directory, obj.url, exc)
+                return None
             if found is not _BUSY:
                 return cast("CacheHit | CacheFill | None", found)
             now = time.monotonic()
@@ -289,11 +295,9 @@ class ShardCache:
 
     def _open_entry(self, path: str, size: int) -> CacheHit | None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            raise translate(exc, path, "opening the cache entry") from exc
         if os.fstat(fd).st_size != size:  # not what a publish leaves: damaged, drop it
             _unlink_if_same(fd, path)
             os.close(fd)
@@ -322,7 +326,8 @@ class ShardCache:
                 _remove_lock_file(entry[: -len(ENTRY)] + LOCK)
             if free < size:
                 return None
-            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            # (the stale one removed: a name planted meanwhile, a link especially, is not ours)
+            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
                 _allocate(fd, size)
             except OSError:  # the disk is full: no copy, read on
@@ -386,7 +391,8 @@ def _try_lock(path: str, create: bool = True) -> int | None:
     on the new one."""
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
+            flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+            fd = os.open(path, flags, 0o644)
         except FileNotFoundError:
             return None
         try:

@@ -171,3 +171,23 @@ def test_options_are_validated() -> None:
         ReadOptions(cache_dir="/tmp/c", cache_bytes=0)
     with pytest.raises(ValueError, match="local directory"):
         ReadOptions(cache_dir="s3://bucket/cache", cache_bytes=1)
+
+
+async def test_a_cache_that_cannot_be_written_reads_without_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    not_a_directory = tmp_path / "cache"
+    not_a_directory.write_bytes(b"")
+    cache = ShardCache(str(not_a_directory), 1000)
+    assert await cache.open(obj("a")) is None
+    assert "not using the cache" in caplog.text and str(not_a_directory) in caplog.text
+
+
+async def test_a_planted_link_is_never_written_through(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    os.makedirs(cache.directory)
+    os.symlink(victim, cache.entry_path(obj("a")))  # an "entry" that is a link elsewhere
+    assert await cache.open(obj("a")) is None
+    assert victim.read_bytes() == b"precious"
