@@ -73,6 +73,9 @@ class ObjectReader:
     side by side (an interleave cycle) each get a share: without shares the first streams
     opened take the whole budget and the consumer, who needs every stream in turn, waits on
     the others one round trip at a time.
+
+    ``open_cache`` asks the local cache for the object before the first read (see the module
+    docstring); :meth:`finish` publishes what a whole read filled.
     """
 
     def __init__(

@@ -246,8 +246,20 @@ class ShardCache:
         if obj.version is None or obj.size > self.capacity_bytes or obj.size == 0:
             return None  # no version: a replaced object could not be told from the copy
         path = self.entry_path(obj, namespace)
-        if path in _filling:  # this process downloads it already (a list naming it twice)
-            fill = False
+        # claimed before anything: another reader of this process (a list naming the shard
+        # twice, read side by side) must not wait for a download its own consumer paces
+        claimed = fill and path not in _filling
+        if claimed:
+            _filling.add(path)
+        found: object = None
+        try:
+            found = await self._open(path, obj, claimed)
+            return cast("CacheHit | CacheFill | None", found)
+        finally:
+            if claimed and not isinstance(found, CacheFill):
+                _filling.discard(path)
+
+    async def _open(self, path: str, obj: ObjectInfo, fill: bool) -> object:
         delay, progress, since = _POLL_FIRST_S, None, time.monotonic()
         while True:
             try:
@@ -256,7 +268,7 @@ class ShardCache:
                 logger.warning("not using the cache %s for %s: %s", self.directory, obj.url, exc)
                 return None
             if found is not _BUSY:
-                return cast("CacheHit | CacheFill | None", found)
+                return found
             now = time.monotonic()
             seen = _mtime_ns(path[: -len(ENTRY)] + PART)
             if seen != progress:
@@ -290,7 +302,6 @@ class ShardCache:
         if fd is None:
             _unlock(lock, lock_path)
             return None
-        _filling.add(path)
         return CacheFill(path, size, _Handle(fd), lock)
 
     def _open_entry(self, path: str, size: int) -> CacheHit | None:

@@ -109,6 +109,25 @@ def test_later_epochs_read_the_cache_with_no_get(
     assert shard_bytes(proxy) == {}
 
 
+def test_a_shard_named_twice_is_read_twice_at_once(
+    s3_server: MotoS3Server, s3_bucket: str, fault_proxy: Any, tmp_path: Path
+) -> None:
+    made = put_shards(s3_server, s3_bucket, "twice", shards=1, count=500)
+    ((key, (data, records)),) = made.items()
+    proxy = fault_proxy(s3_server.endpoint_url)
+    ds = streamrec.open_dataset(
+        [f"s3://{s3_bucket}/{key}"] * 2,
+        storage_options=options(proxy),
+        cache_dir=str(tmp_path),
+        cache_bytes=1 << 20,
+        block_bytes=8 << 10,
+        cycle_length=2,  # both open at once: the second does not wait for the first's copy
+    )
+    assert sorted(ds) == sorted(records * 2)
+    assert [p.read_bytes() for p in tmp_path.glob("*.shard")] == [data]
+    assert not downloads(tmp_path)
+
+
 def test_local_shards_are_never_cached(tmp_path: Path) -> None:
     path = tmp_path / "local.tfrecord"
     path.write_bytes(RecordEncoder().encode_many(payloads(0, 10)))

@@ -191,3 +191,15 @@ async def test_a_planted_link_is_never_written_through(tmp_path: Path) -> None:
     os.symlink(victim, cache.entry_path(obj("a")))  # an "entry" that is a link elsewhere
     assert await cache.open(obj("a")) is None
     assert victim.read_bytes() == b"precious"
+
+
+async def test_eviction_never_disturbs_a_reader(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), 250)
+    await fill(cache, obj("a"))
+    hit = await cache.open(obj("a"))
+    assert isinstance(hit, CacheHit)
+    await fill(cache, obj("b"))
+    await fill(cache, obj("c"))  # a is evicted (least recently used) while open
+    assert not os.path.exists(hit.path)
+    assert await hit.store.read_range(hit.obj, 0, 100) == (b"s3://bucket/a" * 100)[:100]
+    await hit.close()
