@@ -202,10 +202,12 @@ class CacheFill:
         """Give the download up: no entry, no ``.part`` file. Idempotent."""
         if self._lock is None:
             return
-        await self._part.close()  # writes in flight end first
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.part_path)
-        self._unlock()
+        try:
+            await self._part.close()  # writes in flight end first
+        finally:  # (cancelled meanwhile: the fd closes when they end; the rest goes now)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.part_path)
+            self._unlock()
 
     def _unlock(self) -> None:
         lock, self._lock = self._lock, None
