@@ -33,7 +33,7 @@ from streamrec.pipeline.state import (
     ReadyState,
 )
 from streamrec.pipeline.stats import Stats
-from streamrec.storage.cache import ShardCache, cache_namespace, is_cacheable
+from streamrec.storage.cache import CacheFill, CacheHit, ShardCache, cache_namespace, is_cacheable
 from streamrec.storage.stores import ObjectInfo, StoreSet
 
 __all__ = ["Piece", "ReadEngine"]
@@ -107,7 +107,14 @@ class ReadEngine:
         if cache is None or not is_cacheable(shard.url):
             return None
         namespace = cache_namespace(shard.url, self.options.storage_options)
-        return lambda: cache.open(shard, namespace, fill=start == 0)
+
+        async def open_cache() -> CacheHit | CacheFill | None:
+            route = await cache.open(shard, namespace, fill=start == 0)
+            if isinstance(route, CacheHit):
+                self.stats.cache_hits += 1
+            return route
+
+        return open_cache
 
     async def pieces(
         self,

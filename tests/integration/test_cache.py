@@ -92,11 +92,13 @@ def test_later_epochs_read_the_cache_with_no_get(
     entries = sorted(v for k, v in files(cache).items() if k.endswith(".shard"))
     assert entries == sorted(len(d) for d, _ in made.values())
     assert not downloads(cache)
+    assert ds.stats.cache_hits == 0
     for epoch in (1, 2):
         proxy.clear_records()
         ds.set_epoch(epoch)
         assert list(ds) == first
         assert shard_bytes(proxy) == {}  # only the listing went to the server
+        assert ds.stats.cache_hits == 3 * epoch
     # a fresh dataset (another job, later) reads the copies too
     proxy.clear_records()
     again = streamrec.open_dataset(
