@@ -282,7 +282,7 @@ def test_a_damaged_copy_is_named_removed_and_downloaded_again(
     assert read() == records
     (entry,) = tmp_path.glob("*.shard")
     data = bytearray(entry.read_bytes())
-    data[len(data) // 2] ^= 0x01  # one bit of a payload in the middle
+    data[len(data) // 2 + 20] ^= 0x01  # one bit of the payload of record 50 (of 100)
     entry.write_bytes(bytes(data))
     with pytest.raises(CorruptRecordError) as raised:
         read()
@@ -293,6 +293,18 @@ def test_a_damaged_copy_is_named_removed_and_downloaded_again(
     assert read() == records  # downloaded again, and cached again
     assert sum(shard_bytes(proxy).values()) == len(data)
     assert entry.exists()
+    # on_corrupt="skip": the damaged record is dropped (with a warning), the copy removed
+    entry.write_bytes(bytes(data))
+    skipped = streamrec.open_dataset(
+        f"s3://{s3_bucket}/bad/*.tfrecord",
+        storage_options=options(proxy),
+        cache_dir=str(tmp_path),
+        cache_bytes=1 << 20,
+        on_corrupt="skip",
+    )
+    assert len(list(skipped)) == len(records) - 1
+    assert skipped.stats.corrupt_skipped == 1 and skipped.stats.cache_hits == 1
+    assert not entry.exists()
 
 
 _CHILD = """
