@@ -345,3 +345,18 @@ def test_read_ahead_stays_within_the_sum_of_the_sources_budgets(files: list[list
     # each source within its own budget plus one block (see ByteBudget)
     assert 0 < mixed.stats.peak_prefetch_bytes <= sum(budgets) + 3 * (1 << 10)
     assert mixed.stats.records == sum(SIZES)
+
+
+def test_a_failing_source_ends_the_mix_and_every_read(
+    files: list[list[str]], tmp_path: Path
+) -> None:
+    async def main() -> None:
+        missing = streamrec.open_dataset(str(tmp_path / "missing-*.tfrecord"))
+        mixed = streamrec.mix([*sources(files)[:2], missing], stop="never")
+        with pytest.raises(streamrec.errors.ObjectNotFoundError):
+            async with aclosing(mixed.__aiter__()) as records:
+                async for _ in records:
+                    pass
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    asyncio.run(main())
