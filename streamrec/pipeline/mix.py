@@ -17,8 +17,11 @@ Memory: each source keeps its own prefetch budget (``prefetch_bytes`` of its
 decoded chunk per source in hand. One budget shared by all sources would let a source the
 draws rarely pick fill the room the others need (its read-ahead is handed on only as slowly
 as it is drawn), stalling the sources drawn most to one block at a time; per-source budgets
-make each source's read-ahead independent of the others. Give each source the budget its
-share of the traffic needs (e.g. ``prefetch_bytes=weight x total``) to bound the total.
+make each source's read-ahead independent of the others. The price: a source that carries
+few of the bytes (a small weight, or small records) still reads its whole budget ahead, which
+a ``stop="first"`` mix may never consume; give each source a budget in proportion to its share
+of the bytes (weight x mean record size), at least a few blocks, to bound the total and that
+waste (benchmarks/README.md, bench_mix, measures both).
 
 Exact resume: the mix is read through the same protocol as a dataset (``record_chunks`` with
 ``auto_consume=False`` and ``mark_consumed(n)``, see :mod:`streamrec.pipeline.transform`), and
