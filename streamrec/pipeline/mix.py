@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import numpy as np
 
 from streamrec._portal import iterate_blocking, run_all
-from streamrec.errors import StateError
 from streamrec.pipeline.dataset import Dataset
 from streamrec.pipeline.mix_order import (
     Draws,
@@ -54,6 +53,7 @@ from streamrec.pipeline.mix_order import (
     first_stop_length,
     mix_key,
 )
+from streamrec.pipeline.mix_state import MIX_STATE_VERSION, parse_mix_state
 from streamrec.pipeline.stats import Stats
 
 if TYPE_CHECKING:  # the transforms load protobuf: only on first use
@@ -63,7 +63,6 @@ if TYPE_CHECKING:  # the transforms load protobuf: only on first use
 __all__ = ["MixedDataset", "Stop", "mix"]
 
 Stop = Literal["first", "all", "never"]
-MIX_STATE_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -259,7 +258,7 @@ class MixedDataset:
         """Continue from ``state`` (from :meth:`state_dict`) on the next iteration. Raises
         :class:`~streamrec.errors.StateError` when it comes from another mix configuration
         or a field is wrong (each source checks its own state as ``Dataset`` does)."""
-        epoch, draws, exhausted, finished, sources = _parse(state, self._config())
+        epoch, draws, exhausted, finished, sources = parse_mix_state(state, self._config())
         for ds, source_state in zip(self.datasets, sources, strict=True):
             ds.load_state_dict(source_state)
         self.epoch = epoch
@@ -515,40 +514,6 @@ class _HandOut:
         if total > self._marked:
             self._mark(total - self._marked)
             self._marked = total
-
-
-def _parse(
-    raw: object, config: Mapping[str, Any]
-) -> tuple[int, int, tuple[bool, ...], bool, list[dict[str, Any]]]:
-    """A mix state's fields, each checked (states are untrusted), or StateError."""
-    if not isinstance(raw, dict) or raw.get("kind") != "mix":
-        raise StateError("not a streamrec mix state (no 'kind': 'mix')")
-    if raw.get("version") != MIX_STATE_VERSION:
-        raise StateError(f"mix state version {raw.get('version')!r} is not supported")
-    theirs = raw.get("config")
-    if theirs != dict(config):
-        raise StateError(f"the state comes from another mix: state has {theirs!r}, not {config!r}")
-    epoch, draws = raw.get("epoch"), raw.get("draws")
-    for name, value in (("epoch", epoch), ("draws", draws)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
-            raise StateError(f"mix state field {name}: {value!r} is not a count")
-    exhausted, finished = raw.get("exhausted"), raw.get("finished")
-    sources = raw.get("sources")
-    n = config["sources"]
-    if not (
-        isinstance(exhausted, list)
-        and len(exhausted) == n
-        and all(isinstance(e, bool) for e in exhausted)
-    ):
-        raise StateError(f"mix state field exhausted: {exhausted!r} is not {n} booleans")
-    if not isinstance(finished, bool):
-        raise StateError(f"mix state field finished: {finished!r} is not a boolean")
-    if not (isinstance(sources, list) and len(sources) == n):
-        raise StateError(f"mix state field sources: not a list of {n} states")
-    if all(exhausted) and not finished:
-        raise StateError("mix state: every source exhausted, yet not finished")
-    assert isinstance(epoch, int) and isinstance(draws, int)
-    return epoch, draws, tuple(exhausted), finished, sources
 
 
 def mix(
