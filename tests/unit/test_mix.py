@@ -264,21 +264,53 @@ def test_resume_at_many_cut_points(files: list[list[str]], stop: str) -> None:
         assert [key(r) for r in head] + tail == expected, cut
 
 
-@pytest.mark.parametrize("cut", [0, 3, 11])
-def test_resume_after_parse_and_batch(files: list[list[str]], cut: int) -> None:
+@pytest.mark.parametrize(
+    ("stop", "cut"), [("all", 0), ("all", 3), ("all", 11), ("never", 17), ("never", 33)]
+)
+def test_resume_after_parse_and_batch(files: list[list[str]], stop: str, cut: int) -> None:
+    # "never": cuts after restarts of the small source, while a batch holds records of both
+    # of its epochs
+    limit = 50  # batches
+
     def batches(mixed: streamrec.MixedDataset) -> Any:
         return mixed.parse(SPEC).batch(7)
 
     def keys(batch: dict[str, Any]) -> list[tuple[int, int]]:
         return list(zip(batch["src"].tolist(), batch["i"].tolist(), strict=True))
 
-    expected = model(files, "all", 5, 10_000)
-    head, state = read_cut(batches(make(files, "all")), cut)
-    resumed = batches(make(files, "all"))
+    expected = model(files, stop, 5, 7 * limit)
+    head, state = read_cut(batches(make(files, stop)), cut)
+    resumed = batches(make(files, stop))
     resumed.load_state_dict(state)
-    got = [k for b in head for k in keys(b)] + [k for b in resumed for k in keys(b)]
+    rest = list(islice(resumed, limit - cut))
+    got = [k for b in head for k in keys(b)] + [k for b in rest for k in keys(b)]
     assert got == expected
-    assert len(batches(make(files, "all")).dataset.datasets) == 3
+    assert len(batches(make(files, stop)).dataset.datasets) == 3
+
+
+def test_resume_between_records_of_async_for(files: list[list[str]]) -> None:
+    expected = model(files, "never", 5, 300)
+
+    async def main() -> None:
+        for cut in (1, 130, 299):
+            mixed = make(files, "never")
+            head: list[tuple[int, int]] = []
+            async with aclosing(mixed.__aiter__()) as records:
+                async for record in records:
+                    head.append(key(record))
+                    if len(head) == cut:
+                        break
+                state = json.loads(json.dumps(mixed.state_dict()))  # between two records
+            resumed = make(files, "never")
+            resumed.load_state_dict(state)
+            async with aclosing(resumed.__aiter__()) as records:
+                async for record in records:
+                    if len(head) == len(expected):
+                        break
+                    head.append(key(record))
+            assert head == expected, cut
+
+    asyncio.run(main())
 
 
 def test_state_of_a_finished_mix_and_between_epochs(files: list[list[str]]) -> None:
