@@ -392,3 +392,24 @@ def test_a_failing_source_ends_the_mix_and_every_read(
         assert asyncio.all_tasks() == {asyncio.current_task()}
 
     asyncio.run(main())
+
+
+def test_indexed_sources_mix_and_resume(files: list[list[str]]) -> None:
+    for paths in files:
+        for path in paths:
+            _write_index(path)
+
+    def make_indexed() -> streamrec.MixedDataset:
+        datasets = [
+            streamrec.open_dataset(files[0], shuffle="global", seed=1),
+            streamrec.open_dataset(files[1], shuffle="block", window_records=10),
+            streamrec.open_dataset(files[2], even="drop"),
+        ]
+        return streamrec.mix(datasets, list(WEIGHTS), seed=2, stop="all")
+
+    everything = [key(r) for r in make_indexed()]
+    assert Counter(everything) == Counter((s, i) for s, n in enumerate(SIZES) for i in range(n))
+    head, state = read_cut(make_indexed(), 97)
+    resumed = make_indexed()
+    resumed.load_state_dict(state)
+    assert [key(r) for r in head] + [key(r) for r in resumed] == everything
