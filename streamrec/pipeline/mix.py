@@ -534,7 +534,9 @@ def mix(
         stop: ``"first"``: the mix ends at the first draw of a source with no record left;
             ``"all"``: that source drops out and the others go on at their weights
             renormalised, until every record of every source has come; ``"never"``: the
-            source restarts at its next epoch (``epoch + 1``): an infinite dataset.
+            source restarts at its next epoch (``epoch + 1``): an infinite dataset (iterate
+            it once; ``set_epoch(e)`` starts every source at epoch ``e`` again, so mix epochs
+            repeat the sources' epochs they share).
 
     Draws are stratified in blocks of 256 (each block picks every source within one of its
     weight's share, in random order), so the realised proportions match the weights closely
