@@ -28,10 +28,13 @@ What each process reads:
   so their record counts differ unless the shards are equal; stop every rank after the same
   number of steps (DDP needs it).
 
-Items are whatever the wrapped dataset yields: ``bytes`` (a ``Dataset``), dicts of numpy arrays
-(``ds.parse(spec)``; the DataLoader's ``batch_size`` then stacks them into tensors) or whole
-batches (``ds.parse(spec).batch(n)``, with ``DataLoader(batch_size=None)``; numpy arrays become
-tensors, ``VarLenFeature`` lists stay lists).
+A ``streamrec.mix`` of datasets is split the same way: each of its sources by worker and
+rank, and each worker mixes its shares (same seed, same draws).
+
+Items are whatever the wrapped dataset yields: ``bytes`` (a ``Dataset`` or a mix), dicts of
+numpy arrays (``ds.parse(spec)``; the DataLoader's ``batch_size`` then stacks them into
+tensors) or whole batches (``ds.parse(spec).batch(n)``, with ``DataLoader(batch_size=None)``;
+numpy arrays become tensors, ``VarLenFeature`` lists stay lists).
 
 ``set_epoch``, ``stats``, ``state_dict`` and ``load_state_dict`` are forwarded to the wrapped
 dataset. Exact resume is supported with ``num_workers=0``: the state then describes what the
@@ -59,6 +62,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("streamrec.torch needs PyTorch: pip install torch") from error
 
 from streamrec.pipeline.dataset import Dataset
+from streamrec.pipeline.mix import MixedDataset
 from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.transform import BatchedDataset, ParsedDataset
 
@@ -74,14 +78,14 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
 
     def __init__(
         self,
-        source: Dataset | ParsedDataset | BatchedDataset[Any],
+        source: Dataset | MixedDataset | ParsedDataset | BatchedDataset[Any],
         *,
         split_by_rank: bool | None = None,
     ) -> None:
-        if not isinstance(source, (Dataset, ParsedDataset, BatchedDataset)):
+        if not isinstance(source, (Dataset, MixedDataset, ParsedDataset, BatchedDataset)):
             raise TypeError(
-                "IterableDataset wraps a streamrec Dataset, ParsedDataset or BatchedDataset, "
-                f"not {type(source).__name__}"
+                "IterableDataset wraps a streamrec Dataset, MixedDataset, ParsedDataset or "
+                f"BatchedDataset, not {type(source).__name__}"
             )
         self.source = source
         """The wrapped streamrec dataset."""
@@ -90,10 +94,13 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
         self._apply_rank()
 
     @property
-    def dataset(self) -> Dataset:
-        """The underlying :class:`~streamrec.Dataset` (shards, splitting, state)."""
+    def dataset(self) -> Dataset | MixedDataset:
+        """The underlying :class:`~streamrec.Dataset` or :class:`~streamrec.MixedDataset`
+        (shards, splitting, state; a mix splits each of its sources)."""
         source = self.source
-        return source if isinstance(source, Dataset) else source.dataset
+        if isinstance(source, (Dataset, MixedDataset)):
+            return source
+        return source.dataset
 
     def _apply_rank(self, starting: bool = False) -> None:
         """Split by DDP rank if asked (or by default) and the process group is up."""

@@ -53,3 +53,16 @@ def test_an_abfs_container_at_its_account_is_not_taken_for_a_credential() -> Non
     url = "abfs://train@myaccount.dfs.core.windows.net/data/part-0.tfrecord"
     assert redact(f"{url}: failed") == f"{url}: failed"
     assert redact("see https://user:tok@host/x and " + url) == ("see https://***@host/x and " + url)
+
+
+def test_the_cache_tells_azure_accounts_apart_without_their_keys() -> None:
+    from streamrec.storage.cache import cache_namespace
+
+    key = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+    emulator = {
+        "connection_string": f"AccountName=devstoreaccount1;AccountKey={key};"
+        "BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;"
+    }
+    assert cache_namespace(URL, emulator) == "http://127.0.0.1:10000/devstoreaccount1"
+    assert cache_namespace(URL, {"account_name": "a", "account_key": key}) == "a"
+    assert cache_namespace(URL, {"account_name": "b", "sas_token": "sig=x"}) == "b"
