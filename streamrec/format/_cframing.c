@@ -109,21 +109,47 @@ static int64_t masked_crc_large(PyObject *large_crc, const unsigned char *p, Py_
     return (int64_t)(uint32_t)(((c32 >> 15) | (c32 << 17)) + MASK_DELTA);
 }
 
+/* Append one int64 to a growable buffer (lengths mode). */
+static int push_length(int64_t **out, Py_ssize_t *count, Py_ssize_t *cap, int64_t value) {
+    if (*count == *cap) {
+        Py_ssize_t grown = *cap ? *cap * 2 : 1024;
+        int64_t *bigger = PyMem_Realloc(*out, (size_t)grown * sizeof(int64_t));
+        if (bigger == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        *out = bigger;
+        *cap = grown;
+    }
+    (*out)[(*count)++] = value;
+    return 0;
+}
+
+/* scan(buf, start, verify, large_crc, large_threshold[, lengths_only]):
+ * (records, pos, status, stored, computed). With lengths_only, records is a bytes object of
+ * the payload lengths as native int64 instead of a list of payloads: the same checks, no
+ * payload copied (what a record index needs). */
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t start, large_threshold;
-    int verify;
+    int verify, lengths_only = 0;
     PyObject *large_crc;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*npOn", &view, &start, &verify, &large_crc, &large_threshold))
+    if (!PyArg_ParseTuple(args, "y*npOn|p", &view, &start, &verify, &large_crc,
+                          &large_threshold, &lengths_only))
         return NULL;
     const unsigned char *buf = (const unsigned char *)view.buf;
     const Py_ssize_t end = view.len;
     Py_ssize_t pos = start < 0 ? 0 : start;
     int status = 0;
     uint32_t stored = 0, computed = 0;
-    PyObject *records = PyList_New(0);
-    if (records == NULL) goto fail;
+    PyObject *records = NULL;
+    int64_t *lengths = NULL;
+    Py_ssize_t count = 0, cap = 0;
+    if (!lengths_only) {
+        records = PyList_New(0);
+        if (records == NULL) goto fail;
+    }
 
     while (end - pos >= 12) {
         const unsigned char *h = buf + pos;
@@ -159,20 +185,30 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 break;
             }
         }
-        PyObject *rec = PyBytes_FromStringAndSize((const char *)payload, n);
-        if (rec == NULL) goto fail;
-        if (PyList_Append(records, rec) < 0) {
+        if (lengths_only) {
+            if (push_length(&lengths, &count, &cap, (int64_t)n) < 0) goto fail;
+        } else {
+            PyObject *rec = PyBytes_FromStringAndSize((const char *)payload, n);
+            if (rec == NULL) goto fail;
+            if (PyList_Append(records, rec) < 0) {
+                Py_DECREF(rec);
+                goto fail;
+            }
             Py_DECREF(rec);
-            goto fail;
         }
-        Py_DECREF(rec);
         pos += 16 + n;
     }
     PyBuffer_Release(&view);
+    if (lengths_only) {
+        records = PyBytes_FromStringAndSize((const char *)lengths, count * (Py_ssize_t)sizeof(int64_t));
+        PyMem_Free(lengths);
+        if (records == NULL) return NULL;
+    }
     return Py_BuildValue("(NniII)", records, pos, status, (unsigned int)stored,
                          (unsigned int)computed);
 fail:
     Py_XDECREF(records);
+    PyMem_Free(lengths);
     PyBuffer_Release(&view);
     return NULL;
 }
