@@ -213,6 +213,66 @@ fail:
     return NULL;
 }
 
+/* One decimal number, as str(int) writes it; returns the bytes written (at most 20). */
+static Py_ssize_t put_int(char *out, int64_t value) {
+    char digits[20];
+    Py_ssize_t k = 0, at = 0;
+    uint64_t u = value < 0 ? (uint64_t)0 - (uint64_t)value : (uint64_t)value;
+    do {
+        digits[k++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (value < 0) out[at++] = '-';
+    while (k) out[at++] = digits[--k];
+    return at;
+}
+
+/* index_text(column, ...): the lines of a record index sidecar: row i is the i-th int64 of
+ * every column (buffers of native int64, equally long), separated by spaces, ended by a
+ * newline - what "".join(" ".join(map(str, row)) + "\n" for row in rows) gives. */
+static PyObject *index_text(PyObject *self, PyObject *args) {
+    enum { MAX_COLUMNS = 8 };
+    Py_buffer views[MAX_COLUMNS];
+    Py_ssize_t ncols = PyTuple_GET_SIZE(args), got = 0, rows = 0;
+    PyObject *result = NULL;
+    (void)self;
+    if (ncols < 1 || ncols > MAX_COLUMNS) {
+        PyErr_SetString(PyExc_ValueError, "index_text takes 1 to 8 columns");
+        return NULL;
+    }
+    for (; got < ncols; got++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(args, got), &views[got], PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        Py_ssize_t n = views[got].len / (Py_ssize_t)sizeof(int64_t);
+        if (views[got].len % (Py_ssize_t)sizeof(int64_t) || (got && n != rows)) {
+            PyErr_SetString(PyExc_ValueError, "columns must be equally long int64 buffers");
+            got++;
+            goto done;
+        }
+        rows = n;
+    }
+    if (rows > PY_SSIZE_T_MAX / (21 * ncols)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, rows * 21 * ncols);
+    if (result == NULL) goto done;
+    char *out = PyBytes_AS_STRING(result);
+    Py_ssize_t at = 0;
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        for (Py_ssize_t c = 0; c < ncols; c++) {
+            int64_t v;
+            memcpy(&v, (const char *)views[c].buf + i * (Py_ssize_t)sizeof(int64_t), sizeof v);
+            at += put_int(out + at, v);
+            out[at++] = c + 1 < ncols ? ' ' : '\n';
+        }
+    }
+    if (_PyBytes_Resize(&result, at) < 0) result = NULL;
+done:
+    for (Py_ssize_t c = 0; c < got; c++) PyBuffer_Release(&views[c]);
+    return result;
+}
+
 static PyObject *py_masked_crc32c(PyObject *self, PyObject *arg) {
     Py_buffer view;
     (void)self;
@@ -230,6 +290,7 @@ static PyObject *py_has_hardware_crc(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Scan complete TFRecord frames out of a buffer."},
+    {"index_text", index_text, METH_VARARGS, "The text lines of a record index's columns."},
     {"masked_crc32c", py_masked_crc32c, METH_O, "TFRecord's masked CRC32C of a buffer."},
     {"has_hardware_crc", py_has_hardware_crc, METH_NOARGS, "True when SSE4.2 CRC32 is used."},
     {NULL, NULL, 0, NULL},
