@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Iterable
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 import crc32c as _crc32c_package
 
@@ -64,17 +64,8 @@ _U64 = struct.Struct("<Q")
 ScanResult = tuple[Any, int, int, int, int]
 
 
-class ScanFunction(Protocol):
-    def __call__(
-        self,
-        buf: BytesLike,
-        start: int,
-        verify: bool,
-        large_crc: object,
-        large_threshold: int,
-        lengths_only: bool = False,
-        /,
-    ) -> ScanResult: ...
+# (buf, start, verify, large_crc, large_threshold[, lengths_only]) -> ScanResult
+ScanFunction = Callable[..., ScanResult]
 
 
 def _scan_python(

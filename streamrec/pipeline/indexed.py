@@ -29,8 +29,6 @@ sixteenth of a chunk (so that a run mixes many windows).
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 
@@ -42,13 +40,13 @@ from streamrec.pipeline.lookup import build_table
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.order import EpochOrder, Intervals, Part, part_of
 from streamrec.pipeline.random_access import RecordTable, read_records
-from streamrec.pipeline.shards import dataloader_worker
+from streamrec.pipeline.shards import dataloader_worker, shards_digest
 from streamrec.pipeline.sources import list_sources
 from streamrec.pipeline.state import DatasetState, IndexedState
 from streamrec.pipeline.stats import Stats
 from streamrec.storage.stores import StoreSet
 
-__all__ = ["IndexedEngine", "table_digest"]
+__all__ = ["IndexedEngine", "chunk_records", "window_records"]
 
 _GLOBAL_CONCURRENCY = 64  # single-record GETs in flight (global shuffle): a link's worth
 CHUNK_PART = 3
@@ -60,14 +58,6 @@ have carried meanwhile. ``max_concurrency`` reads in flight hide that cost only 
 carries a good part of it: at 1 MiB and 16 reads in flight a 60 ms, 25 MB/s-per-connection
 link stays full (benchmarks/README.md, "Shuffled reading")."""
 _MIX_WINDOWS = 16  # block mode's default run: at most this many windows
-
-
-def table_digest(table: RecordTable) -> str:
-    """A short fingerprint of the shards read (names, sizes, versions, record counts)."""
-    described = [
-        [s.url, s.size, s.version, len(i)] for s, i in zip(table.shards, table.indexes, strict=True)
-    ]
-    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -170,7 +160,7 @@ class IndexedEngine:
                     on_retry=self._count_retry,
                 )
                 table = await build_table(self.urls, options, self.stats, stores, shards)
-                digest = table_digest(table)
+                digest = shards_digest(table.shards, table.counts())
                 if resume is not None and resume.shards not in (None, digest):
                     raise StateError(
                         "the state was saved over different shards (other files, sizes or "

@@ -10,9 +10,7 @@ prefix. The shuffle buffer's records are fetched again from their locations the 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
-import json
 from collections import defaultdict
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
@@ -45,19 +43,9 @@ if TYPE_CHECKING:
 #: ``start``, sized for this iteration (``ahead``: opened before its turn)
 MakeReader = Callable[[ObjectInfo, int, bool], ObjectReader]
 
-__all__ = ["ShardOpener", "shards_digest"]
+__all__ = ["ShardOpener"]
 
 Chunks = AsyncGenerator[list[bytes], None]
-
-
-def shards_digest(plan: ShardPlan[ObjectInfo]) -> str:
-    """A short fingerprint of the shards a consumer reads (names, sizes, versions, split)."""
-    described = [
-        [[s.url, s.size, s.version] for s in plan.shards],
-        plan.record_stride,
-        plan.record_offset,
-    ]
-    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
 
 class ShardOpener:
