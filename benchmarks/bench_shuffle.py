@@ -422,10 +422,22 @@ local clumps that `|rho|` misses. The trade-off: `global` is a true permutation 
 at the `random.shuffle` reference) but costs one GET per record, which small records cannot
 amortise over a 60 ms round trip; `block` reads whole windows with coalesced range reads (the
 link stays busy at any record size) and mixes several windows, so the order has no global trend
-but neighbouring reads still often come from the same window. On 1 KiB records `global` is
-bound by its read chunk (`prefetch_bytes / 4` of records, ~16,000): one chunk's records are
-spread over the whole dataset, so its coalesced reads move about all of it (`link MB`), and
-the rate is about the link's times the chunk's share of the dataset (here 16 MiB / 1 GiB).
+but neighbouring reads still often come from the same window (`near` is about one over the
+windows mixed). On 1 KiB records `global` is bound by its read chunk (`prefetch_bytes / 3` of
+records, ~21,500): one chunk's records are spread over the whole dataset, so its coalesced
+reads move about all of it (`link MB`), and the rate is about the link's times the chunk's
+share of the dataset (here 21 MiB / 1 GiB).
+
+Block shuffle's window, when `window_records` is not given, comes from the record size and
+the link (`pipeline/indexed.py`, `window_records()`): a sixteenth of a read chunk's records
+(a chunk being a third of `prefetch_bytes`), but at least 1 MiB of them (a range read on a
+cloud link must carry many times what a request costs: a round trip of one connection's
+rate, ~1-5 MB; with 16 reads in flight, 1 MiB reads keep this link full) and at most one
+`block_bytes` read. At the defaults that is 1.33 MiB (13 records of 100 KiB, 1,365 of 1 KiB),
+and a run mixes 16 windows. Smaller windows mix more of the dataset per MiB of memory (better
+`near`) but cost more requests; larger ones the reverse. The link is not measured: the
+constants assume a 30-100 ms, 25-100 MB/s-per-connection object store; on a slower link, pass
+a larger `window_records`.
 
 """
 
