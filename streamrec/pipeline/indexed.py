@@ -15,15 +15,16 @@ sidecar: records are read by position). One iteration:
    one awaited and the next - so reads in flight and decoded records stay within
    ``prefetch_bytes`` (plus the bytes between coalesced records, which the budget counts
    while they are in flight). The reads of all chunks share one gate of
-   ``max_concurrency`` slots, first come first served: the next chunk's reads start one by
-   one as the current chunk's finish, so the link never waits for a whole chunk to end.
+   ``max_concurrency`` slots, first come first served: the next chunk's reads take slots as
+   the current chunk's free them, and no more reads are in flight than one chunk would have.
    Pieces carry :class:`~streamrec.pipeline.events.Begin` /
    :class:`~streamrec.pipeline.events.Advance` events, so the consumer's state is one number.
 
-Block mode's window (records read by one range read, when ``window_records`` is not given):
-:func:`window_records` - ``block_bytes`` of records, but at least :data:`MIN_WINDOW_BYTES`
-(a range read must carry many times what a request costs on a cloud link) and at most a
-sixteenth of a chunk (so that a run mixes many windows).
+Block mode's window (records read by one range read, when ``window_records`` is not given),
+chosen from the record size and the link by :func:`window_records`: a sixteenth of a chunk
+(so that a run mixes 16 windows), but at least :data:`MIN_WINDOW_BYTES` of records (a range
+read must carry many times what a request costs on a cloud link) and at most one
+``block_bytes`` read. The link is assumed, not measured (see :data:`MIN_WINDOW_BYTES`).
 """
 
 from __future__ import annotations
