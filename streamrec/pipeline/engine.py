@@ -19,10 +19,16 @@ from streamrec.errors import StateError
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.events import Event, Open, Piece, take_event
 from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
-from streamrec.pipeline.opener import ShardOpener, shards_digest
+from streamrec.pipeline.opener import ShardOpener
 from streamrec.pipeline.options import READ_AHEAD_PART, ReadOptions
 from streamrec.pipeline.prefetch import ObjectReader, OpenCache
-from streamrec.pipeline.shards import ShardPlan, dataloader_worker, plan_shards, seeded_random
+from streamrec.pipeline.shards import (
+    ShardPlan,
+    dataloader_worker,
+    plan_shards,
+    seeded_random,
+    shards_digest,
+)
 from streamrec.pipeline.shuffle import shuffle_pieces
 from streamrec.pipeline.sources import list_sources
 from streamrec.pipeline.state import (
@@ -135,7 +141,7 @@ class ReadEngine:
         async with StoreSet(options.storage_options, connections) as stores:
             try:
                 plan = self._plan(await self.list_shards(stores))
-                digest = shards_digest(plan)
+                digest = shards_digest(plan.shards, plan.record_stride, plan.record_offset)
                 if resume is not None and resume.shards not in (None, digest):
                     raise StateError(
                         "the state was saved over different shards (other files, sizes or "
