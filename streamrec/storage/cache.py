@@ -46,6 +46,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -196,6 +197,10 @@ class CacheFill:
             return False
         try:
             await self._part.run(_publish, self.part_path, self.path)
+        except OSError as exc:  # a cache that cannot be written is no reason to fail the read
+            logger.warning("not caching %s: %s", self.path, exc)
+            await self.abort()
+            return False
         except BaseException:
             await self.abort()
             raise
@@ -312,12 +317,14 @@ class ShardCache:
         return CacheFill(path, size, _Handle(fd), lock)
 
     def _open_entry(self, path: str, size: int) -> CacheHit | None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:  # (O_NONBLOCK: a FIFO planted under the name must not wait for a writer)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
-        if os.fstat(fd).st_size != size:  # not what a publish leaves: damaged, drop it
-            _unlink_if_same(fd, path)
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode) or found.st_size != size:
+            with contextlib.suppress(OSError):  # not what a publish leaves: drop it
+                _unlink_if_same(fd, path)
             os.close(fd)
             return None
         now = time.time_ns()  # (not the kernel's coarse clock: uses a few ms apart still order)
@@ -367,14 +374,14 @@ class ShardCache:
                 try:
                     if not item.is_file(follow_symlinks=False):
                         continue
-                    stat = item.stat(follow_symlinks=False)
+                    info = item.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
                 if item.name.endswith(PART) and _remove_if_dead(item.path):
                     continue
-                used += stat.st_size
+                used += info.st_size
                 if item.name.endswith(ENTRY):
-                    entries.append((stat.st_mtime_ns, item.path, stat.st_size))
+                    entries.append((info.st_mtime_ns, item.path, info.st_size))
         return used, entries
 
 
