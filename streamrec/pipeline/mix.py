@@ -181,6 +181,7 @@ class MixedDataset:
         self._passed_on = np.zeros(len(self.datasets), dtype=np.int64)  # ... marked at sources
         self._ended = False  # the iteration's draws ended (stop reached)
         self._copies: list[Dataset] = []  # restarted sources (stop="never"), for stats
+        self._retired = Stats()  # the counters of copies read to their end (then dropped)
         self._consumed = 0  # records consumed in this iteration
         self._consumed_before = 0
         self._report_consumed: Callable[[], None] | None = None
@@ -377,6 +378,7 @@ class MixedDataset:
                         return
                     continue
                 await sources[j].aclose()
+                self._retire(objects[j])
                 objects[j] = self._restarted(objects[j])
                 sources[j] = _Source(objects[j], self._report)
                 if not await sources[j].fill():
@@ -395,6 +397,15 @@ class MixedDataset:
         copy.set_epoch(dataset.epoch + 1)
         self._copies.append(copy)
         return copy
+
+    def _retire(self, dataset: Dataset) -> None:
+        """A restarted copy read to its end: its counters are kept, not the copy (an endless
+        mix would otherwise keep one per restart)."""
+        for i, copy in enumerate(self._copies):
+            if copy is dataset:
+                del self._copies[i]
+                _add_stats(self._retired, dataset.stats)
+                return
 
     # ------------------------------------------------------------------ consumers
 
@@ -464,11 +475,9 @@ class MixedDataset:
     def stats(self) -> Stats:
         """Every source's counters added up (``peak_prefetch_bytes``: the sum of their
         peaks, each within its own budget); ``records``: records the mix handed out."""
-        total = Stats()
+        total = dataclasses.replace(self._retired)
         for ds in chain(self.datasets, self._copies):
-            stats = ds.stats
-            for f in dataclasses.fields(Stats):
-                setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
+            _add_stats(total, ds.stats)
         handed = self._handed_out() if self._handed_out is not None else self._consumed
         total.records = self._consumed_before + handed
         return total
@@ -485,6 +494,11 @@ class MixedDataset:
             f"MixedDataset({self.datasets!r}, weights={self.weights!r}, seed={self.seed}, "
             f"stop={self.stop!r})"
         )
+
+
+def _add_stats(total: Stats, stats: Stats) -> None:
+    for f in dataclasses.fields(Stats):
+        setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
 
 
 class _HandOut:

@@ -413,3 +413,23 @@ def test_indexed_sources_mix_and_resume(files: list[list[str]]) -> None:
     resumed = make_indexed()
     resumed.load_state_dict(state)
     assert [key(r) for r in head] + [key(r) for r in resumed] == everything
+
+
+def test_an_endless_mix_keeps_no_copy_of_every_restarted_source(tmp_path: Path) -> None:
+    # stop="never" restarts a small source again and again: the datasets of its finished
+    # passes are not kept (memory grows with the run otherwise), their counters still count
+    import gc
+
+    small = write_source(tmp_path / "small", 0, 2, shards=1)
+    big = write_source(tmp_path / "big", 1, 2000, shards=1)
+    mixed = streamrec.mix(
+        [streamrec.open_dataset(small), streamrec.open_dataset(big)], [0.5, 0.5], stop="never"
+    )
+    got = [key(r) for r in islice(iter(mixed), 600)]
+    restarts = sum(1 for src, _ in got if src == 0) // 2
+    assert restarts > 100
+    gc.collect()
+    alive = sum(1 for o in gc.get_objects() if isinstance(o, streamrec.Dataset))
+    assert alive < 20, alive
+    assert mixed.stats.records_read >= sum(1 for src, _ in got if src == 0) + 1
+    assert mixed.stats.records == 600
