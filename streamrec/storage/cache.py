@@ -339,7 +339,11 @@ class ShardCache:
         fit beside the downloads in progress."""
         dir_lock = os.open(os.path.join(self.directory, DIR_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(dir_lock, fcntl.LOCK_EX)  # held for a directory scan: milliseconds
+            # held for a directory scan: milliseconds; held longer (a stopped or hostile
+            # process), the object is read without the cache rather than waited for forever
+            if not _flock_within(dir_lock, self.stall_s):
+                logger.warning("not caching %s: %s stays locked", part, DIR_LOCK)
+                return None
             used, entries = self._scan()
             free = self.capacity_bytes - used
             for _, entry, entry_size in sorted(entries):
@@ -434,6 +438,23 @@ def _try_lock(path: str, create: bool = True) -> int | None:
         os.close(fd)
         if not create:
             return None
+
+
+def _flock_within(fd: int, seconds: float) -> bool:
+    """Take the flock of ``fd``, waiting at most ``seconds`` (polling: a blocked flock cannot
+    be given up). False if it stayed held."""
+    deadline = time.monotonic() + seconds
+    delay = _POLL_FIRST_S / 5
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, _POLL_MAX_S)
 
 
 def _unlock(fd: int, path: str) -> None:

@@ -228,3 +228,19 @@ async def test_a_publish_that_fails_does_not_fail_the_read(tmp_path: Path) -> No
     assert not await route.publish()
     assert not os.path.exists(route.part_path)
     assert not os.path.exists(route.path[: -len(".shard")] + ".lock")
+
+
+async def test_a_directory_lock_held_forever_is_not_waited_for_forever(tmp_path: Path) -> None:
+    # another process (stopped, or hostile: the directory is untrusted) keeps the directory
+    # lock: the reader reads without the cache instead of waiting for it without end
+    cache = ShardCache(str(tmp_path), 1000, stall_s=0.0)
+    holder = os.open(tmp_path / "streamrec-cache.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        assert await cache.open(obj("a")) is None
+    finally:
+        os.close(holder)
+    assert {p.name for p in tmp_path.iterdir()} == {"streamrec-cache.lock"}
+    route = await cache.open(obj("a"))  # free again: cached as usual
+    assert isinstance(route, CacheFill)
+    await route.abort()
