@@ -199,6 +199,10 @@ class MixedDataset:
             self._resume, self._finished = None, False
             self._at = self._start_position()
         self.epoch = epoch
+        if self._resume is not None:
+            # the loaded state's sources keep their positions (after a stop="never" restart
+            # a source is at a later epoch: setting it to ``epoch`` would drop its state)
+            return
         for ds in self.datasets:
             ds.set_epoch(epoch)
 

@@ -433,3 +433,18 @@ def test_an_endless_mix_keeps_no_copy_of_every_restarted_source(tmp_path: Path) 
     assert alive < 20, alive
     assert mixed.stats.records_read >= sum(1 for src, _ in got if src == 0) + 1
     assert mixed.stats.records == 600
+
+
+def test_set_epoch_after_loading_keeps_a_restarted_sources_position(
+    files: list[list[str]],
+) -> None:
+    # the usual loop after a checkpoint: load_state_dict, then set_epoch(the same epoch) before
+    # iterating; a stop="never" source restarted at its next epoch must keep its position
+    expected = model(files, "never", 5, 180)
+    head, state = read_cut(make(files, "never"), 150)  # the small source restarted meanwhile
+    assert state["sources"][2]["epoch"] > 0
+    resumed = make(files, "never")
+    resumed.load_state_dict(state)
+    resumed.set_epoch(state["epoch"])
+    tail = [key(r) for r in islice(iter(resumed), 30)]
+    assert [key(r) for r in head] + tail == expected
