@@ -250,11 +250,12 @@ class ShardCache:
         return os.path.join(self.directory, key + ENTRY)
 
     async def open(
-        self, obj: ObjectInfo, namespace: str = "", *, fill: bool = True
+        self, obj: ObjectInfo, namespace: str = "", *, fill: bool = True, wait: bool = True
     ) -> CacheHit | CacheFill | None:
         """The entry of ``obj`` if there is one; else (``fill``: the reader reads the whole
         object) a :class:`CacheFill` once this process may download it, waiting while
-        another one does; else None (read without the cache)."""
+        another one does (``wait``; else reading without the cache meanwhile); else None
+        (read without the cache)."""
         if obj.version is None or obj.size > self.capacity_bytes or obj.size == 0:
             return None  # no version: a replaced object could not be told from the copy
         path = self.entry_path(obj, namespace)
@@ -265,13 +266,13 @@ class ShardCache:
             _filling.add(path)
         found: object = None
         try:
-            found = await self._open(path, obj, claimed)
+            found = await self._open(path, obj, claimed, wait)
             return cast("CacheHit | CacheFill | None", found)
         finally:
             if claimed and not isinstance(found, CacheFill):
                 _filling.discard(path)
 
-    async def _open(self, path: str, obj: ObjectInfo, fill: bool) -> object:
+    async def _open(self, path: str, obj: ObjectInfo, fill: bool, wait: bool) -> object:
         delay, progress, since = _POLL_FIRST_S, None, time.monotonic()
         while True:
             try:
@@ -281,6 +282,8 @@ class ShardCache:
                 return None
             if found is not _BUSY:
                 return found
+            if not wait:
+                return None
             now = time.monotonic()
             seen = _mtime_ns(path[: -len(ENTRY)] + PART)
             if seen != progress:
