@@ -54,6 +54,7 @@ from streamrec.pipeline.mix_order import (
     mix_key,
 )
 from streamrec.pipeline.mix_state import MIX_STATE_VERSION, parse_mix_state
+from streamrec.pipeline.state import parse_state
 from streamrec.pipeline.stats import Stats
 
 if TYPE_CHECKING:  # the transforms load protobuf: only on first use
@@ -264,6 +265,8 @@ class MixedDataset:
         :class:`~streamrec.errors.StateError` when it comes from another mix configuration
         or a field is wrong (each source checks its own state as ``Dataset`` does)."""
         epoch, draws, exhausted, finished, sources = parse_mix_state(state, self._config())
+        for ds, source_state in zip(self.datasets, sources, strict=True):
+            parse_state(source_state, ds._config())  # all checked before any is loaded
         for ds, source_state in zip(self.datasets, sources, strict=True):
             ds.load_state_dict(source_state)
         self.epoch = epoch

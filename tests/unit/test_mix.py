@@ -448,3 +448,18 @@ def test_set_epoch_after_loading_keeps_a_restarted_sources_position(
     resumed.set_epoch(state["epoch"])
     tail = [key(r) for r in islice(iter(resumed), 30)]
     assert [key(r) for r in head] + tail == expected
+
+
+def test_a_refused_state_leaves_the_loaded_one_whole(files: list[list[str]]) -> None:
+    # a state whose second source is refused must not have loaded its first source already:
+    # the mix would go on from the earlier state's draws with that source somewhere else
+    expected = model(files, "all", 5, 120)
+    head, state = read_cut(make(files, "all"), 30)
+    _, later = read_cut(make(files, "all"), 60)
+    later["sources"][1]["config"]["seed"] = 99
+    resumed = make(files, "all")
+    resumed.load_state_dict(state)
+    with pytest.raises(StateError):
+        resumed.load_state_dict(later)
+    tail = [key(r) for r in islice(iter(resumed), 90)]
+    assert [key(r) for r in head] + tail == expected
