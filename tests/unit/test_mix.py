@@ -429,7 +429,7 @@ def test_an_endless_mix_keeps_no_copy_of_every_restarted_source(tmp_path: Path) 
     restarts = sum(1 for src, _ in got if src == 0) // 2
     assert restarts > 100
     gc.collect()
-    alive = sum(1 for o in gc.get_objects() if isinstance(o, streamrec.Dataset))
+    alive = sum(1 for o in gc.get_objects() if type(o) is streamrec.Dataset)
     assert alive < 20, alive
     assert mixed.stats.records_read >= sum(1 for src, _ in got if src == 0) + 1
     assert mixed.stats.records == 600
