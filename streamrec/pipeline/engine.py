@@ -60,6 +60,11 @@ class ReadEngine:
             # a download that made no progress for one attempt's time is not waited for
             stall_s = options.retry.timeout_s
             self.cache = ShardCache(options.cache_dir, options.cache_bytes, stall_s=stall_s)
+        # Records split across consumers (fewer shards than consumers): every consumer of this
+        # host reads each shard whole, paced by its own consumer, in lockstep with the others
+        # (DDP, the DataLoader's round robin): waiting for another's download could wait for a
+        # reader whose consumer waits for us. Such readers read without the cache meanwhile.
+        self._wait_for_downloads = True
 
     async def list_shards(self, stores: StoreSet) -> list[ObjectInfo]:
         """Every shard to read, in reading order, with its size and version."""
@@ -115,7 +120,8 @@ class ReadEngine:
         namespace = cache_namespace(shard.url, self.options.storage_options)
 
         async def open_cache() -> CacheHit | CacheFill | None:
-            route = await cache.open(shard, namespace, fill=start == 0)
+            wait = self._wait_for_downloads
+            route = await cache.open(shard, namespace, fill=start == 0, wait=wait)
             if isinstance(route, CacheHit):
                 self.stats.cache_hits += 1
             return route
@@ -141,6 +147,7 @@ class ReadEngine:
         async with StoreSet(options.storage_options, connections) as stores:
             try:
                 plan = self._plan(await self.list_shards(stores))
+                self._wait_for_downloads = plan.record_stride == 1
                 digest = shards_digest(plan.shards, plan.record_stride, plan.record_offset)
                 if resume is not None and resume.shards not in (None, digest):
                     raise StateError(

@@ -54,6 +54,7 @@ from streamrec.pipeline.mix_order import (
     mix_key,
 )
 from streamrec.pipeline.mix_state import MIX_STATE_VERSION, parse_mix_state
+from streamrec.pipeline.state import parse_state
 from streamrec.pipeline.stats import Stats
 
 if TYPE_CHECKING:  # the transforms load protobuf: only on first use
@@ -181,6 +182,7 @@ class MixedDataset:
         self._passed_on = np.zeros(len(self.datasets), dtype=np.int64)  # ... marked at sources
         self._ended = False  # the iteration's draws ended (stop reached)
         self._copies: list[Dataset] = []  # restarted sources (stop="never"), for stats
+        self._retired = Stats()  # the counters of copies read to their end (then dropped)
         self._consumed = 0  # records consumed in this iteration
         self._consumed_before = 0
         self._report_consumed: Callable[[], None] | None = None
@@ -198,6 +200,10 @@ class MixedDataset:
             self._resume, self._finished = None, False
             self._at = self._start_position()
         self.epoch = epoch
+        if self._resume is not None:
+            # the loaded state's sources keep their positions (after a stop="never" restart
+            # a source is at a later epoch: setting it to ``epoch`` would drop its state)
+            return
         for ds in self.datasets:
             ds.set_epoch(epoch)
 
@@ -259,6 +265,8 @@ class MixedDataset:
         :class:`~streamrec.errors.StateError` when it comes from another mix configuration
         or a field is wrong (each source checks its own state as ``Dataset`` does)."""
         epoch, draws, exhausted, finished, sources = parse_mix_state(state, self._config())
+        for ds, source_state in zip(self.datasets, sources, strict=True):
+            parse_state(source_state, ds._config())  # all checked before any is loaded
         for ds, source_state in zip(self.datasets, sources, strict=True):
             ds.load_state_dict(source_state)
         self.epoch = epoch
@@ -377,6 +385,7 @@ class MixedDataset:
                         return
                     continue
                 await sources[j].aclose()
+                self._retire(objects[j])
                 objects[j] = self._restarted(objects[j])
                 sources[j] = _Source(objects[j], self._report)
                 if not await sources[j].fill():
@@ -395,6 +404,15 @@ class MixedDataset:
         copy.set_epoch(dataset.epoch + 1)
         self._copies.append(copy)
         return copy
+
+    def _retire(self, dataset: Dataset) -> None:
+        """A restarted copy read to its end: its counters are kept, not the copy (an endless
+        mix would otherwise keep one per restart)."""
+        for i, copy in enumerate(self._copies):
+            if copy is dataset:
+                del self._copies[i]
+                _add_stats(self._retired, dataset.stats)
+                return
 
     # ------------------------------------------------------------------ consumers
 
@@ -464,11 +482,9 @@ class MixedDataset:
     def stats(self) -> Stats:
         """Every source's counters added up (``peak_prefetch_bytes``: the sum of their
         peaks, each within its own budget); ``records``: records the mix handed out."""
-        total = Stats()
+        total = dataclasses.replace(self._retired)
         for ds in chain(self.datasets, self._copies):
-            stats = ds.stats
-            for f in dataclasses.fields(Stats):
-                setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
+            _add_stats(total, ds.stats)
         handed = self._handed_out() if self._handed_out is not None else self._consumed
         total.records = self._consumed_before + handed
         return total
@@ -485,6 +501,11 @@ class MixedDataset:
             f"MixedDataset({self.datasets!r}, weights={self.weights!r}, seed={self.seed}, "
             f"stop={self.stop!r})"
         )
+
+
+def _add_stats(total: Stats, stats: Stats) -> None:
+    for f in dataclasses.fields(Stats):
+        setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
 
 
 class _HandOut:

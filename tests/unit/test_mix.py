@@ -413,3 +413,53 @@ def test_indexed_sources_mix_and_resume(files: list[list[str]]) -> None:
     resumed = make_indexed()
     resumed.load_state_dict(state)
     assert [key(r) for r in head] + [key(r) for r in resumed] == everything
+
+
+def test_an_endless_mix_keeps_no_copy_of_every_restarted_source(tmp_path: Path) -> None:
+    # stop="never" restarts a small source again and again: the datasets of its finished
+    # passes are not kept (memory grows with the run otherwise), their counters still count
+    import gc
+
+    small = write_source(tmp_path / "small", 0, 2, shards=1)
+    big = write_source(tmp_path / "big", 1, 2000, shards=1)
+    mixed = streamrec.mix(
+        [streamrec.open_dataset(small), streamrec.open_dataset(big)], [0.5, 0.5], stop="never"
+    )
+    got = [key(r) for r in islice(iter(mixed), 600)]
+    restarts = sum(1 for src, _ in got if src == 0) // 2
+    assert restarts > 100
+    gc.collect()
+    alive = sum(1 for o in gc.get_objects() if type(o) is streamrec.Dataset)
+    assert alive < 20, alive
+    assert mixed.stats.records_read >= sum(1 for src, _ in got if src == 0) + 1
+    assert mixed.stats.records == 600
+
+
+def test_set_epoch_after_loading_keeps_a_restarted_sources_position(
+    files: list[list[str]],
+) -> None:
+    # the usual loop after a checkpoint: load_state_dict, then set_epoch(the same epoch) before
+    # iterating; a stop="never" source restarted at its next epoch must keep its position
+    expected = model(files, "never", 5, 180)
+    head, state = read_cut(make(files, "never"), 150)  # the small source restarted meanwhile
+    assert state["sources"][2]["epoch"] > 0
+    resumed = make(files, "never")
+    resumed.load_state_dict(state)
+    resumed.set_epoch(state["epoch"])
+    tail = [key(r) for r in islice(iter(resumed), 30)]
+    assert [key(r) for r in head] + tail == expected
+
+
+def test_a_refused_state_leaves_the_loaded_one_whole(files: list[list[str]]) -> None:
+    # a state whose second source is refused must not have loaded its first source already:
+    # the mix would go on from the earlier state's draws with that source somewhere else
+    expected = model(files, "all", 5, 120)
+    head, state = read_cut(make(files, "all"), 30)
+    _, later = read_cut(make(files, "all"), 60)
+    later["sources"][1]["config"]["seed"] = 99
+    resumed = make(files, "all")
+    resumed.load_state_dict(state)
+    with pytest.raises(StateError):
+        resumed.load_state_dict(later)
+    tail = [key(r) for r in islice(iter(resumed), 90)]
+    assert [key(r) for r in head] + tail == expected
