@@ -48,8 +48,13 @@ OnCorrupt = Literal["raise", "skip"]
 # scan() stop reasons
 _NEED_MORE, _BAD_LENGTH_CRC, _BAD_PAYLOAD_CRC = 0, 1, 2
 # A record at least this large is assembled from references to the fed chunks with one copy
-# (b"".join of memoryview slices) instead of growing and shifting the pending buffer.
+# (into its payload object, CRC fused) instead of growing and shifting the pending buffer.
 _BIG_RECORD_BYTES = 1 << 20
+# Where the stream's end is known (an uncompressed object of known size), a record at least
+# this large that does not end in the chunk its header came in is copied straight into its
+# final payload object as its bytes arrive (allocated at its length, checked against the end
+# first), its CRC computed in the same pass: one copy, no second pass over cold memory.
+_DIRECT_RECORD_BYTES = 64 << 10
 # Payloads at least this large are checksummed by the crc32c package, which interleaves three
 # hardware CRC streams; below it, one inline stream in C beats the call overhead.
 _LARGE_CRC_BYTES = 4096
@@ -102,9 +107,41 @@ def _scan_python(
         view.release()
 
 
+def _new_payload_python(length: int) -> bytearray:
+    """Pure-Python twin of ``_cframing.new_payload``: a buffer for :func:`_fill_python`."""
+    return bytearray(length)
+
+
+def _fill_python(payload: bytearray, at: int, data: BytesLike, crc: int, verify: bool) -> int:
+    """Pure-Python twin of ``_cframing.fill``: copy ``data`` into ``payload[at:]``; return the
+    unmasked CRC32C ``crc`` continued over it (unchanged when not ``verify``)."""
+    view = memoryview(data)
+    if at < 0 or view.nbytes > len(payload) - at:
+        raise ValueError("fill() past the end of the payload")
+    payload[at : at + view.nbytes] = view
+    return _crc32c_package.crc32c(view, crc) if verify else crc
+
+
+def _bytes_as_is(payload: bytes | bytearray) -> bytes:
+    """The C path's payload object is already the final ``bytes``."""
+    assert isinstance(payload, bytes)
+    return payload
+
+
+def _mask(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
 _cframing = load_accelerator("_cframing")
 _scan: ScanFunction = _scan_python if _cframing is None else _cframing.scan
 accelerated = _cframing is not None
+_new_payload: Callable[[int], bytes | bytearray]
+_fill: Callable[[bytes | bytearray, int, BytesLike, int, bool], int]
+_finish: Callable[[bytes | bytearray], bytes]
+if _cframing is None:
+    _new_payload, _fill, _finish = _new_payload_python, _fill_python, bytes  # type: ignore[assignment]
+else:
+    _new_payload, _fill, _finish = _cframing.new_payload, _cframing.fill, _bytes_as_is
 
 
 class RecordEncoder:
@@ -199,10 +236,15 @@ class RecordDecoder:
         self._error: FormatError | None = None
         self._discarding = False  # skip mode, after the framing broke
         self._closed = False
-        # A big record in progress: the chunks holding it (from its header on) and its size.
+        # A big record in progress: its size and the bytes of it seen (from its header on);
+        # either the chunks holding it (collected by reference: the stream's end is unknown)
+        # or, copied in as they arrive, its payload object, the CRC so far and its footer.
         self._big: list[memoryview] = []
         self._big_have = 0
         self._big_length = -1  # payload length; -1 when no big record is in progress
+        self._big_payload: bytes | bytearray | None = None
+        self._big_crc = 0
+        self._big_footer = bytearray()
 
     @property
     def offset(self) -> int:
@@ -233,6 +275,7 @@ class RecordDecoder:
         """Give up on the rest of the stream after ``error`` (``on_corrupt="skip"``)."""
         self.dropped.append(error)
         self._pending.clear()
+        self._big, self._big_payload = [], None
         self._discarding = True
 
     def feed(self, data: BytesLike) -> list[bytes]:
@@ -363,6 +406,14 @@ class RecordDecoder:
                 self._pending.clear()
                 self._damaged(refused)
                 return
+            if self.end_offset is not None and length + OVERHEAD_BYTES >= _DIRECT_RECORD_BYTES:
+                # allocated at its length, which _refuse_length checked against the end
+                self._big_payload = _new_payload(length)
+                self._big_crc, self._big_have, self._big_length = 0, 0, length
+                with memoryview(buf) as view:
+                    self._fill_direct(view[pos:])
+                self._pending.clear()
+                return
             if length + OVERHEAD_BYTES >= _BIG_RECORD_BYTES:
                 piece = _stable_view(buf, pos)
                 self._pending.clear()
@@ -373,24 +424,62 @@ class RecordDecoder:
         elif tail:
             self._pending += memoryview(buf)[pos:]
 
+    def _fill_direct(self, data: memoryview) -> int:
+        """Copy the big record's bytes at the start of ``data`` into its payload object (CRC
+        fused with the copy) and footer; return how many bytes of ``data`` it took."""
+        assert self._big_payload is not None
+        length, have = self._big_length, self._big_have
+        take = min(len(data), length + OVERHEAD_BYTES - have)
+        payload_end = HEADER_BYTES + length
+        first, last = max(have, HEADER_BYTES), min(have + take, payload_end)
+        if last > first:  # (the header's bytes were checked by the scanner: skipped)
+            self._big_crc = _fill(
+                self._big_payload,
+                first - HEADER_BYTES,
+                data[first - have : last - have],
+                self._big_crc,
+                self.verify_crc,
+            )
+        if have + take > payload_end:
+            self._big_footer += data[max(payload_end - have, 0) : take]
+        self._big_have = have + take
+        return take
+
     def _feed_big(self, data: BytesLike) -> list[bytes]:
-        """Collect a big record's chunks; assemble it with one copy once it is complete."""
-        self._big.append(_stable_view(data, 0))
-        self._big_have += len(self._big[-1])
+        """Add a chunk to the big record in progress; once it is complete, check it and go on
+        framing what follows it in the chunk."""
         length = self._big_length
         total = length + OVERHEAD_BYTES
-        if self._big_have < total:
-            return []
-        payload = b"".join(_slices(self._big, HEADER_BYTES, HEADER_BYTES + length))
-        footer = b"".join(_slices(self._big, HEADER_BYTES + length, total))
-        # The record ends inside the last piece (the ones before it fell short): what follows
-        # it is a view of that piece, not a copy.
-        last = self._big[-1]
-        rest = last[len(last) - (self._big_have - total) :]
+        if self._big_payload is not None:
+            view = memoryview(data)
+            taken = self._fill_direct(view)
+            if self._big_have < total:
+                return []
+            crc, footer = self._big_crc, bytes(self._big_footer)
+            payload = _finish(self._big_payload)
+            rest: BytesLike = view[taken:]
+        else:
+            self._big.append(_stable_view(data, 0))
+            self._big_have += len(self._big[-1])
+            if self._big_have < total:
+                return []
+            # One copy into the payload object, the CRC computed as the bytes are copied.
+            built = _new_payload(length)
+            crc, at = 0, 0
+            for piece in _slices(self._big, HEADER_BYTES, HEADER_BYTES + length):
+                crc = _fill(built, at, piece, crc, self.verify_crc)
+                at += len(piece)
+            payload = _finish(built)
+            footer = b"".join(_slices(self._big, HEADER_BYTES + length, total))
+            # The record ends inside the last piece (the ones before it fell short): what
+            # follows it is a view of that piece, not a copy.
+            last = self._big[-1]
+            rest = last[len(last) - (self._big_have - total) :]
         self._big, self._big_have, self._big_length = [], 0, -1
+        self._big_payload, self._big_crc, self._big_footer = None, 0, bytearray()
         records: list[bytes] = []
         stored = _U32.unpack(footer)[0]
-        computed = masked_crc32c(payload) if self.verify_crc else stored
+        computed = _mask(crc) if self.verify_crc else stored
         if computed == stored:
             records.append(payload)
         else:
