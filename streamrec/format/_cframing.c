@@ -7,8 +7,12 @@
  * It stops at the first record that is incomplete (status 0, `pos` = its header offset) or
  * damaged (status 1: bad length CRC, status 2: bad payload CRC; `pos` = its header offset,
  * `stored` / `computed` the masked CRCs).  Payloads of at least `large_threshold` bytes are
- * checksummed by calling `large_crc(memoryview)` (the crc32c package, which interleaves three
- * hardware CRC streams and is ~3x faster than one stream on big buffers).
+ * copied into their record and checked there in cache-sized steps (copy_crc: the CRC reads
+ * what the copy just wrote) with the hardware CRC run as three interleaved streams; without
+ * SSE4.2 they are checksummed by `large_crc(memoryview)` (the crc32c package) instead.
+ *
+ * new_payload(n) / fill(payload, at, data, crc, verify): a record assembled from several
+ * chunks is copied into its final bytes object piece by piece, the CRC fused with each copy.
  *
  * The pure-Python twin in framing.py has the same contract; the tests run both.
  * No I/O; the GIL is held throughout (every record becomes a Python object).
