@@ -102,8 +102,9 @@ def _settle_allocator() -> None:
     global _allocator_settled
     _allocator_settled = True
     if sys.platform.startswith("linux"):
-        # calloc'd by mmap (never touched: no page is faulted in), then unmapped
-        chunk = bytearray(_GLIBC_MMAP_THRESHOLD_MAX - (64 << 10))
+        # bytes(n) is calloc'd, here by mmap (never touched: no page is faulted in; a
+        # bytearray would be zeroed by memset), then unmapped
+        chunk = bytes(_GLIBC_MMAP_THRESHOLD_MAX - (64 << 10))
         del chunk
 
 
