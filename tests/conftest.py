@@ -31,7 +31,11 @@ SCANNERS = ["c", "python"] if framing.accelerated else ["python"]
 
 @pytest.fixture(params=SCANNERS)
 def scanner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Run the test with the C frame scanner and again with the pure-Python fallback."""
+    """Run the test with the C frame scanner and again with the pure-Python fallback (the
+    scan and the fused copy + CRC of big records)."""
     if request.param == "python":
         monkeypatch.setattr(framing, "_scan", framing._scan_python)
+        monkeypatch.setattr(framing, "_new_payload", framing._new_payload_python)
+        monkeypatch.setattr(framing, "_fill", framing._fill_python)
+        monkeypatch.setattr(framing, "_finish", bytes)
     yield request.param

@@ -14,7 +14,8 @@ claiming 2**60 bytes costs nothing but the bytes actually fed; where the stream'
 maximum record size) is known, such a header is an error at once.
 
 The hot loop (framing many small records out of one buffer) runs in the optional C extension
-``_cframing`` when it is built, and in :func:`_scan_python` otherwise; both have one contract.
+``_cframing`` when it is built, and in its pure-Python twin
+(:func:`streamrec.format.framing_python.scan`) otherwise; both have one contract.
 """
 
 from __future__ import annotations
@@ -22,13 +23,20 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Literal
 
 import crc32c as _crc32c_package
 
 from streamrec.errors import CorruptRecordError, FormatError, TruncatedRecordError
 from streamrec.format.accel import load_accelerator
 from streamrec.format.crc import BytesLike, masked_crc32c
+from streamrec.format.framing_python import BAD_LENGTH_CRC as _BAD_LENGTH_CRC
+from streamrec.format.framing_python import NEED_MORE as _NEED_MORE
+from streamrec.format.framing_python import ScanResult
+from streamrec.format.framing_python import fill as _fill_python
+from streamrec.format.framing_python import mask as _mask
+from streamrec.format.framing_python import new_payload as _new_payload_python
+from streamrec.format.framing_python import scan as _scan_python
 from streamrec.format.identify import HEAD_BYTES, explain
 
 __all__ = [
@@ -46,81 +54,44 @@ OVERHEAD_BYTES = HEADER_BYTES + FOOTER_BYTES
 
 OnCorrupt = Literal["raise", "skip"]
 
-# scan() stop reasons
-_NEED_MORE, _BAD_LENGTH_CRC, _BAD_PAYLOAD_CRC = 0, 1, 2
 # A record at least this large is assembled from references to the fed chunks with one copy
-# (b"".join of memoryview slices) instead of growing and shifting the pending buffer.
+# (into its payload object, CRC fused) instead of growing and shifting the pending buffer.
 _BIG_RECORD_BYTES = 1 << 20
-# Payloads at least this large are checksummed by the crc32c package, which interleaves three
-# hardware CRC streams; below it, one inline stream in C beats the call overhead.
+# Where the stream's end is known (an uncompressed object of known size), a record at least
+# this large that does not end in the chunk its header came in is copied straight into its
+# final payload object as its bytes arrive (allocated at its length, checked against the end
+# first), its CRC computed in the same pass: one copy, no second pass over cold memory.
+_DIRECT_RECORD_BYTES = 64 << 10
+# Payloads at least this large are copied first and checked in the copy, cache-sized steps at a
+# time, by three interleaved hardware CRC streams (C; by the crc32c package without SSE4.2);
+# below it, one inline stream over the source beats the setup.
 _LARGE_CRC_BYTES = 4096
 
 _HEADER = struct.Struct("<QI")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
-# (payloads, pos, status, stored, computed); payloads: a list of bytes, or with lengths_only
-# the bytes of an array("q") of the payloads' lengths (native int64)
-ScanResult = tuple[Any, int, int, int, int]
-
 
 # (buf, start, verify, large_crc, large_threshold[, lengths_only]) -> ScanResult
 ScanFunction = Callable[..., ScanResult]
 
 
-def _scan_python(
-    buf: BytesLike,
-    start: int,
-    verify: bool,
-    large_crc: object,
-    large_threshold: int,
-    lengths_only: bool = False,
-) -> ScanResult:
-    """Pure-Python twin of ``_cframing.scan`` (same arguments, same result)."""
-    del large_crc, large_threshold  # the package CRC is used for every size here
-    records: list[bytes] = []
-    lengths = array("q")
-    append = lengths.append if lengths_only else records.append
-    unpack_header = _HEADER.unpack_from
-    unpack_u32 = _U32.unpack_from
-    crc = _crc32c_package.crc32c
-    view = memoryview(buf)
-    if view.itemsize != 1 or view.ndim != 1:  # the C scanner sees bytes too
-        view = view.cast("B")
-    end = len(view)
-    pos = start
-
-    def out() -> list[bytes] | bytes:
-        return lengths.tobytes() if lengths_only else records
-
-    try:
-        while end - pos >= HEADER_BYTES:
-            length, stored = unpack_header(view, pos)
-            if verify:
-                c = crc(view[pos : pos + 8])
-                computed = (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-                if computed != stored:
-                    return out(), pos, _BAD_LENGTH_CRC, stored, computed
-            payload_end = pos + HEADER_BYTES + length
-            if payload_end + FOOTER_BYTES > end:
-                break
-            payload = view[pos + HEADER_BYTES : payload_end]
-            if verify:
-                (stored,) = unpack_u32(view, payload_end)
-                c = crc(payload)
-                computed = (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-                if computed != stored:
-                    return out(), pos, _BAD_PAYLOAD_CRC, stored, computed
-            append(length if lengths_only else bytes(payload))  # type: ignore[arg-type]
-            pos = payload_end + FOOTER_BYTES
-        return out(), pos, _NEED_MORE, 0, 0
-    finally:
-        view.release()
+def _bytes_as_is(payload: bytes | bytearray) -> bytes:
+    """The C path's payload object is already the final ``bytes``."""
+    assert isinstance(payload, bytes)
+    return payload
 
 
 _cframing = load_accelerator("_cframing")
 _scan: ScanFunction = _scan_python if _cframing is None else _cframing.scan
 accelerated = _cframing is not None
+_new_payload: Callable[[int], bytes | bytearray]
+_fill: Callable[[bytes | bytearray, int, BytesLike, int, bool], int]
+_finish: Callable[[bytes | bytearray], bytes]
+if _cframing is None:
+    _new_payload, _fill, _finish = _new_payload_python, _fill_python, bytes  # type: ignore[assignment]
+else:
+    _new_payload, _fill, _finish = _cframing.new_payload, _cframing.fill, _bytes_as_is
 
 
 class RecordEncoder:
@@ -219,10 +190,15 @@ class RecordDecoder:
         self._error: FormatError | None = None
         self._discarding = False  # skip mode, after the framing broke
         self._closed = False
-        # A big record in progress: the chunks holding it (from its header on) and its size.
+        # A big record in progress: its size and the bytes of it seen (from its header on);
+        # either the chunks holding it (collected by reference: the stream's end is unknown)
+        # or, copied in as they arrive, its payload object, the CRC so far and its footer.
         self._big: list[memoryview] = []
         self._big_have = 0
         self._big_length = -1  # payload length; -1 when no big record is in progress
+        self._big_payload: bytes | bytearray | None = None
+        self._big_crc = 0
+        self._big_footer = bytearray()
 
     @property
     def offset(self) -> int:
@@ -253,6 +229,7 @@ class RecordDecoder:
         """Give up on the rest of the stream after ``error`` (``on_corrupt="skip"``)."""
         self.dropped.append(error)
         self._pending.clear()
+        self._big, self._big_payload = [], None
         self._discarding = True
 
     def feed(self, data: BytesLike) -> list[bytes]:
@@ -282,8 +259,9 @@ class RecordDecoder:
             records, start = self._complete_pending(data)
             if start >= len(data) or self._discarding or self._error is not None:
                 return records
-            if self._big_length >= 0:
-                return records + self._feed_big(_stable_view(data, start))
+            if self._big_length >= 0:  # (copied at once when its payload is allocated)
+                rest = memoryview(data)[start:] if self._big_payload is not None else None
+                return records + self._feed_big(rest or _stable_view(data, start))
         more, pos = self._frame(data, start)
         self._keep_tail(data, start, pos)
         return records + more if records else more
@@ -387,6 +365,14 @@ class RecordDecoder:
                 self._pending.clear()
                 self._damaged(refused)
                 return
+            if self.end_offset is not None and length + OVERHEAD_BYTES >= _DIRECT_RECORD_BYTES:
+                # allocated at its length, which _refuse_length checked against the end
+                self._big_payload = _new_payload(length)
+                self._big_crc, self._big_have, self._big_length = 0, 0, length
+                with memoryview(buf) as view:
+                    self._fill_direct(view[pos:])
+                self._pending.clear()
+                return
             if length + OVERHEAD_BYTES >= _BIG_RECORD_BYTES:
                 piece = _stable_view(buf, pos)
                 self._pending.clear()
@@ -397,24 +383,62 @@ class RecordDecoder:
         elif tail:
             self._pending += memoryview(buf)[pos:]
 
+    def _fill_direct(self, data: memoryview) -> int:
+        """Copy the big record's bytes at the start of ``data`` into its payload object (CRC
+        fused with the copy) and footer; return how many bytes of ``data`` it took."""
+        assert self._big_payload is not None
+        length, have = self._big_length, self._big_have
+        take = min(len(data), length + OVERHEAD_BYTES - have)
+        payload_end = HEADER_BYTES + length
+        first, last = max(have, HEADER_BYTES), min(have + take, payload_end)
+        if last > first:  # (the header's bytes were checked by the scanner: skipped)
+            self._big_crc = _fill(
+                self._big_payload,
+                first - HEADER_BYTES,
+                data[first - have : last - have],
+                self._big_crc,
+                self.verify_crc,
+            )
+        if have + take > payload_end:
+            self._big_footer += data[max(payload_end - have, 0) : take]
+        self._big_have = have + take
+        return take
+
     def _feed_big(self, data: BytesLike) -> list[bytes]:
-        """Collect a big record's chunks; assemble it with one copy once it is complete."""
-        self._big.append(_stable_view(data, 0))
-        self._big_have += len(self._big[-1])
+        """Add a chunk to the big record in progress; once it is complete, check it and go on
+        framing what follows it in the chunk."""
         length = self._big_length
         total = length + OVERHEAD_BYTES
-        if self._big_have < total:
-            return []
-        payload = b"".join(_slices(self._big, HEADER_BYTES, HEADER_BYTES + length))
-        footer = b"".join(_slices(self._big, HEADER_BYTES + length, total))
-        # The record ends inside the last piece (the ones before it fell short): what follows
-        # it is a view of that piece, not a copy.
-        last = self._big[-1]
-        rest = last[len(last) - (self._big_have - total) :]
+        if self._big_payload is not None:
+            view = memoryview(data)
+            taken = self._fill_direct(view)
+            if self._big_have < total:
+                return []
+            crc, footer = self._big_crc, bytes(self._big_footer)
+            payload = _finish(self._big_payload)
+            rest: BytesLike = view[taken:]
+        else:
+            self._big.append(_stable_view(data, 0))
+            self._big_have += len(self._big[-1])
+            if self._big_have < total:
+                return []
+            # One copy into the payload object, the CRC computed as the bytes are copied.
+            built = _new_payload(length)
+            crc, at = 0, 0
+            for piece in _slices(self._big, HEADER_BYTES, HEADER_BYTES + length):
+                crc = _fill(built, at, piece, crc, self.verify_crc)
+                at += len(piece)
+            payload = _finish(built)
+            footer = b"".join(_slices(self._big, HEADER_BYTES + length, total))
+            # The record ends inside the last piece (the ones before it fell short): what
+            # follows it is a view of that piece, not a copy.
+            last = self._big[-1]
+            rest = last[len(last) - (self._big_have - total) :]
         self._big, self._big_have, self._big_length = [], 0, -1
+        self._big_payload, self._big_crc, self._big_footer = None, 0, bytearray()
         records: list[bytes] = []
         stored = _U32.unpack(footer)[0]
-        computed = masked_crc32c(payload) if self.verify_crc else stored
+        computed = _mask(crc) if self.verify_crc else stored
         if computed == stored and self.lengths is not None:
             self.lengths.append(length)
         elif computed == stored:

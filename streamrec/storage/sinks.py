@@ -57,6 +57,10 @@ T = TypeVar("T")
 logger = logging.getLogger("streamrec")
 
 DEFAULT_PART_BYTES = 16 << 20
+DEFAULT_MAX_CONCURRENCY = 8
+"""Parts in flight at once, per writer. At 25 MB/s per connection (a typical cloud link) four
+reached 0.84x of a 1 Gbit link; eight reach it (benchmarks/README.md, bench_write), for about
+``(8 + open shards) x part_bytes`` of memory: 144 MiB with one shard open and 16 MiB parts."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ class SinkContext:
     """
 
     part_bytes: int = DEFAULT_PART_BYTES
-    max_concurrency: int = 4
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     failure: BaseException | None = None
     _window: asyncio.Semaphore | None = field(default=None, repr=False)

@@ -98,6 +98,7 @@ from streamrec.manifest.core import MANIFEST_NAME, Manifest, ManifestEntry, dump
 from streamrec.storage.base import ObjectStore
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.sinks import (
+    DEFAULT_MAX_CONCURRENCY,
     DEFAULT_PART_BYTES,
     ObjectSink,
     SinkContext,
@@ -144,7 +145,7 @@ class ShardWriter:
         total_records: int | None = None,
         compression: str | None = None,
         part_bytes: int = DEFAULT_PART_BYTES,
-        max_concurrency: int = 4,
+        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
         manifest: str | None = DEFAULT_MANIFEST,
         storage_options: dict[str, Any] | None = None,
         retry: RetryPolicy | None = None,
@@ -461,7 +462,7 @@ def open_writer(
     num_shards: int | None = None,
     compression: str | None = None,
     part_bytes: int = DEFAULT_PART_BYTES,
-    max_concurrency: int = 4,
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
     manifest: str | None = DEFAULT_MANIFEST,
     storage_options: dict[str, Any] | None = None,
     retry: RetryPolicy | None = None,
@@ -486,7 +487,8 @@ def open_writer(
             size (rounded up to a multiple of 256 KiB). A shard no bigger than one part is
             uploaded in a single request.
         max_concurrency: data requests in flight at once over all shards; with ``part_bytes``
-            it bounds memory: about ``(max_concurrency + open shards) * part_bytes``.
+            it bounds memory: about ``(max_concurrency + open shards) * part_bytes`` (default
+            8: 144 MiB with one shard open and 16 MiB parts).
         manifest: file name (beside the shards) or full url of the manifest, written last;
             ``None`` for none. Written by default for templated writers only.
         storage_options: passed to the fsspec filesystem (``endpoint_url``, ``key``, ...).

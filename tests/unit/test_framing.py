@@ -7,6 +7,7 @@ import zlib
 from array import array
 from pathlib import Path
 
+import crc32c as crc32c_package
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -345,3 +346,108 @@ def test_lengths_only_raises_the_same_damage(scanner: str) -> None:
     with pytest.raises(CorruptRecordError):
         decoder.feed(bytes(data))
     assert decoder.lengths is not None and decoder.lengths.tolist() == [10, 20]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sizes=st.lists(
+        st.sampled_from([0, 5, (64 << 10) - 17, 64 << 10, 100_000, (1 << 20) + 7]), max_size=5
+    ),
+    chunk=st.sampled_from([1, 11, 1000, 65536, 100_003, 1 << 20]),
+    as_bytearray=st.booleans(),
+)
+def test_records_copied_straight_into_their_payload_where_the_end_is_known(
+    scanner: str, sizes: list[int], chunk: int, as_bytearray: bool
+) -> None:
+    # end_offset known (an uncompressed object of known size): records of 64 KiB and more
+    # that straddle chunks are copied into their payload object as they arrive, CRC fused
+    payloads = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+    data = RecordEncoder().encode_many(payloads)
+    decoder = RecordDecoder(end_offset=len(data))
+    out: list[bytes] = []
+    reused = bytearray(chunk)
+    for i in range(0, len(data), chunk):
+        piece = data[i : i + chunk]
+        if as_bytearray:  # a caller that reuses its read buffer must not corrupt records
+            reused[: len(piece)] = piece
+            out += decoder.feed(memoryview(reused)[: len(piece)])
+            reused[:] = b"\xee" * len(reused)
+        else:
+            out += decoder.feed(piece)
+        assert decoder.buffered_bytes <= len(data)
+    decoder.close()
+    assert out == payloads
+    assert all(type(record) is bytes for record in out)
+
+
+@pytest.mark.parametrize("where", ["payload", "footer"])
+@pytest.mark.parametrize("chunk", [3, 4096, 65536])
+def test_straight_copy_checks_the_crc_of_a_straddling_record(
+    scanner: str, where: str, chunk: int
+) -> None:
+    big = bytes(range(256)) * 1000  # 256,000 bytes: copied straight into its payload
+    data = bytearray(RecordEncoder().encode_many([b"small", big, b"after"]))
+    damaged = 21 + 12 + (77_777 if where == "payload" else len(big) + 2)
+    data[damaged] ^= 8
+    chunks = [bytes(data[i : i + chunk]) for i in range(0, len(data), chunk)]
+    with pytest.raises(CorruptRecordError) as info:
+        decode_all(chunks, end_offset=len(data), url="f")
+    assert (info.value.record_index, info.value.offset, info.value.which) == (1, 21, "payload")
+    skipping = RecordDecoder(on_corrupt="skip", end_offset=len(data))
+    out = [r for c in chunks for r in skipping.feed(c)]
+    skipping.close()
+    assert out == [b"small", b"after"]
+    assert [e.offset for e in skipping.dropped] == [21]
+    # verify_crc=False copies without checking (damage passes, as everywhere else)
+    assert decode_all(chunks, end_offset=len(data), verify_crc=False)[0] == b"small"
+
+
+def test_straight_copy_truncation_and_lengths_past_the_end(scanner: str) -> None:
+    big = b"q" * 300_000
+    data = RecordEncoder().encode_many([b"first", big])
+    # the object ends inside the big record: what was fed is all there is
+    decoder = RecordDecoder(url="f", end_offset=21 + 100_000)
+    assert decoder.feed(data[: 21 + 50_000]) == [b"first"]
+    with pytest.raises(TruncatedRecordError) as info:
+        decoder.feed(data[21 + 50_000 : 21 + 100_000])
+        decoder.close()
+    assert (info.value.url, info.value.offset, info.value.record_index) == ("f", 21, 1)
+    assert f"of {len(big)} bytes" in str(info.value)
+    # fed in full but the stream stops short of the footer: truncation at close
+    decoder = RecordDecoder(url="f", end_offset=len(data))
+    assert decoder.feed(data[:-2]) == [b"first"]
+    with pytest.raises(TruncatedRecordError, match=r"payload CRC \(2 of 4 bytes\)"):
+        decoder.close()
+    # a header claiming more than the object holds: refused before anything is allocated
+    length = struct.pack("<Q", 1 << 40)
+    header = length + struct.pack("<I", masked_crc32c(length))
+    decoder = RecordDecoder(url="f", end_offset=1 << 20)
+    with pytest.raises(TruncatedRecordError) as info:
+        decoder.feed(header + b"x" * 100)
+    assert info.value.offset == 0
+    assert decoder.buffered_bytes == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.binary(max_size=70_000),
+    cuts=st.lists(st.integers(min_value=0), max_size=6),
+    start=st.integers(min_value=0, max_value=2**32 - 1),
+)
+def test_fused_copy_and_crc_c_and_python_agree(data: bytes, cuts: list[int], start: int) -> None:
+    fills = [(framing._new_payload_python, framing._fill_python)]
+    if framing._cframing is not None:
+        fills.append((framing._cframing.new_payload, framing._cframing.fill))
+    for new_payload, fill in fills:
+        payload = new_payload(len(data))
+        crc, at = start, 0
+        for piece in split_at(data, cuts):
+            crc = fill(payload, at, piece, crc, True)
+            at += len(piece)
+        assert bytes(payload) == data
+        assert crc == crc32c_package.crc32c(data, start)
+        assert fill(payload, 0, data, 7, False) == 7
+        with pytest.raises(ValueError):
+            fill(payload, 1, data, 0, True)
