@@ -134,7 +134,13 @@ class RepeatStage(Stage[T]):
         self._tails.clear()
         pass_, skip = start["pass"], start["skip"]
         source = self.source
+        ledger: Ledger | None = None
         while self.epochs is None or pass_ < self.epochs:
+            if ledger is not None:
+                self._report_down()
+                left = ledger.pending()
+                if left:  # items of the last pass still in the links above: keep where
+                    self._tails.append([pass_ - 1, source.state_dict(), 0, left])
             if not (resumed and pass_ == start["pass"]):
                 source.set_epoch(self._first + pass_)
             self._pass, self._skip_base = pass_, skip
@@ -150,10 +156,6 @@ class RepeatStage(Stage[T]):
                     got += len(items)
                     if items:
                         yield items
-            self._report_down()
-            left = ledger.pending()
-            if left:  # items of this pass still in the links above: keep where they are
-                self._tails.append([pass_, source.state_dict(), 0, left])
             if not got and not skip and not (resumed and pass_ == start["pass"]):
                 break  # an empty epoch
             pass_, skip = pass_ + 1, 0
