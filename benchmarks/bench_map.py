@@ -38,10 +38,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from _harness import DATA_DIR
 from _harness.report import command_line, cpu_model, now, publish, replace_section, source_state
-
-import numpy as np
 
 import streamrec
 from streamrec.example import FixedLenFeature, RawFeature, decode, encode
@@ -137,8 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         best, median = min(times[name]), statistics.median(times[name])
         vs_one = min(one) / best
         rows.append(
-            f"| {name} | {best:.3f} | {median:.3f} | {args.records / best:,.0f} "
-            f"| {vs_one:.2f}x |"
+            f"| {name} | {best:.3f} | {median:.3f} | {args.records / best:,.0f} | {vs_one:.2f}x |"
         )
     section = "\n".join(
         [
@@ -166,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def write(path: Path, text: str) -> None:
         intro = (
             "## Map on worker processes (bench_map.py)\n\n"
-            "`ds.map(fn, num_workers=2, worker_type=\"process\")` with a CPU-heavy fn against "
+            '`ds.map(fn, num_workers=2, worker_type="process")` with a CPU-heavy fn against '
             "one process, inline and threads (see the module docstring of `bench_map.py`); "
             "target: 2 processes >= 1.7x one.\n\n"
         )

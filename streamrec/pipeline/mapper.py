@@ -17,11 +17,10 @@ are not handed out (the state stays before them).
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import pickle
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Any, Literal
 
@@ -54,6 +53,10 @@ def check_picklable(fn: Callable[[Any], Any]) -> None:
 def _make_pool(num_workers: int, worker_type: WorkerType, mp_context: str | None) -> Executor:
     if worker_type == "thread":
         return ThreadPoolExecutor(num_workers, thread_name_prefix="streamrec-map")
+    # (imported here: multiprocessing is not loaded with `import streamrec`)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     if multiprocessing.current_process().daemon:
         raise RuntimeError(
             "map(..., worker_type='process') cannot start worker processes inside a daemonic "
