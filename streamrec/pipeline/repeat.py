@@ -68,6 +68,7 @@ class RepeatStage(Stage[T]):
         self._deferred = None
         self._resume = None
         self._ledger = None
+        self._report = self._handed = None
         self._tails.clear()
         self._pass = 0
         self._first = epoch

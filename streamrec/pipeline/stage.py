@@ -111,8 +111,8 @@ class Stage(Generic[T]):
 
     def mark_consumed(self, n: int) -> None:
         """``n`` more items from ``record_chunks(auto_consume=False)`` reached the consumer."""
-        if self._ledger is None:
-            raise ValueError("mark_consumed() without an iteration")
+        if self._ledger is None:  # a consumer of an iteration that load_state_dict() or
+            return  # set_epoch() replaced: nothing of the new position to count
         consumed = self._ledger.consume(n)
         if consumed:
             self._mark_source(consumed)
@@ -190,6 +190,7 @@ class Stage(Generic[T]):
         if epoch != getattr(self.source, "epoch", None):
             self._resume = None
             self._ledger = None
+            self._report = self._handed = None
             self._base = {}
         self.source.set_epoch(epoch)
 
