@@ -330,3 +330,9 @@ def test_ledger_turns_items_into_source_records() -> None:
     assert ledger.upstream == 8 and ledger.pending() == 0
     with pytest.raises(ValueError):
         ledger.consume(1)
+
+
+def test_take_stops_reading_once_it_has_its_items(files: list[str]) -> None:
+    ds = make_dataset(files)
+    assert len(list(ds.take(3))) == 3
+    assert ds.stats.records == 3 and ds.stats.records_read < 67  # the rest was never read
