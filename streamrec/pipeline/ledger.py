@@ -138,7 +138,7 @@ class Ledger:
     def peek(self, n: int) -> int:
         """Source records that ``n`` more consumed items would cost (no side effect)."""
         total, pos = 0, self._pos
-        for count, sizes, skipped in self._pieces:
+        for count, sizes, skipped in tuple(self._pieces):  # (a copy: any thread may ask)
             if n <= 0:
                 break
             total += skipped
