@@ -103,6 +103,14 @@ class FormatError(StreamrecError, ValueError):
             self.args = (self._render(),)
         return self
 
+    def relocated(self, url: str, note: str) -> FormatError:
+        """Return this error naming ``url`` instead (a copy of the file was read), with
+        ``note`` (what the copy is) added to the problem."""
+        self.url = redact(url)
+        self.problem = f"{self.problem} {redact(note)}"
+        self.args = (self._render(),)
+        return self
+
     def __reduce__(self) -> tuple[object, ...]:
         # Keep pickling (multiprocessing, Dask) working despite keyword-only arguments.
         return (_rebuild, (type(self), self.__dict__.copy()))

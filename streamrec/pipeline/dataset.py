@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import (
-    AsyncGenerator,
-    Callable,
-    Generator,
-    Iterator,
-    Sequence,
-)
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, Literal, cast
@@ -489,6 +483,8 @@ def open_dataset(
     shuffle: Literal["global", "block"] | None = None,
     even: bool | Literal["drop", "pad"] | None = None,
     window_records: int | None = None,
+    cache_dir: str | None = None,
+    cache_bytes: int | None = None,
 ) -> Dataset:
     """Open TFRecord shards for reading.
 
@@ -551,6 +547,9 @@ def open_dataset(
             early): ``"drop"`` leaves the remainder out, ``"pad"`` (or True) wraps short parts
             around; reads by index like ``shuffle`` (unshuffled when ``shuffle`` is None).
         window_records: ``shuffle="block"``'s window (records read together).
+        cache_dir, cache_bytes: copies of remote shards kept in ``cache_dir`` (at most
+            ``cache_bytes``, least recently used evicted), written as they stream; later epochs
+            and processes of this host read them (CRCs checked): :mod:`streamrec.storage.cache`.
 
     Urls may be local paths, ``file://``, ``s3://``, ``gs://``, ``http(s)://`` or
     ``memory://``.
@@ -581,5 +580,7 @@ def open_dataset(
             shuffle=shuffle,
             even=even,
             window_records=window_records,
+            cache_dir=cache_dir,
+            cache_bytes=cache_bytes,
         ),
     )

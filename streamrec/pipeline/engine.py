@@ -21,7 +21,7 @@ from streamrec.pipeline.events import Event, Open, Piece, take_event
 from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
 from streamrec.pipeline.opener import ShardOpener, shards_digest
 from streamrec.pipeline.options import READ_AHEAD_PART, ReadOptions
-from streamrec.pipeline.prefetch import ObjectReader
+from streamrec.pipeline.prefetch import ObjectReader, OpenCache
 from streamrec.pipeline.shards import ShardPlan, dataloader_worker, plan_shards, seeded_random
 from streamrec.pipeline.shuffle import shuffle_pieces
 from streamrec.pipeline.sources import list_sources
@@ -33,6 +33,7 @@ from streamrec.pipeline.state import (
     ReadyState,
 )
 from streamrec.pipeline.stats import Stats
+from streamrec.storage.cache import CacheFill, CacheHit, ShardCache, cache_namespace, is_cacheable
 from streamrec.storage.stores import ObjectInfo, StoreSet
 
 __all__ = ["Piece", "ReadEngine"]
@@ -48,6 +49,11 @@ class ReadEngine:
         self.stats = stats
         self.shards_digest: str | None = None
         """The fingerprint of the shards read (set once they are listed and planned)."""
+        self.cache: ShardCache | None = None
+        if options.cache_dir is not None and options.cache_bytes is not None:
+            # a download that made no progress for one attempt's time is not waited for
+            stall_s = options.retry.timeout_s
+            self.cache = ShardCache(options.cache_dir, options.cache_bytes, stall_s=stall_s)
 
     async def list_shards(self, stores: StoreSet) -> list[ObjectInfo]:
         """Every shard to read, in reading order, with its size and version."""
@@ -91,7 +97,24 @@ class ReadEngine:
             max_held_bytes=cap,
             policy=options.retry,
             on_retry=self._count_retry,
+            open_cache=self._open_cache(shard, start),
         )
+
+    def _open_cache(self, shard: ObjectInfo, start: int) -> OpenCache | None:
+        """How a reader of ``shard`` from ``start`` uses the local cache: reads its copy, or
+        fills one when it reads the whole object (remote shards only)."""
+        cache = self.cache
+        if cache is None or not is_cacheable(shard.url):
+            return None
+        namespace = cache_namespace(shard.url, self.options.storage_options)
+
+        async def open_cache() -> CacheHit | CacheFill | None:
+            route = await cache.open(shard, namespace, fill=start == 0)
+            if isinstance(route, CacheHit):
+                self.stats.cache_hits += 1
+            return route
+
+        return open_cache
 
     async def pieces(
         self,

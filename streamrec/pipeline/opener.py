@@ -16,7 +16,7 @@ import json
 from collections import defaultdict
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from streamrec._portal import run_all
 from streamrec.errors import FormatError, StateError
@@ -190,7 +190,7 @@ class ShardOpener:
             chunks = every_nth(chunks, self.plan.record_stride, self.plan.record_offset)
         if records and not seeks:
             chunks = _drop_first(chunks, records)
-        return chunks
+        return _ClosingReader(chunks, reader)
 
     async def fetch(self, locations: Sequence[Location]) -> list[bytes]:
         """The records at ``locations`` (``(ordinal, index, offset, length)``), in order.
@@ -322,6 +322,32 @@ def _runs(places: list[Location], gap_bytes: int, span_bytes: int) -> list[list[
             start = offset
         runs[-1].append(location)
     return runs
+
+
+class _ClosingReader(AsyncGenerator[list[bytes], None]):
+    """``chunks`` that close their reader however they end, also when closed before their
+    first chunk was asked for: an async generator closed unstarted never runs its body (nor
+    its ``finally``), and the reader, primed already, holds requests, budget and maybe a cache
+    download."""
+
+    def __init__(self, chunks: Chunks, reader: ObjectReader) -> None:
+        self._chunks = chunks
+        self._reader = reader
+
+    async def __anext__(self) -> list[bytes]:
+        return await self._chunks.__anext__()
+
+    async def asend(self, value: None) -> list[bytes]:
+        return await self._chunks.asend(value)
+
+    async def athrow(self, typ: Any, val: Any = None, tb: Any = None) -> list[bytes]:
+        return await self._chunks.athrow(typ, val, tb)
+
+    async def aclose(self) -> None:
+        try:
+            await self._chunks.aclose()
+        finally:
+            await self._reader.aclose()
 
 
 async def _starting_a_record(chunks: Chunks, ordinal: int, offset: int) -> Chunks:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -62,8 +63,21 @@ class ReadOptions:
     shuffle: Literal["global", "block"] | None = None
     even: bool | Literal["drop", "pad"] | None = None
     window_records: int | None = None
+    cache_dir: str | None = None
+    cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+            if "://" in self.cache_dir and not self.cache_dir.startswith("file://"):
+                raise ValueError(f"cache_dir must be a local directory, not {self.cache_dir!r}")
+            object.__setattr__(self, "cache_dir", self.cache_dir.removeprefix("file://"))
+            if self.cache_bytes is None:
+                raise ValueError("cache_dir needs cache_bytes: the most bytes the cache may hold")
+        elif self.cache_bytes is not None:
+            raise ValueError("cache_bytes without cache_dir: say where the cache lives")
+        if self.cache_bytes is not None and self.cache_bytes <= 0:
+            raise ValueError(f"cache_bytes must be positive, not {self.cache_bytes}")
         if self.shuffle not in (None, "global", "block"):
             raise ValueError(f"shuffle must be None, 'global' or 'block', not {self.shuffle!r}")
         if self.even not in (None, False, True, "drop", "pad"):

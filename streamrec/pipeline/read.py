@@ -69,19 +69,35 @@ async def decode_blocks(
 ) -> AsyncGenerator[list[bytes], None]:
     """Drive ``decoder`` with ``reader``'s blocks: the records of each inflated piece as soon
     as they are framed, those before any damage always before the error. ``on_block(size)``
-    is called for every block read. The reader is closed however this generator ends."""
+    is called for every block read. The reader is closed however this generator ends.
+
+    A reader filling the local cache publishes its copy only once the whole object decoded
+    clean; damage found in a copy *from* the cache is raised naming the cache file, and the
+    copy is removed (the next read downloads the object again)."""
     try:
         async for block in reader:
             if on_block is not None:
                 on_block(len(block))
             for records in decoder.stream(block):  # raises after the records before damage
                 yield records
+        records = decoder.close()
+        if records:
+            yield records
+        decoder.raise_pending()
+        await reader.finish(clean=not decoder.dropped)
+    except FormatError as exc:
+        hit = reader.cache_hit
+        if hit is None:
+            raise
+        await hit.discard()
+        exc.relocated(
+            hit.path,
+            f"(the local cache's copy of {reader.obj.url}; the copy was removed: the next "
+            "read downloads the object again)",
+        )
+        raise
     finally:
         await reader.aclose()
-    records = decoder.close()
-    if records:
-        yield records
-    decoder.raise_pending()
 
 
 def _report_drops(dropped: list[FormatError], reported: int, stats: Stats) -> int:

@@ -25,6 +25,8 @@ class Stats:
     """Damaged records or shard tails dropped under ``on_corrupt="skip"``."""
     shards_opened: int = 0
     """Shards whose reading began."""
+    cache_hits: int = 0
+    """Shards read from the local cache (``cache_dir``) instead of their store."""
     retries: int = 0
     """Storage requests retried after a transient fault (short reads included)."""
     peak_prefetch_bytes: int = 0

@@ -1,0 +1,205 @@
+"""The local shard cache's directory (storage/cache.py), driven directly: keys, the size bound,
+least-recently-used eviction, publish and abort, dead downloads, waiting for another holder.
+The read path through a real S3 server is tested in tests/integration/test_cache.py."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+from pathlib import Path
+
+import pytest
+
+from streamrec.pipeline.options import ReadOptions
+from streamrec.storage.base import ObjectInfo
+from streamrec.storage.cache import CacheFill, CacheHit, ShardCache, cache_namespace, is_cacheable
+
+
+def obj(name: str, size: int = 100, version: str | None = "v1") -> ObjectInfo:
+    return ObjectInfo(f"s3://bucket/{name}", size, version)
+
+
+def dir_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
+
+
+async def fill(cache: ShardCache, info: ObjectInfo) -> str:
+    """Download ``info`` into the cache (its bytes: its name repeated) and publish it."""
+    route = await cache.open(info)
+    assert isinstance(route, CacheFill)
+    data = (info.url.encode() * info.size)[: info.size]
+    half = info.size // 2
+    await route.write(half, [data[half:]])  # out of order, as blocks may complete
+    await route.write(0, [data[:half]])
+    assert await route.publish()
+    return route.path
+
+
+def test_keys_never_collide_on_base_names_versions_or_endpoints(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), 1 << 20)
+    same_name = [
+        ObjectInfo("s3://a/train/shard-0.tfrecord", 10, "e1"),
+        ObjectInfo("s3://b/train/shard-0.tfrecord", 10, "e1"),
+        ObjectInfo("s3://a/val/shard-0.tfrecord", 10, "e1"),
+        ObjectInfo("gs://a/train/shard-0.tfrecord", 10, "e1"),
+        ObjectInfo("s3://a/train/shard-0.tfrecord", 10, "e2"),  # replaced: new ETag
+        ObjectInfo("s3://a/train/shard-0.tfrecord", 11, "e1"),
+    ]
+    paths = {cache.entry_path(info) for info in same_name}
+    paths.add(cache.entry_path(same_name[0], "http://127.0.0.1:9000"))
+    assert len(paths) == len(same_name) + 1
+    assert cache_namespace("s3://a/x", {"client_kwargs": {"endpoint_url": "http://h:1"}}) == (
+        "http://h:1"
+    )
+    assert cache_namespace("gs://a/x", {"s3": {"endpoint_url": "http://h:1"}}) == ""
+    assert is_cacheable("s3://a/x") and is_cacheable("https://h/x")
+    assert not is_cacheable("/data/x") and not is_cacheable("file:///x")
+    assert not is_cacheable("memory://x")
+
+
+async def test_publish_abort_and_hits(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), 1000)
+    path = await fill(cache, obj("a"))
+    hit = await cache.open(obj("a"))
+    assert isinstance(hit, CacheHit) and hit.path == path
+    assert await hit.store.read_range(hit.obj, 0, 5) == b"s3://"
+    await hit.close()
+    # a partial download leaves nothing: no entry, no .part, no .lock
+    route = await cache.open(obj("b"))
+    assert isinstance(route, CacheFill)
+    await route.write(0, [b"x" * 50])
+    assert not await route.publish()  # half of it: never published
+    assert {p.name for p in tmp_path.iterdir()} == {"streamrec-cache.lock", Path(path).name}
+    # objects without a version, empty or larger than the cache are not cached
+    assert await cache.open(obj("c", version=None)) is None
+    assert await cache.open(obj("c", size=1001)) is None
+    assert await cache.open(obj("c", size=0)) is None
+    # a reader that starts mid-object does not fill
+    assert await cache.open(obj("c"), fill=False) is None
+
+
+async def test_size_bound_and_least_recently_used_eviction(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), 350)
+    paths = [await fill(cache, obj(name)) for name in "abc"]
+    for age, path in enumerate(paths):  # a used first, then b, then c
+        os.utime(path, ns=(age, age))
+    hit = await cache.open(obj("a"))  # ... now a is the most recently used
+    assert isinstance(hit, CacheHit)
+    await hit.close()
+    assert os.stat(paths[0]).st_mtime_ns > 2
+    await fill(cache, obj("d"))  # 400 > 350: the least recently used (b) goes
+    assert [os.path.exists(p) for p in paths] == [True, False, True]
+    assert dir_bytes(tmp_path) <= 350
+    # space is reserved before a byte is written: downloads in progress count
+    first = await cache.open(obj("e", size=300))
+    assert isinstance(first, CacheFill)
+    assert dir_bytes(tmp_path) <= 350
+    assert await cache.open(obj("f", size=200)) is None  # no room beside e's download
+    assert dir_bytes(tmp_path) <= 350
+    await first.abort()
+
+
+async def test_an_entry_of_the_wrong_size_is_dropped(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), 1000)
+    path = await fill(cache, obj("a"))
+    with open(path, "ab") as f:
+        f.write(b"more")
+    route = await cache.open(obj("a"))
+    assert isinstance(route, CacheFill)  # not served: downloaded again
+    await route.abort()
+    assert not os.path.exists(path)
+
+
+async def test_dead_downloads_are_swept(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), 1000)
+    dead = Path(cache.entry_path(obj("dead"))).with_suffix(".part")
+    dead.write_bytes(b"x" * 900)  # its writer died: no lock held
+    route = await cache.open(obj("a"))  # would not fit beside it
+    assert isinstance(route, CacheFill)
+    assert not dead.exists()
+    await route.abort()
+
+
+async def test_waits_for_another_processes_download_then_reads_it(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), 1000)
+    info = obj("a")
+    entry = cache.entry_path(info)
+    # another process downloads it: it holds the object's lock
+    holder = os.open(entry[: -len(".shard")] + ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    waiting = asyncio.ensure_future(cache.open(info))
+    part = entry[: -len(".shard")] + ".part"
+    Path(part).write_bytes(b"y" * info.size)
+    os.rename(part, entry)  # ... publishes it
+    os.close(holder)
+    hit = await waiting
+    assert isinstance(hit, CacheHit)
+    await hit.close()
+
+
+async def test_takes_over_when_the_holder_dies(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), 1000)
+    info = obj("a")
+    holder = os.open(cache.entry_path(info)[: -len(".shard")] + ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    waiting = asyncio.ensure_future(cache.open(info))
+    os.close(holder)  # the holder died: the kernel releases its lock
+    route = await waiting
+    assert isinstance(route, CacheFill)
+    await route.abort()
+
+
+async def test_a_stalled_holder_is_not_waited_for_forever(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), 1000, stall_s=0.0)
+    info = obj("a")
+    holder = os.open(cache.entry_path(info)[: -len(".shard")] + ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        assert await cache.open(info) is None  # read without the cache
+    finally:
+        os.close(holder)
+
+
+def test_options_are_validated() -> None:
+    assert ReadOptions(cache_dir="file:///tmp/c", cache_bytes=1).cache_dir == "/tmp/c"
+    with pytest.raises(ValueError, match="cache_bytes"):
+        ReadOptions(cache_dir="/tmp/c")
+    with pytest.raises(ValueError, match="cache_dir"):
+        ReadOptions(cache_bytes=1 << 20)
+    with pytest.raises(ValueError, match="positive"):
+        ReadOptions(cache_dir="/tmp/c", cache_bytes=0)
+    with pytest.raises(ValueError, match="local directory"):
+        ReadOptions(cache_dir="s3://bucket/cache", cache_bytes=1)
+
+
+async def test_a_cache_that_cannot_be_written_reads_without_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    not_a_directory = tmp_path / "cache"
+    not_a_directory.write_bytes(b"")
+    cache = ShardCache(str(not_a_directory), 1000)
+    assert await cache.open(obj("a")) is None
+    assert "not using the cache" in caplog.text and str(not_a_directory) in caplog.text
+
+
+async def test_a_planted_link_is_never_written_through(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path / "cache"), 1000)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    os.makedirs(cache.directory)
+    os.symlink(victim, cache.entry_path(obj("a")))  # an "entry" that is a link elsewhere
+    assert await cache.open(obj("a")) is None
+    assert victim.read_bytes() == b"precious"
+
+
+async def test_eviction_never_disturbs_a_reader(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), 250)
+    await fill(cache, obj("a"))
+    hit = await cache.open(obj("a"))
+    assert isinstance(hit, CacheHit)
+    await fill(cache, obj("b"))
+    await fill(cache, obj("c"))  # a is evicted (least recently used) while open
+    assert not os.path.exists(hit.path)
+    assert await hit.store.read_range(hit.obj, 0, 100) == (b"s3://bucket/a" * 100)[:100]
+    await hit.close()
