@@ -16,18 +16,19 @@ boundary too). Its cost per record is measured alone first (one thread, no
 pipeline), the target being ~50 us.
 
 Configurations, each consuming every mapped item: ``num_workers=0`` (``fn`` inline in the
-reading loop), 1 and 2 worker processes (``worker_type="process"``, the default start
-method, 256 records per task) and 2 worker threads (the GIL: no faster than inline for this
-``fn``); for reference, a bare ``ProcessPoolExecutor.map(fn, payloads, chunksize=256)`` with
-1 and 2 processes over the payloads already in memory: the speed-up the machine gives two
-processes at that moment, whatever else runs on it. Each round runs every configuration
-once, in a rotated order; the table gives the best and median wall seconds, records/s of the
-best, and the speed-up of 2 processes over 1: ``1-process s / 2-process s`` of the best times
-and the median of the rounds' ratios (each round's pair ran close together, so it is the
-steadier figure on a shared machine), and the CPU the main process spends per record
-(reading, handing tasks out, taking results in: what the workers cannot have of the 2
-cores). Target: >= 1.7x on 2 cores. The load average before and after is printed with the
-table: other processes on the machine take cores from the workers.
+reading loop), 1 and 2 worker processes (``worker_type="process"``, the default start method,
+256 records per task) and 2 worker threads (the GIL: no faster than inline for this ``fn``);
+for reference, a bare ``ProcessPoolExecutor.map(fn, payloads, chunksize=256)`` with 1 and 2
+processes over the payloads already in memory: the speed-up the machine gives two processes at
+that moment, whatever else runs on it. Each round runs every configuration once, in a rotated
+order; the table gives the best and median wall seconds, records/s of the best, and the speed-
+up of 2 processes over 1: ``1-process s / 2-process s`` of the best times and the median of the
+rounds' ratios (each round's pair ran close together, so it is the steadier figure on a shared
+machine), and the CPU the main process spends per record (reading, handing tasks out, taking
+results in: what the workers cannot have of the 2 cores), and the cores the run got: CPU
+seconds of the main process and its workers over the wall seconds (two busy workers on an idle
+2-core machine: close to 2). Target: >= 1.7x on 2 cores. The load average before and after is
+printed with the table: other processes on the machine take cores from the workers.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -105,14 +107,21 @@ def fn_cost_us(paths: list[str]) -> float:
     return best / len(payloads) * 1e6
 
 
-def run_once(paths: list[str], options: dict[str, Any]) -> tuple[float, float, int]:
-    """Wall seconds to map every record with ``options``, the CPU seconds of this process
-    (all its threads: reading, handing tasks out and results in, inline ``fn``), and the
-    items received. ``bare`` options: ``ProcessPoolExecutor.map`` over the payloads already
-    in memory (no reading, no pipeline: what the machine allows at the moment)."""
+def children_cpu() -> float:
+    """CPU seconds of the worker processes ended and waited for so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(paths: list[str], options: dict[str, Any]) -> tuple[float, float, float, int]:
+    """Wall seconds to map every record with ``options``, the CPU seconds of this process (all
+    its threads: reading, handing tasks out and results in, inline ``fn``), those of its
+    worker processes (ended with the run), and the items received. ``bare`` options:
+    ``ProcessPoolExecutor.map`` over the payloads already in memory (no reading, no
+    pipeline: what the machine allows at the moment)."""
     bare = options.get("bare")
     payloads = list(streamrec.open_dataset(paths)) if bare else []
-    started, cpu = time.perf_counter(), time.process_time()
+    started, cpu, workers = time.perf_counter(), time.process_time(), children_cpu()
     n = 0
     if bare:
         with ProcessPoolExecutor(bare) as pool:
@@ -121,7 +130,8 @@ def run_once(paths: list[str], options: dict[str, Any]) -> tuple[float, float, i
     else:
         for _ in streamrec.open_dataset(paths).map(augment, **options):
             n += 1
-    return time.perf_counter() - started, time.process_time() - cpu, n
+    elapsed = time.perf_counter() - started
+    return elapsed, time.process_time() - cpu, children_cpu() - workers, n
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -138,14 +148,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = list(CONFIGS)
     times: dict[str, list[float]] = {name: [] for name in names}
     cpus: dict[str, list[float]] = {name: [] for name in names}
+    cores: dict[str, list[float]] = {name: [] for name in names}
     run_once(paths, CONFIGS["2 processes"])  # warm-up: page cache, imports, first fork
     for k in range(args.rounds):
         for name in names[k % len(names) :] + names[: k % len(names)]:
-            elapsed, cpu_s, n = run_once(paths, CONFIGS[name])
+            elapsed, cpu_s, workers_s, n = run_once(paths, CONFIGS[name])
             if n != args.records:
                 raise SystemExit(f"{name}: {n} items, expected {args.records}")
             times[name].append(elapsed)
             cpus[name].append(cpu_s)
+            cores[name].append((cpu_s + workers_s) / elapsed)
             print(f"round {k + 1} {name}: {elapsed:.3f} s, {cpu_s:.3f} CPU s here", flush=True)
     load_after = os.getloadavg()
     one, two = times["1 process"], times["2 processes"]
@@ -159,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cpu_us = statistics.median(cpus[name]) / args.records * 1e6
         rows.append(
             f"| {name} | {best:.3f} | {median:.3f} | {args.records / best:,.0f} | {vs_one:.2f}x "
-            f"| {cpu_us:.1f} |"
+            f"| {cpu_us:.1f} | {statistics.median(cores[name]):.2f} |"
         )
     section = "\n".join(
         [
@@ -175,8 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"({1e6 / cost:,.0f} records/s on one core).",
             "",
             "| map | s best | s median | records/s (best) | speed vs 1 process (best) "
-            "| main process CPU us/record (median) |",
-            "|---|--:|--:|--:|--:|--:|",
+            "| main process CPU us/record (median) | cores used (median) |",
+            "|---|--:|--:|--:|--:|--:|--:|",
             *rows,
             "",
             f"**2 processes / 1 process: {min(one) / min(two):.2f}x (best times), "
