@@ -42,9 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hashlib
-import io
 import os
 import random
 import statistics
@@ -56,17 +54,13 @@ from typing import Any
 
 from _harness import BUCKET, KIB, MB, MIB
 from _harness.datasets import Dataset, DataSpec, ensure_dataset
+from _harness.indexed import index_locally, link_note, link_services, require_root, upload_indexed
 from _harness.procs import rotated
 from _harness.remote import run_worker, worker_main
 from _harness.remote_report import machine_notes
 from _harness.report import command_line, now, publish, replace_section, source_state
 from _harness.servers import (
-    LINK_SHAPE,
-    RTT,
-    Services,
     Store,
-    free_port,
-    free_subnet,
     link_connections,
     storage_options,
 )
@@ -179,29 +173,6 @@ PRELOAD = {"get": ("aiohttp", "s3fs", "streamrec"), "bare": ("aiohttp", "s3fs")}
 
 
 # ---------------------------------------------------------------- the parent
-
-
-def index_locally(data: Dataset) -> None:
-    """``streamrec index`` the local shards (valid sidecars are kept)."""
-    from streamrec.cli import main as cli_main
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        status = cli_main(["index", "--no-progress", f"{data.spec.directory}/shard-*.tfrecord"])
-    if status != 0:
-        raise SystemExit(f"streamrec index exited with {status}")
-
-
-def upload(services: Services, data: Dataset) -> None:
-    store = services.stores["s3-lo"]  # the link reaches the same server
-    files = [
-        (str(path), f"{BUCKET}/{data.prefix}/{path.name}")
-        for shard in data.files
-        for path in (shard, shard.with_name(shard.name + ".idx"))
-    ]
-    job = {"kind": "upload", "backend": "s3", "endpoint": store.endpoint, "files": files}
-    t0 = time.perf_counter()
-    run_worker(__file__, job, 900.0)
-    print(f"  uploaded {data.nbytes / MIB:.0f} MiB in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 def planned_reads(data: Dataset, sets: Sequence[Sequence[int]]) -> list[int]:
@@ -408,8 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(args.worker, WORKERS, PRELOAD)
-    if os.geteuid() != 0 and not args.no_link:
-        raise SystemExit("the emulated link needs root (network namespace, tc); or --no-link")
+    require_root(args.no_link)
     start = time.perf_counter()
     load_start = os.getloadavg()[0]
     source_start = source_state()
@@ -425,28 +395,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"{records} records a call: the dataset has only {data.records}")
     with (
         tempfile.TemporaryDirectory(prefix="bench-random-access-") as tmp,
-        Services(
-            Path(tmp),
-            gcs=False,
-            link=not args.no_link,
-            subnet=None if args.no_link else free_subnet(),
-            proxy_port=free_port(),
-        ) as services,
+        link_services(Path(tmp), args.no_link) as services,
     ):
         services.start()
         print(f"  servers up in {time.perf_counter() - start:.1f} s", flush=True)
-        upload(services, data)
+        upload_indexed(__file__, services, [data])
         stores = list(services.stores.values())
         stores.reverse()  # the link first
         samples, reads = measure(
             stores, data, records, args.concurrency, rounds, services.proxy_log
         )
-    link_note = (
-        "The link was not set up (`--no-link`): loopback only."
-        if args.no_link
-        else f"Emulated link: 1 Gbit tbf, {RTT * 1000:.0f} ms RTT, "
-        f"{LINK_SHAPE.rate / 1e6:.0f} MB/s per connection."
-    )
+    note = link_note(args.no_link, "loopback only")
     section = render(
         command=command_line("bench_random_access.py", argv),
         samples=samples,
@@ -459,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elapsed=time.perf_counter() - start,
         load_start=load_start,
         source_start=source_start,
-        link_note=link_note,
+        link_note=note,
     )
     publish(section, args.out, write_readme)
     return 0

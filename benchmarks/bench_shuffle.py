@@ -23,12 +23,12 @@ order:
 * ``tf.data recipe``: ``shuffle_shards=True, cycle_length=8, shuffle_buffer=10_000`` (1 KiB
   records) / ``1_000`` (100 KiB), what one writes with tf.data (shard shuffle, interleave,
   shuffle buffer).
-* ``block``: ``shuffle="block"``, defaults (windows of one ``block_bytes`` read's worth of
-  records, mixed within runs of up to 16 windows).
+* ``block``: ``shuffle="block"``, defaults (windows of 1 MiB to one ``block_bytes`` read's
+  worth of records, mixed within runs of up to 16 windows: ``pipeline/indexed.py``).
 * ``global``: ``shuffle="global"``, defaults (a permutation of all records, one range GET per
   record, neighbours within 256 KiB coalesced). For 1 KiB records only the first
   ``--global-cap`` records of the epoch are read (default: two of its read chunks, 2 x
-  ``prefetch_bytes / 4`` of records, ~32,000: the consumer gets records a chunk at a time and
+  ``prefetch_bytes / 3`` of records, ~43,000: the consumer gets records a chunk at a time and
   the next chunk is read meanwhile, so a cap on a chunk boundary times what was fetched).
 
 ``MB/s`` is record bytes consumed (framed as stored, payload + 16; the link limit: object
@@ -41,13 +41,17 @@ they become the record numbers in the order read, from which two shuffle-quality
 ``|rho|``, the absolute Spearman rank correlation between read position and record number, and
 ``near``, the share of consecutive reads whose record numbers are within 64 of each other.
 Reference rows (no I/O) give both for the unshuffled order and for ``random.shuffle``.
+
+``--baseline TREE`` (another checkout of streamrec, its C accelerators built) also runs ``block``
+and ``global`` with that tree's ``benchmarks/bench_shuffle.py`` workers (so that tree's
+streamrec) in the same rounds: rows ``block (baseline)``, ``global (baseline)``, and the median
+of the per-round ratios this tree / baseline, which the load of a shared machine hits alike.
+``--data`` and ``--readers`` run a subset.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import random
 import statistics
@@ -58,25 +62,22 @@ from pathlib import Path
 from typing import Any
 
 import netem
-from _harness import BUCKET, KIB, MB, MIB
+from _harness import KIB, MB, MIB
 from _harness.datasets import Dataset, DataSpec, ensure_dataset
+from _harness.indexed import index_locally, link_note, link_services, require_root, upload_indexed
 from _harness.procs import rotated
 from _harness.remote import run_worker, timeout_for, worker_main
 from _harness.remote_report import machine_notes
 from _harness.report import command_line, now, publish, replace_section, source_state
 from _harness.servers import (
-    LINK_SHAPE,
-    RTT,
-    Services,
     Store,
-    free_port,
-    free_subnet,
     storage_options,
 )
 
 START_MARK = "<!-- bench_shuffle:start -->"
 END_MARK = "<!-- bench_shuffle:end -->"
 READERS = ("link limit", "sequential", "tf.data recipe", "block", "global")
+BASE = " (baseline)"  # suffix of the rows --baseline's tree read
 TARGETS = {"100KiB": 0.8, "1KiB": 0.7}  # block and global, defaults, x the link limit
 NEAR = 64  # "near": consecutive reads' record numbers within this many of each other
 TAIL = 24  # bytes kept of each record: the Example's label is at its end
@@ -181,53 +182,42 @@ PRELOAD = {"read": ("aiohttp", "s3fs", "streamrec", "numpy")}
 # ---------------------------------------------------------------- the parent
 
 
-def index_locally(data: Dataset) -> None:
-    """``streamrec index`` the local shards (valid sidecars are kept)."""
-    from streamrec.cli import main as cli_main
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        status = cli_main(["index", "--no-progress", f"{data.spec.directory}/shard-*.tfrecord"])
-    if status != 0:
-        raise SystemExit(f"streamrec index exited with {status}")
-
-
-def upload(services: Services, datasets: Sequence[Dataset]) -> None:
-    store = services.stores["s3-lo"]  # the link reaches the same server
-    files = [
-        (str(path), f"{BUCKET}/{data.prefix}/{path.name}")
-        for data in datasets
-        for shard in data.files
-        for path in (shard, shard.with_name(shard.name + ".idx"))
-    ]
-    job = {"kind": "upload", "backend": "s3", "endpoint": store.endpoint, "files": files}
-    t0 = time.perf_counter()
-    run_worker(__file__, job, 900.0)
-    total = sum(d.nbytes for d in datasets) / MIB
-    print(f"  uploaded {total:.0f} MiB in {time.perf_counter() - t0:.1f} s", flush=True)
-
-
 Samples = dict[tuple[str, str], list[dict[str, Any]]]  # (dataset, reader) -> runs
 
 
 def chunk_records(data: Dataset, prefetch_bytes: int = 64 * MIB) -> int:
     """Records in one of the indexed engine's read chunks at the defaults (``prefetch_bytes /
-    4`` over the mean framed record, from the local sidecars)."""
+    CHUNK_PART`` over the mean framed record, from the local sidecars)."""
+    from streamrec.pipeline.indexed import CHUNK_PART
+
     total = 0
     for shard in data.files:
         for line in shard.with_name(shard.name + ".idx").read_text().split("\n"):
             if line:
                 total += int(line.split()[1])
-    return max(1, int(prefetch_bytes // 4 // (total / data.records)))
+    return max(1, int(prefetch_bytes // CHUNK_PART // (total / data.records)))
 
 
 def measure(
-    store: Store, datasets: Sequence[Dataset], rounds: int, cap: int, proxy_log: Path
+    store: Store,
+    datasets: Sequence[Dataset],
+    rounds: int,
+    cap: int,
+    proxy_log: Path,
+    readers: Sequence[str] = READERS,
+    baseline: Path | None = None,
 ) -> Samples:
     samples: Samples = {}
+    if baseline is not None:
+        readers = [*readers, *(f"{r}{BASE}" for r in readers if r in ("block", "global"))]
     for r in range(rounds):
         t_round = time.perf_counter()
         for data in datasets:
-            for reader in rotated(READERS, r):
+            for name in rotated(readers, r):
+                reader, script = name, Path(__file__)
+                if name.endswith(BASE):
+                    assert baseline is not None
+                    reader, script = name[: -len(BASE)], baseline / "benchmarks" / script.name
                 job: dict[str, Any] = {
                     "kind": "bulk" if reader == "link limit" else "read",
                     "backend": "s3",
@@ -239,16 +229,16 @@ def measure(
                 capped = reader == "global" and data.spec.payload < 64 * KIB
                 if capped:
                     job["cap"] = cap
-                result = run_worker(__file__, job, timeout_for(data) + 120)
+                result = run_worker(script, job, timeout_for(data) + 120)
                 check(result, reader, data, cap if capped else data.records)
                 if store.link:
                     start, end = result["wall"]
                     conns = netem.connections_between(proxy_log, start - 0.5, end + 0.5)
                     result["conns"] = len(conns)
                     result["down"] = sum(down for _, down in conns)
-                samples.setdefault((data.spec.name, reader), []).append(result)
+                samples.setdefault((data.spec.name, name), []).append(result)
                 print(
-                    f"    {data.spec.name:6} {reader:15} "
+                    f"    {data.spec.name:6} {name:15} "
                     f"{result['nbytes'] / result['seconds'] / MB:8.1f} MB/s "
                     f"in {result['seconds']:.1f} s",
                     flush=True,
@@ -298,7 +288,9 @@ def render(
         limit = statistics.median(
             r["nbytes"] / r["seconds"] for r in samples[(data.spec.name, "link limit")]
         )
-        for reader in READERS:
+        for reader in [*READERS, *(r + BASE for r in READERS)]:
+            if (data.spec.name, reader) not in samples:
+                continue  # not run (--readers)
             runs = samples[(data.spec.name, reader)]
             rates = [r["nbytes"] / r["seconds"] for r in runs]
             med = statistics.median(rates)
@@ -318,8 +310,9 @@ def render(
                 f"| {data.spec.name} | {reader} | {what} | {med / MB:.1f} | {max(rates) / MB:.1f} "
                 f"| {med / limit:.2f} | {rps_s} | {down} | {first:.2f} | {rho} | {near} |"
             )
-            if reader in ("block", "global"):
-                verdicts.append((data, reader, med / limit))
+            if reader.removesuffix(BASE) in ("block", "global"):
+                if reader in ("block", "global"):
+                    verdicts.append((data, reader, med / limit))
                 conns = [r["conns"] for r in runs if r.get("conns") is not None]
                 peak = max(r["stats"]["peak_prefetch_bytes"] for r in runs) / MIB
                 notes.append(
@@ -361,6 +354,22 @@ def render(
             f"* {data.spec.name}, {reader} (defaults): {ratio:.2f}x the link limit "
             f"(target >= {target}x: {ok})."
         )
+    for data in datasets:
+        for reader in ("block", "global"):
+            new, old = (
+                samples.get((data.spec.name, reader)),
+                samples.get((data.spec.name, reader + BASE)),
+            )
+            if new and old:  # runs of one round are neighbours: their ratio is the fair one
+                ratios = [
+                    a["seconds"] and (a["nbytes"] / a["seconds"]) / (b["nbytes"] / b["seconds"])
+                    for a, b in zip(new, old, strict=True)
+                ]
+                lines.append(
+                    f"* {data.spec.name}, {reader}: {statistics.median(ratios):.2f}x the baseline "
+                    f"tree's rate (median of the per-round ratios "
+                    f"{', '.join(f'{x:.2f}' for x in ratios)})."
+                )
     lines.append("* " + "; ".join(notes) + ".")
     return "\n".join(lines)
 
@@ -382,10 +391,22 @@ local clumps that `|rho|` misses. The trade-off: `global` is a true permutation 
 at the `random.shuffle` reference) but costs one GET per record, which small records cannot
 amortise over a 60 ms round trip; `block` reads whole windows with coalesced range reads (the
 link stays busy at any record size) and mixes several windows, so the order has no global trend
-but neighbouring reads still often come from the same window. On 1 KiB records `global` is
-bound by its read chunk (`prefetch_bytes / 4` of records, ~16,000): one chunk's records are
-spread over the whole dataset, so its coalesced reads move about all of it (`link MB`), and
-the rate is about the link's times the chunk's share of the dataset (here 16 MiB / 1 GiB).
+but neighbouring reads still often come from the same window (`near` is about one over the
+windows mixed). On 1 KiB records `global` is bound by its read chunk (`prefetch_bytes / 3` of
+records, ~21,500): one chunk's records are spread over the whole dataset, so its coalesced
+reads move about all of it (`link MB`), and the rate is about the link's times the chunk's
+share of the dataset (here 21 MiB / 1 GiB).
+
+Block shuffle's window, when `window_records` is not given, comes from the record size and
+the link (`pipeline/indexed.py`, `window_records()`): a sixteenth of a read chunk's records
+(a chunk being a third of `prefetch_bytes`), but at least 1 MiB of them (a range read on a
+cloud link must carry many times what a request costs: a round trip of one connection's
+rate, ~1-5 MB; with 16 reads in flight, 1 MiB reads keep this link full) and at most one
+`block_bytes` read. At the defaults that is 1.33 MiB (13 records of 100 KiB, 1,365 of 1 KiB),
+and a run mixes 16 windows. Smaller windows mix more of the dataset per MiB of memory (better
+`near`) but cost more requests; larger ones the reverse. The link is not measured: the
+constants assume a 30-100 ms, 25-100 MB/s-per-connection object store; on a slower link, pass
+a larger `window_records`.
 
 """
 
@@ -405,6 +426,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-link", action="store_true", help="loopback only (no network namespace)"
     )
+    parser.add_argument(
+        "--readers",
+        help=f"comma-separated readers to run (default all: {','.join(READERS)}; the link "
+        "limit always runs)",
+    )
+    parser.add_argument("--data", help="comma-separated datasets (default: 100KiB,1KiB)")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another source tree: its bench_shuffle.py's workers also run block and global "
+        "(rows 'block (baseline)', ...) in the same rounds, for side-by-side ratios",
+    )
     parser.add_argument("--out", type=Path, help="write the table into this README's section")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -414,8 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(args.worker, WORKERS, PRELOAD)
-    if os.geteuid() != 0 and not args.no_link:
-        raise SystemExit("the emulated link needs root (network namespace, tc); or --no-link")
+    require_root(args.no_link)
     start = time.perf_counter()
     load_start = os.getloadavg()[0]
     source_start = source_state()
@@ -423,34 +455,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     big, small = (16, 4) if args.quick else (64, 64)
     if args.shard_mib:
         big = small = args.shard_mib
-    datasets = [
-        ensure_dataset(DataSpec("100KiB", 100 * KIB, 16, big * MIB)),
-        ensure_dataset(DataSpec("1KiB", KIB, 16, small * MIB)),
-    ]
+    specs = [DataSpec("100KiB", 100 * KIB, 16, big * MIB), DataSpec("1KiB", KIB, 16, small * MIB)]
+    if args.data:
+        specs = [s for s in specs if s.name in args.data.split(",")]
+    readers = READERS
+    if args.readers:
+        readers = tuple(r for r in READERS if r == "link limit" or r in args.readers.split(","))
+    datasets = [ensure_dataset(spec) for spec in specs]
     for data in datasets:
         index_locally(data)
-    cap = args.global_cap or 2 * chunk_records(datasets[1])
+    cap = args.global_cap or 2 * chunk_records(datasets[-1])
     with (
         tempfile.TemporaryDirectory(prefix="bench-shuffle-") as tmp,
-        Services(
-            Path(tmp),
-            gcs=False,
-            link=not args.no_link,
-            subnet=None if args.no_link else free_subnet(),
-            proxy_port=free_port(),
-        ) as services,
+        link_services(Path(tmp), args.no_link) as services,
     ):
         services.start()
         print(f"  servers up in {time.perf_counter() - start:.1f} s", flush=True)
-        upload(services, datasets)
+        upload_indexed(__file__, services, datasets)
         store = services.stores["s3-lo" if args.no_link else "s3-link"]
-        samples = measure(store, datasets, rounds, cap, services.proxy_log)
-    link_note = (
-        "The link was not set up (`--no-link`): loopback SeaweedFS only."
-        if args.no_link
-        else f"Emulated link: 1 Gbit tbf, {RTT * 1000:.0f} ms RTT, "
-        f"{LINK_SHAPE.rate / 1e6:.0f} MB/s per connection."
-    )
+        samples = measure(store, datasets, rounds, cap, services.proxy_log, readers, args.baseline)
+    note = link_note(args.no_link, "loopback SeaweedFS only")
     section = render(
         command=command_line("bench_shuffle.py", argv),
         samples=samples,
@@ -460,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elapsed=time.perf_counter() - start,
         load_start=load_start,
         source_start=source_start,
-        link_note=link_note,
+        link_note=note,
     )
     publish(section, args.out, write_readme)
     return 0

@@ -3,6 +3,7 @@
 Public API (re-exports only)::
 
     ds = streamrec.open_dataset("data/train-*.tfrecord")
+    mixed = streamrec.mix([ds_a, ds_b], weights=[0.7, 0.3], seed=0, stop="all")
     for payload in ds: ...                 # or: async for payload in ds
     records = ds.get([7, 3, 7])            # by index (every shard indexed); await ds.aget(...)
     async with streamrec.open_writer("out.tfrecord") as w:
@@ -20,6 +21,7 @@ from streamrec import errors, sync
 from streamrec._version import __version__
 from streamrec.manifest.core import ManifestEntry, read_manifest
 from streamrec.pipeline.dataset import Dataset, open_dataset
+from streamrec.pipeline.mix import MixedDataset, mix
 from streamrec.pipeline.state import merge_states
 from streamrec.reshard.job import ReshardSummary, reshard
 from streamrec.write.writer import ShardWriter, open_writer
@@ -27,11 +29,13 @@ from streamrec.write.writer import ShardWriter, open_writer
 __all__ = [
     "Dataset",
     "ManifestEntry",
+    "MixedDataset",
     "ReshardSummary",
     "ShardWriter",
     "__version__",
     "errors",
     "merge_states",
+    "mix",
     "open_dataset",
     "open_writer",
     "read_manifest",

@@ -11,8 +11,10 @@ import re
 
 __all__ = ["redact"]
 
-# scheme://userinfo@ : userinfo holds no "/", "?", "#", "@" or whitespace (RFC 3986)
-_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.\-]*://)[^/?#@\s]+@")
+# scheme://userinfo@ : userinfo holds no "/", "?", "#", "@" or whitespace (RFC 3986). Azure's
+# abfs://container@account.dfs.core.windows.net/... names a container there, not a credential
+# (SAS tokens and keys travel in storage_options), so az/abfs urls are left as they are.
+_USERINFO = re.compile(r"\b(?!(?:abfss?|az)://)([A-Za-z][A-Za-z0-9+.\-]*://)[^/?#@\s]+@")
 
 
 def redact(text: str) -> str:

@@ -28,12 +28,15 @@ What each process reads:
   so their record counts differ unless the shards are equal; stop every rank after the same
   number of steps (DDP needs it).
 
-Items are whatever the wrapped dataset yields: ``bytes`` (a ``Dataset``), dicts of numpy arrays
-(``ds.parse(spec)``; the DataLoader's ``batch_size`` then stacks them into tensors), whole
-batches (``ds.parse(spec).batch(n)``, with ``DataLoader(batch_size=None)``; numpy arrays become
-tensors, ``VarLenFeature`` lists stay lists), or what any chain of transforms makes
-(``.map``, ``.filter``, ``.take``, ...: each worker runs the chain on its own share, so
-``take(n)`` takes ``n`` per worker).
+A ``streamrec.mix`` of datasets is split the same way: each of its sources by worker and
+rank, and each worker mixes its shares (same seed, same draws).
+
+Items are whatever the wrapped dataset yields: ``bytes`` (a ``Dataset`` or a mix), dicts of
+numpy arrays (``ds.parse(spec)``; the DataLoader's ``batch_size`` then stacks them into
+tensors), whole batches (``ds.parse(spec).batch(n)``, with ``DataLoader(batch_size=None)``;
+numpy arrays become tensors, ``VarLenFeature`` lists stay lists), or what any chain of
+transforms makes (``.map``, ``.filter``, ``.take``, ...: each worker runs the chain on its own
+share, so ``take(n)`` takes ``n`` per worker).
 
 ``set_epoch``, ``stats``, ``state_dict`` and ``load_state_dict`` are forwarded to the wrapped
 dataset. Exact resume is supported with ``num_workers=0``: the state then describes what the

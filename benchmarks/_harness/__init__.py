@@ -17,6 +17,7 @@ process imports what its own job needs):
 * ``examples``: Example decoding rates (bench_example.py, bench_local's Example rows).
 * ``servers``: SeaweedFS, fake-gcs-server and the emulated cloud link (``netem.py``).
 * ``remote``: the workers that several remote benchmarks run (link limit, upload).
+* ``indexed``: indexed shard sets and the link set-up of the indexed-reading benchmarks.
 * ``stats``: timings and per-run samples, best and median.
 * ``report``: README sections, the source state, the machine, the command line.
 * ``remote_report``: bench_remote.py's settings, targets, tables and notes.

@@ -4,6 +4,7 @@ its targets, and the README section (table, targets, notes) it renders from the 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import platform
 import statistics
@@ -396,3 +397,81 @@ def render_section(
             *(f"* {note}" for note in analysis_notes(results, datasets, candidates)),
         ]
     )
+
+
+# ---------------------------------------------------------------- the Azure run (--azure)
+
+AZURE_START_MARK = "<!-- bench_remote_azure:start -->"
+AZURE_END_MARK = "<!-- bench_remote_azure:end -->"
+AZURE_BLURB = """## Remote read throughput on Azure Blob Storage (bench_remote.py --azure)
+
+`bench_remote.py --azure` runs the same readers on Azurite (the Azure Storage emulator, blob
+service in memory) on loopback and through the same emulated cloud link (a second `netem.py`
+proxy in the namespace): streamrec with its defaults over `az://`, the naive way (adlfs
+`open().read()` per shard + the pure-Python parser) and the link limit (16 concurrent 8 MiB
+range GETs through the Azure SDK's aio `download_blob`). Needs root, Node and npm (Azurite is
+installed into `.cache/azurite` on first use); `python benchmarks/bench_remote.py --azure
+[--quick] [--out benchmarks/README.md]`.
+
+"""
+
+
+def write_azure_readme(path: Path, section: str) -> None:
+    """Replace the Azure section of ``path`` (appended with a short description if missing)."""
+    intro = AZURE_BLURB if path.exists() else "# streamrec benchmarks\n\n" + AZURE_BLURB
+    replace_section(path, AZURE_START_MARK, AZURE_END_MARK, section, intro)
+
+
+def render_azure_section(
+    *,
+    command: str,
+    rounds: int,
+    elapsed: float,
+    load_start: float,
+    loads: Sequence[float],
+    datasets: Sequence[Dataset],
+    results: dict[Key, RunSamples],
+    stores: Sequence[Store],
+    readers_of: dict[str, list[Reader]],
+) -> str:
+    """The README section of an ``--azure`` run: command, machine, data, the table, and the
+    link-limit target of the defaults on the emulated link."""
+    sizes = ", ".join(
+        f"{d.spec.name}: {d.spec.shards} x {d.spec.shard_bytes // MIB} MiB, "
+        f"{d.records:,} records, {d.nbytes / MIB:,.0f} MiB"
+        for d in datasets
+    )
+    versions = []
+    for mod in ("adlfs", "azure.storage.blob", "aiohttp"):
+        with contextlib.suppress(Exception):
+            versions.append(f"{mod} {importlib.import_module(mod).__version__}")
+    lines = [
+        f"Command: `{command}` ({now()}, {rounds} rounds, {elapsed:.0f} s in all).",
+        "",
+        f"Machine: {cpu_model(platform.processor() or 'unknown CPU')}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, {', '.join(versions)}; 1-minute load average "
+        f"{load_start:.2f} at the start, {', '.join(f'{x:.2f}' for x in loads)} after each "
+        "round (Azurite, the proxy and the reader share the 2 cores with whatever else runs "
+        "on this shared machine).",
+        "",
+        f"Source: {source_state()}.",
+        "",
+        f"Data: {sizes}. Emulated link: 1 Gbit tbf, {RTT * 1000:.0f} ms RTT, "
+        f"{LINK_SHAPE.rate / 1e6:.0f} MB/s per connection.",
+        "",
+        HEADER,
+        *table_rows(results, stores, datasets, readers_of, DEFAULTS),
+        "",
+        f"Target on the Azure emulated link, defaults `{DEFAULTS.label}` (medians):",
+        "",
+    ]
+    label = Reader("streamrec", DEFAULTS).label
+    for data in datasets:
+        mine = results[("az-link", data.spec.name, label)].median(data.nbytes)
+        limit = results[("az-link", data.spec.name, "link limit")].median(data.nbytes)
+        verdict = "met" if mine >= TARGET_VS_LIMIT * limit else "**missed**"
+        lines.append(
+            f"* {data.spec.name}: {mine / limit:.1%} of the link limit ({fmt_mb(mine)} of "
+            f"{fmt_mb(limit)} MB/s); target >= {TARGET_VS_LIMIT:.0%}: {verdict}"
+        )
+    return "\n".join(lines)

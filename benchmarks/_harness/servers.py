@@ -1,13 +1,14 @@
-"""The servers of the remote benchmarks: SeaweedFS (S3) and fake-gcs-server on loopback, and
-SeaweedFS again through the emulated cloud link of ``netem.py`` (a network namespace, ``tbf``
-and a delaying, rate-capping proxy).
+"""The servers of the remote benchmarks: SeaweedFS (S3), fake-gcs-server and Azurite (Azure
+Blob Storage) on loopback, and SeaweedFS or Azurite again through the emulated cloud link of
+``netem.py`` (a network namespace, ``tbf`` and a delaying, rate-capping proxy).
 
-fake-gcs-server, free ports and HTTP polling come from the test support package
-(``tests/support/servers.py``). SeaweedFS takes many fixed ports and names its local unix
-sockets after them (``/tmp/seaweedfs-*-<port>.sock``, in the /tmp that every network namespace
-shares): two instances on the same ports talk to each other's filer and volume server (uploads
-then fail with "volume N not found"). So each run shifts all of its ports by an offset at which
-they are all free, and puts the socket paths it can choose in its own directory.
+fake-gcs-server, Azurite, free ports and HTTP polling come from the test support package
+(``tests/support/servers.py``, ``tests/support/azurite.py``). SeaweedFS takes many fixed
+ports and names its local unix sockets after them (``/tmp/seaweedfs-*-<port>.sock``, in the
+/tmp that every network namespace shares): two instances on the same ports talk to each
+other's filer and volume server (uploads then fail with "volume N not found"). So each run
+shifts all of its ports by an offset at which they are all free, and puts the socket paths it
+can choose in its own directory.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 
 import netem
 
+from support.azurite import AzuriteServer
 from support.servers import FakeGcsServer, free_port, http_request, wait_until
 
 from . import BUCKET
@@ -55,8 +57,11 @@ S = TypeVar("S", bound="Services")
 def storage_options(
     backend: str, endpoint: str, extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """fsspec / streamrec options for the S3 (``"s3"``) or GCS server at ``endpoint``."""
-    if backend == "s3":
+    """fsspec / streamrec options for the S3 (``"s3"``), GCS or Azure (``"az"``: a connection
+    string of the emulator's development account) server at ``endpoint``."""
+    if backend == "az":
+        opts = {"connection_string": AzuriteServer.connection_string_for(endpoint)}
+    elif backend == "s3":
         opts: dict[str, Any] = {
             "key": S3_KEY,
             "secret": S3_SECRET,
@@ -154,9 +159,10 @@ class Store:
 
     key: str
     label: str
-    backend: str  # "s3" | "gcs"
+    backend: str  # "s3" | "gcs" | "az"
     endpoint: str
     link: bool = False  # through the emulated link (round trips reported)
+    log: Path | None = None  # the log of the proxy in front of it (link stores)
 
 
 class Services:
@@ -170,6 +176,11 @@ class Services:
       netem's default /30 unless given; 1 Gbit ``tbf`` both ways) and netem's proxy listening
       inside it on ``proxy_port``: 30 ms each way, 25 MB/s per connection and direction, and
       with ``handshake`` one round trip charged per new connection.
+
+    With ``azure``: ``az-lo``, Azurite's blob service (in memory) on 127.0.0.1, and with
+    ``link`` ``az-link``, Azurite through a second proxy in the same namespace
+    (``proxy_port`` + 1, the same shape). With ``s3=False`` no SeaweedFS is started (nor
+    ``s3-link``).
     """
 
     def __init__(
@@ -182,12 +193,16 @@ class Services:
         subnet: str | None = None,
         proxy_port: int = 7480,
         first_offset: int = 100,
+        azure: bool = False,
+        s3: bool = True,
     ) -> None:
         self._stack = contextlib.ExitStack()
         self.workdir = workdir
         self.handshake = handshake
         self.want_gcs = gcs
         self.want_link = link
+        self.want_azure = azure
+        self.want_s3 = s3
         self.subnet = subnet or netem.DEFAULT_SUBNET
         self.proxy_port = proxy_port
         self.first_offset = first_offset
@@ -196,6 +211,7 @@ class Services:
         self.ns: netem.Namespace | None = None
         self.gcs: FakeGcsServer | None = None
         self.proxy_log = workdir / "proxy.log"
+        self.azure_proxy_log = workdir / "proxy-azure.log"
         self.weed_offset: int | None = None
 
     def _spawn(
@@ -210,14 +226,26 @@ class Services:
         return proc
 
     def start(self) -> None:
-        # S3 on loopback; the emulated link reaches the same server through the proxy
-        self.weed_offset = weed_port_offset(self.first_offset)
-        s3_port = WEED_PORTS["s3"] + self.weed_offset
-        (self.workdir / "weed").mkdir()
-        env = {**os.environ, "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET}
-        self._spawn(weed_args(self.workdir / "weed", self.weed_offset), "weed.log", env=env)
-        lo = f"http://127.0.0.1:{s3_port}"
-        stores = [Store("s3-lo", "S3 loopback", "s3", lo)]
+        stores: list[Store] = []
+        s3_port = 0
+        lo = ""
+        if self.want_s3:
+            # S3 on loopback; the emulated link reaches the same server through the proxy
+            self.weed_offset = weed_port_offset(self.first_offset)
+            s3_port = WEED_PORTS["s3"] + self.weed_offset
+            (self.workdir / "weed").mkdir()
+            env = {**os.environ, "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET}
+            self._spawn(weed_args(self.workdir / "weed", self.weed_offset), "weed.log", env=env)
+            lo = f"http://127.0.0.1:{s3_port}"
+            stores.append(Store("s3-lo", "S3 loopback", "s3", lo))
+        azurite: AzuriteServer | None = None
+        if self.want_azure:  # on a free port, answering when start() returns
+            azurite = AzuriteServer(log_dir=self.workdir, start_timeout=60)
+            self._stack.callback(azurite.stop)
+            azurite.start()
+            assert azurite.process is not None
+            self.procs.append(azurite.process)
+            stores.append(Store("az-lo", "Azure loopback", "az", azurite.server_url))
         if self.want_gcs:  # on a free port, answering when start() returns
             self.gcs = FakeGcsServer(log_dir=self.workdir, start_timeout=60)
             self._stack.callback(self.gcs.stop)  # closes its log (the process is stopped below)
@@ -228,17 +256,32 @@ class Services:
         if self.want_link:  # namespace + veth + tbf, and the proxy listening inside it
             self.ns = self._stack.enter_context(netem.Namespace(subnet=self.subnet))
             shape = netem.LinkShape(LINK_SHAPE.delay, LINK_SHAPE.rate, self.handshake)
-            upstream = ("127.0.0.1", s3_port)
-            self.procs.append(
-                netem.start_proxy(self.ns, self.proxy_port, upstream, shape, self.proxy_log)
-            )
-            link = f"http://{self.ns.ns_ip}:{self.proxy_port}"
-            stores.append(Store("s3-link", "S3 emulated link", "s3", link, link=True))
-        wait_status(lo + "/", 403, 60, "SeaweedFS")
-        if self.want_link:
-            wait_status(stores[-1].endpoint + "/", 403, 60, "SeaweedFS through the proxy")
-        time.sleep(2.5)  # SeaweedFS wants a moment after its first answer before writes
+            if self.want_s3:
+                upstream = ("127.0.0.1", s3_port)
+                self.procs.append(
+                    netem.start_proxy(self.ns, self.proxy_port, upstream, shape, self.proxy_log)
+                )
+                link = f"http://{self.ns.ns_ip}:{self.proxy_port}"
+                stores.append(
+                    Store("s3-link", "S3 emulated link", "s3", link, True, self.proxy_log)
+                )
+            if azurite is not None:
+                port, log = self.proxy_port + 1, self.azure_proxy_log
+                upstream = (azurite.host, azurite.port)
+                self.procs.append(netem.start_proxy(self.ns, port, upstream, shape, log))
+                link = f"http://{self.ns.ns_ip}:{port}"
+                stores.append(Store("az-link", "Azure emulated link", "az", link, True, log))
+        if self.want_s3:
+            wait_status(lo + "/", 403, 60, "SeaweedFS")
+            if self.want_link:
+                url = self.stores_link("s3-link", stores) + "/"
+                wait_status(url, 403, 60, "SeaweedFS through the proxy")
+            time.sleep(2.5)  # SeaweedFS wants a moment after its first answer before writes
         self.stores = {store.key: store for store in stores}
+
+    @staticmethod
+    def stores_link(key: str, stores: list[Store]) -> str:
+        return next(store.endpoint for store in stores if store.key == key)
 
     def __enter__(self: S) -> S:
         return self

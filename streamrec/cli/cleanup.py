@@ -17,6 +17,8 @@ What is found (nothing here is ever visible as an object):
   s3://     open multipart uploads under the prefix (invisible, but billed until aborted)
   local     streamrec's own hidden temporary files (.NAME.<12 hex>.tmp) under the prefix
   gs://     nothing: resumable upload sessions cannot be listed; GCS drops them after a week
+  az://     blobs with staged (uncommitted) blocks and no committed content; their blocks are
+            discarded (Azure itself drops uncommitted blocks after 7 days)
 
 Only writes begun more than --older-than ago are touched (default 1h), so writers still at
 work are left alone; `streamrec reshard` aborts the open uploads of the shards it is about to

@@ -48,9 +48,10 @@ EXIT_DATA_ERROR = 1
 
 URLS_HELP = (
     "local path, glob, directory or prefix, manifest (.json), file://, s3://, gs://, "
-    "http(s):// or memory:// url; globs are expanded and sorted by name, ** at any depth, "
-    "skipping names that start with _ or . and index sidecars (*.idx) (quote globs so the "
-    "shell leaves them alone); a directory means its _manifest.json, else its files"
+    "az:// (abfs://), http(s):// or memory:// url; globs are expanded and sorted by name, "
+    "** at any depth, skipping names that start with _ or . and index sidecars (*.idx) "
+    "(quote globs so the shell leaves them alone); a directory means its _manifest.json, "
+    "else its files"
 )
 
 

@@ -147,15 +147,26 @@ async def build_index(
     """Read ``shard`` (streamed, every CRC checked; damage raises) and return its plain index
     and the codec it was read with (an index of a compressed shard gives counts only).
     ``on_bytes(n)``: a block of n bytes was read; ``on_records(n)``: n more records."""
-    reader = ShardReader(stores, shard, budget, compression=compression, on_bytes=on_bytes)
-    parts: list[np.ndarray[Any, np.dtype[np.int64]]] = []
-    async with aclosing(reader.chunks()) as chunks:
-        async for records in chunks:
-            parts.append(np.fromiter(map(len, records), dtype=np.int64, count=len(records)))
-            if on_records is not None:
-                on_records(len(records))
-    lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    lengths += OVERHEAD_BYTES
+    reader = ShardReader(stores, shard, budget, compression=compression, lengths_only=True)
+    lengths_of = reader.decoder.framing.lengths  # the scanner appends a block's lengths per call
+    assert lengths_of is not None
+    found = lengths_of
+    reported = 0
+
+    def on_block(size: int) -> None:  # progress: the records of the blocks before this one
+        nonlocal reported
+        if on_bytes is not None and size:
+            on_bytes(size)
+        if on_records is not None and len(found) > reported:
+            on_records(len(found) - reported)
+            reported = len(found)
+
+    reader.on_bytes = on_block
+    async with aclosing(reader.chunks()) as chunks:  # chunks are empty: lengths only
+        async for _ in chunks:
+            pass
+    on_block(0)
+    lengths = np.frombuffer(found, dtype=np.int64) + OVERHEAD_BYTES
     offsets = np.zeros(len(lengths), dtype=np.int64)
     if len(lengths) > 1:
         np.cumsum(lengths[:-1], out=offsets[1:])

@@ -74,6 +74,8 @@ class ShardReader:
     """Decode one shard; afterwards ``decoder`` holds the codec used and what was dropped.
 
     ``on_bytes`` is called with the size of every block read (progress bars).
+    ``lengths_only``: the chunks are empty; the records' lengths collect in
+    ``decoder.framing.lengths`` (an index needs no payload).
     """
 
     def __init__(
@@ -85,12 +87,17 @@ class ShardReader:
         compression: str | None,
         on_corrupt: OnCorrupt = "raise",
         on_bytes: Callable[[int], None] | None = None,
+        lengths_only: bool = False,
     ) -> None:
         self.stores = stores
         self.shard = shard
         self.budget = budget
         self.decoder = ShardDecoder(
-            url=shard.url, compression=compression, on_corrupt=on_corrupt, size=shard.size
+            url=shard.url,
+            compression=compression,
+            on_corrupt=on_corrupt,
+            size=shard.size,
+            lengths_only=lengths_only,
         )
         self.on_bytes = on_bytes
         self.records = 0

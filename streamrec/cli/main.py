@@ -30,11 +30,12 @@ from streamrec.format import accel
 __all__ = ["build_parser", "main"]
 
 EPILOG = """\
-Urls may be local paths, globs, directories, manifests, file://, s3://, gs://, http(s):// or
-memory:// urls. Every command takes --json (one JSON document on stdout), --storage-options
-JSON (passed to fsspec: endpoint, credentials), --no-progress, -v/--verbose (every storage
-request with its time, retries, the total time) and --timeout SECONDS (how long one storage
-request attempt may go unanswered before it is retried; default 30, at most 6 attempts);
+Urls may be local paths, globs, directories, manifests, file://, s3://, gs://, az:// (abfs://),
+http(s):// or memory:// urls. Every command takes --json (one JSON document on stdout),
+--storage-options JSON (passed to fsspec: endpoint, credentials), --no-progress, -v/--verbose
+(every storage request with its time, retries, the total time) and --timeout SECONDS (how long
+one storage request attempt may go unanswered before it is retried; default 30, at most 6
+attempts);
 `streamrec COMMAND --help` shows its output and examples.
 Retries are logged on stderr as warnings. `streamrec --version` says whether the C
 accelerators are in use.

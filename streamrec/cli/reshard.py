@@ -53,8 +53,9 @@ DESCRIPTION = """\
 Read TFRecord shards (paths, globs or urls; GZIP/ZLIB detected; every record's CRCs
 verified) and write them as a new set of shards: rotated by size or record count, or a fixed
 number of shards; optionally recompressed and shuffled. Streams store to store (s3://, gs://,
-local, memory://; http(s):// sources) without local staging; uploads are S3 multipart / GCS
-resumable; each shard appears only when complete; _manifest.json is written last.
+az://, local, memory://; http(s):// sources) without local staging; uploads are S3 multipart /
+GCS resumable / Azure staged blocks; each shard appears only when complete; _manifest.json is
+written last.
 
 Resumable: interrupted (even killed) and run again with the same arguments, it skips the
 tasks an earlier run finished and ends with the same output as an uninterrupted run.

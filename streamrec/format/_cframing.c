@@ -109,21 +109,47 @@ static int64_t masked_crc_large(PyObject *large_crc, const unsigned char *p, Py_
     return (int64_t)(uint32_t)(((c32 >> 15) | (c32 << 17)) + MASK_DELTA);
 }
 
+/* Append one int64 to a growable buffer (lengths mode). */
+static int push_length(int64_t **out, Py_ssize_t *count, Py_ssize_t *cap, int64_t value) {
+    if (*count == *cap) {
+        Py_ssize_t grown = *cap ? *cap * 2 : 1024;
+        int64_t *bigger = PyMem_Realloc(*out, (size_t)grown * sizeof(int64_t));
+        if (bigger == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        *out = bigger;
+        *cap = grown;
+    }
+    (*out)[(*count)++] = value;
+    return 0;
+}
+
+/* scan(buf, start, verify, large_crc, large_threshold[, lengths_only]):
+ * (records, pos, status, stored, computed). With lengths_only, records is a bytes object of
+ * the payload lengths as native int64 instead of a list of payloads: the same checks, no
+ * payload copied (what a record index needs). */
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t start, large_threshold;
-    int verify;
+    int verify, lengths_only = 0;
     PyObject *large_crc;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*npOn", &view, &start, &verify, &large_crc, &large_threshold))
+    if (!PyArg_ParseTuple(args, "y*npOn|p", &view, &start, &verify, &large_crc,
+                          &large_threshold, &lengths_only))
         return NULL;
     const unsigned char *buf = (const unsigned char *)view.buf;
     const Py_ssize_t end = view.len;
     Py_ssize_t pos = start < 0 ? 0 : start;
     int status = 0;
     uint32_t stored = 0, computed = 0;
-    PyObject *records = PyList_New(0);
-    if (records == NULL) goto fail;
+    PyObject *records = NULL;
+    int64_t *lengths = NULL;
+    Py_ssize_t count = 0, cap = 0;
+    if (!lengths_only) {
+        records = PyList_New(0);
+        if (records == NULL) goto fail;
+    }
 
     while (end - pos >= 12) {
         const unsigned char *h = buf + pos;
@@ -159,22 +185,92 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 break;
             }
         }
-        PyObject *rec = PyBytes_FromStringAndSize((const char *)payload, n);
-        if (rec == NULL) goto fail;
-        if (PyList_Append(records, rec) < 0) {
+        if (lengths_only) {
+            if (push_length(&lengths, &count, &cap, (int64_t)n) < 0) goto fail;
+        } else {
+            PyObject *rec = PyBytes_FromStringAndSize((const char *)payload, n);
+            if (rec == NULL) goto fail;
+            if (PyList_Append(records, rec) < 0) {
+                Py_DECREF(rec);
+                goto fail;
+            }
             Py_DECREF(rec);
-            goto fail;
         }
-        Py_DECREF(rec);
         pos += 16 + n;
     }
     PyBuffer_Release(&view);
+    if (lengths_only) {
+        records = PyBytes_FromStringAndSize((const char *)lengths, count * (Py_ssize_t)sizeof(int64_t));
+        PyMem_Free(lengths);
+        if (records == NULL) return NULL;
+    }
     return Py_BuildValue("(NniII)", records, pos, status, (unsigned int)stored,
                          (unsigned int)computed);
 fail:
     Py_XDECREF(records);
+    PyMem_Free(lengths);
     PyBuffer_Release(&view);
     return NULL;
+}
+
+/* One decimal number, as str(int) writes it; returns the bytes written (at most 20). */
+static Py_ssize_t put_int(char *out, int64_t value) {
+    char digits[20];
+    Py_ssize_t k = 0, at = 0;
+    uint64_t u = value < 0 ? (uint64_t)0 - (uint64_t)value : (uint64_t)value;
+    do {
+        digits[k++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (value < 0) out[at++] = '-';
+    while (k) out[at++] = digits[--k];
+    return at;
+}
+
+/* index_text(column, ...): the lines of a record index sidecar: row i is the i-th int64 of
+ * every column (buffers of native int64, equally long), separated by spaces, ended by a
+ * newline - what "".join(" ".join(map(str, row)) + "\n" for row in rows) gives. */
+static PyObject *index_text(PyObject *self, PyObject *args) {
+    enum { MAX_COLUMNS = 8 };
+    Py_buffer views[MAX_COLUMNS];
+    Py_ssize_t ncols = PyTuple_GET_SIZE(args), got = 0, rows = 0;
+    PyObject *result = NULL;
+    (void)self;
+    if (ncols < 1 || ncols > MAX_COLUMNS) {
+        PyErr_SetString(PyExc_ValueError, "index_text takes 1 to 8 columns");
+        return NULL;
+    }
+    for (; got < ncols; got++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(args, got), &views[got], PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        Py_ssize_t n = views[got].len / (Py_ssize_t)sizeof(int64_t);
+        if (views[got].len % (Py_ssize_t)sizeof(int64_t) || (got && n != rows)) {
+            PyErr_SetString(PyExc_ValueError, "columns must be equally long int64 buffers");
+            got++;
+            goto done;
+        }
+        rows = n;
+    }
+    if (rows > PY_SSIZE_T_MAX / (21 * ncols)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, rows * 21 * ncols);
+    if (result == NULL) goto done;
+    char *out = PyBytes_AS_STRING(result);
+    Py_ssize_t at = 0;
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        for (Py_ssize_t c = 0; c < ncols; c++) {
+            int64_t v;
+            memcpy(&v, (const char *)views[c].buf + i * (Py_ssize_t)sizeof(int64_t), sizeof v);
+            at += put_int(out + at, v);
+            out[at++] = c + 1 < ncols ? ' ' : '\n';
+        }
+    }
+    if (_PyBytes_Resize(&result, at) < 0) result = NULL;
+done:
+    for (Py_ssize_t c = 0; c < got; c++) PyBuffer_Release(&views[c]);
+    return result;
 }
 
 static PyObject *py_masked_crc32c(PyObject *self, PyObject *arg) {
@@ -194,6 +290,7 @@ static PyObject *py_has_hardware_crc(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "Scan complete TFRecord frames out of a buffer."},
+    {"index_text", index_text, METH_VARARGS, "The text lines of a record index's columns."},
     {"masked_crc32c", py_masked_crc32c, METH_O, "TFRecord's masked CRC32C of a buffer."},
     {"has_hardware_crc", py_has_hardware_crc, METH_NOARGS, "True when SSE4.2 CRC32 is used."},
     {NULL, NULL, 0, NULL},

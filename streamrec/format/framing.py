@@ -20,8 +20,9 @@ The hot loop (framing many small records out of one buffer) runs in the optional
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Callable, Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import crc32c as _crc32c_package
 
@@ -58,17 +59,28 @@ _HEADER = struct.Struct("<QI")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
-ScanResult = tuple[list[bytes], int, int, int, int]
-ScanFunction = Callable[[BytesLike, int, bool, object, int], ScanResult]
+# (payloads, pos, status, stored, computed); payloads: a list of bytes, or with lengths_only
+# the bytes of an array("q") of the payloads' lengths (native int64)
+ScanResult = tuple[Any, int, int, int, int]
+
+
+# (buf, start, verify, large_crc, large_threshold[, lengths_only]) -> ScanResult
+ScanFunction = Callable[..., ScanResult]
 
 
 def _scan_python(
-    buf: BytesLike, start: int, verify: bool, large_crc: object, large_threshold: int
+    buf: BytesLike,
+    start: int,
+    verify: bool,
+    large_crc: object,
+    large_threshold: int,
+    lengths_only: bool = False,
 ) -> ScanResult:
     """Pure-Python twin of ``_cframing.scan`` (same arguments, same result)."""
     del large_crc, large_threshold  # the package CRC is used for every size here
     records: list[bytes] = []
-    append = records.append
+    lengths = array("q")
+    append = lengths.append if lengths_only else records.append
     unpack_header = _HEADER.unpack_from
     unpack_u32 = _U32.unpack_from
     crc = _crc32c_package.crc32c
@@ -77,6 +89,10 @@ def _scan_python(
         view = view.cast("B")
     end = len(view)
     pos = start
+
+    def out() -> list[bytes] | bytes:
+        return lengths.tobytes() if lengths_only else records
+
     try:
         while end - pos >= HEADER_BYTES:
             length, stored = unpack_header(view, pos)
@@ -84,20 +100,20 @@ def _scan_python(
                 c = crc(view[pos : pos + 8])
                 computed = (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
                 if computed != stored:
-                    return records, pos, _BAD_LENGTH_CRC, stored, computed
+                    return out(), pos, _BAD_LENGTH_CRC, stored, computed
             payload_end = pos + HEADER_BYTES + length
             if payload_end + FOOTER_BYTES > end:
                 break
-            payload = bytes(view[pos + HEADER_BYTES : payload_end])
+            payload = view[pos + HEADER_BYTES : payload_end]
             if verify:
                 (stored,) = unpack_u32(view, payload_end)
                 c = crc(payload)
                 computed = (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
                 if computed != stored:
-                    return records, pos, _BAD_PAYLOAD_CRC, stored, computed
-            append(payload)
+                    return out(), pos, _BAD_PAYLOAD_CRC, stored, computed
+            append(length if lengths_only else bytes(payload))  # type: ignore[arg-type]
             pos = payload_end + FOOTER_BYTES
-        return records, pos, _NEED_MORE, 0, 0
+        return out(), pos, _NEED_MORE, 0, 0
     finally:
         view.release()
 
@@ -184,10 +200,14 @@ class RecordDecoder:
         start_index: int = 0,
         end_offset: int | None = None,
         max_record_bytes: int | None = None,
+        lengths_only: bool = False,
     ) -> None:
         if on_corrupt not in ("raise", "skip"):
             raise ValueError(f"on_corrupt must be 'raise' or 'skip', not {on_corrupt!r}")
         self.url = url
+        # lengths_only: each good record's payload length goes to ``lengths`` (the scanner's
+        # one array per call), no payload is copied and feed() returns [] (what an index needs)
+        self.lengths: array[int] | None = array("q") if lengths_only else None
         self.verify_crc = verify_crc
         self.skip_corrupt = on_corrupt == "skip"
         self.dropped: list[FormatError] = []
@@ -316,12 +336,23 @@ class RecordDecoder:
             ):
                 return records, taken
 
+    def _scan(self, buf: BytesLike, start: int) -> ScanResult:
+        """The scanner on ``buf[start:]``; its records counted (lengths_only: kept)."""
+        if self.lengths is None:
+            result = _scan(buf, start, self.verify_crc, _crc32c_package.crc32c, _LARGE_CRC_BYTES)
+            self._index += len(result[0])
+            return result
+        got, pos, status, stored, computed = _scan(
+            buf, start, self.verify_crc, _crc32c_package.crc32c, _LARGE_CRC_BYTES, True
+        )
+        self.lengths.frombytes(got)
+        self._index += len(got) // 8
+        return [], pos, status, stored, computed
+
     def _frame(self, buf: BytesLike, start: int) -> tuple[list[bytes], int]:
         """Scan ``buf[start:]``; handle damage; return the records and where framing stopped."""
-        records, pos, status, stored, computed = _scan(
-            buf, start, self.verify_crc, _crc32c_package.crc32c, _LARGE_CRC_BYTES
-        )
-        self._index += len(records)
+        records: list[bytes]
+        records, pos, status, stored, computed = self._scan(buf, start)
         while status != _NEED_MORE:
             which = "length" if status == _BAD_LENGTH_CRC else "payload"
             error = self._corrupt(which, stored, computed, self._offset + pos - start)
@@ -338,14 +369,7 @@ class RecordDecoder:
             # A bad payload under a good header: drop just this record and go on.
             (length,) = _U64.unpack_from(buf, pos)
             self._index += 1
-            more, pos, status, stored, computed = _scan(
-                buf,
-                pos + OVERHEAD_BYTES + length,
-                self.verify_crc,
-                _crc32c_package.crc32c,
-                _LARGE_CRC_BYTES,
-            )
-            self._index += len(more)
+            more, pos, status, stored, computed = self._scan(buf, pos + OVERHEAD_BYTES + length)
             records += more
         return records, pos
 
@@ -391,7 +415,9 @@ class RecordDecoder:
         records: list[bytes] = []
         stored = _U32.unpack(footer)[0]
         computed = masked_crc32c(payload) if self.verify_crc else stored
-        if computed == stored:
+        if computed == stored and self.lengths is not None:
+            self.lengths.append(length)
+        elif computed == stored:
             records.append(payload)
         else:
             error = self._corrupt("payload", stored, computed, self._offset)

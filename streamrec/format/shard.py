@@ -42,6 +42,7 @@ class ShardDecoder:
     (until then, bytes are held back). See :class:`RecordDecoder` for ``verify_crc``,
     ``on_corrupt``, error delivery and :attr:`dropped`; ``start_offset`` / ``start_index``
     describe where the bytes fed begin (resuming mid-file, uncompressed only).
+    ``lengths_only``: no payloads are returned; their lengths collect in ``framing.lengths``.
 
     Record lengths are checked against what is known before anything is buffered for them:
     ``size`` is the file's stored size. Uncompressed, a record must fit in the file
@@ -65,6 +66,7 @@ class ShardDecoder:
         size: int | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         max_piece_bytes: int = DEFAULT_PIECE_BYTES,
+        lengths_only: bool = False,
     ) -> None:
         self.url = url
         self.size = size
@@ -76,6 +78,7 @@ class ShardDecoder:
             on_corrupt=on_corrupt,
             start_offset=start_offset,
             start_index=start_index,
+            lengths_only=lengths_only,
         )
         self._decompressor: Decompressor | None = None
         self._head = bytearray()  # bytes held back while "auto" sniffs

@@ -538,8 +538,8 @@ def open_dataset(
             index=True)``, ``streamrec reshard --index`` or ``streamrec index``) in an order
             of ``(seed, epoch)``: ``"global"``, a permutation of all records (one range read
             per record: fine for large records); ``"block"``, windows of ``window_records``
-            consecutive records (default: one ``block_bytes`` read) permuted, then mixed
-            ``shuffle_buffer`` records at a time (default: up to 16 windows, within a quarter of
+            consecutive records (default: 1 MiB to ``block_bytes`` of them) permuted, then mixed
+            ``shuffle_buffer`` records at a time (default: up to 16 windows, within a third of
             ``prefetch_bytes``): the link stays busy with small records. Consumers (hosts x
             DataLoader workers) read contiguous parts of the epoch's order, and their states
             merge (``streamrec.merge_states``) so that any number of consumers continue.

@@ -19,10 +19,16 @@ from streamrec.errors import StateError
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.events import Event, Open, Piece, take_event
 from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
-from streamrec.pipeline.opener import ShardOpener, shards_digest
+from streamrec.pipeline.opener import ShardOpener
 from streamrec.pipeline.options import READ_AHEAD_PART, ReadOptions
 from streamrec.pipeline.prefetch import ObjectReader, OpenCache
-from streamrec.pipeline.shards import ShardPlan, dataloader_worker, plan_shards, seeded_random
+from streamrec.pipeline.shards import (
+    ShardPlan,
+    dataloader_worker,
+    plan_shards,
+    seeded_random,
+    shards_digest,
+)
 from streamrec.pipeline.shuffle import shuffle_pieces
 from streamrec.pipeline.sources import list_sources
 from streamrec.pipeline.state import (
@@ -54,6 +60,11 @@ class ReadEngine:
             # a download that made no progress for one attempt's time is not waited for
             stall_s = options.retry.timeout_s
             self.cache = ShardCache(options.cache_dir, options.cache_bytes, stall_s=stall_s)
+        # Records split across consumers (fewer shards than consumers): every consumer of this
+        # host reads each shard whole, paced by its own consumer, in lockstep with the others
+        # (DDP, the DataLoader's round robin): waiting for another's download could wait for a
+        # reader whose consumer waits for us. Such readers read without the cache meanwhile.
+        self._wait_for_downloads = True
 
     async def list_shards(self, stores: StoreSet) -> list[ObjectInfo]:
         """Every shard to read, in reading order, with its size and version."""
@@ -109,7 +120,8 @@ class ReadEngine:
         namespace = cache_namespace(shard.url, self.options.storage_options)
 
         async def open_cache() -> CacheHit | CacheFill | None:
-            route = await cache.open(shard, namespace, fill=start == 0)
+            wait = self._wait_for_downloads
+            route = await cache.open(shard, namespace, fill=start == 0, wait=wait)
             if isinstance(route, CacheHit):
                 self.stats.cache_hits += 1
             return route
@@ -135,7 +147,8 @@ class ReadEngine:
         async with StoreSet(options.storage_options, connections) as stores:
             try:
                 plan = self._plan(await self.list_shards(stores))
-                digest = shards_digest(plan)
+                self._wait_for_downloads = plan.record_stride == 1
+                digest = shards_digest(plan.shards, plan.record_stride, plan.record_offset)
                 if resume is not None and resume.shards not in (None, digest):
                     raise StateError(
                         "the state was saved over different shards (other files, sizes or "
@@ -159,7 +172,15 @@ class ReadEngine:
                 opener = ShardOpener(options, stores, budget, plan, self.stats, make_reader)
                 closers.append(opener.aclose)
                 await opener.prepare(resume)
-                pieces = self._read(opener, resume.read if resume else None)
+                pieces = read = self._read(opener, resume.read if resume else None)
+
+                async def close_read() -> None:
+                    # the shuffle wrapping it does not close it when closed early; not while
+                    # it is closing already (a loop's shutdown closes every generator at once)
+                    if not getattr(read, "ag_running", False):
+                        await read.aclose()
+
+                closers.insert(0, close_read)
                 if options.shuffle_buffer:
                     shuffle_state = resume.shuffle if resume else None
                     rng = seeded_random(options.seed, self.epoch, "records")

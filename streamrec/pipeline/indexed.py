@@ -8,20 +8,28 @@ sidecar: records are read by position). One iteration:
 2. the epoch's order (:class:`~streamrec.pipeline.order.EpochOrder`) and this consumer's part
    of the positions still to read (:func:`~streamrec.pipeline.order.part_of`: hosts x
    DataLoader workers, ``even`` drop/pad), from the resume state or the start;
-3. positions in *chunks* (about a quarter of ``prefetch_bytes`` of records each; in block
-   mode whole runs of ``mix`` positions, by default also within a quarter): each chunk's
+3. positions in *chunks* (about a third of ``prefetch_bytes`` of records each; in block
+   mode whole runs of ``mix`` positions, by default also within a third): each chunk's
    records read with :func:`~streamrec.pipeline.random_access.read_records` while the one
-   before is consumed: one chunk read (or held) besides the one the consumer has, so reads
-   in flight and decoded records stay within about half of ``prefetch_bytes``; pieces carry
-   :class:`~streamrec.pipeline.events.Begin` / :class:`~streamrec.pipeline.events.Advance`
-   events, so the consumer's state is one number.
+   before is consumed. At most three chunks exist at once - the one the consumer has, the
+   one awaited and the next - so reads in flight and decoded records stay within
+   ``prefetch_bytes`` (plus the bytes between coalesced records, which the budget counts
+   while they are in flight). The reads of all chunks share one gate of
+   ``max_concurrency`` slots, first come first served: the next chunk's reads take slots as
+   the current chunk's free them, and no more reads are in flight than one chunk would have.
+   Pieces carry :class:`~streamrec.pipeline.events.Begin` /
+   :class:`~streamrec.pipeline.events.Advance` events, so the consumer's state is one number.
+
+Block mode's window (records read by one range read, when ``window_records`` is not given),
+chosen from the record size and the link by :func:`window_records`: a sixteenth of a chunk
+(so that a run mixes 16 windows), but at least :data:`MIN_WINDOW_BYTES` of records (a range
+read must carry many times what a request costs on a cloud link) and at most one
+``block_bytes`` read. The link is assumed, not measured (see :data:`MIN_WINDOW_BYTES`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,23 +41,24 @@ from streamrec.pipeline.lookup import build_table
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.order import EpochOrder, Intervals, Part, part_of
 from streamrec.pipeline.random_access import RecordTable, read_records
-from streamrec.pipeline.shards import dataloader_worker
+from streamrec.pipeline.shards import dataloader_worker, shards_digest
 from streamrec.pipeline.sources import list_sources
 from streamrec.pipeline.state import DatasetState, IndexedState
 from streamrec.pipeline.stats import Stats
 from streamrec.storage.stores import StoreSet
 
-__all__ = ["IndexedEngine", "table_digest"]
+__all__ = ["IndexedEngine", "chunk_records", "window_records"]
 
 _GLOBAL_CONCURRENCY = 64  # single-record GETs in flight (global shuffle): a link's worth
-
-
-def table_digest(table: RecordTable) -> str:
-    """A short fingerprint of the shards read (names, sizes, versions, record counts)."""
-    described = [
-        [s.url, s.size, s.version, len(i)] for s, i in zip(table.shards, table.indexes, strict=True)
-    ]
-    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+CHUNK_PART = 3
+"""A read chunk holds about ``prefetch_bytes / CHUNK_PART`` of records; three exist at once."""
+MIN_WINDOW_BYTES = 1 << 20
+"""The smallest default window of block shuffle. A request on a cloud link costs about a round
+trip (30-100 ms) of one connection's rate (25-100 MB/s): roughly 1-5 MB, the bytes it could
+have carried meanwhile. ``max_concurrency`` reads in flight hide that cost only while each
+carries a good part of it: at 1 MiB and 16 reads in flight a 60 ms, 25 MB/s-per-connection
+link stays full (benchmarks/README.md, "Shuffled reading")."""
+_MIX_WINDOWS = 16  # block mode's default run: at most this many windows
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,22 @@ class _Plan:
 def mean_record_bytes(table: RecordTable) -> float:
     total = sum(int(index.lengths.sum()) for index in table.indexes)
     return max(total / max(len(table), 1), 1.0)
+
+
+def chunk_records(options: ReadOptions, mean_bytes: float) -> int:
+    """Records in a read chunk (about ``prefetch_bytes / CHUNK_PART`` of them)."""
+    return max(1, int(options.prefetch_bytes // CHUNK_PART // mean_bytes))
+
+
+def window_records(options: ReadOptions, mean_bytes: float) -> int:
+    """Block shuffle's window: ``options.window_records``, else chosen from the record size
+    and the link (see the module docstring): a sixteenth of a chunk's records, but at least
+    :data:`MIN_WINDOW_BYTES` of them and at most one read (``block_bytes``); one at least."""
+    if options.window_records:
+        return options.window_records
+    low = max(1, int(MIN_WINDOW_BYTES // mean_bytes))
+    high = max(1, int(options.block_bytes // mean_bytes))
+    return min(high, max(low, chunk_records(options, mean_bytes) // _MIX_WINDOWS))
 
 
 class IndexedEngine:
@@ -109,9 +134,9 @@ class IndexedEngine:
         window, mix = 1, 1
         mean = mean_record_bytes(table)
         if kind == "block":
-            window = options.window_records or max(1, int(options.block_bytes // mean))
+            window = window_records(options, mean)
             mix = options.shuffle_buffer or max(
-                window, min(16 * window, int(options.prefetch_bytes // 4 // mean))
+                window, min(_MIX_WINDOWS * window, chunk_records(options, mean))
             )
         order = EpochOrder(records, kind, options.seed, self.epoch, window, mix)
         begin = Begin(records, consumers, consumer, tuple(pool), taken)
@@ -136,7 +161,7 @@ class IndexedEngine:
                     on_retry=self._count_retry,
                 )
                 table = await build_table(self.urls, options, self.stats, stores, shards)
-                digest = table_digest(table)
+                digest = shards_digest(table.shards, table.counts())
                 if resume is not None and resume.shards not in (None, digest):
                     raise StateError(
                         "the state was saved over different shards (other files, sizes or "
@@ -154,7 +179,7 @@ class IndexedEngine:
 
     def _chunks(self, plan: _Plan) -> list[tuple[int, int]]:
         """The part's positions still to read, cut into chunks ``(start, stop)``."""
-        size = max(1, int(self.options.prefetch_bytes // 4 // plan.mean_bytes))
+        size = chunk_records(self.options, plan.mean_bytes)
         if plan.order.shuffle == "block":
             size = max(plan.order.mix, size // plan.order.mix * plan.order.mix)
         first = plan.begin.taken
@@ -167,6 +192,7 @@ class IndexedEngine:
         concurrency = options.max_concurrency
         if plan.order.shuffle == "global":
             concurrency = max(concurrency, _GLOBAL_CONCURRENCY)
+        gate = asyncio.Semaphore(concurrency)  # shared by the chunks' reads (module docstring)
 
         async def fetch(start: int, stop: int) -> list[bytes]:
             positions = plan.part.positions(start, stop, plan.pool)
@@ -178,6 +204,7 @@ class IndexedEngine:
                 budget=budget,
                 policy=options.retry,
                 max_concurrency=concurrency,
+                gate=gate,
                 span_bytes=options.block_bytes,
                 verify_crc=options.verify_crc,
                 on_retry=self._count_retry,
@@ -198,6 +225,7 @@ class IndexedEngine:
                 records = await task
                 events.append(Advance(len(records)))
                 yield records, events
+                del records  # the consumer's: not kept here while the next chunks are read
                 events = []
             if events:
                 yield [], events

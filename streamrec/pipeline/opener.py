@@ -10,13 +10,12 @@ prefix. The shuffle buffer's records are fetched again from their locations the 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import itertools
-import json
 from collections import defaultdict
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from streamrec._portal import run_all
 from streamrec.errors import FormatError, StateError
@@ -24,6 +23,7 @@ from streamrec.format.codecs import compression_from_name, normalize_compression
 from streamrec.format.framing import HEADER_BYTES, OVERHEAD_BYTES
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.prefetch import ObjectReader
+from streamrec.pipeline.random_access import DEFAULT_GAP_BYTES, coalesce
 from streamrec.pipeline.read import read_shard
 from streamrec.pipeline.shards import ShardPlan
 from streamrec.pipeline.state import (
@@ -45,19 +45,9 @@ if TYPE_CHECKING:
 #: ``start``, sized for this iteration (``ahead``: opened before its turn)
 MakeReader = Callable[[ObjectInfo, int, bool], ObjectReader]
 
-__all__ = ["ShardOpener", "shards_digest"]
+__all__ = ["ShardOpener"]
 
 Chunks = AsyncGenerator[list[bytes], None]
-
-
-def shards_digest(plan: ShardPlan[ObjectInfo]) -> str:
-    """A short fingerprint of the shards a consumer reads (names, sizes, versions, split)."""
-    described = [
-        [[s.url, s.size, s.version] for s in plan.shards],
-        plan.record_stride,
-        plan.record_offset,
-    ]
-    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
 
 class ShardOpener:
@@ -208,7 +198,8 @@ class ShardOpener:
         spans: list[tuple[int, list[Location]]] = []
         for ordinal, places in wanted.items():
             if self._exact and self._uncompressed.get(ordinal, False):
-                spans += [(ordinal, run) for run in _runs(places, _GAP_BYTES, self._span_bytes)]
+                runs = _runs(places, _GAP_BYTES, self._span_bytes)
+                spans += [(ordinal, run) for run in runs]
             else:
                 await self._fetch_prefix(ordinal, places, found)
         if spans:
@@ -296,32 +287,18 @@ class ShardOpener:
                     return
 
 
-# Buffered records further apart than this are fetched by separate range reads; closer ones
-# share one read. Cutting at every gap wider than G is what minimises a cost of
-# ``requests x a + bytes x b`` for G = a / b: on a cloud link (60 ms round trips, 16 reads in
-# flight, ~125 MB/s) a request costs about what 470 KB cost; locally, this pipeline's own
-# per-read overhead makes small gaps slower too. Measured (bench_resume.py, benchmarks/README.md):
-# 256 KiB re-reads 24-31 % fewer bytes than 1 MiB did, with the fewest modelled seconds.
-_GAP_BYTES = 256 << 10
+_GAP_BYTES = DEFAULT_GAP_BYTES  # random access's (the reasoning is there); bench_resume varies it
 _MAX_FETCHES = 16  # refetch reads in flight at once where the store sets no limit
 
 
 def _runs(places: list[Location], gap_bytes: int, span_bytes: int) -> list[list[Location]]:
-    """``places`` sorted by offset and cut where the gap between records exceeds
-    ``gap_bytes`` or a run would cover more than ``span_bytes`` (a lone record may)."""
+    """``places`` sorted by offset and cut as random access cuts its reads
+    (:func:`~streamrec.pipeline.random_access.coalesce`)."""
     ordered = sorted(places, key=lambda loc: loc[2])
-    runs: list[list[Location]] = [[ordered[0]]]
-    start = ordered[0][2]
-    for before, location in itertools.pairwise(ordered):
-        offset, end = location[2], location[2] + location[3] + OVERHEAD_BYTES
-        if (
-            offset - (before[2] + before[3] + OVERHEAD_BYTES) > gap_bytes
-            or end - start > span_bytes
-        ):
-            runs.append([])
-            start = offset
-        runs[-1].append(location)
-    return runs
+    starts = np.array([loc[2] for loc in ordered], dtype=np.int64)
+    ends = starts + np.array([loc[3] for loc in ordered], dtype=np.int64) + OVERHEAD_BYTES
+    runs = coalesce(starts, ends, gap_bytes=gap_bytes, span_bytes=span_bytes)
+    return [ordered[k:j] for k, j in runs]
 
 
 class _ClosingReader(AsyncGenerator[list[bytes], None]):

@@ -13,6 +13,8 @@ record count (``len(ds)``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import random
 import sys
@@ -20,7 +22,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["ShardPlan", "dataloader_worker", "plan_shards", "planned_records", "seeded_random"]
+from streamrec.storage.base import ObjectInfo
+
+__all__ = [
+    "ShardPlan",
+    "dataloader_worker",
+    "plan_shards",
+    "planned_records",
+    "seeded_random",
+    "shards_digest",
+]
+
+
+def shards_digest(shards: Sequence[ObjectInfo], *extra: object) -> str:
+    """A short fingerprint of ``shards`` (names, sizes, versions) and of ``extra`` (how they
+    are read): a resume state names it, so that it is never loaded over other shards."""
+    described = [[[s.url, s.size, s.version] for s in shards], *extra]
+    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+
 
 S = TypeVar("S")
 logger = logging.getLogger("streamrec")

@@ -56,11 +56,12 @@ class Leftover:
     url: str
     """The object the write would have committed."""
     kind: str
-    """``"multipart upload"`` (S3) or ``"temporary file"`` (local)."""
+    """``"multipart upload"`` (S3), ``"uncommitted blocks"`` (Azure) or ``"temporary file"``
+    (local)."""
     started: float
     """When the write began (Unix time: the upload's initiation, the file's mtime)."""
     handle: str
-    """The S3 upload id, or the temporary file's path."""
+    """The S3 upload id, the Azure blob name, or the temporary file's path."""
 
     def age_s(self, now: float | None = None) -> float:
         """Seconds since the write began."""

@@ -46,6 +46,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -75,13 +76,18 @@ def is_cacheable(url: str) -> bool:
 
 def cache_namespace(url: str, storage_options: Mapping[str, Any] | None) -> str:
     """What, beyond the url, tells ``url``'s objects apart: the endpoint its store talks to
-    (two S3-compatible servers may both have ``s3://data/shard-0``)."""
+    (two S3-compatible servers may both have ``s3://data/shard-0``; on Azure, the account:
+    its blob endpoint or name, never its key)."""
     options = options_for(url, storage_options) or {}
     client = options.get("client_kwargs")
     endpoint = options.get("endpoint_url") or (
         client.get("endpoint_url") if isinstance(client, Mapping) else None
     )
-    return str(endpoint or "")
+    connection = options.get("connection_string")
+    if not endpoint and isinstance(connection, str):
+        fields = dict(f.split("=", 1) for f in connection.split(";") if "=" in f)
+        endpoint = fields.get("BlobEndpoint") or fields.get("AccountName")
+    return str(endpoint or options.get("account_host") or options.get("account_name") or "")
 
 
 class _Handle:
@@ -191,6 +197,10 @@ class CacheFill:
             return False
         try:
             await self._part.run(_publish, self.part_path, self.path)
+        except OSError as exc:  # a cache that cannot be written is no reason to fail the read
+            logger.warning("not caching %s: %s", self.path, exc)
+            await self.abort()
+            return False
         except BaseException:
             await self.abort()
             raise
@@ -240,11 +250,12 @@ class ShardCache:
         return os.path.join(self.directory, key + ENTRY)
 
     async def open(
-        self, obj: ObjectInfo, namespace: str = "", *, fill: bool = True
+        self, obj: ObjectInfo, namespace: str = "", *, fill: bool = True, wait: bool = True
     ) -> CacheHit | CacheFill | None:
         """The entry of ``obj`` if there is one; else (``fill``: the reader reads the whole
         object) a :class:`CacheFill` once this process may download it, waiting while
-        another one does; else None (read without the cache)."""
+        another one does (``wait``; else reading without the cache meanwhile); else None
+        (read without the cache)."""
         if obj.version is None or obj.size > self.capacity_bytes or obj.size == 0:
             return None  # no version: a replaced object could not be told from the copy
         path = self.entry_path(obj, namespace)
@@ -255,13 +266,13 @@ class ShardCache:
             _filling.add(path)
         found: object = None
         try:
-            found = await self._open(path, obj, claimed)
+            found = await self._open(path, obj, claimed, wait)
             return cast("CacheHit | CacheFill | None", found)
         finally:
             if claimed and not isinstance(found, CacheFill):
                 _filling.discard(path)
 
-    async def _open(self, path: str, obj: ObjectInfo, fill: bool) -> object:
+    async def _open(self, path: str, obj: ObjectInfo, fill: bool, wait: bool) -> object:
         delay, progress, since = _POLL_FIRST_S, None, time.monotonic()
         while True:
             try:
@@ -271,6 +282,8 @@ class ShardCache:
                 return None
             if found is not _BUSY:
                 return found
+            if not wait:
+                return None
             now = time.monotonic()
             seen = _mtime_ns(path[: -len(ENTRY)] + PART)
             if seen != progress:
@@ -307,12 +320,14 @@ class ShardCache:
         return CacheFill(path, size, _Handle(fd), lock)
 
     def _open_entry(self, path: str, size: int) -> CacheHit | None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:  # (O_NONBLOCK: a FIFO planted under the name must not wait for a writer)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
-        if os.fstat(fd).st_size != size:  # not what a publish leaves: damaged, drop it
-            _unlink_if_same(fd, path)
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode) or found.st_size != size:
+            with contextlib.suppress(OSError):  # not what a publish leaves: drop it
+                _unlink_if_same(fd, path)
             os.close(fd)
             return None
         now = time.time_ns()  # (not the kernel's coarse clock: uses a few ms apart still order)
@@ -327,7 +342,11 @@ class ShardCache:
         fit beside the downloads in progress."""
         dir_lock = os.open(os.path.join(self.directory, DIR_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(dir_lock, fcntl.LOCK_EX)  # held for a directory scan: milliseconds
+            # held for a directory scan: milliseconds; held longer (a stopped or hostile
+            # process), the object is read without the cache rather than waited for forever
+            if not _flock_within(dir_lock, self.stall_s):
+                logger.warning("not caching %s: %s stays locked", part, DIR_LOCK)
+                return None
             used, entries = self._scan()
             free = self.capacity_bytes - used
             for _, entry, entry_size in sorted(entries):
@@ -362,14 +381,14 @@ class ShardCache:
                 try:
                     if not item.is_file(follow_symlinks=False):
                         continue
-                    stat = item.stat(follow_symlinks=False)
+                    info = item.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
                 if item.name.endswith(PART) and _remove_if_dead(item.path):
                     continue
-                used += stat.st_size
+                used += info.st_size
                 if item.name.endswith(ENTRY):
-                    entries.append((stat.st_mtime_ns, item.path, stat.st_size))
+                    entries.append((info.st_mtime_ns, item.path, info.st_size))
         return used, entries
 
 
@@ -422,6 +441,23 @@ def _try_lock(path: str, create: bool = True) -> int | None:
         os.close(fd)
         if not create:
             return None
+
+
+def _flock_within(fd: int, seconds: float) -> bool:
+    """Take the flock of ``fd``, waiting at most ``seconds`` (polling: a blocked flock cannot
+    be given up). False if it stayed held."""
+    deadline = time.monotonic() + seconds
+    delay = _POLL_FIRST_S / 5
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, _POLL_MAX_S)
 
 
 def _unlock(fd: int, path: str) -> None:

@@ -2,8 +2,8 @@
 
 ``storage_options`` are either one flat mapping, given to the filesystem of every scheme (fine
 when all urls share a scheme), or a mapping per scheme, ``{"s3": {...}, "gs": {...},
-"https": {...}}``, of which each store gets only its own (:func:`options_for`): a list that
-mixes ``s3://`` and ``https://`` urls then gives S3's credentials to S3 alone.
+"az": {...}, "https": {...}}``, of which each store gets only its own (:func:`options_for`): a
+list that mixes ``s3://`` and ``https://`` urls then gives S3's credentials to S3 alone.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ _SCHEMES = {
     "s3a": "s3",
     "gs": "gcs",
     "gcs": "gcs",
+    "az": "azure",
+    "abfs": "azure",
+    "abfss": "azure",
     "http": "http",
     "https": "http",
     "memory": "memory",
@@ -109,6 +112,10 @@ def open_store(
         from streamrec.storage.gcs import GCSStore
 
         return GCSStore(storage_options)
+    if kind == "azure":
+        from streamrec.storage.azure import AzureStore
+
+        return AzureStore(storage_options)
     if kind == "http":
         from streamrec.storage.http import HTTPStore
 

@@ -1,6 +1,6 @@
 """Foreign exceptions -> streamrec.errors, at the storage boundary.
 
-Every client raises its own types (botocore, aiohttp, gcsfs, OSError). Stores call
+Every client raises its own types (botocore, aiohttp, gcsfs, azure.core, OSError). Stores call
 :func:`translate` on anything they catch, so the rest of streamrec (and the retry policy, which
 decides by type) only ever sees :class:`~streamrec.errors.StorageError` subclasses.
 """
@@ -96,6 +96,8 @@ def _translate(exc: BaseException, url: str, action: str) -> StorageError:
         code = getattr(exc, "code", None)
         if isinstance(code, int):
             return from_status(code, url, action, str(getattr(exc, "message", "")))
+    if module.startswith("azure."):
+        return _from_azure(exc, url, action)
     if module.startswith("botocore"):
         # EndpointConnectionError, ConnectionClosedError, ReadTimeoutError,
         # ResponseStreamingError (a body cut short), IncompleteReadError, ...
@@ -148,3 +150,24 @@ def _from_botocore(exc: BaseException, url: str, action: str) -> StorageError:
     if isinstance(status, int):
         return from_status(status, url, action, code)
     return StorageError(message.strip())
+
+
+def _from_azure(exc: BaseException, url: str, action: str) -> StorageError:
+    """azure.core's exceptions: by HTTP status where the service answered (the error code,
+    e.g. ServerBusy, only in the message), else by type."""
+    from azure.core import exceptions as azure
+
+    name = type(exc).__name__
+    status = getattr(exc, "status_code", None)
+    if isinstance(exc, azure.HttpResponseError) and isinstance(status, int) and status >= 400:
+        response = getattr(exc, "response", None)
+        headers = getattr(response, "headers", None) or {}
+        code = headers.get("x-ms-error-code") or getattr(exc, "error_code", None) or ""
+        return from_status(status, url, action, str(code))
+    if isinstance(exc, azure.ClientAuthenticationError):  # no credential could be obtained
+        return PermissionDeniedError(f"{url}: {action}: {name}: {exc}")
+    if isinstance(
+        exc, (azure.ServiceRequestError, azure.ServiceResponseError, azure.IncompleteReadError)
+    ):  # connection refused or reset, timeouts, a body cut short
+        return TransientStorageError(f"{url}: {action}: {name}: {exc}")
+    return StorageError(f"{url}: {action} failed: {name}: {exc}")

@@ -8,6 +8,7 @@ removed."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -128,6 +129,44 @@ def test_a_shard_named_twice_is_read_twice_at_once(
     assert sorted(ds) == sorted(records * 2)
     assert [p.read_bytes() for p in tmp_path.glob("*.shard")] == [data]
     assert not downloads(tmp_path)
+
+
+def test_a_record_split_reader_does_not_wait_for_another_consumers_download(
+    s3_server: MotoS3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    # fewer shards than consumers (2 ranks of one host here; DataLoader workers alike): every
+    # consumer reads the whole shard at its own consumer's pace, in lockstep with the others
+    # (DDP, the DataLoader's round robin). Waiting for another's download waits for a reader
+    # paced by a consumer that waits for us: up to stall_s (the attempt timeout) per shard.
+    import fcntl
+
+    from streamrec.storage.cache import ShardCache
+    from streamrec.storage.retry import RetryPolicy
+
+    made = put_shards(s3_server, s3_bucket, "split", shards=1, count=200)
+    ((key, (_, records)),) = made.items()
+    storage = {"client_kwargs": {"endpoint_url": s3_server.endpoint_url}}
+    url = f"s3://{s3_bucket}/{key}"
+
+    def rank(index: int) -> streamrec.Dataset:
+        return streamrec.open_dataset(
+            url,
+            storage_options=storage,
+            cache_dir=str(tmp_path),
+            cache_bytes=1 << 20,
+            num_hosts=2,
+            host_index=index,
+            retry=RetryPolicy(timeout_s=3600),  # stall_s: never reached by a passing run
+        )
+
+    (shard,) = asyncio.run(rank(0).shards())
+    entry = ShardCache(str(tmp_path), 1 << 20).entry_path(shard, s3_server.endpoint_url)
+    holder = os.open(entry[: -len(".shard")] + ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # rank 0 (another process) is downloading the shard
+    try:
+        assert list(rank(1)) == records[1::2]  # read without the cache meanwhile
+    finally:
+        os.close(holder)
 
 
 def test_local_shards_are_never_cached(tmp_path: Path) -> None:

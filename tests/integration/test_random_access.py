@@ -28,6 +28,7 @@ from streamrec.cli import main
 from streamrec.errors import (
     FormatError,
     IndexMismatchError,
+    ObjectChangedError,
     RandomAccessUnavailableError,
 )
 from streamrec.format.framing import RecordEncoder
@@ -373,6 +374,7 @@ class Remote:
     storage_options: dict[str, Any]
     upstream: str
     get: Callable[[str], bytes]  # an object's bytes by its name under base
+    put: Callable[[str, bytes], object]  # an object written by its name under base
 
     def via(self, proxy: FaultProxy) -> dict[str, Any]:
         if self.kind == "s3":
@@ -391,6 +393,7 @@ def remote(request: pytest.FixtureRequest) -> Remote:
             s3.storage_options,
             s3.endpoint_url,
             lambda name: s3.get(bucket, f"set/{name}"),
+            lambda name, data: s3.put(bucket, f"set/{name}", data),
         )
     gcs: FakeGcsServer = request.getfixturevalue("gcs_server")
     bucket = request.getfixturevalue("gcs_bucket")
@@ -400,6 +403,7 @@ def remote(request: pytest.FixtureRequest) -> Remote:
         gcs.storage_options,
         gcs.endpoint_url,
         lambda name: gcs.get(bucket, f"set/{name}"),
+        lambda name, data: gcs.put(bucket, f"set/{name}", data),
     )
 
 
@@ -417,6 +421,27 @@ def test_remote_random_sets_match_a_sequential_read(
     ds = streamrec.open_dataset(url, storage_options=options)
     assert list(ds) == data
     check_random_sets(ds, data, seed=14)
+
+
+def test_a_shard_replaced_after_the_table_was_built_is_an_error_not_other_data(
+    remote: Remote,
+) -> None:
+    """The table pins each shard's version (ETag / generation) when it is built; every range
+    read asks for that version. A shard rewritten since - here with records of the very same
+    lengths, so that its index still fits and only the versions tell - raises
+    ObjectChangedError naming it, instead of handing out the new object's records."""
+    data = [b"%05d" % k * 200 for k in range(600)]  # 1 KiB records, 3 shards of 200
+    url = write_set(remote.base, data, None, per_shard=200, storage_options=remote.storage_options)
+    ds = streamrec.open_dataset(url, storage_options=remote.storage_options, retry=FAST)
+    assert ds.get([250, 0]) == [data[250], data[0]]  # the table is built
+    other = [b"%05d" % (k + 1) * 200 for k in range(200, 400)]
+    replacement = RecordEncoder().encode_many(other)
+    assert len(replacement) == len(remote.get("part-001.tfrecord"))
+    remote.put("part-001.tfrecord", replacement)
+    with pytest.raises(ObjectChangedError, match=r"part-001\.tfrecord"):
+        ds.get([250])
+    assert ds.get([599, 0]) == [data[599], data[0]]  # the shards not replaced still read
+    ds.close()
 
 
 def span_reads(proxy: FaultProxy) -> list[str]:

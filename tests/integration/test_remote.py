@@ -1,4 +1,4 @@
-"""One contract, every store: the corpus reads back exactly through s3://, gs://, http://,
+"""One contract, every store: the corpus reads back exactly through s3://, gs://, az://, http://,
 memory:// and local files, from real servers on loopback; faults injected by a proxy heal with
 the exact same records or end in a clear StorageError."""
 
@@ -25,6 +25,7 @@ from streamrec.errors import (
 )
 from streamrec.format.framing import RecordEncoder
 from streamrec.storage.retry import RetryPolicy
+from support.azurite import AzuriteServer
 from support.fault_proxy import FaultProxy
 from support.server_fixtures import HttpDir
 from support.servers import FakeGcsServer, MotoS3Server
@@ -63,6 +64,16 @@ def _gcs(server: FakeGcsServer, bucket: str) -> Remote:
     )
 
 
+def _azure(server: AzuriteServer, container: str) -> Remote:
+    return Remote(
+        "az",
+        lambda name, data: server.put(container, name, data),
+        lambda name: f"az://{container}/{name}",
+        server.storage_options,
+        server.server_url,
+    )
+
+
 def _http(directory: HttpDir) -> Remote:
     base = directory.url.split("/", 3)
 
@@ -98,10 +109,13 @@ def _local(tmp_path: Path) -> Remote:
     return Remote("file", put, lambda name: f"file://{tmp_path}/{name}", None)
 
 
-@pytest.fixture(params=["s3", "gs", "http", "memory", "file"])
+@pytest.fixture(params=["s3", "gs", "az", "http", "memory", "file"])
 def remote(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Remote]:
     kind = request.param
-    if kind == "s3":
+    if kind == "az":
+        server = request.getfixturevalue("azure_server")
+        yield _azure(server, request.getfixturevalue("azure_container"))
+    elif kind == "s3":
         server = request.getfixturevalue("s3_server")
         yield _s3(server, request.getfixturevalue("s3_bucket"))
     elif kind == "gs":
@@ -115,9 +129,12 @@ def remote(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Remote]:
         yield _local(tmp_path)
 
 
-@pytest.fixture(params=["s3", "gs", "http"])
+@pytest.fixture(params=["s3", "gs", "az", "http"])
 def served(request: pytest.FixtureRequest) -> Remote:
     """Only the stores behind a real HTTP server (for versions and injected faults)."""
+    if request.param == "az":
+        server = request.getfixturevalue("azure_server")
+        return _azure(server, request.getfixturevalue("azure_container"))
     if request.param == "s3":
         return _s3(request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket"))
     if request.param == "gs":
@@ -255,6 +272,8 @@ def _options_via(remote: Remote, proxy: FaultProxy) -> dict[str, Any] | None:
         return {**remote.storage_options, "client_kwargs": {"endpoint_url": proxy.url}}  # type: ignore[dict-item]
     if remote.kind == "gs":
         return {**(remote.storage_options or {}), "endpoint_url": proxy.url}
+    if remote.kind == "az":
+        return {"connection_string": AzuriteServer.connection_string_for(proxy.url)}
     return None
 
 

@@ -1,4 +1,5 @@
-"""streamrec.reshard.job against real stores: local files, S3 (moto) and GCS (fake-gcs-server).
+"""streamrec.reshard.job against real stores: local files, S3 (moto), GCS (fake-gcs-server) and
+Azure (Azurite).
 
 What is checked: the output's multiset of payloads equals the input's; the manifest lists
 exactly the shards present (no stray, duplicate or missing shard, no scratch left); rotation
@@ -31,6 +32,7 @@ from streamrec.manifest.core import Manifest, load_manifest
 from streamrec.reshard.job import ReshardProgress, ReshardSummary, reshard
 from streamrec.reshard.plan import Naming, make_plan, split_counts, split_groups
 from streamrec.storage.base import ObjectInfo
+from support.azurite import AzuriteServer
 from support.indexes import check_sidecar
 from support.servers import FakeGcsServer, MotoS3Server
 
@@ -428,6 +430,53 @@ def test_s3_to_gcs(
     check_output(summary, collections.Counter(records), gcs_server.storage_options, listed, indexed)
     if "num_shards" in case:
         assert summary.shards[-1].endswith("train-00007-of-00008.tfrecord")
+
+
+def test_s3_to_azure_indexed(
+    s3_server: MotoS3Server, s3_bucket: str, azure_server: AzuriteServer, azure_container: str
+) -> None:
+    records = make_records(salt="a")
+    for name, data in input_files(records).items():
+        s3_server.put(s3_bucket, f"src/{name}", data)
+    options = azure_server.storage_options
+    summary = reshard(
+        f"s3://{s3_bucket}/src/in-*",
+        f"az://{azure_container}/dst/train-{{index:05d}}.tfrecord",
+        src_storage_options=s3_server.storage_options,
+        dst_storage_options=options,
+        progress=False,
+        max_bytes=4000,
+        task_bytes=7000,
+        compression="gzip",
+        index=True,
+    )
+    listed = [f"az://{azure_container}/{name}" for name in azure_server.list(azure_container)]
+    manifest = check_output(summary, collections.Counter(records), options, listed, indexed=True)
+    assert [e.version for e in manifest.shards] == [
+        azure_server.etag(azure_container, e.url.split("/", 3)[3]) for e in manifest.shards
+    ]
+    assert azure_server.uncommitted(azure_container) == []
+
+
+def test_azure_to_gcs(
+    azure_server: AzuriteServer, azure_container: str, gcs_server: FakeGcsServer, gcs_bucket: str
+) -> None:
+    records = make_records(salt="z")
+    for name, data in input_files(records).items():
+        azure_server.put(azure_container, f"src/{name}", data)
+    summary = reshard(
+        f"az://{azure_container}/src/in-*",
+        f"gs://{gcs_bucket}/dst/train-{{index:05d}}-of-{{num_shards:05d}}.tfrecord",
+        src_storage_options=azure_server.storage_options,
+        dst_storage_options=gcs_server.storage_options,
+        progress=False,
+        num_shards=4,
+        compression="zlib",
+        shuffle=True,
+    )
+    listed = [f"gs://{gcs_bucket}/{name}" for name in gcs_server.list(gcs_bucket)]
+    check_output(summary, collections.Counter(records), gcs_server.storage_options, listed)
+    assert summary.shards[-1].endswith("train-00003-of-00004.tfrecord")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The shard writer against real servers on loopback: S3 (moto) multipart uploads, GCS
-(fake-gcs-server) resumable uploads, memory:// and local files; faults injected by a proxy.
+(fake-gcs-server) resumable uploads, Azure (Azurite) staged block blobs, memory:// and local
+files; faults injected by a proxy.
 
 What is checked on every store: the shards appear, named by the template, hold exactly the
 records written (read back through open_dataset), the manifest lists them with the right sizes
@@ -28,6 +29,7 @@ from streamrec.format.crc import crc32c
 from streamrec.manifest.core import read_manifest
 from streamrec.storage.gcs_sink import CHUNK_ALIGN
 from streamrec.storage.retry import RetryPolicy
+from support.azurite import AzuriteServer
 from support.fault_proxy import FaultProxy
 from support.indexes import check_sidecar
 from support.servers import FakeGcsServer, MotoS3Server
@@ -52,6 +54,8 @@ class Target:
         options = dict(self.storage_options or {})
         if self.kind == "s3":
             options["client_kwargs"] = {"endpoint_url": proxy.url}
+        elif self.kind == "az":
+            options = {"connection_string": AzuriteServer.connection_string_for(proxy.url)}
         else:
             options["endpoint_url"] = proxy.url
         return options
@@ -80,6 +84,20 @@ def _gcs(server: FakeGcsServer, bucket: str) -> Target:
         lambda: [],
         CHUNK_ALIGN,
         server.endpoint_url,
+    )
+
+
+def _azure(server: AzuriteServer, container: str) -> Target:
+    # uploads: none can stay open; staged blocks of an aborted blob are uncommitted, invisible
+    return Target(
+        "az",
+        f"az://{container}/set",
+        server.storage_options,
+        lambda: [k[len("set/") :] for k in server.list(container, "set/")],
+        lambda name: server.get(container, f"set/{name}"),
+        lambda: [],
+        8 << 10,
+        server.server_url,
     )
 
 
@@ -115,9 +133,12 @@ def _local(tmp_path: Path) -> Target:
     )
 
 
-@pytest.fixture(params=["s3", "gs", "memory", "file"])
+@pytest.fixture(params=["s3", "gs", "az", "memory", "file"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
-    if request.param == "s3":
+    if request.param == "az":
+        server = request.getfixturevalue("azure_server")
+        yield _azure(server, request.getfixturevalue("azure_container"))
+    elif request.param == "s3":
         request.getfixturevalue("s3_small_parts")
         yield _s3(request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket"))
     elif request.param == "gs":
@@ -128,8 +149,11 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
         yield _local(tmp_path)
 
 
-@pytest.fixture(params=["s3", "gs"])
+@pytest.fixture(params=["s3", "gs", "az"])
 def served(request: pytest.FixtureRequest) -> Target:
+    if request.param == "az":
+        server = request.getfixturevalue("azure_server")
+        return _azure(server, request.getfixturevalue("azure_container"))
     if request.param == "s3":
         request.getfixturevalue("s3_small_parts")
         return _s3(request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket"))
@@ -288,7 +312,15 @@ def _open_upload_started(target: Target, proxy: FaultProxy) -> bool:
     """True once an upload is open on the server with data sent to it."""
     if target.kind == "s3":
         return bool(target.uploads()) and proxy.count("PUT", "partNumber=") >= 1
+    if target.kind == "az":
+        return proxy.count("PUT", "comp=block&") >= 1
     return proxy.count("PUT", "upload_id=") >= 1
+
+
+def _azure_block(number: int) -> re.Pattern[str]:
+    """Put Block requests of block ``number`` (ids start with the base64 of its 6 digits)."""
+    digits = base64.b64encode(f"{number:06d}".encode()).decode()
+    return re.compile(rf"comp=block&.*blockid={digits}")
 
 
 async def test_exception_mid_shard_leaves_nothing(served: Target, fault_proxy: Any) -> None:
@@ -352,6 +384,8 @@ async def test_upload_fault_outlasting_the_retries_leaves_nothing(
     if served.kind == "s3":
         number = 2 if when == "mid-shard" else 4
         path = re.compile(rf"partNumber={number}(&|$)")
+    elif served.kind == "az":
+        path = _azure_block(1 if when == "mid-shard" else 3)  # the 4th is sent by close()
     elif when == "mid-shard":
         path = "upload_id="  # a chunk of the resumable upload
     else:  # a shard smaller than a chunk: one request
@@ -379,6 +413,8 @@ async def test_the_upload_error_surfaces_on_the_next_write(
     proxy = fault_proxy(served.upstream)
     part = served.part_bytes
     path = re.compile(r"partNumber=1(&|$)") if served.kind == "s3" else "upload_id="
+    if served.kind == "az":
+        path = _azure_block(0)
     proxy.status(503, method="PUT", path=path)
     w = streamrec.open_writer(
         f"{served.base}/p-{{index}}",
@@ -398,7 +434,7 @@ async def test_the_upload_error_surfaces_on_the_next_write(
 async def test_transient_upload_faults_heal(served: Target, fault_proxy: Any) -> None:
     proxy = fault_proxy(served.upstream)
     part = served.part_bytes
-    path = "partNumber=" if served.kind == "s3" else "upload_id="
+    path = {"s3": "partNumber=", "az": "comp=block&"}.get(served.kind, "upload_id=")
     fault = proxy.status(503, method="PUT", path=path, times=2)
     data = payloads(3 * part // 500, seed=4, high=1000)
     async with streamrec.open_writer(
@@ -528,7 +564,7 @@ async def test_a_failed_index_upload_leaves_the_shard_unindexed_and_no_manifest(
         template, storage_options=served.storage_options, **common
     ) as w:
         await w.write_many(payloads(50, seed=8, high=300))  # an earlier indexed write
-    if served.kind == "s3":
+    if served.kind in ("s3", "az"):  # one PutObject / Put Blob
         fault = proxy.status(503, method="PUT", path=re.compile(r"/set/p-0\.idx$"))
     else:
         fault = proxy.status(503, method="POST", path=re.compile(r"name=set(%2F|/)p-0\.idx"))

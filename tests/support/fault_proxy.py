@@ -13,13 +13,14 @@ plain synchronous test code::
 
 Fault plan. Each fault matches on ``method`` (e.g. "GET"), ``path`` (a substring of the request
 target, or a compiled regex searched in it; the target includes the query string) and
-``range_only`` (only requests that carry a Range header), and applies to the first ``times``
-matching requests (None: all). Faults are tried in the order they were added; the first one
-that matches and has budget left is applied. ``delay`` faults are the exception: every
-matching delay applies, in addition to (before) the chosen fault. ``fault.fired`` counts how
-often a fault was actually applied; a fault that turns out not to apply to a response (a
-short_206 on a 200, a reset_mid_body on a body no longer than ``after_bytes``) does not use up
-its budget. Faults may be added and cleared from any thread while the proxy runs.
+``range_only`` (only requests that carry a Range header, or Azure's ``x-ms-range``), and
+applies to the first ``times`` matching requests (None: all). Faults are tried in the order
+they were added; the first one that matches and has budget left is applied. ``delay`` faults
+are the exception: every matching delay applies, in addition to (before) the chosen fault.
+``fault.fired`` counts how often a fault was actually applied; a fault that turns out not to
+apply to a response (a short_206 on a 200, a reset_mid_body on a body no longer than
+``after_bytes``) does not use up its budget. Faults may be added and cleared from any thread
+while the proxy runs.
 
 - ``reset_mid_body(after_bytes)``: send the response head and ``after_bytes`` body bytes, then
   reset the client connection (SO_LINGER 0: the client gets RST, not FIN).
@@ -28,7 +29,8 @@ its budget. Faults may be added and cleared from any thread while the proxy runs
 - ``short_206(keep_bytes)``: turn a 206 into a *valid* shorter 206: only the first
   ``keep_bytes`` of the body, with Content-Length and Content-Range rewritten to match.
 - ``status(code)``: answer ``code`` without contacting upstream (body by ``flavor``: S3 XML
-  error such as SlowDown for "s3", a GCS JSON error for "gcs", plain text for "http").
+  error such as SlowDown for "s3", a GCS JSON error for "gcs", an Azure XML error with its
+  ``x-ms-error-code`` header (ServerBusy for 503/500) for "azure", plain text for "http").
 - ``stall(seconds)``: send nothing for ``seconds`` (before the response, or after
   ``after_bytes`` body bytes), then carry on; stop() cancels a stall at once.
 - ``delay(seconds)``: wait ``seconds`` before forwarding the request.
@@ -68,7 +70,7 @@ __all__ = ["Fault", "FaultKind", "FaultProxy", "Flavor", "ProxyRecord"]
 
 T = TypeVar("T")
 FaultKind = Literal["reset_mid_body", "truncate_body", "short_206", "status", "stall", "delay"]
-Flavor = Literal["http", "s3", "gcs"]
+Flavor = Literal["http", "s3", "gcs", "azure"]
 
 _HEAD_LIMIT = 1 << 20
 _CHUNK = 1 << 16
@@ -337,6 +339,13 @@ _S3_ERRORS = {
     500: ("InternalError", "We encountered an internal error. Please try again."),
     503: ("SlowDown", "Please reduce your request rate."),
 }
+_AZURE_ERRORS = {
+    403: "AuthorizationFailure",
+    404: "BlobNotFound",
+    412: "ConditionNotMet",
+    500: "ServerBusy",
+    503: "ServerBusy",
+}
 _GCS_REASONS = {429: "rateLimitExceeded", 500: "backendError", 503: "backendError"}
 
 
@@ -351,6 +360,13 @@ def _error_body(flavor: Flavor, code: int) -> tuple[bytes, str]:
             '<?xml version="1.0" encoding="UTF-8"?>\n'
             f"<Error><Code>{name}</Code><Message>{message}</Message>"
             "<RequestId>FAULTPROXY</RequestId><HostId>faultproxy</HostId></Error>"
+        )
+        return xml.encode(), "application/xml"
+    if flavor == "azure":
+        name = _AZURE_ERRORS.get(code, "InjectedFault")
+        xml = (
+            '<?xml version="1.0" encoding="utf-8"?>'
+            f"<Error><Code>{name}</Code><Message>{phrase} (injected)</Message></Error>"
         )
         return xml.encode(), "application/xml"
     if flavor == "gcs":
@@ -666,7 +682,7 @@ class FaultProxy:
         return self.add(Fault("delay", method, path, range_only, times, seconds=seconds))
 
     def _select(self, request: _Request) -> tuple[list[Fault], Fault | None]:
-        has_range = request.message.get("Range") is not None
+        has_range = _range_of(request.message) is not None
         delays: list[Fault] = []
         chosen: Fault | None = None
         for fault in self.faults:
@@ -680,7 +696,7 @@ class FaultProxy:
         return delays, chosen
 
     def _record(self, request: _Request) -> ProxyRecord:
-        record = ProxyRecord(request.method, request.target, request.message.get("Range"))
+        record = ProxyRecord(request.method, request.target, _range_of(request.message))
         with self._lock:
             self._records.append(record)
         return record
@@ -720,6 +736,11 @@ class FaultProxy:
             connection.close()
             self._transports.discard(writer.transport)
             self._tasks.discard(task)
+
+
+def _range_of(message: _Message) -> str | None:
+    """The range a request asks for: ``Range``, or Azure's ``x-ms-range``."""
+    return message.get("Range") or message.get("x-ms-range")
 
 
 def _check_non_negative(value: int, name: str) -> None:
@@ -880,6 +901,8 @@ class _Connection:
             phrase = "Injected Fault"
         response = _Message(f"HTTP/1.1 {fault.code} {phrase}", [])
         response.set("Content-Type", content_type)
+        if self.proxy.flavor == "azure" and fault.body is None:
+            response.set("x-ms-error-code", _AZURE_ERRORS.get(fault.code, "InjectedFault"))
         for key, value in fault.headers.items():
             response.set(key, value)
         response.set("Content-Length", str(len(body)))

@@ -11,15 +11,21 @@ s3_server      (session)  servers.MotoS3Server: .endpoint_url, .storage_options,
 gcs_server     (session)  servers.FakeGcsServer: .endpoint_url, .storage_options,
                           .create_bucket(), .put(), .get(), .stat(), .list(), .delete(),
                           .delete_bucket(), .log_path
+azure_server   (session)  azurite.AzuriteServer (Azurite's blob service, installed with npm into
+                          .cache/azurite on first use): .endpoint_url, .server_url,
+                          .storage_options, .connection_string(endpoint), .create_container(),
+                          .put(), .get(), .list(), .uncommitted(), .delete(), .etag()
 http_server    (session)  servers.RangeHTTPServer: .root (Path; write files there), .base_url,
                           .url(relative), .write(relative, data), .requests, .clear_requests()
 s3_bucket      (function) name of a fresh, empty bucket on s3_server
 gcs_bucket     (function) name of a fresh, empty bucket on gcs_server
+azure_container (function) name of a fresh, empty container on azure_server
 http_dir       (function) HttpDir(path, url): a fresh empty directory under http_server.root
 s3_small_parts (function) lowers moto's minimum multipart part size to 1 KiB for one test
 fault_proxy    (function) factory: fault_proxy(upstream_url, *, flavor=None, **kwargs) ->
                           a started fault_proxy.FaultProxy, stopped at teardown. flavor
-                          defaults to "s3" / "gcs" for the s3_server / gcs_server URLs.
+                          defaults to "s3" / "gcs" / "azure" for the s3_server / gcs_server /
+                          azure_server URLs.
 
 Importing this module sets dummy AWS credentials and GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false
 (without it gcsfs waits 60 s on a gRPC probe for every call against an emulator), so it must be
@@ -59,11 +65,14 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
+from support.azurite import AzuriteServer  # noqa: E402
 from support.fault_proxy import FaultProxy, Flavor  # noqa: E402
 from support.servers import FakeGcsServer, MotoS3Server, RangeHTTPServer  # noqa: E402
 
 __all__ = [
     "HttpDir",
+    "azure_container",
+    "azure_server",
     "fault_proxy",
     "gcs_bucket",
     "gcs_server",
@@ -103,6 +112,15 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcsServ
 
 
 @pytest.fixture(scope="session")
+def azure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteServer]:
+    """Azurite's blob service (Node subprocess, in memory) for the whole session."""
+    with AzuriteServer(log_dir=tmp_path_factory.mktemp("azurite")) as server:
+        _FLAVORS[server.server_url] = "azure"
+        yield server
+        _FLAVORS.pop(server.server_url, None)
+
+
+@pytest.fixture(scope="session")
 def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RangeHTTPServer]:
     """Range-capable static file server over ``http_server.root`` for the whole session."""
     with RangeHTTPServer(tmp_path_factory.mktemp("http-root")) as server:
@@ -119,6 +137,12 @@ def s3_bucket(s3_server: MotoS3Server) -> str:
 def gcs_bucket(gcs_server: FakeGcsServer) -> str:
     """A fresh, empty bucket on the GCS server; returns its name."""
     return gcs_server.create_bucket(unique_name())
+
+
+@pytest.fixture
+def azure_container(azure_server: AzuriteServer) -> str:
+    """A fresh, empty container on the Azurite server; returns its name."""
+    return azure_server.create_container(unique_name())
 
 
 @dataclass(frozen=True)

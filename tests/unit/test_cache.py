@@ -203,3 +203,44 @@ async def test_eviction_never_disturbs_a_reader(tmp_path: Path) -> None:
     assert not os.path.exists(hit.path)
     assert await hit.store.read_range(hit.obj, 0, 100) == (b"s3://bucket/a" * 100)[:100]
     await hit.close()
+
+
+async def test_a_planted_fifo_is_never_opened_and_waited_on(tmp_path: Path) -> None:
+    # an untrusted directory: a FIFO under an entry's name must not block the reader forever
+    # (opening a FIFO for reading waits for a writer)
+    cache = ShardCache(str(tmp_path), 1000)
+    os.mkfifo(cache.entry_path(obj("a")))
+    route = await cache.open(obj("a"))
+    assert not isinstance(route, CacheHit)
+    if isinstance(route, CacheFill):
+        await route.abort()
+
+
+async def test_a_publish_that_fails_does_not_fail_the_read(tmp_path: Path) -> None:
+    # the name is taken meanwhile by something a rename cannot replace (a non-empty
+    # directory): the read was whole and clean, so the copy is dropped, not the read
+    cache = ShardCache(str(tmp_path), 1000)
+    route = await cache.open(obj("a"))
+    assert isinstance(route, CacheFill)
+    await route.write(0, [b"x" * 100])
+    os.mkdir(route.path)
+    (Path(route.path) / "f").write_bytes(b"")
+    assert not await route.publish()
+    assert not os.path.exists(route.part_path)
+    assert not os.path.exists(route.path[: -len(".shard")] + ".lock")
+
+
+async def test_a_directory_lock_held_forever_is_not_waited_for_forever(tmp_path: Path) -> None:
+    # another process (stopped, or hostile: the directory is untrusted) keeps the directory
+    # lock: the reader reads without the cache instead of waiting for it without end
+    cache = ShardCache(str(tmp_path), 1000, stall_s=0.0)
+    holder = os.open(tmp_path / "streamrec-cache.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        assert await cache.open(obj("a")) is None
+    finally:
+        os.close(holder)
+    assert {p.name for p in tmp_path.iterdir()} == {"streamrec-cache.lock"}
+    route = await cache.open(obj("a"))  # free again: cached as usual
+    assert isinstance(route, CacheFill)
+    await route.abort()

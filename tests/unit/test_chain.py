@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import streamrec
 from streamrec.errors import StateError
 from streamrec.pipeline.ledger import Ledger
 from streamrec.pipeline.source import Source
@@ -336,3 +337,18 @@ def test_take_stops_reading_once_it_has_its_items(files: list[str]) -> None:
     ds = make_dataset(files)
     assert len(list(ds.take(3))) == 3
     assert ds.stats.records == 3 and ds.stats.records_read < 67  # the rest was never read
+
+
+def test_a_mix_chains_like_a_dataset(files: list[str]) -> None:
+    def make() -> Any:
+        sources = [make_dataset(files[:3]), make_dataset(files[3:])]
+        return streamrec.mix(sources, seed=1, stop="all").map(tag).filter(bool).take(40)
+
+    full = collect(make(), "sync")
+    assert len(full) == 40
+    assert sorted(full) != full  # really drawn from both
+    for k in (1, 17, 39):
+        head, state = stop_and_save(make(), k)
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert head + collect(resumed, "sync") == full

@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamrec.pipeline.indexed import chunk_records, window_records
+from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.order import EpochOrder, feistel_permute, part_of, remaining_after
 
 
@@ -100,3 +102,31 @@ def test_even_parts(n: int, consumers: int) -> None:
         assert {p.length for p in pad} == {-(-n // consumers)}
         padded = [x for p in pad for x in p.positions(0, p.length, remaining).tolist()]
         assert set(padded) == set(range(n))
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("prefetch", "block", "record", "window"),
+    [
+        # defaults: a sixteenth of a 64/3 MiB chunk (1.33 MiB) of 100 KiB / 1 KiB records
+        (64 * MIB, 4 * MIB, 100 << 10, 13),
+        (64 * MIB, 4 * MIB, 1 << 10, 1365),
+        # a small budget: never under MIN_WINDOW_BYTES (1 MiB), so a read carries its cost
+        (8 * MIB, 4 * MIB, 100 << 10, 10),
+        # a large budget: never more than one read (block_bytes)
+        (1024 * MIB, 4 * MIB, 100 << 10, 40),
+        # records larger than a read: one record per window
+        (64 * MIB, 4 * MIB, 8 * MIB, 1),
+    ],
+)
+def test_block_window_is_chosen_from_record_size_and_link(
+    prefetch: int, block: int, record: int, window: int
+) -> None:
+    options = ReadOptions(prefetch_bytes=prefetch, block_bytes=block, shuffle="block")
+    assert window_records(options, record) == window
+    # a chunk (a third of the budget) holds whole runs of 16 windows at the defaults
+    assert chunk_records(options, record) == max(1, prefetch // 3 // record)
+    explicit = ReadOptions(shuffle="block", window_records=7)
+    assert window_records(explicit, record) == 7

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from array import array
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamrec.errors import CorruptRecordError, FormatError, TruncatedRecordError
+from streamrec.format import framing
 from streamrec.format.crc import crc32c, mask, masked_crc32c, unmask
 from streamrec.format.framing import RecordDecoder, RecordEncoder
 from streamrec.format.shard import ShardDecoder, ShardEncoder
@@ -279,3 +281,67 @@ def test_big_record_with_bad_crc_or_truncation(scanner: str) -> None:
     decoder.feed(bytes(data[: 21 + 100_000]))
     with pytest.raises(TruncatedRecordError, match=f"payload \\(99988 of {len(big)} bytes\\)"):
         decoder.close()
+
+
+def lengths_of(chunks: list[bytes], **options: object) -> tuple[list[int], RecordDecoder]:
+    """The payload lengths a ``lengths_only`` decoder collects from ``chunks`` (it returns no
+    payloads), and the decoder."""
+    decoder = RecordDecoder(lengths_only=True, **options)  # type: ignore[arg-type]
+    for chunk in chunks:
+        assert decoder.feed(chunk) == []
+    decoder.close()
+    assert decoder.lengths is not None
+    return decoder.lengths.tolist(), decoder
+
+
+@fixture_ok
+@given(
+    payloads=st.lists(st.binary(max_size=300), max_size=40)
+    | st.lists(st.sampled_from([b"x" * (1 << 20), b"y" * 5000, b""]), max_size=4),
+    cuts=st.lists(st.integers(min_value=0), max_size=30),
+)
+def test_lengths_only_at_any_chunking(scanner: str, payloads: list[bytes], cuts: list[int]) -> None:
+    """Lengths only (what ``streamrec index`` reads with): the lengths of the records a full
+    decode returns, at any chunking, big records (assembled across chunks) included."""
+    data = RecordEncoder().encode_many(payloads)
+    lengths, decoder = lengths_of(split_at(data, cuts))
+    assert lengths == [len(p) for p in payloads]
+    assert decoder.record_index == len(payloads)
+    assert decoder.offset == len(data)
+
+
+@pytest.mark.skipif(not framing.accelerated, reason="the C scanner is not built")
+@given(
+    payloads=payload_lists,
+    start=st.integers(min_value=0, max_value=40),
+    damage=st.integers(min_value=-1, max_value=4000),
+    verify=st.booleans(),
+)
+def test_c_and_python_scanners_agree_on_lengths(
+    payloads: list[bytes], start: int, damage: int, verify: bool
+) -> None:
+    """The C scanner and its pure-Python twin give the same result in both modes, on good and
+    damaged bytes (a flipped byte anywhere: a header, a payload or a footer)."""
+    data = bytearray(RecordEncoder().encode_many(payloads))
+    if 0 <= damage < len(data):
+        data[damage] ^= 0x40
+    buf = bytes(data)
+    for lengths_only in (False, True):
+        c = framing._cframing.scan(buf, start, verify, crc32c, 4096, lengths_only)
+        py = framing._scan_python(buf, start, verify, crc32c, 4096, lengths_only)
+        assert c == py
+        if lengths_only:
+            records = framing._scan_python(buf, start, verify, crc32c, 4096)[0]
+            assert array("q", c[0]).tolist() == [len(r) for r in records]
+
+
+def test_lengths_only_raises_the_same_damage(scanner: str) -> None:
+    data = bytearray(RecordEncoder().encode_many([b"a" * 10, b"b" * 20, b"c" * 30, b"d"]))
+    data[26 + 36 + 12] ^= 0xFF  # record 2's payload
+    with pytest.raises(CorruptRecordError) as info:
+        lengths_of([bytes(data)], url="mem://x")
+    assert (info.value.which, info.value.record_index, info.value.offset) == ("payload", 2, 62)
+    decoder = RecordDecoder(lengths_only=True, url="mem://x")
+    with pytest.raises(CorruptRecordError):
+        decoder.feed(bytes(data))
+    assert decoder.lengths is not None and decoder.lengths.tolist() == [10, 20]

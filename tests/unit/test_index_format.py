@@ -8,6 +8,7 @@ import pytest
 from tfrecord.tools.tfrecord2idx import create_index
 
 from streamrec.errors import FormatError
+from streamrec.format import index as index_module
 from streamrec.format.framing import RecordEncoder
 from streamrec.format.index import IndexBuilder, ShardIndex, index_size_limit, parse_index
 from support.corpus import CORPUS_DIR
@@ -159,3 +160,17 @@ def test_to_bytes_of_many_records_is_made_in_pieces_that_join_up() -> None:
     index = builder.build()
     rows = zip(index.offsets.tolist(), index.lengths.tolist(), strict=True)
     assert index.to_bytes() == "".join(f"{o} {n}\n" for o, n in rows).encode()
+
+
+@pytest.mark.skipif(index_module._cframing is None, reason="the C accelerator is not built")
+def test_c_and_numpy_index_text_agree() -> None:
+    """The sidecar's text made in C (``streamrec index``'s hot part) is the numpy twin's, for
+    2 and 4 columns, every number size, zeros and the largest int64."""
+    rng = np.random.default_rng(9)
+    for columns in (2, 4):
+        for top in (10, 10**4, 10**9, 2**40, 2**63 - 1):
+            data = [rng.integers(0, top, 5_000, dtype=np.int64) for _ in range(columns)]
+            data[0][:2] = (0, top - 1)
+            assert index_module._c_text(data) == index_module._text(data)
+    with pytest.raises(ValueError, match="equally long"):
+        index_module._c_text([np.zeros(2, np.int64), np.zeros(3, np.int64)])

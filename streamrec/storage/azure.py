@@ -1,0 +1,278 @@
+"""``az://`` and ``abfs://`` through adlfs: listing via adlfs, range GETs on its client directly.
+
+adlfs lists and globs blobs with an ``azure.storage.blob.aio`` ``BlobServiceClient``; range
+reads call that client's generated ``Get Blob`` operation ourselves, one HTTP request per call,
+with ``If-Match`` pinned to the listed ETag (and the ETag of every answer compared), so a
+replaced blob raises :class:`~streamrec.errors.ObjectChangedError`. The SDK's retry policy
+(10 attempts with exponential backoff by default) is switched off for every request this store
+and its sink send, so that streamrec's :class:`~streamrec.storage.retry.RetryPolicy` is the only
+one. The public ``download_blob`` is not used: it reads the first 32 MiB into one ``bytes``,
+asks again by itself when a body is short, and retries underneath. Bodies are read off
+aiohttp's stream in pieces (:func:`~streamrec.storage.body.read_pieces`), never joined into a
+second copy.
+
+Credentials are adlfs's ``storage_options`` (see the README): ``connection_string``;
+``account_name`` with ``account_key``, ``sas_token`` or ``credential``; or
+``anon=False`` for ``DefaultAzureCredential``. Against the Azurite emulator only a
+connection string works (adlfs turns ``account_host`` into https).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from streamrec.errors import ObjectChangedError, ObjectNotFoundError, StorageError
+from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, split_scheme
+from streamrec.storage.body import parse_content_range, probed_size, read_pieces
+from streamrec.storage.fsspec_store import FsspecStore
+from streamrec.storage.translate import translate
+
+if TYPE_CHECKING:
+    from streamrec.storage.azure_sink import AzureBlockSink
+    from streamrec.storage.sinks import SinkContext
+
+__all__ = ["AzureStore"]
+
+logger = logging.getLogger("streamrec")
+
+NO_RETRIES: dict[str, Any] = {"retry_total": 0}
+"""Per-request option that turns the Azure SDK's own retries off (ours decide)."""
+
+
+class AzureStore(FsspecStore):
+    """Blobs in Azure Blob Storage (or Azurite), by ``az://container/path`` or ``abfs://``."""
+
+    scheme = "az"
+
+    def __init__(self, storage_options: dict[str, Any] | None = None) -> None:
+        import adlfs
+
+        options = dict(storage_options or {})
+        options.setdefault("skip_instance_cache", True)
+        try:
+            fs = adlfs.AzureBlobFileSystem(asynchronous=True, **options)
+        except ValueError as exc:  # adlfs: no or unusable credentials
+            raise StorageError(f"az://: cannot set up the Azure client: {exc}") from exc
+        super().__init__(fs)
+        _detach_finalizers(fs)
+        # Listing through adlfs too: one attempt per request (the policy object is shared by
+        # every container and blob client made from this service client).
+        policy = getattr(getattr(fs.service_client, "_config", None), "retry_policy", None)
+        if policy is not None and hasattr(policy, "total_retries"):
+            policy.total_retries = 0
+        self._blobs: dict[tuple[str, str], Any] = {}
+
+    # ------------------------------------------------------------------ clients
+
+    def blob_client(self, url: str) -> Any:
+        """The SDK's ``BlobClient`` of the blob ``url`` (kept per blob), for the sink and
+        tools that send their own requests."""
+        container, blob = container_and_blob(self.fs, url)
+        client = self._blobs.get((container, blob))
+        if client is None:
+            if len(self._blobs) >= 4096:  # a long run over many blobs: keep the newest
+                self._blobs.clear()
+            client = self.fs.service_client.get_blob_client(container=container, blob=blob)
+            self._blobs[(container, blob)] = client
+        return client
+
+    def url_of(self, name: str) -> str:
+        return name if "://" in name else f"{self.scheme}://{name}"
+
+    def version_of(self, info: dict[str, Any]) -> str | None:
+        etag = info.get("etag") or info.get("ETag")
+        return str(etag) if etag else None
+
+    async def expand(self, pattern: str) -> list[ObjectInfo]:
+        objects = await super().expand(pattern)
+        scheme = split_scheme(pattern)[0]
+        if scheme == self.scheme:
+            return objects
+        # the user's scheme (abfs://) kept on what a glob found
+        return [
+            dataclasses.replace(o, url=f"{scheme}://{split_scheme(o.url)[1]}")
+            if split_scheme(o.url)[0] != scheme
+            else o
+            for o in objects
+        ]
+
+    # ------------------------------------------------------------------ reads
+
+    async def _get(self, url: str, start: int, end: int, etag: str | None) -> Any:
+        """One ``Get Blob`` of bytes ``start:end`` (pinned to ``etag``): the raw response,
+        its body not read yet. HTTP errors raise the SDK's exceptions (the caller
+        translates)."""
+        from azure.storage.blob._generated.models import ModifiedAccessConditions
+
+        conditions = ModifiedAccessConditions(if_match=etag) if etag else None
+        pipeline_response = await self.blob_client(url)._client.blob.download(
+            range=f"bytes={start}-{end - 1}",
+            modified_access_conditions=conditions,
+            cls=lambda raw, _deserialized, _headers: raw,
+            **NO_RETRIES,
+        )
+        return pipeline_response.http_response
+
+    async def _read_head(self, url: str, length: int) -> tuple[ObjectInfo, list[bytes]] | None:
+        if "?" in url or "#" in url:
+            return None
+        action = "reading its first bytes"
+        try:
+            response = await self._get(url, 0, length, None)
+            try:
+                status = response.status_code
+                headers = response.headers
+                size = probed_size(
+                    status, headers.get("Content-Range"), _content_length(headers), length
+                )
+                if size is None:
+                    return None  # ranges ignored on a big blob: look it up instead
+                pieces = await read_pieces(response.internal_response.content)
+            finally:
+                response.internal_response.close()
+        except Exception as exc:
+            if getattr(exc, "status_code", None) == 416:
+                return None  # an empty blob: no byte to ask for; look it up instead
+            raise translate(exc, url, action) from exc
+        if sum(map(len, pieces)) > length:
+            return None
+        etag = headers.get("ETag")
+        return ObjectInfo(url, size, str(etag) if etag else None), first_bytes(pieces, length)
+
+    async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
+        action = f"reading bytes {start}-{end - 1}"
+        try:
+            response = await self._get(obj.url, start, end, obj.version)
+            try:
+                headers = response.headers
+                etag = headers.get("ETag")
+                # Not every server honours If-Match: compare the ETag served too.
+                if obj.version and etag and etag != obj.version:
+                    raise ObjectChangedError(
+                        f"{obj.url}: the object changed while it was being read"
+                    )
+                if response.status_code == 200:  # the whole blob despite the range
+                    pieces = await read_pieces(response.internal_response.content)
+                    data = b"".join(pieces)
+                    return [data[start:end]]
+                answered = parse_content_range(headers.get("Content-Range"))
+                if answered is not None and answered[0] != start:
+                    raise StorageError(
+                        f"{obj.url}: asked for bytes {start}-{end - 1}, the server answered "
+                        f"bytes {answered[0]}-{answered[1]}"
+                    )
+                return await read_pieces(response.internal_response.content)
+            finally:
+                response.internal_response.close()
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise translate(exc, obj.url, action) from exc
+
+    async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
+        return await self._read_joined(obj, start, end)
+
+    # ------------------------------------------------------------------ writes
+
+    def open_sink(self, url: str, context: SinkContext | None = None) -> AzureBlockSink:
+        """Blocks staged while bytes arrive, committed in one ``Put Block List``: the blob
+        appears on commit only."""
+        from streamrec.storage.azure_sink import AzureBlockSink
+
+        return AzureBlockSink(self, url, context)
+
+    async def delete(self, url: str) -> None:
+        try:
+            await self.blob_client(url).delete_blob(**NO_RETRIES)
+        except Exception as exc:
+            error = translate(exc, url, "removing it")
+            if not isinstance(error, ObjectNotFoundError):
+                raise error from exc
+
+    async def unfinished_writes(self, prefix: str) -> list[Leftover]:
+        """Blobs under ``prefix`` that have staged (uncommitted) blocks and no committed
+        content: what a killed writer leaves. They are invisible to readers and listings, and
+        the service discards them 7 days after their last block was staged."""
+        scheme = split_scheme(prefix)[0]
+        container, blob_prefix = container_and_blob(self.fs, prefix, key_required=False)
+        client = self.fs.service_client.get_container_client(container)
+        committed: set[str] = set()
+        staged: dict[str, float] = {}
+        try:
+            async for blob in client.list_blobs(name_starts_with=blob_prefix, **NO_RETRIES):
+                committed.add(blob.name)
+            async for blob in client.list_blobs(
+                name_starts_with=blob_prefix, include=["uncommittedblobs"], **NO_RETRIES
+            ):
+                if blob.name not in committed:
+                    modified = blob.last_modified or blob.creation_time
+                    staged[blob.name] = modified.timestamp() if modified else 0.0
+        except Exception as exc:
+            raise translate(exc, prefix, "listing uncommitted blobs") from exc
+        return [
+            Leftover(f"{scheme}://{container}/{name}", "uncommitted blocks", started, name)
+            for name, started in sorted(staged.items())
+        ]
+
+    async def abort_unfinished(self, leftover: Leftover) -> None:
+        """Discard a blob's uncommitted blocks by deleting the blob (Azure has no call that
+        drops staged blocks alone). A service that answers 404 (nothing committed to delete)
+        keeps them until it discards them itself, 7 days after the last was staged: that is
+        logged, not raised. A blob committed meanwhile is deleted only if it is still the
+        listed leftover: the delete is not sent when the blob has committed content now."""
+        action = "discarding its uncommitted blocks"
+        client = self.blob_client(leftover.url)
+        try:
+            await client.get_blob_properties(**NO_RETRIES)
+        except Exception as exc:
+            if not isinstance(translate(exc, leftover.url, action), ObjectNotFoundError):
+                raise translate(exc, leftover.url, action) from exc
+        else:
+            return  # committed since it was listed: a writer finished it; leave it
+        try:
+            await client.delete_blob(**NO_RETRIES)
+        except Exception as exc:
+            error = translate(exc, leftover.url, action)
+            if not isinstance(error, ObjectNotFoundError):
+                raise error from exc
+            logger.info(
+                "%s: the service will not delete a blob with only uncommitted blocks; it "
+                "discards them 7 days after the last was staged",
+                leftover.url,
+            )
+
+    async def close(self) -> None:
+        self._heads.clear()
+        self._blobs.clear()
+        fs, client = self.fs, getattr(self.fs, "service_client", None)
+        if client is not None:
+            await client.close()
+        credential = getattr(fs, "credential", None)
+        if credential is not None and hasattr(credential, "close"):
+            await credential.close()
+
+
+def _detach_finalizers(fs: Any) -> None:
+    """Drop the finalizers adlfs registers to close its clients on ``fs``'s loop when ``fs`` is
+    collected: they fail (and print a traceback at exit) once that loop is gone, and the store
+    closes the clients itself (:meth:`AzureStore.close`), inside its loop."""
+    for ref in list(weakref.finalize._registry):  # type: ignore[attr-defined]
+        held = ref.peek()
+        if held is not None and held[0] is fs:
+            ref.detach()
+
+
+def container_and_blob(fs: Any, url: str, *, key_required: bool = True) -> tuple[str, str]:
+    """``(container, blob name)`` of an ``az://`` / ``abfs://`` url, split by adlfs."""
+    container, blob, _ = fs.split_path(url)
+    if not container or (key_required and not blob):
+        raise StorageError(f"{url}: an Azure blob url needs a container and a blob name")
+    return container, blob
+
+
+def _content_length(headers: Any) -> int | None:
+    value = headers.get("Content-Length")
+    return int(value) if value and str(value).isdigit() else None

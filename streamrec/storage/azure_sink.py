@@ -1,0 +1,149 @@
+"""``az://`` sink: a block blob staged while the bytes arrive, committed in one step.
+
+The Azure counterpart of S3's multipart upload. Bytes are cut into blocks of exactly
+``part_bytes`` (the last one may be shorter); each block is sent by its own task as soon as it
+is full (``Put Block``), with at most ``max_concurrency`` data requests in flight over the whole
+writer (``write()`` waits for a free slot: that bounds memory). ``commit()`` sends the block
+list (``Put Block List``): the blob appears, complete, in that one request. A blob no bigger
+than one block is a single ``Put Blob`` instead.
+
+Staged blocks are invisible: readers and listings see the old blob (or none) until the commit.
+``abort()`` cancels the block uploads and leaves what was staged uncommitted; Azure has no call
+that discards uncommitted blocks (a later commit of the same blob does, and the service drops
+them 7 days after the last one was staged), so nothing visible remains
+(:meth:`~streamrec.storage.azure.AzureStore.unfinished_writes` lists such blobs, ``streamrec
+cleanup`` deletes them).
+
+Block ids are the block number and a per-sink random tag, all of one length (Azure
+requires that within a blob): two writers of one blob never commit each other's blocks.
+Every request (each block, the block list, the single put) is one attempt with the SDK's
+retries off, retried by streamrec's :class:`RetryPolicy` alone. Committing the same block list
+twice is harmless (``Latest`` finds the blocks committed), so a commit whose answer was lost
+is simply retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from streamrec._portal import cancel_and_wait
+from streamrec.storage.sinks import ObjectSink, SinkContext, bucket_and_key
+from streamrec.storage.translate import translate
+
+if TYPE_CHECKING:
+    from streamrec.storage.azure import AzureStore
+
+__all__ = ["AzureBlockSink"]
+
+NO_RETRIES: dict[str, Any] = {"retry_total": 0}
+
+
+class AzureBlockSink(ObjectSink):
+    """One block blob, staged in blocks while it is written; it appears on commit only."""
+
+    def __init__(self, store: AzureStore, url: str, context: SinkContext | None = None) -> None:
+        super().__init__(url, context)
+        self._store = store
+        self.container, self.blob = bucket_and_key(store.fs, url, "an Azure blob url")
+        self._tag = uuid.uuid4().hex[:17]
+        self._buffer = bytearray()
+        self._blocks: list[asyncio.Task[str]] = []  # block i -> its id, once staged
+        self._put: asyncio.Task[None] | None = None  # the single Put Blob of a small blob
+
+    # -- requests ---------------------------------------------------------------------------
+    async def _call(self, action: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """One request through the retry policy; errors translated, with the url."""
+
+        async def attempt() -> Any:
+            client = self._store.blob_client(self.url)
+            try:
+                return await getattr(client, method)(*args, **kwargs, **NO_RETRIES)
+            except Exception as exc:
+                raise translate(exc, self.url, action) from exc
+
+        return await self.context.retry.run(attempt, describe=f"{self.url}: {action}")
+
+    def _block_id(self, number: int) -> str:
+        # 24 characters (the SDK sends them base64-encoded, 32 without padding); the number
+        # first, so a block can be told by its id
+        return f"{number:06d}-{self._tag}"
+
+    async def _stage(self, number: int, data: bytes) -> str:
+        block_id = self._block_id(number)
+        await self._call(
+            f"staging block {number} ({len(data)} bytes)",
+            "stage_block",
+            block_id,
+            data,
+            length=len(data),
+        )
+        return block_id
+
+    async def _put_blob(self, data: bytes) -> None:
+        response = await self._call(
+            f"uploading {len(data)} bytes", "upload_blob", data, length=len(data), overwrite=True
+        )
+        self.version = _etag(response)
+
+    # -- the data path --------------------------------------------------------------------
+    async def _write(self, data: bytes) -> None:
+        self.context.raise_failure()
+        self._buffer += data
+        size = self.context.part_bytes
+        while len(self._buffer) > size:  # a blob of exactly one block stays a single put
+            # Wait for upload capacity first: meanwhile the bytes wait in the buffer, not in
+            # yet another copy (memory: max_concurrency blocks in flight + this buffer).
+            await self.context.window.acquire()
+            self._launch_block(self._cut(size))
+
+    def _cut(self, size: int) -> bytes:
+        with memoryview(self._buffer) as view:
+            data = bytes(view[:size])  # one copy (a bytearray slice would make two)
+        del self._buffer[:size]
+        return data
+
+    def _launch_block(self, data: bytes) -> None:
+        window = self.context.window
+        task = asyncio.ensure_future(self._stage(len(self._blocks), data))
+        task.add_done_callback(lambda _: window.release())
+        self.context.track(task)
+        self._blocks.append(task)
+
+    async def _seal(self) -> None:
+        window = self.context.window
+        if not self._blocks:
+            await window.acquire()
+            self._put = asyncio.ensure_future(self._put_blob(self._cut(len(self._buffer))))
+            self._put.add_done_callback(lambda _: window.release())
+            self.context.track(self._put)
+        elif self._buffer:
+            await window.acquire()
+            self._launch_block(self._cut(len(self._buffer)))
+        self._buffer = bytearray()
+
+    async def _commit(self) -> None:
+        if self._put is not None:
+            await self._put
+            return
+        from azure.storage.blob import BlobBlock
+
+        ids = await asyncio.gather(*self._blocks)
+        response = await self._call(
+            f"committing the list of {len(ids)} blocks",
+            "commit_block_list",
+            [BlobBlock(block_id) for block_id in ids],
+        )
+        self.version = _etag(response)
+
+    async def _abort(self) -> None:
+        # Staged blocks stay uncommitted: invisible, discarded by the service (see above).
+        await cancel_and_wait(t for t in (self._put, *self._blocks) if t is not None)
+        self._buffer = bytearray()
+
+
+def _etag(response: Any) -> str | None:
+    """The ETag of the blob a response describes (as a read answers it), if it says."""
+    etag = response.get("etag") if isinstance(response, dict) else None
+    return str(etag) if etag else None
