@@ -33,8 +33,10 @@ rank, and each worker mixes its shares (same seed, same draws).
 
 Items are whatever the wrapped dataset yields: ``bytes`` (a ``Dataset`` or a mix), dicts of
 numpy arrays (``ds.parse(spec)``; the DataLoader's ``batch_size`` then stacks them into
-tensors) or whole batches (``ds.parse(spec).batch(n)``, with ``DataLoader(batch_size=None)``;
-numpy arrays become tensors, ``VarLenFeature`` lists stay lists).
+tensors), whole batches (``ds.parse(spec).batch(n)``, with ``DataLoader(batch_size=None)``;
+numpy arrays become tensors, ``VarLenFeature`` lists stay lists), or what any chain of
+transforms makes (``.map``, ``.filter``, ``.take``, ...: each worker runs the chain on its own
+share, so ``take(n)`` takes ``n`` per worker).
 
 ``set_epoch``, ``stats``, ``state_dict`` and ``load_state_dict`` are forwarded to the wrapped
 dataset. Exact resume is supported with ``num_workers=0``: the state then describes what the
@@ -61,10 +63,9 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("streamrec.torch needs PyTorch: pip install torch") from error
 
-from streamrec.pipeline.dataset import Dataset
-from streamrec.pipeline.mix import MixedDataset
+from streamrec.pipeline.source import Source
+from streamrec.pipeline.stage import root_of
 from streamrec.pipeline.stats import Stats
-from streamrec.pipeline.transform import BatchedDataset, ParsedDataset
 
 __all__ = ["IterableDataset", "worker_states"]
 
@@ -76,16 +77,11 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
     Picklable when the wrapped dataset is (for ``spawn`` workers).
     """
 
-    def __init__(
-        self,
-        source: Dataset | MixedDataset | ParsedDataset | BatchedDataset[Any],
-        *,
-        split_by_rank: bool | None = None,
-    ) -> None:
-        if not isinstance(source, (Dataset, MixedDataset, ParsedDataset, BatchedDataset)):
+    def __init__(self, source: Source[Any], *, split_by_rank: bool | None = None) -> None:
+        if not isinstance(source, Source):
             raise TypeError(
-                "IterableDataset wraps a streamrec Dataset, MixedDataset, ParsedDataset or "
-                f"BatchedDataset, not {type(source).__name__}"
+                "IterableDataset wraps a streamrec dataset (open_dataset(), a mix, or any "
+                f"transform of them: parse, batch, map, filter, ...), not {type(source).__name__}"
             )
         self.source = source
         """The wrapped streamrec dataset."""
@@ -94,13 +90,10 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
         self._apply_rank()
 
     @property
-    def dataset(self) -> Dataset | MixedDataset:
-        """The underlying :class:`~streamrec.Dataset` or :class:`~streamrec.MixedDataset`
-        (shards, splitting, state; a mix splits each of its sources)."""
-        source = self.source
-        if isinstance(source, (Dataset, MixedDataset)):
-            return source
-        return source.dataset
+    def dataset(self) -> Any:
+        """The root of the wrapped chain: the :class:`~streamrec.Dataset` (or the mix) that
+        reads the shards and splits them."""
+        return root_of(self.source)
 
     def _apply_rank(self, starting: bool = False) -> None:
         """Split by DDP rank if asked (or by default) and the process group is up."""
@@ -116,6 +109,8 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
             return
         self._rank_applied = True
         dataset = self.dataset
+        if not hasattr(dataset, "split_hosts"):
+            return
         if self.split_by_rank is None and (dataset.num_hosts, dataset.host_index) != (1, 0):
             return  # the user split by hand
         dataset.split_hosts(dist.get_world_size(), dist.get_rank())

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, cast
 
 from streamrec._portal import EventLoopThread, iterate_blocking
 from streamrec.format.accel import log_fallback_once
@@ -35,25 +35,24 @@ from streamrec.pipeline.trackers import (
     ShuffleTracker,
     Tracker,
 )
+from streamrec.pipeline.transform import Chainable
 from streamrec.redact import redact
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import ObjectInfo, StoreSet, store_key
 
-if TYPE_CHECKING:  # the transforms load protobuf: only on first use
-    from streamrec.format.example import FeatureSpec
-    from streamrec.pipeline.transform import BatchedDataset, ParsedDataset
-
 __all__ = ["Dataset", "open_dataset"]
 
 
-class Dataset:
+class Dataset(Chainable[bytes]):
     """A sequence of TFRecord payloads (``bytes``) read from one or more shards.
 
     Iterate with ``async for`` inside an event loop or with plain ``for`` anywhere; both give
     the same records in the same order (shards sorted by name within a glob, in the order given
     across a list). Each iteration lists and reads the shards again, with its own connections,
     closed when the iteration ends. ``stats`` accumulates counters. :meth:`get` reads records
-    by their index instead (indexed shards).
+    by their index instead (indexed shards). The transforms (``parse``, ``batch``, ``map``,
+    ``filter``, ``take``, ``skip``, ``repeat``, ``unbatch``) come from
+    :class:`~streamrec.pipeline.transform.Chainable`.
     """
 
     def __init__(self, urls: str | Sequence[str], options: ReadOptions | None = None) -> None:
@@ -312,19 +311,6 @@ class Dataset:
             self._in_hand = None
         if self._source_done:
             self._end(cursor)
-
-    def parse(self, spec: Mapping[str, FeatureSpec]) -> ParsedDataset:
-        """Records decoded with ``spec``: one dict of numpy arrays per record (see
-        :class:`~streamrec.pipeline.transform.ParsedDataset`); ``.batch(n)`` stacks them."""
-        from streamrec.pipeline.transform import ParsedDataset
-
-        return ParsedDataset(self, spec)
-
-    def batch(self, batch_size: int, drop_remainder: bool = False) -> BatchedDataset[list[bytes]]:
-        """Lists of ``batch_size`` payloads (the last one shorter unless ``drop_remainder``)."""
-        from streamrec.pipeline.transform import BatchedDataset
-
-        return BatchedDataset(self, batch_size, drop_remainder)
 
     def __getstate__(self) -> dict[str, Any]:
         # pickled into DataLoader workers: configuration and position, never records in hand

@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -56,10 +56,7 @@ from streamrec.pipeline.mix_order import (
 from streamrec.pipeline.mix_state import MIX_STATE_VERSION, parse_mix_state
 from streamrec.pipeline.state import parse_state
 from streamrec.pipeline.stats import Stats
-
-if TYPE_CHECKING:  # the transforms load protobuf: only on first use
-    from streamrec.format.example import FeatureSpec
-    from streamrec.pipeline.transform import BatchedDataset, ParsedDataset
+from streamrec.pipeline.transform import Chainable
 
 __all__ = ["MixedDataset", "Stop", "mix"]
 
@@ -141,14 +138,16 @@ def _gather(choices: IntArray, sources: Sequence[_Source]) -> list[bytes]:
     return records
 
 
-class MixedDataset:
+class MixedDataset(Chainable[bytes]):
     """Records drawn from several datasets by weight (see :func:`mix`).
 
-    Iterate with ``async for`` or ``for``; ``.parse(spec)`` and ``.batch(n)`` work as on a
-    :class:`~streamrec.Dataset`; ``state_dict()`` / ``load_state_dict()`` resume exactly;
-    ``set_epoch(e)`` sets every source to epoch ``e`` and the draws to ``(seed, e)``;
-    ``split_hosts`` splits every source (the PyTorch adapter's DDP split); DataLoader workers
-    split each source, and each worker mixes its shares.
+    Iterate with ``async for`` or ``for``; the transforms (``.parse(spec)``, ``.batch(n)``,
+    ``.map(fn)``, ``.filter``, ``.take``, ``.skip``, ``.repeat``, ``.unbatch``) work as on a
+    :class:`~streamrec.Dataset` (:class:`~streamrec.pipeline.transform.Chainable`);
+    ``state_dict()`` / ``load_state_dict()`` resume exactly; ``set_epoch(e)`` sets every source
+    to epoch ``e`` and the draws to ``(seed, e)``; ``split_hosts`` splits every source (the
+    PyTorch adapter's DDP split); DataLoader workers split each source, and each worker mixes
+    its shares.
     """
 
     def __init__(
@@ -448,19 +447,6 @@ class MixedDataset:
         finally:
             handout.flush()  # (the consumer's thread, between hand-overs: see transform.py)
             lists.close()
-
-    def parse(self, spec: Mapping[str, FeatureSpec]) -> ParsedDataset:
-        """Records decoded with ``spec`` (as ``Dataset.parse``)."""
-        from streamrec.pipeline.transform import ParsedDataset
-
-        # the transforms use only the dataset protocol (record_chunks, mark_consumed, ...)
-        return ParsedDataset(cast(Dataset, self), spec)
-
-    def batch(self, batch_size: int, drop_remainder: bool = False) -> BatchedDataset[list[bytes]]:
-        """Lists of ``batch_size`` payloads (as ``Dataset.batch``)."""
-        from streamrec.pipeline.transform import BatchedDataset
-
-        return BatchedDataset(cast(Dataset, self), batch_size, drop_remainder)
 
     # ------------------------------------------------------------------ counts, stats
 

@@ -1,203 +1,119 @@
-"""Parsing and batching on top of a :class:`~streamrec.pipeline.dataset.Dataset`.
+"""The transforms of a dataset, and :class:`Chainable`, the methods that chain them.
 
-:class:`ParsedDataset` decodes ``Example`` payloads with a feature spec and yields one dict per
-record; :class:`BatchedDataset` yields batches of ``batch_size`` records: stacked numpy arrays
-from a parsed dataset, lists of ``bytes`` from a raw one. Both work chunk by chunk underneath
-(one :func:`~streamrec.example.decode_batch` per chunk or batch, never per record), support
-``async for`` and plain ``for`` (the blocking path crosses the background thread once per chunk,
-via :func:`streamrec._portal.iterate_chunks`), and forward ``set_epoch``, ``stats``,
-``state_dict`` and ``load_state_dict`` to the underlying dataset.
+Every dataset (:class:`~streamrec.pipeline.dataset.Dataset`, a mix, and every transform of
+them) inherits :class:`Chainable`: ``ds.parse(spec)``, ``.batch(n)``, ``.map(fn)``,
+``.filter(pred)``, ``.take(n)``, ``.skip(n)``, ``.repeat(epochs)`` and ``.unbatch()`` each
+return a new dataset reading the one they are called on through the
+:class:`~streamrec.pipeline.source.Source` protocol, so they chain in any order. Each one
+supports ``async for`` and plain ``for`` (the blocking path crosses the background thread
+once per chunk), ``len()`` where it is known, ``set_epoch``, ``stats``, and ``state_dict()`` /
+``load_state_dict()`` with exact resume: the state describes the position after the last item
+handed out (see :mod:`streamrec.pipeline.stage` for how, :mod:`streamrec.pipeline.stages` and
+:mod:`streamrec.pipeline.repeat` for what each does). Work is done a chunk at a time; a
+dataset's transforms hold no more than a chunk (a batch, a map's tasks in flight) beyond the
+dataset's own ``prefetch_bytes``.
 
-Exact resume: a dict or batch counts as consumed once it has been handed out; records the
-transform has taken from the dataset but not handed out yet (the tail of a chunk waiting for the
-rest of its batch) do not. The transform reports how many records it has handed out through
-``Dataset.mark_consumed(n)`` (it reads the dataset with ``record_chunks(auto_consume=False)``),
-so the dataset's ``state_dict()`` always describes the position after the last record of the
-last item handed out, and resuming from it yields exactly the items that would have come next
-(a state is always on a batch boundary, so a resumed ``BatchedDataset`` with the same
-``batch_size`` makes the same batches). Records of a remainder that ``drop_remainder`` discards
-count as consumed when the dataset ends. In the blocking path ``mark_consumed`` is called from
-the consumer's thread, never while the background loop is advancing the dataset's iteration.
-``state_dict()`` raises :class:`NotImplementedError` on a dataset without ``mark_consumed``.
+Parse and batch, map and filter keep their source's state as it is (the dataset's: the README
+loop that saves ``ds.state_dict()`` stays exact through them); ``take``, ``skip``,
+``repeat`` and ``unbatch`` have counters of their own, so save the state of the object you
+iterate.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Mapping, Sequence
-from contextlib import aclosing
-from itertools import repeat
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from streamrec._portal import iterate_chunks
-from streamrec.errors import StreamrecError
-from streamrec.format.example import FeatureSpec, decode, decode_batch
+from streamrec.pipeline.mapper import WorkerType
+from streamrec.pipeline.repeat import RepeatStage
+from streamrec.pipeline.stages import (
+    BatchStage,
+    FilterStage,
+    MapStage,
+    ParseStage,
+    SkipStage,
+    TakeStage,
+    UnbatchStage,
+)
 
 if TYPE_CHECKING:
-    from streamrec.pipeline.dataset import Dataset
-    from streamrec.pipeline.stats import Stats
+    from streamrec.format.example import FeatureSpec
 
-__all__ = ["BatchedDataset", "ParsedDataset"]
+__all__ = [
+    "BatchedDataset",
+    "Chainable",
+    "FilteredDataset",
+    "MappedDataset",
+    "ParsedDataset",
+    "RepeatedDataset",
+    "SkippedDataset",
+    "TakenDataset",
+    "UnbatchedDataset",
+]
 
 T = TypeVar("T")
-
-#: What the loop side hands the consumer side per record chunk: the items, the number of
-#: records in each item (None: one each) and records consumed without an item (a dropped
-#: remainder).
-_Piece = tuple[list[T], list[int] | None, int]
+U = TypeVar("U")
 
 
-class _Handout:
-    """Counts the records handed to the consumer and reports them with ``mark(n)``.
+class Chainable(Generic[T]):
+    """The chaining methods, for any :class:`~streamrec.pipeline.source.Source` of ``T``."""
 
-    The piece in hand is read through the list iterator ``it``; the items it has already
-    produced are handed out (``__length_hint__`` says how many are left), so no per-item
-    bookkeeping is needed. ``flush()`` reports what was handed out since the last report.
-    """
+    def parse(self, spec: Mapping[str, FeatureSpec]) -> ParsedDataset:
+        """Records decoded with ``spec``: one dict of numpy arrays per record (see
+        :class:`ParsedDataset`); ``.batch(n)`` decodes whole batches into stacked arrays."""
+        return ParsedDataset(self, spec)
 
-    __slots__ = ("_count", "_done", "_it", "_mark", "_marked", "_sizes")
+    def batch(self, batch_size: int, drop_remainder: bool = False) -> BatchedDataset[Any]:
+        """Batches of ``batch_size`` items (the last one shorter unless ``drop_remainder``):
+        after ``parse``, dicts of stacked arrays; otherwise lists of items (payloads, or what
+        ``map`` made). See :class:`BatchedDataset`."""
+        return BatchedDataset(self, batch_size, drop_remainder)
 
-    def __init__(self, mark: Callable[[int], None] | None) -> None:
-        self._mark = mark
-        self._marked = 0  # records reported so far
-        self._done = 0  # records of the pieces before the one in hand
-        self._count = 0  # items in the piece in hand
-        self._sizes: list[int] | None = None
-        self._it: Any = None
+    def map(
+        self,
+        fn: Callable[[T], U],
+        num_workers: int = 0,
+        *,
+        worker_type: WorkerType = "thread",
+        mp_context: str | None = None,
+        task_items: int = 256,
+    ) -> MappedDataset[U]:
+        """``fn(item)`` for each item (each batch, on a batched dataset), in order.
 
-    def take(self, count: int, sizes: list[int] | None, it: Iterator[Any], skipped: int) -> None:
-        """The consumer now reads a piece of ``count`` items through ``it``."""
-        self._done += self._handed() + skipped
-        self._count, self._sizes, self._it = count, sizes, it
-        self.flush()
-
-    def _handed(self) -> int:
-        if self._it is None:
-            return 0
-        items = self._count - self._it.__length_hint__()
-        return items if self._sizes is None else sum(self._sizes[:items])
-
-    def total(self) -> int:
-        """Records handed out so far (no side effect: any thread may ask)."""
-        return self._done + self._handed()
-
-    def flush(self) -> None:
-        """Report every record handed out so far."""
-        total = self._done + self._handed()
-        if self._mark is not None and total > self._marked:
-            self._mark(total - self._marked)
-            self._marked = total
-
-
-def _open_chunks(dataset: Dataset, handout: _Handout) -> AsyncGenerator[list[bytes], None]:
-    """The dataset's record chunks, read so that only ``handout`` counts records consumed.
-
-    The dataset asks ``handout`` to report before it describes its position, so its own
-    ``state_dict()`` is as exact as the transform's. A dataset without ``mark_consumed`` is read
-    with plain ``record_chunks()`` (iteration works; ``state_dict()`` is refused).
-    """
-    if not hasattr(dataset, "mark_consumed"):
-        return dataset.record_chunks()
-    record_chunks: Any = dataset.record_chunks
-    chunks: AsyncGenerator[list[bytes], None] = record_chunks(
-        auto_consume=False, report_consumed=handout.flush, handed_out=handout.total
-    )
-    return chunks
-
-
-class _Transformed(Generic[T]):
-    """Shared machinery: iteration on both paths, consumption tracking, forwarding."""
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
-        """The underlying :class:`~streamrec.pipeline.dataset.Dataset`."""
-        self._handout: _Handout | None = None
-
-    def _pieces(self, chunks: AsyncGenerator[list[bytes], None]) -> AsyncGenerator[_Piece[T], None]:
-        """The items made from ``chunks``; closes ``chunks`` however it ends."""
-        raise NotImplementedError
-
-    # ---------------------------------------------------------------- iteration
-
-    async def __aiter__(self) -> AsyncGenerator[T, None]:
-        handout = self._handout = _Handout(getattr(self.dataset, "mark_consumed", None))
-        chunks = _open_chunks(self.dataset, handout)
-        async with aclosing(self._pieces(chunks)) as pieces:
-            try:
-                async for items, sizes, skipped in pieces:
-                    it = iter(items)
-                    handout.take(len(items), sizes, it, skipped)
-                    for item in it:
-                        yield item
-            finally:
-                handout.flush()  # before the dataset's iteration closes
-
-    def __iter__(self) -> Iterator[T]:
-        handout = self._handout = _Handout(getattr(self.dataset, "mark_consumed", None))
-        chunks = _open_chunks(self.dataset, handout)
-
-        async def one_per_handover() -> AsyncGenerator[list[_Piece[T]], None]:
-            async with aclosing(self._pieces(chunks)) as pieces:
-                async for piece in pieces:
-                    yield [piece]
-
-        pieces = cast(Generator[_Piece[T], None, None], iterate_chunks(one_per_handover))
-        try:
-            for items, sizes, skipped in pieces:
-                it = iter(items)
-                handout.take(len(items), sizes, it, skipped)
-                yield from it
-        finally:
-            handout.flush()  # before the dataset's iteration closes
-            pieces.close()
-
-    # ---------------------------------------------------------------- forwarded
-
-    def __len__(self) -> int:
-        """Items this consumer gets in one epoch: one per record of ``len(dataset)`` (see
-        ``Dataset.__len__``; a TypeError where the record count is unknown)."""
-        return len(self.dataset)
-
-    @property
-    def stats(self) -> Stats:
-        """The underlying dataset's counters."""
-        return self.dataset.stats
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch of the underlying dataset (see ``Dataset.set_epoch``)."""
-        self.dataset.set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The underlying dataset's state, positioned after the last item handed out.
-
-        Raises :class:`NotImplementedError` if the dataset cannot count records consumed
-        through a transform (no ``mark_consumed``).
+        ``num_workers=0`` runs ``fn`` in the reading loop; ``num_workers=n`` on ``n``
+        threads (``worker_type="thread"``: for functions that release the GIL: numpy,
+        decoders, I/O) or processes (``"process"``, for pure-Python CPU work; ``fn`` must be
+        picklable: a module-level function, not a lambda - TypeError at once otherwise;
+        ``mp_context``: the start method, default multiprocessing's). Items go to workers
+        ``task_items`` at a time, at most ``2 * num_workers`` tasks in flight; order is kept.
+        Resuming never re-runs ``fn`` on items already handed out. See :class:`MappedDataset`.
         """
-        state_dict = getattr(self.dataset, "state_dict", None)
-        if state_dict is None or not hasattr(self.dataset, "mark_consumed"):
-            raise NotImplementedError(
-                f"{type(self.dataset).__name__} has no mark_consumed()/state_dict(): the "
-                "position after parsing or batching cannot be saved"
-            )
-        if self._handout is not None:
-            self._handout.flush()
-        return cast(dict[str, Any], state_dict())
+        return MappedDataset(self, fn, num_workers, worker_type, mp_context, task_items)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`) on the next iteration."""
-        load_state_dict = getattr(self.dataset, "load_state_dict", None)
-        if load_state_dict is None:
-            raise NotImplementedError(f"{type(self.dataset).__name__} has no load_state_dict()")
-        self._handout = None
-        load_state_dict(state)
+    def filter(self, predicate: Callable[[T], Any]) -> FilteredDataset[T]:
+        """The items for which ``predicate(item)`` is true (``len()`` is unknown)."""
+        return FilteredDataset(self, predicate)
 
-    def __getstate__(self) -> dict[str, Any]:
-        # for pickling (DataLoader workers under spawn): the iteration in progress stays here
-        state = self.__dict__.copy()
-        state["_handout"] = None
-        return state
+    def take(self, n: int) -> TakenDataset[T]:
+        """The first ``n`` items of each epoch (per DataLoader worker / host share)."""
+        return TakenDataset(self, n)
+
+    def skip(self, n: int) -> SkippedDataset[T]:
+        """All but the first ``n`` items of each epoch (per DataLoader worker / host share)."""
+        return SkippedDataset(self, n)
+
+    def repeat(self, epochs: int | None = None) -> RepeatedDataset[T]:
+        """The epochs one after another, ``epochs`` times (None: forever), advancing
+        ``set_epoch`` each pass (see :class:`RepeatedDataset`)."""
+        return RepeatedDataset(self, epochs)
+
+    def unbatch(self) -> UnbatchedDataset:
+        """The items of each batch (lists, tuples, array rows, or one dict per row of a dict
+        of columns); resumes in the middle of a batch."""
+        return UnbatchedDataset(self)
 
 
-class ParsedDataset(_Transformed[dict[str, Any]]):
+class ParsedDataset(ParseStage, Chainable[dict[str, Any]]):
     """The records of a dataset decoded as ``Example`` protos, one dict per record.
 
     Each record becomes exactly what :func:`streamrec.example.decode` ``(payload, spec)``
@@ -211,174 +127,95 @@ class ParsedDataset(_Transformed[dict[str, Any]]):
     A payload that does not match the spec raises :class:`~streamrec.errors.ExampleError` or
     :class:`~streamrec.errors.FeatureError` after every record before it has been yielded.
     For many records per step, :meth:`batch` is faster (no per-record dicts).
-
-    ``async for features in ds.parse(spec)`` or ``for features in ...``; usually built with
-    ``Dataset.parse(spec)``.
     """
 
-    def __init__(self, dataset: Dataset, spec: Mapping[str, FeatureSpec]) -> None:
-        super().__init__(dataset)
-        decode_batch([], spec)  # a bad spec fails here, not in the first chunk
-        self.spec = dict(spec)
-        """The feature spec."""
-
-    def batch(
-        self, batch_size: int, drop_remainder: bool = False
-    ) -> BatchedDataset[dict[str, Any]]:
-        """Batches of ``batch_size`` records, decoded together (see :class:`BatchedDataset`)."""
-        return BatchedDataset(self, batch_size, drop_remainder)
-
-    async def _pieces(
-        self, chunks: AsyncGenerator[list[bytes], None]
-    ) -> AsyncGenerator[_Piece[dict[str, Any]], None]:
-        spec = self.spec
-        async with aclosing(chunks) as source:
-            async for chunk in source:
-                try:
-                    decoded = decode_batch(chunk, spec)
-                except StreamrecError as error:
-                    good, failure = _decode_until_failure(chunk, spec, error)
-                    if good:
-                        yield good, None, 0
-                    raise failure from None
-                yield _split(decoded, len(chunk)), None, 0
-
     def __repr__(self) -> str:
-        return f"ParsedDataset({self.dataset!r}, spec={sorted(self.spec)!r})"
+        return f"ParsedDataset({self.source!r}, spec={sorted(self.spec)!r})"
 
 
-class BatchedDataset(_Transformed[T]):
-    """Batches of ``batch_size`` consecutive records of a dataset.
+class BatchedDataset(BatchStage[T], Chainable[T]):
+    """Batches of ``batch_size`` consecutive items of a dataset.
 
     From a :class:`ParsedDataset`: each batch is what :func:`streamrec.example.decode_batch`
     returns for its records: fixed-length and raw features as ``(n, *shape)`` arrays (an
     ``object`` array of bytes for fixed-length ``bytes``), variable-length features as a
     ``list`` of ``n`` per-record values (1-d int64 / float32 arrays, or lists of bytes).
-    From a :class:`~streamrec.pipeline.dataset.Dataset`: each batch is a ``list`` of ``n``
-    payloads (``bytes``).
+    From anything else (a :class:`~streamrec.pipeline.dataset.Dataset`, a map, a filter):
+    a ``list`` of ``n`` items.
 
     ``n`` is ``batch_size``, except for the last batch of an iteration, which holds the
-    remaining records (fewer) unless ``drop_remainder`` drops them. Batches span chunk and
+    remaining items (fewer) unless ``drop_remainder`` drops them. Batches span chunk and
     shard boundaries; records are decoded once per batch. A batch with a payload that does
     not match the spec raises :class:`~streamrec.errors.ExampleError` /
-    :class:`~streamrec.errors.FeatureError` naming the record's index in the batch.
-
-    Usually built with ``Dataset.batch(n)`` or ``Dataset.parse(spec).batch(n)``.
+    :class:`~streamrec.errors.FeatureError` naming the record's index in the batch. A state
+    is always on a batch boundary.
     """
-
-    @overload
-    def __init__(
-        self: BatchedDataset[list[bytes]],
-        source: Dataset,
-        batch_size: int,
-        drop_remainder: bool = False,
-    ) -> None: ...
-
-    @overload
-    def __init__(
-        self: BatchedDataset[dict[str, Any]],
-        source: ParsedDataset,
-        batch_size: int,
-        drop_remainder: bool = False,
-    ) -> None: ...
-
-    def __init__(
-        self, source: Dataset | ParsedDataset, batch_size: int, drop_remainder: bool = False
-    ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
-        if isinstance(source, _Transformed) and not isinstance(source, ParsedDataset):
-            raise TypeError(f"cannot batch a {type(source).__name__}")
-        if isinstance(source, ParsedDataset):
-            super().__init__(source.dataset)
-            self.spec: dict[str, FeatureSpec] | None = source.spec
-            """The feature spec, or None for batches of raw payloads."""
-        else:
-            super().__init__(source)
-            self.spec = None
-        self.batch_size = batch_size
-        self.drop_remainder = drop_remainder
-
-    def __len__(self) -> int:
-        """Batches this consumer gets in one epoch: ``len(dataset) / batch_size``, rounded up
-        (the shorter last batch), or down with ``drop_remainder``."""
-        records = super().__len__()
-        if self.drop_remainder:
-            return records // self.batch_size
-        return -(-records // self.batch_size)
-
-    def _finish(self, records: list[bytes]) -> T:
-        if self.spec is None:
-            return cast(T, records)
-        return cast(T, decode_batch(records, self.spec))
-
-    async def _pieces(
-        self, chunks: AsyncGenerator[list[bytes], None]
-    ) -> AsyncGenerator[_Piece[T], None]:
-        n = self.batch_size
-        finish = self._finish
-        pending: list[bytes] = []  # always a list of ours: chunks are never modified
-        async with aclosing(chunks) as source:
-            async for chunk in source:
-                if len(pending) + len(chunk) < n:
-                    pending.extend(chunk)
-                    continue
-                if pending:
-                    pending.extend(chunk)
-                    records = pending
-                else:
-                    records = chunk
-                full = len(records) - len(records) % n
-                batches: list[T] = []
-                try:
-                    for start in range(0, full, n):
-                        batches.append(finish(records[start : start + n]))
-                except StreamrecError:
-                    if batches:  # the good batches before the bad one still come first
-                        yield batches, [n] * len(batches), 0
-                    raise
-                pending = records[full:]
-                yield batches, [n] * len(batches), 0
-        if pending:
-            if self.drop_remainder:
-                yield [], None, len(pending)
-            else:
-                yield [finish(pending)], [len(pending)], 0
 
     def __repr__(self) -> str:
         what = "raw" if self.spec is None else f"spec={sorted(self.spec)!r}"
         return (
-            f"BatchedDataset({self.dataset!r}, {what}, batch_size={self.batch_size}, "
+            f"BatchedDataset({self.source!r}, {what}, batch_size={self.batch_size}, "
             f"drop_remainder={self.drop_remainder})"
         )
 
 
-def _split(decoded: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
-    """A decode_batch result of ``n`` records as ``n`` per-record dicts (views, no copies)."""
-    if not decoded:
-        return [{} for _ in range(n)]
-    names = list(decoded)
-    columns = [_rows(decoded[name], n) for name in names]
-    rows = zip(*columns, strict=True)
-    return list(map(dict, map(zip, repeat(names), rows)))  # ~2x a comprehension of dict(zip())
+class MappedDataset(MapStage[T], Chainable[T]):
+    """``fn`` applied to every item of a dataset, in order (see :meth:`Chainable.map`).
+
+    Items count as consumed once handed out, so a resumed map never re-runs ``fn`` on them
+    (items mapped ahead and not handed out are mapped again). An exception in ``fn`` reaches
+    the consumer as raised (from a worker process with the worker's traceback as its
+    ``__cause__``); with ``num_workers=0`` every item mapped before it is handed out first.
+    Closing the iterator early cancels the tasks not started and shuts the workers down.
+    The workers start with each iteration and end with it.
+    """
+
+    def __repr__(self) -> str:
+        return (
+            f"MappedDataset({self.source!r}, {self.fn!r}, num_workers={self.num_workers}, "
+            f"worker_type={self.worker_type!r})"
+        )
 
 
-def _rows(value: Any, n: int) -> Sequence[Any]:
-    if isinstance(value, list):  # VarLenFeature: already one value per record
-        return value
-    if value.ndim == 1:  # shape (): 0-d arrays, as decode() gives (iteration gives scalars)
-        return [value[i, ...] for i in range(n)]
-    return list(value)
+class FilteredDataset(FilterStage[T], Chainable[T]):
+    """The items of a dataset for which ``predicate`` is true. Records dropped before the
+    last item handed out count as consumed; ``len()`` raises TypeError (unknown)."""
+
+    def __repr__(self) -> str:
+        return f"FilteredDataset({self.source!r}, {self.predicate!r})"
 
 
-def _decode_until_failure(
-    chunk: list[bytes], spec: Mapping[str, FeatureSpec], error: StreamrecError
-) -> tuple[list[dict[str, Any]], StreamrecError]:
-    """The records of ``chunk`` before the first that fails to decode, and its error."""
-    good: list[dict[str, Any]] = []
-    for payload in chunk:
-        try:
-            good.append(decode(payload, spec))
-        except StreamrecError as failure:
-            return good, failure
-    return good, error  # pragma: no cover - decode and decode_batch agree
+class TakenDataset(TakeStage[T], Chainable[T]):
+    """The first ``n`` items of each epoch; the source's reads stop there. ``len()`` is
+    ``min(n, len(source))``; the state counts the items taken."""
+
+    def __repr__(self) -> str:
+        return f"TakenDataset({self.source!r}, {self.n})"
+
+
+class SkippedDataset(SkipStage[T], Chainable[T]):
+    """All but the first ``n`` items of each epoch (read and dropped). ``len()`` is
+    ``max(0, len(source) - n)``; the state counts the items skipped."""
+
+    def __repr__(self) -> str:
+        return f"SkippedDataset({self.source!r}, {self.n})"
+
+
+class RepeatedDataset(RepeatStage[T], Chainable[T]):
+    """A dataset's epochs one after another: pass ``p`` is epoch ``first + p``, where
+    ``first`` is the dataset's epoch when ``repeat`` was called (or ``set_epoch`` on the
+    repeat). ``len()`` is ``epochs * len(source)`` (TypeError when endless). The state holds
+    the pass; a pass ended with items still held above (a batch spanning two epochs) is
+    resumed exactly (see :mod:`streamrec.pipeline.repeat`)."""
+
+    def __repr__(self) -> str:
+        return f"RepeatedDataset({self.source!r}, epochs={self.epochs})"
+
+
+class UnbatchedDataset(UnbatchStage, Chainable[Any]):
+    """The items of each batch of a dataset, one by one. The state is the source's at the
+    current batch plus how many of its items were handed out, so a resume continues in the
+    middle of a batch (re-reading that batch; a map below it maps it again)."""
+
+    def __repr__(self) -> str:
+        return f"UnbatchedDataset({self.source!r})"
