@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import subprocess
 import sys
 from collections import Counter
@@ -61,7 +62,17 @@ def shard_bytes(proxy: FaultProxy) -> Counter[str]:
 
 
 def files(directory: Path) -> dict[str, int]:
-    return {p.name: p.stat().st_size for p in directory.iterdir() if p.is_file()}
+    """The directory's files and sizes, as a reader sees them while the reading thread evicts
+    and publishes entries (a file listed may be gone before it is looked at: not counted)."""
+    sizes = {}
+    for path in directory.iterdir():
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(info.st_mode):
+            sizes[path.name] = info.st_size
+    return sizes
 
 
 def downloads(directory: Path) -> list[str]:
