@@ -12,7 +12,9 @@ reused), read with the defaults (page cache warm: reading is not what is measure
 (``streamrec.example.decode``), then numpy work on the image: to float32 in [0, 1], a crop
 and flip chosen by the record's label, per-channel normalisation, a 4x4 average pool, per-channel
 extremes; it returns the label and 153 float32 features (~0.6 KiB: results cross the process
-boundary too). Its cost per record is measured alone first (one thread, no
+boundary too). ``--fn light`` maps a lighter one instead (decode, to float32,
+per-channel centring, a 4x4 average pool: about half the cost). Its cost per record is
+measured alone first (one thread, no
 pipeline), the target being ~50 us.
 
 Configurations, each consuming every mapped item: ``num_workers=0`` (``fn`` inline in the
@@ -40,7 +42,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -79,6 +81,19 @@ def augment(payload: bytes) -> tuple[int, np.ndarray]:
     return label, np.concatenate([pooled, image.max(axis=(0, 1)), image.min(axis=(0, 1))])
 
 
+def augment_light(payload: bytes) -> tuple[int, np.ndarray]:
+    """A lighter ``fn`` (``--fn light``): decode, to float32, per-channel centring, a 4x4
+    average pool."""
+    example = decode(payload, SPEC)
+    image = example["image"].astype(np.float32) / 255.0
+    image = (image - image.mean(axis=(0, 1))) * 4.0
+    return int(example["label"]), image.reshape(8, 4, 8, 4, 3).mean(axis=(1, 3)).ravel()
+
+
+Mapper = Callable[[bytes], tuple[int, np.ndarray]]
+FUNCTIONS: dict[str, Mapper] = {"full": augment, "light": augment_light}
+
+
 def write_shards(directory: Path, records: int) -> list[str]:
     """``records`` Example records in ``SHARDS`` shards, reused when already there."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -95,14 +110,14 @@ def write_shards(directory: Path, records: int) -> list[str]:
     return paths
 
 
-def fn_cost_us(paths: list[str]) -> float:
-    """Microseconds per record of ``augment`` alone (best of 3 passes over 2,000 records)."""
+def fn_cost_us(paths: list[str], fn: Mapper = augment) -> float:
+    """Microseconds per record of ``fn`` alone (best of 3 passes over 2,000 records)."""
     payloads = [p for _, p in zip(range(2000), streamrec.open_dataset(paths), strict=False)]
     best = float("inf")
     for _ in range(3):
         started = time.perf_counter()
         for payload in payloads:
-            augment(payload)
+            fn(payload)
         best = min(best, time.perf_counter() - started)
     return best / len(payloads) * 1e6
 
@@ -113,7 +128,9 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_once(paths: list[str], options: dict[str, Any]) -> tuple[float, float, float, int]:
+def run_once(
+    paths: list[str], options: dict[str, Any], fn: Mapper = augment
+) -> tuple[float, float, float, int]:
     """Wall seconds to map every record with ``options``, the CPU seconds of this process (all
     its threads: reading, handing tasks out and results in, inline ``fn``), those of its
     worker processes (ended with the run), and the items received. ``bare`` options:
@@ -125,10 +142,10 @@ def run_once(paths: list[str], options: dict[str, Any]) -> tuple[float, float, f
     n = 0
     if bare:
         with ProcessPoolExecutor(bare) as pool:
-            for _ in pool.map(augment, payloads, chunksize=256):
+            for _ in pool.map(fn, payloads, chunksize=256):
                 n += 1
     else:
-        for _ in streamrec.open_dataset(paths).map(augment, **options):
+        for _ in streamrec.open_dataset(paths).map(fn, **options):
             n += 1
     elapsed = time.perf_counter() - started
     return elapsed, time.process_time() - cpu, children_cpu() - workers, n
@@ -139,20 +156,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, help="write the table into this markdown file")
+    parser.add_argument(
+        "--fn", choices=sorted(FUNCTIONS), default="full", help="the mapped function (see above)"
+    )
     args = parser.parse_args(argv)
+    fn = FUNCTIONS[args.fn]
     started = time.monotonic()
     paths = write_shards(DATA_DIR / "map" / str(args.records), args.records)
-    cost = fn_cost_us(paths)
+    cost = fn_cost_us(paths, fn)
     print(f"fn alone: {cost:.1f} us/record", flush=True)
     load_before = os.getloadavg()
     names = list(CONFIGS)
     times: dict[str, list[float]] = {name: [] for name in names}
     cpus: dict[str, list[float]] = {name: [] for name in names}
     cores: dict[str, list[float]] = {name: [] for name in names}
-    run_once(paths, CONFIGS["2 processes"])  # warm-up: page cache, imports, first fork
+    run_once(paths, CONFIGS["2 processes"], fn)  # warm-up: page cache, imports, first fork
     for k in range(args.rounds):
         for name in names[k % len(names) :] + names[: k % len(names)]:
-            elapsed, cpu_s, workers_s, n = run_once(paths, CONFIGS[name])
+            elapsed, cpu_s, workers_s, n = run_once(paths, CONFIGS[name], fn)
             if n != args.records:
                 raise SystemExit(f"{name}: {n} items, expected {args.records}")
             times[name].append(elapsed)
