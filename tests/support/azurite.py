@@ -27,7 +27,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from support.servers import LOOPBACK, ServerError, free_port, http_request, wait_until
+from support.servers import (
+    LOOPBACK,
+    ServerError,
+    end_process,
+    free_port,
+    http_request,
+    kill_process,
+    wait_until,
+)
 
 __all__ = ["ACCOUNT", "ACCOUNT_KEY", "AzuriteServer", "azurite_main"]
 
@@ -64,12 +72,6 @@ def azurite_main(install_dir: Path = INSTALL_DIR) -> Path:
             if result.returncode != 0 or not main.is_file():
                 raise ServerError(f"npm install azurite failed: {result.stderr[-2000:]}")
     return main
-
-
-def _terminate(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.kill()
-        process.wait(timeout=5)
 
 
 class AzuriteServer:
@@ -117,7 +119,7 @@ class AzuriteServer:
                 stderr=subprocess.STDOUT,
             )
             self.process = process
-            weakref.finalize(self, _terminate, process)  # never leave Node behind
+            weakref.finalize(self, kill_process, process)  # never leave Node behind
             try:
                 wait_until(
                     lambda: self._exited() or self._answers(),
@@ -149,13 +151,7 @@ class AzuriteServer:
             self._client.close()
             self._client = None
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
+        end_process(process)
         if self._log is not None:
             self._log.close()
             self._log = None

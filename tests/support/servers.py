@@ -332,10 +332,24 @@ def fake_gcs_binary() -> Path:
     return binary
 
 
-def _terminate(process: subprocess.Popen[bytes]) -> None:
+def kill_process(process: subprocess.Popen[bytes]) -> None:
+    """Kill a server process that failed to start, and wait for it."""
     if process.poll() is None:
         process.kill()
         process.wait(timeout=5)
+
+
+def end_process(process: subprocess.Popen[bytes] | None, timeout_s: float = 5.0) -> None:
+    """Stop a server process started by a fixture: terminated, killed if it does not end in
+    ``timeout_s``, and waited for."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=timeout_s)
 
 
 class FakeGcsServer:
@@ -386,7 +400,7 @@ class FakeGcsServer:
             )
             self.process, self.port = process, port
             # Safety net: never leave the Go process behind, even if stop() is never called.
-            weakref.finalize(self, _terminate, process)
+            weakref.finalize(self, kill_process, process)
             try:
                 wait_until(
                     lambda: self._exited() or self._answers(),
@@ -413,13 +427,7 @@ class FakeGcsServer:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
+        end_process(process)
         if self._log is not None:
             self._log.close()
             self._log = None
