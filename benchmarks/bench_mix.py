@@ -52,13 +52,12 @@ from typing import Any
 import netem
 from _harness import BUCKET, KIB, MB, MIB
 from _harness.datasets import Dataset, DataSpec, ensure_dataset
+from _harness.indexed import link_note
 from _harness.procs import rotated
 from _harness.remote import run_worker, worker_main
 from _harness.remote_report import machine_notes
 from _harness.report import command_line, now, publish, replace_section, source_state
 from _harness.servers import (
-    LINK_SHAPE,
-    RTT,
     Services,
     Store,
     free_port,
@@ -307,10 +306,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  servers up in {time.perf_counter() - start:.1f} s", flush=True)
         upload(services, sources)
         samples = measure(services.stores["s3-link"], sources, rounds, services.proxy_log)
-    link_note = (
-        f"Emulated link: 1 Gbit tbf, {RTT * 1000:.0f} ms RTT, "
-        f"{LINK_SHAPE.rate / 1e6:.0f} MB/s per connection."
-    )
     section = render(
         command=command_line("bench_mix.py", argv),
         samples=samples,
@@ -319,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elapsed=time.perf_counter() - start,
         load_start=load_start,
         source_start=source_start,
-        link_note=link_note,
+        link_note=link_note(False, ""),
     )
     publish(section, args.out, write_readme)
     return 0
