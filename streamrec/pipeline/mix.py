@@ -46,6 +46,7 @@ import numpy as np
 
 from streamrec._portal import iterate_blocking, run_all
 from streamrec.pipeline.dataset import Dataset
+from streamrec.pipeline.ledger import Handout
 from streamrec.pipeline.mix_order import (
     Draws,
     IntArray,
@@ -416,7 +417,7 @@ class MixedDataset(Chainable[bytes]):
     # ------------------------------------------------------------------ consumers
 
     async def __aiter__(self) -> AsyncGenerator[bytes, None]:
-        handout = _HandOut(self.mark_consumed)
+        handout = Handout(self.mark_consumed)
         chunks = self.record_chunks(
             auto_consume=False, report_consumed=handout.flush, handed_out=handout.total
         )
@@ -431,7 +432,7 @@ class MixedDataset(Chainable[bytes]):
                 handout.flush()
 
     def __iter__(self) -> Iterator[bytes]:
-        handout = _HandOut(self.mark_consumed)
+        handout = Handout(self.mark_consumed)
 
         def chunks() -> AsyncGenerator[list[bytes], None]:
             return self.record_chunks(
@@ -492,35 +493,6 @@ class MixedDataset(Chainable[bytes]):
 def _add_stats(total: Stats, stats: Stats) -> None:
     for f in dataclasses.fields(Stats):
         setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
-
-
-class _HandOut:
-    """Counts the records of the chunk in hand handed out (its iterator's length hint) and
-    marks them consumed on ``flush()``."""
-
-    __slots__ = ("_done", "_it", "_mark", "_marked", "_size")
-
-    def __init__(self, mark: Callable[[int], None]) -> None:
-        self._mark = mark
-        self._marked = self._done = self._size = 0
-        self._it: Any = None
-
-    def take(self, size: int, it: Iterator[bytes]) -> None:
-        self._done = self.total()
-        self._size, self._it = size, it
-        self.flush()
-
-    def total(self) -> int:
-        if self._it is None:
-            return self._done
-        left: int = self._it.__length_hint__()
-        return self._done + self._size - left
-
-    def flush(self) -> None:
-        total = self.total()
-        if total > self._marked:
-            self._mark(total - self._marked)
-            self._marked = total
 
 
 def mix(
