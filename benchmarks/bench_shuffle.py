@@ -52,6 +52,7 @@ of the per-round ratios this tree / baseline, which the load of a shared machine
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -62,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import netem
-from _harness import KIB, MB, MIB
+from _harness import BUCKET, KIB, MB, MIB
 from _harness.datasets import Dataset, DataSpec, ensure_dataset
 from _harness.indexed import index_locally, link_note, link_services, require_root, upload_indexed
 from _harness.procs import rotated
@@ -76,7 +77,7 @@ from _harness.servers import (
 
 START_MARK = "<!-- bench_shuffle:start -->"
 END_MARK = "<!-- bench_shuffle:end -->"
-READERS = ("link limit", "sequential", "tf.data recipe", "block", "global")
+READERS = ("link limit", "per-record GETs", "sequential", "tf.data recipe", "block", "global")
 BASE = " (baseline)"  # suffix of the rows --baseline's tree read
 TARGETS = {"100KiB": 0.8, "1KiB": 0.7}  # block and global, defaults, x the link limit
 NEAR = 64  # "near": consecutive reads' record numbers within this many of each other
@@ -185,6 +186,28 @@ PRELOAD = {"read": ("aiohttp", "s3fs", "streamrec", "numpy")}
 Samples = dict[tuple[str, str], list[dict[str, Any]]]  # (dataset, reader) -> runs
 
 
+# "per-record GETs": one bare range GET per record (s3fs's aiobotocore client, no streamrec),
+# in a seeded random order, as many in flight as global shuffle has: what this machine's client,
+# server and link proxy allow for per-record reads, the ceiling global shuffle is measured against
+BULK_READERS = ("link limit", "per-record GETs")
+CAPPED_READERS = ("global", "per-record GETs")
+GLOBAL_CONNECTIONS = 64
+
+
+def record_ranges(data: Dataset, seed: int, count: int) -> list[tuple[str, int, int]]:
+    """The first ``count`` records of a seeded random permutation of ``data``'s records, as
+    (bucket/key, start, end) of each framed record (from the local index sidecars)."""
+    ranges = []
+    for shard in data.files:
+        key = f"{BUCKET}/{data.prefix}/{shard.name}"
+        for line in shard.with_name(shard.name + ".idx").read_text().split("\n"):
+            if line:
+                offset, length = (int(x) for x in line.split()[:2])
+                ranges.append((key, offset, offset + length))
+    random.Random(seed).shuffle(ranges)
+    return ranges[:count]
+
+
 def chunk_records(data: Dataset, prefetch_bytes: int = 64 * MIB) -> int:
     """Records in one of the indexed engine's read chunks at the defaults (``prefetch_bytes /
     CHUNK_PART`` over the mean framed record, from the local sidecars)."""
@@ -219,16 +242,22 @@ def measure(
                     assert baseline is not None
                     reader, script = name[: -len(BASE)], baseline / "benchmarks" / script.name
                 job: dict[str, Any] = {
-                    "kind": "bulk" if reader == "link limit" else "read",
+                    "kind": "bulk" if reader in BULK_READERS else "read",
                     "backend": "s3",
                     "endpoint": store.endpoint,
                     "glob": data.glob("s3"),
                     "seed": r,
                     "options": reader_options(reader, data.spec.payload),
                 }
-                capped = reader == "global" and data.spec.payload < 64 * KIB
+                capped = reader in CAPPED_READERS and data.spec.payload < 64 * KIB
                 if capped:
                     job["cap"] = cap
+                if reader == "per-record GETs":
+                    ranges = record_ranges(data, r, cap if capped else data.records)
+                    ranges_file = proxy_log.with_name(f"ranges-{data.spec.name}.json")
+                    ranges_file.write_text(json.dumps(ranges))
+                    job["ranges_file"] = str(ranges_file)
+                    job["connections"] = GLOBAL_CONNECTIONS
                 result = run_worker(script, job, timeout_for(data) + 120)
                 check(result, reader, data, cap if capped else data.records)
                 if store.link:
@@ -251,6 +280,10 @@ def check(result: dict[str, Any], reader: str, data: Dataset, records: int) -> N
     if reader == "link limit":
         if result["nbytes"] != data.nbytes:
             raise SystemExit(f"link limit, {data.spec.name}: {result['nbytes']} bytes")
+        return
+    if reader == "per-record GETs":
+        if result["nbytes"] < 16 * records:
+            raise SystemExit(f"per-record GETs, {data.spec.name}: {result['nbytes']} bytes")
         return
     if result["records"] != records or result["distinct"] != records:
         raise SystemExit(
@@ -297,7 +330,7 @@ def render(
             recs = statistics.median(r["records"] or 0 for r in runs)
             rps = statistics.median((r["records"] or 0) / r["seconds"] for r in runs)
             rho = near = ""
-            if reader != "link limit":
+            if reader not in BULK_READERS:
                 rho = fmt(statistics.median(r["quality"]["rho"] for r in runs), 3)
                 near = fmt(statistics.median(r["quality"]["near"] for r in runs), 4)
             first = statistics.median(r["first"] for r in runs)
@@ -310,6 +343,14 @@ def render(
                 f"| {data.spec.name} | {reader} | {what} | {med / MB:.1f} | {max(rates) / MB:.1f} "
                 f"| {med / limit:.2f} | {rps_s} | {down} | {first:.2f} | {rho} | {near} |"
             )
+            if reader == "global" and (data.spec.name, "per-record GETs") in samples:
+                ceiling = statistics.median(
+                    r["nbytes"] / r["seconds"] for r in samples[(data.spec.name, "per-record GETs")]
+                )
+                notes.append(
+                    f"{data.spec.name} global: {med / ceiling:.2f}x the bare per-record GETs "
+                    "(the same number of records, one range GET each, as many in flight)"
+                )
             if reader.removesuffix(BASE) in ("block", "global"):
                 if reader in ("block", "global"):
                     verdicts.append((data, reader, med / limit))

@@ -123,12 +123,17 @@ async def _bulk(job: dict[str, Any]) -> dict[str, Any]:
         found = await fs._glob(strip_scheme(job["glob"]), detail=True)
         listed = time.perf_counter() - t0
         step = int(job.get("range_bytes", BULK_RANGE))
-        ranges = [
-            (path, start, min(start + step, int(info["size"])))
-            for path, info in sorted(found.items())
-            for start in range(0, int(info["size"]), step)
-        ]
+        if "ranges_file" in job:  # a JSON list of (path, start, end), in the order to read them
+            given = json.loads(Path(job["ranges_file"]).read_text())
+            ranges = [(str(path), int(start), int(end)) for path, start, end in given]
+        else:
+            ranges = [
+                (path, start, min(start + step, int(info["size"])))
+                for path, info in sorted(found.items())
+                for start in range(0, int(info["size"]), step)
+            ]
         ranges.reverse()
+        count = len(ranges)
 
         async def worker() -> int:
             got = 0
@@ -143,7 +148,7 @@ async def _bulk(job: dict[str, Any]) -> dict[str, Any]:
     return {
         "seconds": elapsed,
         "first": (first[0] if first else t0) - t0,
-        "records": None,
+        "records": count if "ranges_file" in job else None,
         "nbytes": total,
         "setup": setup,
         "listed": listed,
