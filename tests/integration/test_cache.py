@@ -372,10 +372,10 @@ print(len(records), hashlib.sha256(b"".join(records)).hexdigest(), flush=True)
 def test_two_processes_share_one_cache(
     s3_server: MotoS3Server, s3_bucket: str, fault_proxy: Any, tmp_path: Path
 ) -> None:
-    made = put_shards(s3_server, s3_bucket, "shared", shards=4, count=3000)  # ~330 KB each
+    made = put_shards(s3_server, s3_bucket, "together", shards=4, count=3000)  # ~330 KB each
     proxy = fault_proxy(s3_server.endpoint_url)
     cache = tmp_path / "cache"
-    args = [f"s3://{s3_bucket}/shared/*.tfrecord", proxy.url, str(cache), str(8 << 20)]
+    args = [f"s3://{s3_bucket}/together/*.tfrecord", proxy.url, str(cache), str(8 << 20)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     children = [
         subprocess.Popen(
