@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import random
 import shutil
 import statistics
 import sys
@@ -44,37 +43,16 @@ from pathlib import Path
 from typing import Any
 
 from _harness import DATA_DIR, MB, MIB
+from _harness.local import write_random_shards
 from _harness.report import cpu_model, now, replace_section, source_state
 from _harness.servers import FakeGcsServer
 
 import streamrec
 from streamrec.format import framing
-from streamrec.format.framing import RecordEncoder
 
 SHARDS = 16
 RECORD_BYTES = 1024
 START, END = "<!-- bench_cache:start -->", "<!-- bench_cache:end -->"
-
-
-def write_shards(directory: Path, shard_bytes: int) -> list[Path]:
-    """``SHARDS`` shards of about ``shard_bytes``, reused when already there."""
-    directory.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(shard_bytes)
-    paths = []
-    for shard in range(SHARDS):
-        path = directory / f"part-{shard:05d}.tfrecord"
-        paths.append(path)
-        if path.exists() and path.stat().st_size >= shard_bytes:
-            continue
-        block = rng.randbytes(RECORD_BYTES * 2)
-        payloads, size = [], 0
-        while size < shard_bytes:
-            n = rng.randint(RECORD_BYTES * 3 // 4, RECORD_BYTES * 5 // 4)
-            start = rng.randrange(len(block) - n)
-            payloads.append(block[start : start + n])
-            size += n + 16
-        path.write_bytes(RecordEncoder().encode_many(payloads))
-    return paths
 
 
 def epoch(ds: streamrec.Dataset) -> tuple[float, int]:
@@ -176,7 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     shard_mib = 2 if args.quick else args.shard_mib
     started = time.monotonic()
-    paths = write_shards(DATA_DIR / "cache" / f"{shard_mib}", shard_mib * MIB)
+    paths = write_random_shards(
+        DATA_DIR / "cache" / f"{shard_mib}", SHARDS, RECORD_BYTES, shard_mib * MIB, shard_mib * MIB
+    )
     scratch = Path(tempfile.mkdtemp(prefix="bench-cache-"))
     load_before = os.getloadavg()
     try:

@@ -28,7 +28,6 @@ import contextlib
 import io
 import os
 import platform
-import random
 import statistics
 import sys
 import time
@@ -37,35 +36,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from _harness import BENCH_DIR
+from _harness.local import write_random_shards
 from _harness.report import cpu_model, replace_section, source_state
 
 import streamrec
 from streamrec.cli import main as cli_main
 from streamrec.format import framing
-from streamrec.format.framing import RecordEncoder
 
 MIB = 1 << 20
 SHARDS = 16
 SIZES = [("100 B", 100), ("1 KiB", 1024), ("100 KiB", 100 * 1024)]
 START, END = "<!-- bench_index:start -->", "<!-- bench_index:end -->"
-
-
-def write_shards(directory: Path, record_bytes: int, shard_bytes: int) -> None:
-    """``SHARDS`` shards of about ``shard_bytes``, reused when already there."""
-    directory.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(record_bytes)
-    for shard in range(SHARDS):
-        path = directory / f"part-{shard:05d}.tfrecord"
-        if path.exists() and path.stat().st_size >= shard_bytes:
-            continue
-        block = rng.randbytes(record_bytes * 2)
-        payloads, size = [], 0
-        while size < shard_bytes:
-            n = rng.randint(record_bytes * 3 // 4, record_bytes * 5 // 4)
-            start = rng.randrange(len(block) - n)
-            payloads.append(block[start : start + n])
-            size += n + 16
-        path.write_bytes(RecordEncoder().encode_many(payloads))
 
 
 def timed(*args: str) -> float:
@@ -109,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for label, record_bytes in SIZES:
         directory = BENCH_DIR / "data" / "index" / f"{record_bytes}-{shard_bytes // MIB}"
-        write_shards(directory, record_bytes, shard_bytes)
+        write_random_shards(directory, SHARDS, record_bytes, shard_bytes, record_bytes)
         total = sum(p.stat().st_size for p in directory.glob("*.tfrecord"))
         times = measure(directory, args.rounds)
         ratios = [c / i for c, i in zip(times["count"], times["index"], strict=True)]

@@ -8,6 +8,7 @@ and reused while its size is right. Each reader reads one file and returns the r
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import numpy as np
 
 import streamrec
 import streamrec.sync
+from streamrec.format.framing import RecordEncoder
 
 from . import DATA_DIR, MIB
 from .procs import reset_peak_rss, rotated, status_kib
@@ -86,6 +88,31 @@ def ensure_file(data: DataFile) -> None:
 
 
 # ---------------------------------------------------------------- readers
+
+
+def write_random_shards(
+    directory: Path, shards: int, record_bytes: int, shard_bytes: int, seed: int
+) -> list[Path]:
+    """``shards`` files ``part-NNNNN.tfrecord`` of about ``shard_bytes`` each, of records of
+    random bytes within +-25% of ``record_bytes`` (seeded: the same files every time), reused
+    when already there."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    paths = []
+    for shard in range(shards):
+        path = directory / f"part-{shard:05d}.tfrecord"
+        paths.append(path)
+        if path.exists() and path.stat().st_size >= shard_bytes:
+            continue
+        block = rng.randbytes(record_bytes * 2)
+        payloads, size = [], 0
+        while size < shard_bytes:
+            n = rng.randint(record_bytes * 3 // 4, record_bytes * 5 // 4)
+            start = rng.randrange(len(block) - n)
+            payloads.append(block[start : start + n])
+            size += n + 16
+        path.write_bytes(RecordEncoder().encode_many(payloads))
+    return paths
 
 
 def read_raw(path: str) -> int:
