@@ -13,10 +13,15 @@ consumed" into "``m`` more source records consumed", chunk by chunk, never per i
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Iterator
+from contextlib import aclosing
+from typing import Any, Protocol, TypeVar, cast
 
-__all__ = ["Handout", "Ledger", "Piece"]
+from streamrec._portal import iterate_blocking
+
+__all__ = ["Handout", "Ledger", "Piece", "handed_out_async", "handed_out_blocking"]
+
+T = TypeVar("T")
 
 #: A piece: the items, each item's cost in source records (None: one each), and source
 #: records consumed before the first item without an item.
@@ -147,3 +152,58 @@ class Ledger:
             n -= take
             pos = 0
         return total
+
+
+class _Counted(Protocol[T]):
+    """A source read item by item: its chunks, counted consumed as its consumer takes them."""
+
+    def record_chunks(
+        self,
+        *,
+        auto_consume: bool = ...,
+        report_consumed: Callable[[], None] | None = ...,
+        handed_out: Callable[[], int] | None = ...,
+    ) -> AsyncGenerator[list[T], None]: ...
+
+    def mark_consumed(self, n: int) -> None: ...
+
+
+async def handed_out_async(source: _Counted[T]) -> AsyncGenerator[T, None]:
+    """``async for`` over ``source`` item by item: its chunks read with
+    ``auto_consume=False``, each item counted consumed once it is handed out (a
+    :class:`Handout`), so ``state_dict()`` is exact between any two items."""
+    handout = Handout(source.mark_consumed)
+    chunks = source.record_chunks(
+        auto_consume=False, report_consumed=handout.flush, handed_out=handout.total
+    )
+    async with aclosing(chunks) as pieces:
+        try:
+            async for items in pieces:
+                it = iter(items)
+                handout.take(len(items), it)
+                for item in it:
+                    yield item
+        finally:
+            handout.flush()  # before the source's iteration closes
+
+
+def handed_out_blocking(source: _Counted[T]) -> Iterator[T]:
+    """:func:`handed_out_async` for plain ``for``: the chunks come from the background loop
+    (``_portal.iterate_blocking``), the counting happens in the consumer's thread, between
+    hand-overs."""
+    handout = Handout(source.mark_consumed)
+
+    def chunks() -> AsyncGenerator[list[T], None]:
+        return source.record_chunks(
+            auto_consume=False, report_consumed=handout.flush, handed_out=handout.total
+        )
+
+    lists = cast(Any, iterate_blocking(chunks))
+    try:
+        for items in lists:
+            it = iter(items)
+            handout.take(len(items), it)
+            yield from it
+    finally:
+        handout.flush()  # before the source's iteration closes
+        lists.close()

@@ -36,17 +36,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import numpy as np
 
-from streamrec._portal import iterate_blocking, run_all
+from streamrec._portal import run_all
 from streamrec.pipeline.dataset import Dataset
-from streamrec.pipeline.ledger import Handout
+from streamrec.pipeline.ledger import handed_out_async, handed_out_blocking
 from streamrec.pipeline.mix_order import (
     Draws,
     IntArray,
@@ -416,38 +416,11 @@ class MixedDataset(Chainable[bytes]):
 
     # ------------------------------------------------------------------ consumers
 
-    async def __aiter__(self) -> AsyncGenerator[bytes, None]:
-        handout = Handout(self.mark_consumed)
-        chunks = self.record_chunks(
-            auto_consume=False, report_consumed=handout.flush, handed_out=handout.total
-        )
-        async with aclosing(chunks) as source:
-            try:
-                async for chunk in source:
-                    it = iter(chunk)
-                    handout.take(len(chunk), it)
-                    for record in it:
-                        yield record
-            finally:
-                handout.flush()
+    def __aiter__(self) -> AsyncGenerator[bytes, None]:
+        return handed_out_async(self)
 
     def __iter__(self) -> Iterator[bytes]:
-        handout = Handout(self.mark_consumed)
-
-        def chunks() -> AsyncGenerator[list[bytes], None]:
-            return self.record_chunks(
-                auto_consume=False, report_consumed=handout.flush, handed_out=handout.total
-            )
-
-        lists = cast(Generator[list[bytes], None, None], iterate_blocking(chunks))
-        try:
-            for chunk in lists:
-                it = iter(chunk)
-                handout.take(len(chunk), it)
-                yield from it
-        finally:
-            handout.flush()  # (the consumer's thread, between hand-overs: see transform.py)
-            lists.close()
+        return handed_out_blocking(self)
 
     # ------------------------------------------------------------------ counts, stats
 

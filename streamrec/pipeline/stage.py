@@ -23,9 +23,8 @@ from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from streamrec._portal import iterate_blocking
 from streamrec.errors import StateError
-from streamrec.pipeline.ledger import Handout, Ledger, Piece
+from streamrec.pipeline.ledger import Ledger, Piece, handed_out_async, handed_out_blocking
 
 if TYPE_CHECKING:
     from streamrec.pipeline.stats import Stats
@@ -132,35 +131,11 @@ class Stage(Generic[T]):
 
     # ---------------------------------------------------------------- iteration
 
-    async def __aiter__(self) -> AsyncGenerator[T, None]:
-        handout = Handout(self.mark_consumed)
-        chunks = self.record_chunks(
-            auto_consume=False, report_consumed=handout.flush, handed_out=handout.total
-        )
-        async with aclosing(chunks) as source:
-            try:
-                async for items in source:
-                    it = iter(items)
-                    handout.take(len(items), it)
-                    for item in it:
-                        yield item
-            finally:
-                handout.flush()  # before the source's iteration closes
+    def __aiter__(self) -> AsyncGenerator[T, None]:
+        return handed_out_async(self)
 
     def __iter__(self) -> Iterator[T]:
-        handout = Handout(self.mark_consumed)
-        chunks = self.record_chunks(
-            auto_consume=False, report_consumed=handout.flush, handed_out=handout.total
-        )
-        blocking = cast(Any, iterate_blocking(lambda: chunks))
-        try:
-            for items in blocking:
-                it = iter(items)
-                handout.take(len(items), it)
-                yield from it
-        finally:
-            handout.flush()  # before the source's iteration closes
-            blocking.close()
+        return handed_out_blocking(self)
 
     # ---------------------------------------------------------------- forwarded
 
