@@ -1,6 +1,6 @@
-"""Build the optional C accelerators of streamrec.format.
+"""Build the optional C accelerators of streamrec.format (and storage's local reads).
 
-Both extensions are optional: without a C compiler (or with STREAMREC_PURE_PYTHON=1 at build
+Every extension is optional: without a C compiler (or with STREAMREC_PURE_PYTHON=1 at build
 time) streamrec installs and runs on its pure-Python fallbacks, which produce identical results.
 """
 
@@ -16,6 +16,12 @@ if not os.environ.get("STREAMREC_PURE_PYTHON"):
         Extension(
             "streamrec.format._cframing",
             ["streamrec/format/_cframing.c"],
+            extra_compile_args=compile_args,
+            optional=True,
+        ),
+        Extension(
+            "streamrec.storage._cread",
+            ["streamrec/storage/_cread.c"],
             extra_compile_args=compile_args,
             optional=True,
         ),

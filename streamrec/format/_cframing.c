@@ -14,6 +14,9 @@
  * new_payload(n) / fill(payload, at, data, crc, verify): a record assembled from several
  * chunks is copied into its final bytes object piece by piece, the CRC fused with each copy.
  *
+ * The capsule `crc32c` hands the CRC kernel to streamrec.storage._cread, which reads a local
+ * shard's large records straight into their bytes objects and checks them with it.
+ *
  * The pure-Python twin in framing.py has the same contract; the tests run both.
  * No I/O; the GIL is held throughout (every record becomes a Python object).
  */
@@ -450,6 +453,12 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* The CRC32C kernel (unmasked, continued from crc) for other C extensions: streamrec.storage's
+ * _cread checks the records it reads with it (PyCapsule "streamrec.format._cframing.crc32c"). */
+static uint32_t crc32c_exported(uint32_t crc, const unsigned char *p, size_t n) {
+    return crc32c_impl(crc, p, n);
+}
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_cframing", "C accelerator for TFRecord framing.", -1, methods,
     NULL, NULL, NULL, NULL,
@@ -463,5 +472,14 @@ PyMODINIT_FUNC PyInit__cframing(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) crc32c_impl = crc32c_hw3;
 #endif
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    PyObject *capsule =
+        PyCapsule_New((void *)crc32c_exported, "streamrec.format._cframing.crc32c", NULL);
+    if (capsule == NULL || PyModule_AddObject(m, "crc32c", capsule) < 0) {
+        Py_XDECREF(capsule);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -33,12 +33,12 @@ def pure_python_requested() -> bool:
     return os.environ.get(PURE_PYTHON_VARIABLE, "") not in ("", "0")
 
 
-def load_accelerator(name: str) -> ModuleType | None:
-    """The C extension ``streamrec.format.<name>``, or None if not built or not wanted."""
+def load_accelerator(name: str, package: str = "streamrec.format") -> ModuleType | None:
+    """The C extension ``<package>.<name>``, or None if not built or not wanted."""
     if pure_python_requested():
         return None
     try:
-        return importlib.import_module(f"streamrec.format.{name}")
+        return importlib.import_module(f"{package}.{name}")
     except ImportError:  # not built: no compiler at install time
         return None
 

@@ -76,6 +76,12 @@ class ObjectReader:
 
     ``open_cache`` asks the local cache for the object before the first read (see the module
     docstring); :meth:`finish` publishes what a whole read filled.
+
+    A reader of a store with ``direct_reads`` (local files) and no cache requests nothing
+    until it is iterated or :meth:`start_blocks` is called (``prime()`` waits for that):
+    :mod:`streamrec.pipeline.direct` may read the object's large records straight into their
+    objects first, its bytes held through :meth:`try_hold` / :meth:`hold` / :meth:`unhold`
+    (the same budget, share and cap as blocks).
     """
 
     def __init__(
@@ -116,6 +122,8 @@ class ObjectReader:
         self._open_cache = open_cache
         self._routing: asyncio.Future[CacheHit | CacheFill | None] | None = None
         self._remote_concurrency = self.max_concurrency
+        # (see the class docstring: nothing requested until blocks are asked for)
+        self.deferred = getattr(store, "direct_reads", False) and open_cache is None
         if open_cache is not None:
             # until the cache answers, as few reads as a local copy wants (more preads at once
             # only compete with decoding for the cores: measured 10-30 % slower second
@@ -152,6 +160,8 @@ class ObjectReader:
 
     def prime(self) -> None:
         """Request as many blocks as the budget and the concurrency limit allow, now."""
+        if self.deferred:
+            return
         while (
             not self._closed
             and len(self._inflight) < self.max_concurrency
@@ -169,6 +179,37 @@ class ObjectReader:
                 return
             self._request(length)
         self.budget.forget(self.prime)
+
+    def start_blocks(self, start: int) -> None:
+        """Read blocks from byte ``start`` on (a deferred reader that has requested nothing:
+        the records before ``start`` were read directly)."""
+        assert self.deferred and not self._inflight and not self._ready
+        self.deferred = False
+        self._next = start
+        self.prime()
+
+    def try_hold(self, n: int) -> bool:
+        """Reserve ``n`` bytes for this reader if the budget, its share and its cap allow it
+        now (as a block request would be reserved)."""
+        cap = self.max_held_bytes
+        if self._closed or (cap is not None and self._held and self._held + n > cap):
+            return False
+        mine = 0 if self._share is None else self._share - self._covered
+        if not self.budget.try_reserve(n, keep_free=self.budget.owed - min(mine, n)):
+            return False
+        self._hold(n)
+        return True
+
+    async def hold(self, n: int) -> None:
+        """Reserve ``n`` bytes, waiting for room; the consumer waits for this reader, which
+        holds nothing else: it may overdraw (see :meth:`ByteBudget.reserve`)."""
+        await self.budget.reserve(n, overdraw=True)
+        self._hold(n)
+
+    def unhold(self, n: int) -> None:
+        """Give back ``n`` bytes reserved by :meth:`try_hold` / :meth:`hold`."""
+        self._hold(-n)
+        self.budget.release(n)
 
     def _next_length(self) -> int:
         return min(self._block, self.obj.size - self._next)
@@ -195,6 +236,7 @@ class ObjectReader:
     async def __anext__(self) -> bytes:
         if self._closed:
             raise StopAsyncIteration
+        self.deferred = False
         if not self._ready:
             self.prime()
             if not self._inflight:

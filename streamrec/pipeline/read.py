@@ -7,8 +7,10 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 
 from streamrec.errors import FormatError
+from streamrec.format.codecs import compression_from_name, normalize_compression
 from streamrec.format.framing import OnCorrupt
 from streamrec.format.shard import DEFAULT_PIECE_BYTES, ShardDecoder
+from streamrec.pipeline.direct import DirectRead
 from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.stats import Stats
 
@@ -37,8 +39,31 @@ async def read_shard(
     closed (its requests cancelled, its budget returned) however this generator ends.
     A reader that starts mid-object, at ``start_offset``, must start at the header of record
     ``start_index`` of an uncompressed shard.
+
+    A deferred reader (a local file, no cache) of an uncompressed shard read with
+    ``on_corrupt="raise"`` first reads its large records directly
+    (:mod:`streamrec.pipeline.direct`); the block path takes over at the first record that
+    is not large and clean, and reads it and the rest as always.
     """
     url = reader.obj.url
+    if _direct(reader, compression, on_corrupt, start_offset):
+        direct = DirectRead(
+            reader, start_offset=start_offset, start_index=start_index, verify_crc=verify_crc
+        )
+        async with aclosing(direct.chunks()) as chunks:
+            async for records in chunks:
+                stats.records_read += len(records)
+                stats.bytes_read += direct.bytes_read
+                direct.bytes_read = 0
+                yield records
+        if direct.handoff is None:  # read to its end
+            await reader.aclose()
+            return
+        if direct.handoff[0] != start_offset:  # records framed there: uncompressed
+            compression = None
+        start_offset, start_index = direct.handoff
+    if reader.deferred:
+        reader.start_blocks(start_offset)
     decoder = ShardDecoder(
         url=url,
         compression=compression,
@@ -98,6 +123,18 @@ async def decode_blocks(
         raise
     finally:
         await reader.aclose()
+
+
+def _direct(
+    reader: ObjectReader, compression: str | None, on_corrupt: OnCorrupt, start: int
+) -> bool:
+    """True when ``reader``'s large records may be read directly (see :func:`read_shard`)."""
+    if not reader.deferred or on_corrupt != "raise" or start >= reader.obj.size:
+        return False
+    choice = normalize_compression(compression)
+    if choice == "auto":  # a file named as compressed is; otherwise its first header decides
+        return compression_from_name(reader.obj.url) in (None, "unknown")
+    return choice is None
 
 
 def _report_drops(dropped: list[FormatError], reported: int, stats: Stats) -> int:

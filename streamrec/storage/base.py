@@ -92,6 +92,9 @@ class ObjectStore(abc.ABC):
     concurrency_limit: int | None = None
     """Most range reads of one object worth having in flight (None: no limit of the store's
     own; a remote store needs many to fill a link, a local disk gains nothing past a few)."""
+    direct_reads: bool = False
+    """True when the store reads records straight into their final objects (local files:
+    ``LocalStore.open_file``); see :mod:`streamrec.pipeline.direct`."""
 
     @abc.abstractmethod
     async def expand(self, pattern: str) -> list[ObjectInfo]:

@@ -12,7 +12,7 @@ from streamrec.storage.base import Leftover, ObjectInfo, ObjectStore, has_glob
 from streamrec.storage.sinks import TEMP_NAME, AtomicLocalSink, SinkContext
 from streamrec.storage.translate import translate
 
-__all__ = ["LocalStore"]
+__all__ = ["LocalFile", "LocalStore"]
 
 
 class LocalStore(ObjectStore):
@@ -54,6 +54,17 @@ class LocalStore(ObjectStore):
             return await asyncio.to_thread(_pread, self.path(obj.url), start, end)
         except OSError as exc:
             raise translate(exc, obj.url, f"reading bytes {start}-{end - 1}") from exc
+
+    direct_reads = True
+    """Records can be read straight into their final objects (:meth:`open_file`, used by
+    :mod:`streamrec.pipeline.direct` in worker threads) instead of through blocks."""
+
+    def open_file(self, obj: ObjectInfo) -> LocalFile:
+        """``obj`` opened for positional reads into the caller's buffers (blocking: call it
+        from a worker thread, like :meth:`LocalFile.read_into`)."""
+        if not _allocator_settled:
+            _settle_allocator()
+        return LocalFile(obj.url, self.path(obj.url))
 
     async def delete(self, url: str) -> None:
         try:
@@ -106,6 +117,81 @@ def _settle_allocator() -> None:
         # bytearray would be zeroed by memset), then unmapped
         chunk = bytes(_GLIBC_MMAP_THRESHOLD_MAX - (64 << 10))
         del chunk
+
+
+class LocalFile:
+    """One local file open for positional reads straight into the caller's buffers.
+
+    Blocking: every method runs in a worker thread. ``os.preadv`` releases the GIL while the
+    kernel copies out of the page cache, and positional reads share no file offset, so one
+    file object may be read by several threads at once. Close it once no read is running.
+    """
+
+    def __init__(self, url: str, path: str) -> None:
+        self.url = url
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise translate(exc, url, "opening it") from exc
+
+    def read_into(self, buffers: list[memoryview], offset: int) -> int:
+        """Fill ``buffers`` in order from byte ``offset``; how many bytes were read (fewer
+        only at the end of the file)."""
+        want = sum(buffer.nbytes for buffer in buffers)
+        done = 0
+        try:
+            while done < want:
+                got = _preadv(self._fd, _after(buffers, done), offset + done)
+                if got <= 0:
+                    break
+                done += got
+        except OSError as exc:
+            raise translate(exc, self.url, f"reading bytes {offset}-{offset + want - 1}") from exc
+        return done
+
+    @property
+    def fd(self) -> int:
+        """The open file descriptor (for the C reads of :mod:`streamrec.storage.records`)."""
+        return self._fd
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self) -> LocalFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _after(buffers: list[memoryview], skip: int) -> list[memoryview]:
+    """``buffers`` without their first ``skip`` bytes (a short read's remainder)."""
+    if not skip:
+        return buffers
+    rest = []
+    for buffer in buffers:
+        if skip >= buffer.nbytes:
+            skip -= buffer.nbytes
+            continue
+        rest.append(buffer[skip:] if skip else buffer)
+        skip = 0
+    return rest
+
+
+def _preadv_copy(fd: int, buffers: list[memoryview], offset: int) -> int:
+    """``os.preadv`` where the platform lacks it: one read, copied into the buffers."""
+    data = os.pread(fd, sum(buffer.nbytes for buffer in buffers), offset)
+    at = 0
+    for buffer in buffers:
+        piece = data[at : at + buffer.nbytes]
+        buffer[: len(piece)] = piece
+        at += len(piece)
+    return len(data)
+
+
+_preadv = getattr(os, "preadv", _preadv_copy)
 
 
 def _pread(path: str, start: int, end: int) -> bytes:

@@ -1,0 +1,217 @@
+"""Large records of a local, uncompressed shard read straight into their final ``bytes``.
+
+The block path (:mod:`streamrec.pipeline.prefetch` + the framing decoder) copies every byte
+twice: out of the page cache into a block, then out of the block into its record, and the
+event-loop thread makes the second copy. Here each record of at least
+:data:`DIRECT_RECORD_BYTES` is read by ``preadv`` (``storage.local.LocalFile``) straight into
+its payload object (``format.payload.PayloadBuffer``: allocated at its length, which was
+checked against the object's size first) in :data:`STEP_BYTES` steps, each step's CRC computed
+right after it was read, while it is still in the cache: one copy, no second pass. The reads
+and the CRCs run in worker threads with the GIL released; the loop thread only receives
+finished records.
+
+A *walk* (a worker thread reading 12-byte headers from record to record: the next header's
+offset is known as soon as one header is read) runs ahead and lists the records; *groups* of
+walked records (about a block's bytes, or one larger record) are read by up to the store's
+``concurrency_limit`` threads at once, each group's bytes reserved through the shard's
+:class:`~streamrec.pipeline.prefetch.ObjectReader` (the same budget, share and cap as its
+blocks) before anything is allocated; a group larger than the budget is read alone, as a
+block would be. Groups are handed on in file order.
+
+Only clean records are read this way. Anything else — a small record (below the threshold:
+the block path frames those faster), a header whose CRC fails, a length the object cannot
+hold, a payload CRC that does not match, a short read, a transient storage error — hands the
+rest of the shard, from that record's header, to the block path (:attr:`DirectRead.handoff`),
+which reads it as it always did: the errors and their offsets are exactly the block path's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamrec._portal import cancel_and_wait
+from streamrec.errors import StorageError
+from streamrec.format.payload import FOOTER_BYTES, HEADER_BYTES
+from streamrec.pipeline.prefetch import ObjectReader
+from streamrec.storage.base import ObjectInfo
+from streamrec.storage.local import LocalStore
+from streamrec.storage.records import END, HANDOFF, Plan, Stop, read_records, walk
+
+__all__ = ["DIRECT_RECORD_BYTES", "DirectRead"]
+
+DIRECT_RECORD_BYTES = 64 << 10
+"""Records at least this large (framing included) are read directly; below it, the per-record
+system call and thread hop cost more than the block path's second copy."""
+_WALK_RECORDS = 256  # headers one walk job reads at most
+_OVERHEAD = HEADER_BYTES + FOOTER_BYTES
+
+
+@dataclass
+class _Walk:
+    plans: list[Plan] = field(default_factory=list)
+    offset: int = 0  # the header offset after the last record walked
+    ended: bool = False  # the walk reached the object's end exactly
+    handoff: bool = False  # what is at ``offset`` is for the block path
+
+
+class DirectRead:
+    """Reads ``reader``'s object from ``start_offset`` (the header of record ``start_index``)
+    by the direct path while its records are large and clean; see the module docstring.
+
+    Iterate :meth:`chunks`; once it ends, :attr:`handoff` is None when the object was read to
+    its end, else ``(offset, index)``: the block path continues from that record's header.
+    ``bytes_read`` counts the file bytes of the records handed on.
+    """
+
+    def __init__(
+        self,
+        reader: ObjectReader,
+        *,
+        start_offset: int,
+        start_index: int,
+        verify_crc: bool,
+        min_record_bytes: int = DIRECT_RECORD_BYTES,
+    ) -> None:
+        assert isinstance(reader.store, LocalStore)
+        self.reader = reader
+        self.store: LocalStore = reader.store
+        self.obj: ObjectInfo = reader.obj
+        self.verify_crc = verify_crc
+        self.min_record_bytes = min_record_bytes
+        self.group_bytes = reader.block_bytes
+        self.handoff: tuple[int, int] | None = None
+        self.bytes_read = 0
+        self._offset = start_offset  # where the walk goes on
+        self._index = start_index  # index of the record at _offset
+        self._walked: deque[Plan] = deque()  # walked, not yet in a group
+        self._walked_bytes = 0
+        self._walk_ended = False  # no more walking: the end, or a handoff at _offset
+        self._walk_handoff = False
+
+    async def chunks(self) -> AsyncGenerator[list[bytes], None]:
+        """The records read directly, a group (a list) at a time, in file order."""
+        stop = Stop()
+        walking: asyncio.Future[_Walk] | None = None
+        # (bytes held, index of the group's first record, its plans, its read)
+        inflight: deque[tuple[int, int, list[Plan], asyncio.Future[tuple[list[bytes], int]]]]
+        inflight = deque()
+        group_index = self._index - len(self._walked)  # index of the first walked record
+        try:
+            while True:
+                if walking is not None and walking.done():
+                    self._take_walk(walking.result())
+                    walking = None
+                if walking is None and not self._walk_ended and self._wants_walk():
+                    walking = asyncio.ensure_future(
+                        asyncio.to_thread(
+                            _walk,
+                            self.store,
+                            self.obj,
+                            self._offset,
+                            self.min_record_bytes,
+                            2 * self.group_bytes,
+                        )
+                    )
+                while self._walked and len(inflight) < self.reader.max_concurrency:
+                    plans, held = self._next_group()
+                    if not self.reader.try_hold(held):
+                        if inflight:
+                            self._walked.extendleft(reversed(plans))
+                            self._walked_bytes += held
+                            break
+                        await self.reader.hold(held)  # the consumer waits: overdraw
+                    task = asyncio.ensure_future(
+                        asyncio.to_thread(
+                            _read_group, self.store, self.obj, plans, self.verify_crc, stop
+                        )
+                    )
+                    inflight.append((held, group_index, plans, task))
+                    group_index += len(plans)
+                if not inflight:
+                    if walking is None:
+                        if self._walk_handoff:
+                            self.handoff = (self._offset, self._index)
+                        return
+                    walked = await walking
+                    walking = None
+                    self._take_walk(walked)
+                    continue
+                held, first, plans, oldest = inflight[0]
+                records, bad = await oldest
+                inflight.popleft()
+                self.reader.unhold(held)
+                if bad < len(plans):
+                    self.handoff = (plans[bad][0], first + bad)
+                if records:
+                    self.bytes_read += sum(len(r) for r in records) + _OVERHEAD * len(records)
+                    yield records
+                if self.handoff is not None:
+                    return
+        finally:
+            stop.set()
+            tasks: list[asyncio.Future[Any]] = [read for _, _, _, read in inflight]
+            if walking is not None:
+                tasks.append(walking)
+            await cancel_and_wait(tasks)
+            for held, _, _, _ in inflight:
+                self.reader.unhold(held)
+
+    def _wants_walk(self) -> bool:
+        return self._walked_bytes < 2 * self.group_bytes or len(self._walked) <= (
+            self.reader.max_concurrency
+        )
+
+    def _take_walk(self, walked: _Walk) -> None:
+        self._walked.extend(walked.plans)
+        self._walked_bytes += sum(length + _OVERHEAD for _, length in walked.plans)
+        self._index += len(walked.plans)
+        self._offset = walked.offset
+        if walked.ended or walked.handoff:
+            self._walk_ended = True
+            self._walk_handoff = walked.handoff
+
+    def _next_group(self) -> tuple[list[Plan], int]:
+        """The next walked records, about ``group_bytes`` of them (at least one)."""
+        plans: list[Plan] = []
+        held = 0
+        while self._walked and (not plans or held + self._walked[0][1] <= self.group_bytes):
+            plan = self._walked.popleft()
+            plans.append(plan)
+            held += plan[1] + _OVERHEAD
+        self._walked_bytes -= held
+        return plans, held
+
+
+def _walk(
+    store: LocalStore, obj: ObjectInfo, offset: int, min_record_bytes: int, max_bytes: int
+) -> _Walk:
+    """(Worker thread.) The records from the header at ``offset`` on that the direct path
+    reads: at most :data:`_WALK_RECORDS` of them, about ``max_bytes``."""
+    try:
+        with store.open_file(obj) as file:
+            plans, offset, status = walk(
+                file,
+                offset,
+                obj.size,
+                min_record_bytes=min_record_bytes,
+                max_records=_WALK_RECORDS,
+                max_bytes=max_bytes,
+            )
+    except StorageError:
+        return _Walk(offset=offset, handoff=True)  # the block path retries or raises it
+    return _Walk(plans, offset, ended=status == END, handoff=status == HANDOFF)
+
+
+def _read_group(
+    store: LocalStore, obj: ObjectInfo, plans: list[Plan], verify: bool, stop: Stop
+) -> tuple[list[bytes], int]:
+    """(Worker thread.) The payloads of ``plans``, with how many were clean."""
+    try:
+        with store.open_file(obj) as file:
+            return read_records(file, plans, verify, stop)
+    except StorageError:
+        return [], 0  # the block path retries or raises it

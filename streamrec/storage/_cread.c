@@ -1,0 +1,222 @@
+/* C reads of a local shard's large records straight into their final bytes objects.
+ *
+ * walk(fd, offset, end, min_record_bytes, max_records, max_bytes)
+ *     -> (plans: bytes, offset: int, status: int)
+ *   Reads 12-byte record headers from `offset` on, hopping from record to record, and lists
+ *   (header offset, payload length) as native int64 pairs. It stops at the object's end
+ *   (status 1: `offset` == end), at a header that is not a clean large record (status 2: its
+ *   length CRC fails, it is shorter than min_record_bytes with framing, it claims more than
+ *   the object holds, or the file is short), after max_records records or once max_bytes
+ *   are listed (status 0). An OSError is raised for a failed read.
+ *
+ * read(fd, offset, payloads, verify, step, stop) -> (complete: int, clean: int)
+ *   `payloads` are fresh bytes objects (streamrec.format._cframing.new_payload) of the
+ *   consecutive records whose first header is at `offset`: each payload is read by pread
+ *   straight into its object in `step`-byte steps, the CRC32C of each step computed right
+ *   after it was read (still in the cache), then its footer and the next header. `complete`:
+ *   records fully read; `clean`: records before the first whose CRC does not match. `stop`,
+ *   a bytearray, is polled between steps (non-zero: give up). OSError on a failed read.
+ *
+ * Both run with the GIL released. The CRC kernel is the format core's (its capsule): this
+ * module does the I/O, the format core the checking.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MASK_DELTA 0xa282ead8u
+#define HEADER_BYTES 12
+#define FOOTER_BYTES 4
+
+typedef uint32_t (*crc_fn)(uint32_t, const unsigned char *, size_t);
+static crc_fn crc32c;
+
+static inline uint32_t mask(uint32_t c) { return ((c >> 15) | (c << 17)) + MASK_DELTA; }
+
+static inline uint64_t load_u64le(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static inline uint32_t load_u32le(const unsigned char *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+           ((uint32_t)p[3] << 24);
+}
+
+/* Read exactly n bytes at offset (fewer only at the end of the file); -1 with errno set. */
+static Py_ssize_t read_full(int fd, unsigned char *dst, size_t n, int64_t offset) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t got = pread(fd, dst + done, n - done, (off_t)(offset + (int64_t)done));
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (got == 0) break;
+        done += (size_t)got;
+    }
+    return (Py_ssize_t)done;
+}
+
+static PyObject *walk(PyObject *self, PyObject *args) {
+    int fd;
+    long long offset, end, min_record_bytes, max_bytes;
+    Py_ssize_t max_records;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iLLLnL", &fd, &offset, &end, &min_record_bytes, &max_records,
+                          &max_bytes))
+        return NULL;
+    if (max_records < 1) max_records = 1;
+    int64_t *plans = PyMem_Malloc((size_t)max_records * 2 * sizeof(int64_t));
+    if (plans == NULL) return PyErr_NoMemory();
+    Py_ssize_t count = 0;
+    int status = 0, failed = 0, saved_errno = 0;
+    long long total = 0;
+    Py_BEGIN_ALLOW_THREADS
+    unsigned char header[HEADER_BYTES];
+    while (count < max_records && total < max_bytes) {
+        if (offset == end) {
+            status = 1;
+            break;
+        }
+        Py_ssize_t got = read_full(fd, header, HEADER_BYTES, offset);
+        if (got < 0) {
+            failed = 1;
+            saved_errno = errno;
+            break;
+        }
+        uint64_t length = load_u64le(header);
+        if (got < HEADER_BYTES || mask(crc32c(0, header, 8)) != load_u32le(header + 8) ||
+            length > (uint64_t)(end - offset) ||
+            (long long)length + HEADER_BYTES + FOOTER_BYTES > end - offset ||
+            (long long)length + HEADER_BYTES + FOOTER_BYTES < min_record_bytes) {
+            status = 2;
+            break;
+        }
+        plans[2 * count] = offset;
+        plans[2 * count + 1] = (int64_t)length;
+        count++;
+        offset += (long long)length + HEADER_BYTES + FOOTER_BYTES;
+        total += (long long)length + HEADER_BYTES + FOOTER_BYTES;
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyMem_Free(plans);
+        errno = saved_errno;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    PyObject *packed =
+        PyBytes_FromStringAndSize((const char *)plans, count * 2 * (Py_ssize_t)sizeof(int64_t));
+    PyMem_Free(plans);
+    if (packed == NULL) return NULL;
+    return Py_BuildValue("(NLi)", packed, offset, status);
+}
+
+static PyObject *read_records(PyObject *self, PyObject *args) {
+    int fd, verify;
+    long long offset;
+    PyObject *payloads;
+    Py_ssize_t step;
+    Py_buffer stop;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iLO!pnw*", &fd, &offset, &PyList_Type, &payloads, &verify,
+                          &step, &stop))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(payloads);
+    unsigned char **dst = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(unsigned char *));
+    size_t *lengths = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(size_t));
+    if (dst == NULL || lengths == NULL) {
+        PyMem_Free(dst);
+        PyMem_Free(lengths);
+        PyBuffer_Release(&stop);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *payload = PyList_GET_ITEM(payloads, i);
+        if (!PyBytes_CheckExact(payload)) {
+            PyMem_Free(dst);
+            PyMem_Free(lengths);
+            PyBuffer_Release(&stop);
+            PyErr_SetString(PyExc_TypeError, "read() needs bytes objects from new_payload()");
+            return NULL;
+        }
+        dst[i] = (unsigned char *)PyBytes_AS_STRING(payload);
+        lengths[i] = (size_t)PyBytes_GET_SIZE(payload);
+    }
+    if (step < 1) step = 1;
+    volatile unsigned char *stopped = (volatile unsigned char *)stop.buf;
+    Py_ssize_t complete = 0, clean = -1;
+    int failed = 0, saved_errno = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t at = offset + HEADER_BYTES;
+    unsigned char gap[FOOTER_BYTES + HEADER_BYTES];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        size_t length = lengths[i], done = 0;
+        uint32_t crc = 0;
+        int short_read = 0;
+        while (done < length) {
+            if (stop.len > 0 && *stopped) {
+                short_read = 1;
+                break;
+            }
+            size_t take = length - done < (size_t)step ? length - done : (size_t)step;
+            Py_ssize_t got = read_full(fd, dst[i] + done, take, at + (int64_t)done);
+            if (got < 0) {
+                failed = 1;
+                saved_errno = errno;
+                break;
+            }
+            if ((size_t)got < take) {
+                short_read = 1;
+                break;
+            }
+            if (verify) crc = crc32c(crc, dst[i] + done, take);
+            done += take;
+        }
+        if (failed || short_read) break;
+        /* the footer, and the next record's header (walked already: skipped) */
+        size_t want = i + 1 < n ? FOOTER_BYTES + HEADER_BYTES : FOOTER_BYTES;
+        Py_ssize_t got = read_full(fd, gap, want, at + (int64_t)length);
+        if (got < 0) {
+            failed = 1;
+            saved_errno = errno;
+            break;
+        }
+        if ((size_t)got < want) break;
+        complete = i + 1;
+        if (clean < 0 && verify && mask(crc) != load_u32le(gap)) clean = i;
+        if (clean >= 0) break;
+        at += (int64_t)length + FOOTER_BYTES + HEADER_BYTES;
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_Free(dst);
+    PyMem_Free(lengths);
+    PyBuffer_Release(&stop);
+    if (failed) {
+        errno = saved_errno;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (clean < 0) clean = complete;
+    return Py_BuildValue("(nn)", complete, clean);
+}
+
+static PyMethodDef methods[] = {
+    {"walk", walk, METH_VARARGS, "Walk record headers of a local file."},
+    {"read", read_records, METH_VARARGS, "Read payloads straight into their bytes objects."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_cread", "C reads of large records of local files.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__cread(void) {
+    crc32c = (crc_fn)PyCapsule_Import("streamrec.format._cframing.crc32c", 0);
+    if (crc32c == NULL) return NULL;
+    return PyModule_Create(&module);
+}
