@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from streamrec.format import framing
+from streamrec.storage import records
 from support.corpus import CORPUS_DIR, MANIFEST
 
 pytest_plugins = ["support.server_fixtures"]
@@ -32,8 +33,9 @@ SCANNERS = ["c", "python"] if framing.accelerated else ["python"]
 @pytest.fixture(params=SCANNERS)
 def scanner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Run the test with the C frame scanner and again with the pure-Python fallback (the
-    scan and the fused copy + CRC of big records)."""
+    scan and the fused copy + CRC of big records, the direct reads of local large records)."""
     if request.param == "python":
+        monkeypatch.setattr(records, "_cread", None)
         monkeypatch.setattr(framing, "_scan", framing._scan_python)
         monkeypatch.setattr(framing, "_new_payload", framing._new_payload_python)
         monkeypatch.setattr(framing, "_fill", framing._fill_python)
