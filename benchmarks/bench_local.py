@@ -19,18 +19,26 @@ read once untimed so that every timed read comes from the page cache):
   CRC (it reads the CRC fields into a scratch buffer and drops them; there is no option to
   verify) and yields a memoryview into one reused buffer, not ``bytes``: a consumer that keeps
   records must copy them. Its numbers are therefore a lower bar, not like for like.
+* ``tf.data batch(1024)`` (with ``--tf-python PATH``, an interpreter with TensorFlow):
+  ``tf.data.TFRecordDataset(path).batch(1024)`` iterated to the end in a subprocess of that
+  interpreter, in the same rounds as the others; only the iteration is timed (inside the
+  subprocess, not TensorFlow's import). TensorFlow checks both CRCs.
 * ``raw read ceiling``: ``open(path, "rb", buffering=0)`` + ``readinto`` of the whole file in
   4 MiB blocks, no parsing: the most any reader can do on this machine (one copy out of the
   page cache).
 
+``--busy N`` keeps N processes burning a core each (a busy machine) while every file is
+measured; ``--sizes`` picks record sizes (bytes, comma-separated).
+
 How to read the table: every contender runs once per round, rounds interleave the contenders
 (order rotated each round) and the table shows the best and the median of the rounds, because
 the machine is shared and noisy. ``MB/s`` counts file bytes (payload + 16 B framing per record,
-1 MB = 10**6 B), so it is comparable with the raw ceiling; ``vs raw`` and ``vs tfrecord`` are
-ratios of best times on the same file. ``peak RSS +MiB`` is the growth of the process' peak
-resident set during one read (``VmHWM`` after resetting it through ``/proc/self/clear_refs``;
-Linux only, blank elsewhere). Targets apply to streamrec's C path (rows a-c) and to Example
-``decode_batch``; Example rows are bench_example.py's measurement (``_harness/examples.py``).
+1 MB = 10**6 B), so it is comparable with the raw ceiling; ``vs raw`` is the ratio of best times
+on the same file, ``vs tfrecord`` and ``vs tf.data`` ratios of median times. ``peak RSS +MiB``
+is the growth of the process' peak resident set during one read (``VmHWM`` after resetting it
+through ``/proc/self/clear_refs``; Linux only, blank elsewhere). Targets apply to streamrec's C
+path (rows a-c) and to Example ``decode_batch``; Example rows are bench_example.py's
+measurement (``_harness/examples.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ import importlib.util
 import math
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -97,6 +107,66 @@ def read_tfrecord(path: str) -> int:
     return n
 
 
+TF_LABEL = "tf.data batch(1024)"
+TF_SCRIPT = """
+import sys, time
+import tensorflow as tf
+dataset = tf.data.TFRecordDataset(sys.argv[1]).batch(1024)
+t0 = time.perf_counter()
+n = 0
+for batch in dataset:
+    n += int(batch.shape[0])
+print("TFREAD", n, time.perf_counter() - t0)
+"""
+
+
+def tf_reader(tf_python: str) -> Reader:
+    """tf.data in ``tf_python``'s subprocess: (records, seconds of the iteration alone)."""
+
+    def read_tf(path: str) -> tuple[int, float]:
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ""}
+        done = subprocess.run(
+            [tf_python, "-c", TF_SCRIPT, path],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+            env=env,
+        )
+        for line in done.stdout.splitlines():
+            if line.startswith("TFREAD "):
+                _, n, seconds = line.split()
+                return int(n), float(seconds)
+        raise RuntimeError(f"tf.data reader failed:\n{done.stderr[-2000:]}")
+
+    return read_tf
+
+
+def tf_available(tf_python: str | None) -> bool:
+    """Whether ``tf_python`` imports TensorFlow (a note is printed when it does not)."""
+    if not tf_python:
+        print("no --tf-python given: the tf.data rows are left out", flush=True)
+        return False
+    check = subprocess.run(
+        [tf_python, "-c", "import tensorflow"], capture_output=True, timeout=300, check=False
+    )
+    if check.returncode != 0:
+        print(f"{tf_python} cannot import tensorflow: the tf.data rows are left out", flush=True)
+        return False
+    return True
+
+
+def start_busy(n: int) -> list[subprocess.Popen[bytes]]:
+    """``n`` processes burning a core each until stopped (:func:`stop_busy`)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def stop_busy(burners: list[subprocess.Popen[bytes]]) -> None:
+    for burner in burners:
+        burner.kill()
+        burner.wait()
+
+
 @dataclass(frozen=True)
 class Contender:
     """A named reader; ``crc`` says whether it verifies the record CRCs."""
@@ -106,7 +176,7 @@ class Contender:
     crc: str
 
 
-def contenders() -> list[Contender]:
+def contenders(tf_python: str | None = None) -> list[Contender]:
     """Everything measured per file, in table order."""
     found: list[Contender] = [
         Contender("streamrec for", read_sync, "yes"),
@@ -118,6 +188,8 @@ def contenders() -> list[Contender]:
         found.append(Contender("tfrecord pkg", read_tfrecord, "**no**"))
     else:
         print("tfrecord package not installed: its rows are left out", flush=True)
+    if tf_python and tf_available(tf_python):
+        found.append(Contender(TF_LABEL, tf_reader(tf_python), "yes"))
     found.append(Contender("raw read ceiling", read_raw, "n/a"))
     return found
 
@@ -171,9 +243,9 @@ def target_cells(label: str, size: int, rec_s: float, bytes_s: float) -> tuple[s
 
 
 HEADER = (
-    "| record | reader | CRC | records/s best | records/s median | MB/s best | vs raw "
-    "| vs tfrecord | target | met? | peak RSS +MiB |\n"
-    "|---|---|---|--:|--:|--:|--:|--:|---|---|--:|"
+    "| record | reader | CRC | records/s best | records/s median | MB/s best | MB/s median "
+    "| vs raw | vs tfrecord | vs tf.data | target | met? | peak RSS +MiB |\n"
+    "|---|---|---|--:|--:|--:|--:|--:|--:|--:|---|---|--:|"
 )
 
 
@@ -183,7 +255,8 @@ def file_rows(
     """Markdown rows for one file."""
     by_label = {p.label: s for p, s in zip(players, results, strict=True)}
     raw = by_label["raw read ceiling"].best()
-    tfr = by_label["tfrecord pkg"].best() if "tfrecord pkg" in by_label else None
+    tfr = by_label["tfrecord pkg"].median() if "tfrecord pkg" in by_label else None
+    tfd = by_label[TF_LABEL].median() if TF_LABEL in by_label else None
     rows = []
     for player, samples in zip(players, results, strict=True):
         best = samples.best()
@@ -193,10 +266,15 @@ def file_rows(
         rec_med = "" if is_raw else fmt_rate(data.records / samples.median())
         goal, met = target_cells(player.label, data.size, data.records / best, bytes_s)
         rss = "" if samples.rss_growth_kib is None else f"{samples.rss_growth_kib / KIB:.0f}"
+        if player.label == TF_LABEL:
+            rss = ""  # another process
+        median = samples.median()
+        vs_tfr = "" if tfr is None else f"{tfr / median:.2f}x"
+        vs_tfd = "" if tfd is None else f"{tfd / median:.2f}x"
         rows.append(
             f"| {fmt_size(data.size)} | {player.label} | {player.crc} | {rec_best} | {rec_med} "
-            f"| {bytes_s / MB:,.0f} | {raw / best:.2f}x | "
-            f"{'' if tfr is None else f'{tfr / best:.2f}x'} | {goal} | {met} | {rss} |"
+            f"| {bytes_s / MB:,.0f} | {data.nbytes / median / MB:,.0f} | {raw / best:.2f}x "
+            f"| {vs_tfr} | {vs_tfd} | {goal} | {met} | {rss} |"
         )
     return rows
 
@@ -221,7 +299,7 @@ def example_rows(n: int) -> list[str]:
             met = "yes" if rate >= DECODE_BATCH_TARGET else "**no**"
         mb_s = "" if payload is None else f"{rate * payload / MB:,.0f}"
         shown = fmt_rate(rate) if math.isfinite(rate) else "n/a"
-        rows.append(f"| {size} | {name} | n/a | {shown} | | {mb_s} | | | {goal} | {met} | |")
+        rows.append(f"| {size} | {name} | n/a | {shown} | | {mb_s} | | | | | {goal} | {met} | |")
     return rows
 
 
@@ -326,6 +404,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="~32 MiB files, fewer rounds")
     parser.add_argument("--out", type=Path, help="write the table into this README's section")
     parser.add_argument("--rounds", type=int, help="rounds per file (default 7, 3 with --quick)")
+    parser.add_argument("--tf-python", help="an interpreter with TensorFlow: tf.data rows")
+    parser.add_argument("--busy", type=int, default=0, help="CPU-burning processes meanwhile")
+    parser.add_argument("--sizes", help="record sizes in bytes, comma-separated (default all)")
+    parser.add_argument("--no-examples", action="store_true", help="leave out the Example rows")
     return parser.parse_args(argv)
 
 
@@ -340,21 +422,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     target_bytes = (32 if args.quick else 256) * MIB
     rounds = args.rounds or (3 if args.quick else 7)
-    players = contenders()
+    players = contenders(args.tf_python)
     rows: list[str] = []
     notes: list[str] = []
-    for size in SIZES:
+    sizes = SIZES if not args.sizes else tuple(int(x) for x in args.sizes.split(","))
+    for size in sizes:
         data = plan_file(size, target_bytes)
         ensure_file(data)
         t0 = time.perf_counter()
-        results = measure_file(data, players, rounds)
+        burners = start_busy(args.busy)
+        try:
+            results = measure_file(data, players, rounds)
+        finally:
+            stop_busy(burners)
         rows += file_rows(data, players, results)
         notes.append(ceiling_note(data, players, results))
         print(
             f"  {fmt_size(size)}: {data.records} records, {time.perf_counter() - t0:.1f} s",
             flush=True,
         )
-    rows += example_rows(50_000 if args.quick else 200_000)
+    if not args.no_examples:
+        rows += example_rows(50_000 if args.quick else 200_000)
+    if args.busy:
+        notes.append(f"measured with {args.busy} CPU-burning processes running (`--busy`)")
+    notes.append(f"load average when done: {os.getloadavg()[0]:.2f}")
     command = command_line("bench_local.py", argv)
     section = render(rows, notes, command, rounds, time.perf_counter() - start)
     publish(section, args.out, write_readme)

@@ -39,7 +39,9 @@ __all__ = [
 FRAME_OVERHEAD = 16
 READ_BLOCK = 4 * MIB
 
-Reader = Callable[[str], int]  # reads one file, returns the number of records it saw
+# reads one file, returns the number of records it saw, or (records, seconds) when it times
+# itself (a reader in another interpreter: its start-up is not the read)
+Reader = Callable[[str], "int | tuple[int, float]"]
 
 
 @dataclass(frozen=True)
@@ -173,8 +175,9 @@ def measure_readers(
             label, reader = readers[i]
             base = reset_peak_rss() if track_rss else None
             t0 = time.perf_counter()
-            n = reader(path)
+            got = reader(path)
             elapsed = time.perf_counter() - t0
+            n, elapsed = got if isinstance(got, tuple) else (got, elapsed)
             peak = status_kib("VmHWM") if base is not None else None
             if reader is not read_raw and n != records:
                 raise RuntimeError(f"{label} read {n} records of {records}")
