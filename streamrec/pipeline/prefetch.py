@@ -77,11 +77,13 @@ class ObjectReader:
     ``open_cache`` asks the local cache for the object before the first read (see the module
     docstring); :meth:`finish` publishes what a whole read filled.
 
-    A reader of a store with ``direct_reads`` (local files) and no cache requests nothing
-    until it is iterated or :meth:`start_blocks` is called (``prime()`` waits for that):
-    :mod:`streamrec.pipeline.direct` may read the object's large records straight into their
-    objects first, its bytes held through :meth:`try_hold` / :meth:`hold` / :meth:`unhold`
-    (the same budget, share and cap as blocks).
+    A reader of a store with ``direct_reads`` (local files) and no cache starts by *probing*:
+    it requests its first block alone, and only once that block's first piece was handed on
+    does it request more. Its reader (:func:`~streamrec.pipeline.read.read_shard`) looks at
+    the first record there: a large one is read by :mod:`streamrec.pipeline.direct` instead,
+    after :meth:`pause` (no more blocks; the bytes held are given back), its bytes held
+    through :meth:`try_hold` / :meth:`hold` / :meth:`unhold` (the same budget, share and cap
+    as blocks), until :meth:`start_blocks` hands the rest back to blocks.
     """
 
     def __init__(
@@ -122,8 +124,11 @@ class ObjectReader:
         self._open_cache = open_cache
         self._routing: asyncio.Future[CacheHit | CacheFill | None] | None = None
         self._remote_concurrency = self.max_concurrency
-        # (see the class docstring: nothing requested until blocks are asked for)
-        self.deferred = getattr(store, "direct_reads", False) and open_cache is None
+        # (see the class docstring: the first block alone until it is handed on)
+        self.probing = getattr(store, "direct_reads", False) and open_cache is None
+        self._first = start
+        self._handed = False  # a piece was handed on
+        self._paused = False  # no block requests: records are read directly
         if open_cache is not None:
             # until the cache answers, as few reads as a local copy wants (more preads at once
             # only compete with decoding for the cores: measured 10-30 % slower second
@@ -160,12 +165,13 @@ class ObjectReader:
 
     def prime(self) -> None:
         """Request as many blocks as the budget and the concurrency limit allow, now."""
-        if self.deferred:
+        if self._paused:
             return
         while (
             not self._closed
             and len(self._inflight) < self.max_concurrency
             and self._next < self.obj.size
+            and not (self.probing and self._next != self._first)
         ):
             length = self._next_length()
             cap = self.max_held_bytes
@@ -180,11 +186,27 @@ class ObjectReader:
             self._request(length)
         self.budget.forget(self.prime)
 
+    @property
+    def probed(self) -> bool:
+        """True while only the first piece of a probing reader was handed on (see the class
+        docstring): it may :meth:`pause` and let its records be read directly."""
+        return self.probing and self._handed and not self._paused
+
+    async def pause(self) -> None:
+        """Stop requesting blocks; cancel those in flight and give back what is held."""
+        self._paused = True
+        inflight, self._inflight = self._inflight, deque()
+        ready, self._ready = self._ready, deque()
+        await cancel_and_wait(task for _, task in inflight)
+        held = sum(length for length, _ in inflight) + sum(map(len, ready))
+        self._hold(-held)
+        self.budget.release(held)
+
     def start_blocks(self, start: int) -> None:
-        """Read blocks from byte ``start`` on (a deferred reader that has requested nothing:
-        the records before ``start`` were read directly)."""
-        assert self.deferred and not self._inflight and not self._ready
-        self.deferred = False
+        """Read blocks again, from byte ``start`` on (a paused reader: the records before
+        ``start`` were read directly)."""
+        assert self._paused and not self._inflight and not self._ready
+        self._paused = self.probing = False
         self._next = start
         self.prime()
 
@@ -236,7 +258,8 @@ class ObjectReader:
     async def __anext__(self) -> bytes:
         if self._closed:
             raise StopAsyncIteration
-        self.deferred = False
+        if self._handed:
+            self.probing = False
         if not self._ready:
             self.prime()
             if not self._inflight:
@@ -255,6 +278,7 @@ class ObjectReader:
         piece = self._ready.popleft()
         self._hold(-len(piece))
         self.budget.release(len(piece))
+        self._handed = True
         self.prime()
         return piece
 

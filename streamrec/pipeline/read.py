@@ -8,9 +8,10 @@ from contextlib import aclosing
 
 from streamrec.errors import FormatError
 from streamrec.format.codecs import compression_from_name, normalize_compression
-from streamrec.format.framing import OnCorrupt
+from streamrec.format.framing import HEADER_BYTES, OVERHEAD_BYTES, OnCorrupt
+from streamrec.format.payload import read_header
 from streamrec.format.shard import DEFAULT_PIECE_BYTES, ShardDecoder
-from streamrec.pipeline.direct import DirectRead
+from streamrec.pipeline.direct import DIRECT_RECORD_BYTES, DirectRead
 from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.stats import Stats
 
@@ -40,13 +41,19 @@ async def read_shard(
     A reader that starts mid-object, at ``start_offset``, must start at the header of record
     ``start_index`` of an uncompressed shard.
 
-    A deferred reader (a local file, no cache) of an uncompressed shard read with
-    ``on_corrupt="raise"`` first reads its large records directly
+    A probing reader (a local file, no cache) of an uncompressed shard read with
+    ``on_corrupt="raise"`` whose first record is large reads its large records directly
     (:mod:`streamrec.pipeline.direct`); the block path takes over at the first record that
     is not large and clean, and reads it and the rest as always.
     """
     url = reader.obj.url
-    if _direct(reader, compression, on_corrupt, start_offset):
+    first = None  # the probing reader's first piece, for the decoder
+    if _may_go_direct(reader, compression, on_corrupt, start_offset):
+        first = await anext(reader, None)
+    room = reader.obj.size - start_offset
+    if first is not None and reader.probed and _starts_large(first, room):
+        first = None
+        await reader.pause()
         direct = DirectRead(
             reader, start_offset=start_offset, start_index=start_index, verify_crc=verify_crc
         )
@@ -62,7 +69,6 @@ async def read_shard(
         if direct.handoff[0] != start_offset:  # records framed there: uncompressed
             compression = None
         start_offset, start_index = direct.handoff
-    if reader.deferred:
         reader.start_blocks(start_offset)
     decoder = ShardDecoder(
         url=url,
@@ -79,7 +85,7 @@ async def read_shard(
     def count_bytes(size: int) -> None:
         stats.bytes_read += size
 
-    async with aclosing(decode_blocks(reader, decoder, count_bytes)) as chunks:
+    async with aclosing(decode_blocks(reader, decoder, count_bytes, first)) as chunks:
         async for records in chunks:
             stats.records_read += len(records)
             reported = _report_drops(decoder.dropped, reported, stats)
@@ -91,16 +97,18 @@ async def decode_blocks(
     reader: ObjectReader,
     decoder: ShardDecoder,
     on_block: Callable[[int], None] | None = None,
+    first: bytes | None = None,
 ) -> AsyncGenerator[list[bytes], None]:
     """Drive ``decoder`` with ``reader``'s blocks: the records of each inflated piece as soon
     as they are framed, those before any damage always before the error. ``on_block(size)``
-    is called for every block read. The reader is closed however this generator ends.
+    is called for every block read (``first``: a piece taken from the reader already, fed
+    before the others). The reader is closed however this generator ends.
 
     A reader filling the local cache publishes its copy only once the whole object decoded
     clean; damage found in a copy *from* the cache is raised naming the cache file, and the
     copy is removed (the next read downloads the object again)."""
     try:
-        async for block in reader:
+        async for block in _after(first, reader):
             if on_block is not None:
                 on_block(len(block))
             for records in decoder.stream(block):  # raises after the records before damage
@@ -125,11 +133,27 @@ async def decode_blocks(
         await reader.aclose()
 
 
-def _direct(
+async def _after(first: bytes | None, reader: ObjectReader) -> AsyncGenerator[bytes, None]:
+    if first is not None:
+        yield first
+    async for piece in reader:
+        yield piece
+
+
+def _starts_large(piece: bytes, room: int) -> bool:
+    """Whether ``piece`` starts with the clean header of a record read directly (large, and
+    within the ``room`` left in the object: else the decoder says what is wrong at once)."""
+    if len(piece) < HEADER_BYTES:
+        return False
+    length = read_header(memoryview(piece)[:HEADER_BYTES])
+    return length is not None and DIRECT_RECORD_BYTES <= length + OVERHEAD_BYTES <= room
+
+
+def _may_go_direct(
     reader: ObjectReader, compression: str | None, on_corrupt: OnCorrupt, start: int
 ) -> bool:
     """True when ``reader``'s large records may be read directly (see :func:`read_shard`)."""
-    if not reader.deferred or on_corrupt != "raise" or start >= reader.obj.size:
+    if not reader.probing or on_corrupt != "raise" or start >= reader.obj.size:
         return False
     choice = normalize_compression(compression)
     if choice == "auto":  # a file named as compressed is; otherwise its first header decides
