@@ -14,7 +14,8 @@ read once untimed so that every timed read comes from the page cache):
 * ``streamrec record_chunks``: ``async for chunk in ds.record_chunks()``, counting
   ``len(chunk)``: the chunked fast path, no per-record Python work in the consumer.
 * ``streamrec pure-Python``: ``streamrec for`` with ``framing._scan`` switched to the
-  pure-Python fallback ``framing._scan_python`` (what users without a C compiler get).
+  pure-Python fallback ``framing._scan_python`` and the direct reads of large records to their
+  pure-Python twin (what users without a C compiler get).
 * ``tfrecord pkg``: ``tfrecord.reader.tfrecord_iterator(path)`` from PyPI. It never checks a
   CRC (it reads the CRC fields into a scratch buffer and drops them; there is no option to
   verify) and yields a memoryview into one reused buffer, not ``bytes``: a consumer that keeps
@@ -73,6 +74,7 @@ from _harness.stats import Timings
 
 import streamrec
 from streamrec.format import framing
+from streamrec.storage import records
 
 SIZES = (100, KIB, 100 * KIB, 10 * MIB)
 START_MARK = "<!-- bench_local:start -->"
@@ -88,13 +90,14 @@ TARGETED = ("streamrec for", "streamrec async for", "streamrec record_chunks")
 
 
 def read_pure_python(path: str) -> int:
-    """streamrec, plain ``for``, with the pure-Python frame scanner instead of the C one."""
-    saved = framing._scan
-    framing._scan = framing._scan_python
+    """streamrec, plain ``for``, with the pure-Python frame scanner instead of the C one (and
+    the pure-Python direct reads of large records instead of ``storage/_cread``)."""
+    saved = framing._scan, records._cread
+    framing._scan, records._cread = framing._scan_python, None
     try:
         return read_sync(path)
     finally:
-        framing._scan = saved
+        framing._scan, records._cread = saved
 
 
 def read_tfrecord(path: str) -> int:
