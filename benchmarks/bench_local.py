@@ -374,8 +374,10 @@ Run from the repository root after `python setup.py build_ext --inplace`.
 
 * `bench_local.py`: local read throughput (records/s and MB/s, CRCs on) for 100 B, 1 KiB,
   100 KiB and 10 MiB records: streamrec's sync `for`, `async for` and `record_chunks()`, the
-  pure-Python fallback, the `tfrecord` PyPI package (no CRC checks) and a raw `readinto`
-  ceiling, interleaved in rounds; plus Example decoding from `bench_example.py`.
+  pure-Python fallback, the `tfrecord` PyPI package (no CRC checks), tf.data
+  `TFRecordDataset(path).batch(1024)` (with `--tf-python PATH`, an interpreter with TensorFlow)
+  and a raw `readinto` ceiling, interleaved in rounds; plus Example decoding from
+  `bench_example.py`. `--busy N` runs N CPU burners meanwhile; `--sizes` picks record sizes.
   `python benchmarks/bench_local.py [--quick] [--out benchmarks/README.md]`; a full run takes
   about 1.5 minutes (7 rounds; 100 B records dominate), `--quick` about 10 s. Test files
   (~256 MiB per size, ~32 MiB with `--quick`) go to `benchmarks/data/` (gitignored) and are
