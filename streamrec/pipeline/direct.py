@@ -3,12 +3,14 @@
 The block path (:mod:`streamrec.pipeline.prefetch` + the framing decoder) copies every byte
 twice: out of the page cache into a block, then out of the block into its record, and the
 event-loop thread makes the second copy. Here each record of at least
-:data:`DIRECT_RECORD_BYTES` is read by ``preadv`` (``storage.local.LocalFile``) straight into
-its payload object (``format.payload.PayloadBuffer``: allocated at its length, which was
-checked against the object's size first) in :data:`STEP_BYTES` steps, each step's CRC computed
-right after it was read, while it is still in the cache: one copy, no second pass. The reads
-and the CRCs run in worker threads with the GIL released; the loop thread only receives
-finished records.
+:data:`DIRECT_RECORD_BYTES` is read by :mod:`streamrec.storage.records` straight into its
+final ``bytes`` object (allocated at its length, which was checked against the object's size
+first) in ``STEP_BYTES`` steps, each step's CRC computed right after it was read, while it is
+still in the cache: one copy, no second pass. The reads and the CRCs run in worker threads
+with the GIL released (C: ``storage/_cread.c``; its pure-Python twin holds the GIL between
+``os.preadv`` calls and copies each payload once more); the loop thread only receives
+finished records. The shard's reader decides to come here from its first block
+(:func:`~streamrec.pipeline.read.read_shard`).
 
 A *walk* (a worker thread reading 12-byte headers from record to record: the next header's
 offset is known as soon as one header is read) runs ahead and lists the records; *groups* of
@@ -20,7 +22,7 @@ block would be. Groups are handed on in file order.
 
 Only clean records are read this way. Anything else — a small record (below the threshold:
 the block path frames those faster), a header whose CRC fails, a length the object cannot
-hold, a payload CRC that does not match, a short read, a transient storage error — hands the
+hold, a payload CRC that does not match, a short read, a storage error — hands the
 rest of the shard, from that record's header, to the block path (:attr:`DirectRead.handoff`),
 which reads it as it always did: the errors and their offsets are exactly the block path's.
 """

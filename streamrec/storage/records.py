@@ -105,7 +105,10 @@ def read_records(
     was short (the block path reads that record next)."""
     if _cread is not None:
         payloads = [uninitialised(length) for _, length in plans]
-        _, clean = _cread.read(file.fd, plans[0][0], payloads, verify, STEP_BYTES, stop.flag)
+        try:
+            _, clean = _cread.read(file.fd, plans[0][0], payloads, verify, STEP_BYTES, stop.flag)
+        except OSError:
+            return [], 0  # the block path reads it (retried, translated)
         del payloads[clean:]
         return payloads, clean
     records: list[bytes] = []

@@ -264,3 +264,23 @@ def test_groups_in_flight_are_handed_on_in_file_order(
     got, error = read_all(path, block_bytes=400 * KIB, prefetch_bytes=8 * MIB)
     assert error is None and got == records
     assert len(calls) >= 3
+
+
+def test_a_failing_read_hands_the_rest_to_the_block_path(
+    tmp_path: Path, scanner: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = payloads([200 * KIB] * 8)
+    path = write(tmp_path / "fails.tfrecord", records)
+    calls: list[int] = []
+    read_records = direct.read_records
+
+    def failing(file: Any, plans: Any, verify: bool, stop: Any) -> Any:
+        calls.append(len(plans))
+        if len(calls) == 2:
+            file.close()  # this group's reads fail (a bad descriptor): an OSError
+        return read_records(file, plans, verify, stop)
+
+    monkeypatch.setattr(direct, "read_records", failing)
+    got, error = read_all(path, block_bytes=400 * KIB, prefetch_bytes=1 * MIB)
+    assert error is None and got == records
+    assert len(calls) >= 2
