@@ -284,3 +284,18 @@ def test_a_failing_read_hands_the_rest_to_the_block_path(
     got, error = read_all(path, block_bytes=400 * KIB, prefetch_bytes=1 * MIB)
     assert error is None and got == records
     assert len(calls) >= 2
+
+
+def test_without_crc_checks_damage_is_not_looked_for(
+    tmp_path: Path, scanner: str, direct_reads: list[int]
+) -> None:
+    records = payloads([100 * KIB] * 4)
+    path = tmp_path / "unchecked.tfrecord"
+    write(path, records)
+    data = bytearray(path.read_bytes())
+    data[16 + 100 * KIB + 12 + 7] ^= 1  # the second payload
+    path.write_bytes(bytes(data))
+    got, error = read_all(str(path), verify_crc=False)
+    assert error is None and len(got) == 4
+    assert got[1] != records[1] and got[0] == records[0] and got[2:] == records[2:]
+    assert sum(direct_reads) == 4
