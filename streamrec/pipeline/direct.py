@@ -143,6 +143,11 @@ class DirectRead:
                     self._take_walk(walked)
                     continue
                 held, first, plans, oldest = inflight[0]
+                if walking is not None and not oldest.done():
+                    # the walk may end first: its records' groups start meanwhile
+                    await asyncio.wait((oldest, walking), return_when=asyncio.FIRST_COMPLETED)
+                    if not oldest.done():
+                        continue
                 records, bad = await oldest
                 inflight.popleft()
                 self.reader.unhold(held)

@@ -242,10 +242,13 @@ def test_closing_early_returns_the_budget(tmp_path: Path, scanner: str) -> None:
     assert budget.covered == 0 or reader.share_bytes is not None
 
 
+@pytest.mark.parametrize("size", [200 * KIB, 900 * KIB], ids=["groups", "one record a walk"])
 def test_groups_in_flight_are_handed_on_in_file_order(
-    tmp_path: Path, scanner: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, scanner: str, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
-    records = payloads([200 * KIB] * 12)
+    # 900 KiB: more than a walk's 2 x 400 KiB, so each walk lists one record, and the next
+    # group must start while the one before it is still being read
+    records = payloads([size] * 12)
     path = write(tmp_path / "order.tfrecord", records)
     second_done = threading.Event()
     calls: list[int] = []
@@ -254,7 +257,7 @@ def test_groups_in_flight_are_handed_on_in_file_order(
     def racing(store: Any, obj: Any, plans: list[tuple[int, int]], *rest: Any) -> Any:
         calls.append(plans[0][0])
         if len(calls) == 1:  # the first group finishes only after the second
-            assert second_done.wait(timeout=30), "the second group never ran concurrently"
+            assert second_done.wait(timeout=20), "the second group never ran concurrently"
             return read_group(store, obj, plans, *rest)
         result = read_group(store, obj, plans, *rest)
         second_done.set()
