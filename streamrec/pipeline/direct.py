@@ -42,12 +42,14 @@ from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.local import LocalStore
 from streamrec.storage.records import END, HANDOFF, Plan, Stop, read_records, walk
+from streamrec.storage.records import min_record_bytes as min_record_bytes_for
 
 __all__ = ["DIRECT_RECORD_BYTES", "DirectRead"]
 
 DIRECT_RECORD_BYTES = 64 << 10
 """Records at least this large (framing included) are read directly; below it, the per-record
-system call and thread hop cost more than the block path's second copy."""
+system call and thread hop cost more than the block path's second copy. (The pure-Python twin
+starts higher: ``storage.records.PURE_MIN_RECORD_BYTES``.)"""
 _WALK_RECORDS = 256  # headers one walk job reads at most
 _OVERHEAD = HEADER_BYTES + FOOTER_BYTES
 
@@ -76,13 +78,15 @@ class DirectRead:
         start_offset: int,
         start_index: int,
         verify_crc: bool,
-        min_record_bytes: int = DIRECT_RECORD_BYTES,
+        min_record_bytes: int | None = None,
     ) -> None:
         assert isinstance(reader.store, LocalStore)
         self.reader = reader
         self.store: LocalStore = reader.store
         self.obj: ObjectInfo = reader.obj
         self.verify_crc = verify_crc
+        if min_record_bytes is None:
+            min_record_bytes = min_record_bytes_for(DIRECT_RECORD_BYTES)
         self.min_record_bytes = min_record_bytes
         self.group_bytes = reader.block_bytes
         self.handoff: tuple[int, int] | None = None

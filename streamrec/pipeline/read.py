@@ -14,6 +14,7 @@ from streamrec.format.shard import DEFAULT_PIECE_BYTES, ShardDecoder
 from streamrec.pipeline.direct import DIRECT_RECORD_BYTES, DirectRead
 from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.stats import Stats
+from streamrec.storage.records import min_record_bytes
 
 __all__ = ["read_shard"]
 
@@ -146,7 +147,8 @@ def _starts_large(piece: bytes, room: int) -> bool:
     if len(piece) < HEADER_BYTES:
         return False
     length = read_header(memoryview(piece)[:HEADER_BYTES])
-    return length is not None and DIRECT_RECORD_BYTES <= length + OVERHEAD_BYTES <= room
+    smallest = min_record_bytes(DIRECT_RECORD_BYTES)
+    return length is not None and smallest <= length + OVERHEAD_BYTES <= room
 
 
 def _may_go_direct(

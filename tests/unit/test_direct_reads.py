@@ -24,6 +24,7 @@ from streamrec.pipeline import direct
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.direct import DIRECT_RECORD_BYTES, DirectRead
 from streamrec.pipeline.prefetch import ObjectReader
+from streamrec.storage import records as local_records
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.local import LocalStore
 
@@ -67,6 +68,13 @@ def read_all(path: str, **options: Any) -> tuple[list[bytes], FormatError | None
     except FormatError as exc:
         return got, exc
     return got, None
+
+
+@pytest.fixture(autouse=True)
+def same_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pure-Python twin reads from the C path's threshold here (by default it starts at
+    1 MiB), so that every test exercises both on the same shards."""
+    monkeypatch.setattr(local_records, "PURE_MIN_RECORD_BYTES", DIRECT_RECORD_BYTES)
 
 
 @pytest.fixture
@@ -302,3 +310,16 @@ def test_without_crc_checks_damage_is_not_looked_for(
     assert error is None and len(got) == 4
     assert got[1] != records[1] and got[0] == records[0] and got[2:] == records[2:]
     assert sum(direct_reads) == 4
+
+
+def test_the_pure_python_twin_reads_only_records_of_a_mib_directly(
+    tmp_path: Path, direct_reads: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local_records, "PURE_MIN_RECORD_BYTES", 1 << 20)
+    monkeypatch.setattr(local_records, "_cread", None)
+    small = payloads([100 * KIB] * 3)
+    assert read_all(write(tmp_path / "small.tfrecord", small)) == (small, None)
+    assert sum(direct_reads) == 0  # the block path: faster there in Python
+    large = payloads([2 * MIB] * 3)
+    assert read_all(write(tmp_path / "large.tfrecord", large)) == (large, None)
+    assert sum(direct_reads) == 3
