@@ -37,8 +37,8 @@ from streamrec.pipeline.trackers import (
 )
 from streamrec.pipeline.transform import Chainable
 from streamrec.redact import redact
-from streamrec.storage.retry import RetryPolicy
 from streamrec.storage import warmup
+from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import ObjectInfo, StoreSet, prewarm, store_key
 
 __all__ = ["Dataset", "open_dataset"]

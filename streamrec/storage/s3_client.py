@@ -248,7 +248,7 @@ def prewarm(storage_options: dict[str, Any] | None) -> None:
         # one thread started here (each start costs the caller a GIL hand-over); the TLS
         # context, parsed mostly without the GIL, in a thread of its own beside the models
         if tls is not None:
-            warmup.start("s3-tls", lambda: _build_tls(verify, tls))
+            warmup.start("s3-tls", lambda: _build_tls(verify, tls), settles=False)
         if load:
             _load_models(aiobotocore.session.AioSession())
 

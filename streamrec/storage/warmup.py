@@ -31,21 +31,22 @@ __all__ = ["pending", "settled", "start", "wait"]
 logger = logging.getLogger("streamrec")
 
 _lock = threading.Lock()
-_jobs: list[tuple[threading.Thread, Future[None]]] = []
+_jobs: list[tuple[threading.Thread, Future[None], bool]] = []  # (thread, done, settles)
 
 WAIT_S = 10.0
 """The longest :func:`wait` waits for a job (they take milliseconds; a bound, not a pace)."""
 
 
-def start(name: str, job: Callable[[], None]) -> None:
-    """Run ``job`` in a new daemon thread ``streamrec-warmup-<name>``."""
+def start(name: str, job: Callable[[], None], *, settles: bool = True) -> None:
+    """Run ``job`` in a new daemon thread ``streamrec-warmup-<name>``; ``settles=False``:
+    :func:`settled` does not wait for it (its result has a way of its own to be awaited)."""
     done: Future[None] = Future()
     done.set_running_or_notify_cancel()  # never cancelled: a waiter's cancel is its own
     thread = threading.Thread(
         target=_run, args=(job, done), name=f"streamrec-warmup-{name}", daemon=True
     )
     with _lock:
-        _jobs.append((thread, done))
+        _jobs.append((thread, done, settles))
     thread.start()
 
 
@@ -59,9 +60,9 @@ def _run(job: Callable[[], None], done: Future[None]) -> None:
         done.set_result(None)
 
 
-def _unfinished() -> list[tuple[threading.Thread, Future[None]]]:
+def _unfinished() -> list[tuple[threading.Thread, Future[None], bool]]:
     with _lock:
-        _jobs[:] = [(thread, done) for thread, done in _jobs if thread.is_alive()]
+        _jobs[:] = [job for job in _jobs if job[0].is_alive()]
         return list(_jobs)
 
 
@@ -71,17 +72,23 @@ def pending() -> int:
 
 
 def wait(timeout_s: float = WAIT_S) -> None:
-    """Wait (blocking) until every warm-up thread has ended."""
+    """Wait (blocking) until every warm-up thread has ended (also those a job started)."""
     current = threading.current_thread()
-    for thread, _ in _unfinished():
-        if thread is not current:
-            thread.join(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = [thread for thread, _, _ in _unfinished() if thread is not current]
+        if not running or time.monotonic() >= deadline:
+            return
+        for thread in running:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 async def settled() -> None:
-    """Wait, without blocking the event loop, until every warm-up job has done its work."""
-    for _, done in _unfinished():
-        await asyncio.wrap_future(done)
+    """Wait, without blocking the event loop, until every warm-up job that settles has done
+    its work."""
+    while running := [done for _, done, settles in _unfinished() if settles and not done.done()]:
+        for done in running:
+            await asyncio.wrap_future(done)
 
 
 os.register_at_fork(before=wait)
