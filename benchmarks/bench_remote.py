@@ -76,6 +76,7 @@ from typing import Any
 
 from _harness import KIB, MB, MIB
 from _harness.datasets import Dataset, DataSpec, ensure_dataset
+from _harness.first_record import FIRST_WORKERS, measure_first_record, render_first, write_first
 from _harness.procs import reset_peak_rss, rotated
 from _harness.remote import (
     run_worker,
@@ -234,7 +235,12 @@ def work_naive(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-WORKERS = {"streamrec": work_streamrec, "first": work_first, "naive": work_naive}
+WORKERS = {
+    "streamrec": work_streamrec,
+    "first": work_first,
+    "naive": work_naive,
+    **FIRST_WORKERS,
+}
 
 
 # ---------------------------------------------------------------- measuring
@@ -339,8 +345,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--first-only",
         action="store_true",
-        help="only time to first record (100 KiB dataset), rounds x 3 "
-        "fresh processes each for the glob and one object",
+        help="only time to first record (100 KiB dataset), rounds x 3 fresh processes for "
+        "each case of _harness/first_record.py (the glob, the glob after a start-up gap, "
+        "one object, bare s3fs), with --base also for that tree; --out writes its own section",
+    )
+    parser.add_argument(
+        "--base",
+        help="with --first-only: also measure the streamrec of this tree (a worktree of the "
+        "commit before, its extension built), side by side",
+    )
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=0.5,
+        help="with --first-only: seconds of start-up work between open_dataset and next()",
     )
     parser.add_argument(
         "--azure",
@@ -382,16 +400,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if DEFAULTS not in candidates:
         candidates.insert(0, DEFAULTS)
     results: dict[Key, RunSamples] = {}
+    if args.first_only:
+        return run_first_only(args, argv, datasets[0], rounds, load_start, source_start)
     with (
         tempfile.TemporaryDirectory(prefix="bench-remote-") as tmp,
         Services(Path(tmp), args.handshake) as services,
     ):
         services.start()
         print(f"  servers up in {time.perf_counter() - start:.1f} s", flush=True)
-        if args.first_only:
-            upload_all(__file__, services, datasets[:1])
-            measure_first(services.stores["s3-link"], datasets[0], rounds, results)
-            return 0
         upload_all(__file__, services, datasets)
         link = [services.stores["s3-link"]]
         loop = [services.stores["s3-lo"], services.stores["gcs-lo"]]
@@ -432,6 +448,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         readers_of=readers_of,
     )
     publish(section, args.out, write_readme)
+    return 0
+
+
+def run_first_only(
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+    data: Dataset,
+    rounds: int,
+    load_start: float,
+    source: str,
+) -> int:
+    """``--first-only``: the cases of ``_harness/first_record.py``, ``rounds`` x 3 fresh
+    processes each, this tree and ``--base`` side by side, through the emulated link."""
+    trees: dict[str, str | None] = {"new": None}
+    if args.base:
+        trees = {"old": str(Path(args.base).resolve()), "new": None}
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-remote-first-") as tmp,
+        Services(Path(tmp), args.handshake, gcs=False, subnet=free_subnet()) as services,
+    ):
+        services.start()
+        upload_all(__file__, services, [data])
+        loads = [load_start, os.getloadavg()[0]]
+        store = services.stores["s3-link"]
+        results = measure_first_record(
+            __file__, store, data.glob("s3"), rounds * 3, trees, args.gap
+        )
+        loads.append(os.getloadavg()[0])
+    section = render_first(
+        results,
+        command=command_line("bench_remote.py", argv),
+        trees=trees,
+        gap=args.gap,
+        loads=loads,
+        source=source,
+        handshake=args.handshake,
+    )
+    publish(section, args.out, write_first)
     return 0
 
 
