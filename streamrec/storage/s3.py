@@ -17,11 +17,13 @@ Client set-up, sized for streaming unless ``storage_options`` say otherwise:
 
 from __future__ import annotations
 
+import re
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import ObjectNotFoundError
 from streamrec.storage import warmup
-from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, split_scheme
+from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, has_glob, split_scheme
 from streamrec.storage.body import parse_content_range, read_pieces
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.s3_client import share_loader, start_tls_context, use_tls_context
@@ -83,6 +85,57 @@ class S3Store(FsspecStore):
     async def expand(self, pattern: str) -> list[ObjectInfo]:
         await self.client()
         return await super().expand(pattern)
+
+    list_page_keys = 1000
+    """Keys per listing page (S3's maximum; tests make it small to list in many pages)."""
+
+    def glob_pages(self, pattern: str) -> AsyncGenerator[list[ObjectInfo], None] | None:
+        """A glob whose wildcards are all in its last component (``bucket/dir/shard-*``),
+        listed as s3fs's glob lists it (one ``ListObjectsV2`` of the prefix up to the first
+        wildcard, ``/`` as delimiter, fsspec's pattern on the names) but handed on page by
+        page. Other globs, and version-aware filesystems: None."""
+        path = self.fs._strip_protocol(pattern)
+        head, _, last = path.rpartition("/")
+        if not head or not has_glob(last) or has_glob(head) or "**" in last:
+            return None
+        if getattr(self.fs, "version_aware", False):
+            return None
+        return self._glob_pages(pattern, path, head, last)
+
+    async def _glob_pages(
+        self, pattern: str, path: str, head: str, last: str
+    ) -> AsyncGenerator[list[ObjectInfo], None]:
+        from fsspec.utils import glob_translate
+
+        matches = re.compile(glob_translate(path)).match
+        bucket, _, key = head.partition("/")
+        stem = last[: min(i for i in (last.find(c) for c in "*?[") if i >= 0)]
+        prefix = f"{key}/{stem}" if key else stem
+        client = await self.client()
+        markers: dict[str, str] = {}
+        while True:
+            try:
+                page = await client.list_objects_v2(
+                    Bucket=bucket,
+                    Prefix=prefix,
+                    Delimiter="/",
+                    MaxKeys=self.list_page_keys,
+                    **getattr(self.fs, "req_kw", {}),
+                    **markers,
+                )
+            except Exception as exc:
+                raise translate(exc, pattern, "listing") from exc
+            found = []
+            for item in page.get("Contents", []):
+                name = f"{bucket}/{item['Key']}"
+                if matches(name):
+                    etag = item.get("ETag")
+                    found.append(ObjectInfo(self.url_of(name), int(item["Size"]), etag or None))
+            yield found
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+            markers = {"ContinuationToken": token}
 
     def version_of(self, info: dict[str, Any]) -> str | None:
         etag = info.get("ETag") or info.get("etag")

@@ -3,19 +3,29 @@ it changes nothing a reader sees, raises nothing of its own, and leaves nothing 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import threading
 from collections.abc import Iterator
+from contextlib import aclosing
 from typing import Any
 
 import pytest
 
 import streamrec
-from streamrec.errors import StorageError
+from streamrec.errors import (
+    ObjectNotFoundError,
+    PermissionDeniedError,
+    StorageError,
+    TransientStorageError,
+)
 from streamrec.format.framing import RecordEncoder
+from streamrec.pipeline.engine import ReadEngine, _EarlyStart
+from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.storage import s3_client, warmup
 from streamrec.storage.retry import RetryPolicy
+from streamrec.storage.s3 import S3Store
 from support.servers import MotoS3Server
 
 FAST = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=2)
@@ -156,3 +166,198 @@ def test_a_failing_job_is_dropped_and_the_process_goes_on() -> None:
     warmup.start("test", job)
     warmup.wait()
     assert warmup.pending() == 0
+
+
+# ---------------------------------------------------------------- the first GET before the
+# listing's end (engine._EarlyStart, S3Store.glob_pages, sources._list_pages)
+
+MANY = {f"s-{i:02d}.tfrecord": [b"%d:%d" % (i, j) for j in range(5 + i)] for i in range(7)}
+MANY_EXPECTED = [p for name in sorted(MANY) for p in MANY[name]]
+
+
+@pytest.fixture
+def many(s3_server: MotoS3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Seven shards (and hidden names a glob skips) listed two keys a page."""
+    for name, payloads in MANY.items():
+        s3_server.put(s3_bucket, f"m/{name}", RecordEncoder().encode_many(payloads))
+    s3_server.put(s3_bucket, "m/_a-hidden.tfrecord", RecordEncoder().encode_many([b"no"]))
+    s3_server.put(s3_bucket, "m/_b-hidden.tfrecord", RecordEncoder().encode_many([b"no"]))
+    s3_server.put(s3_bucket, "m/_c-hidden.tfrecord", RecordEncoder().encode_many([b"no"]))
+    monkeypatch.setattr(S3Store, "list_page_keys", 2)
+    return f"s3://{s3_bucket}/m/*.tfrecord"
+
+
+class Spy:
+    """Which listing page was in when the first shard's reader started."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.pages = 0
+        self.started_after: list[int] = []
+        self.fail_after: int | None = None  # pages, then an error
+        self.failures = 1_000  # that many times (then the listing succeeds)
+        self.error: Exception = PermissionDeniedError("s3://x: listing: denied")
+        pages, start = S3Store._glob_pages, _EarlyStart.start
+        spy = self
+
+        async def glob_pages(store: S3Store, *args: Any) -> Any:
+            async with aclosing(pages(store, *args)) as each:
+                async for page in each:
+                    if spy.fail_after is not None and spy.pages >= spy.fail_after:
+                        spy.failures -= 1
+                        if spy.failures == 0:
+                            spy.fail_after = None
+                        raise spy.error
+                    spy.pages += 1
+                    yield page
+
+        def early_start(early: _EarlyStart, shard: Any) -> None:
+            spy.started_after.append(spy.pages)
+            start(early, shard)
+
+        monkeypatch.setattr(S3Store, "_glob_pages", glob_pages)
+        monkeypatch.setattr(_EarlyStart, "start", early_start)
+
+
+def _late(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ReadEngine, "_starts_early", lambda self, resume: False)
+
+
+def test_first_get_starts_with_the_first_page_and_reads_the_same(
+    many: str, s3_server: MotoS3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = Spy(monkeypatch)
+    ds = streamrec.open_dataset(many, storage_options=s3_server.storage_options)
+    records = iter(ds)
+    got = [next(records) for _ in range(20)]
+    state = ds.state_dict()
+    got += list(records)
+    assert got == MANY_EXPECTED
+    # 10 names two a page: the first visible one (s-00) is on page 2 (after 3 hidden names)
+    assert spy.pages == 5 and spy.started_after == [2]
+    _late(monkeypatch)  # the same reader without the early start: the same records, state
+    late = streamrec.open_dataset(many, storage_options=s3_server.storage_options)
+    late_records = iter(late)
+    assert [next(late_records) for _ in range(20)] == MANY_EXPECTED[:20]
+    assert late.state_dict() == state
+    assert spy.started_after == [2]  # (not called again)
+    again = streamrec.open_dataset(many, storage_options=s3_server.storage_options)
+    again.load_state_dict(state)  # resuming: no early start, the same continuation
+    assert list(again) == MANY_EXPECTED[20:]
+    assert spy.started_after == [2]
+
+
+@pytest.mark.parametrize(
+    "options", [{"shuffle_shards": True}, {"num_hosts": 2}, {"cycle_length": 2}]
+)
+def test_no_early_start_where_the_first_listed_may_not_be_first(
+    many: str, s3_server: MotoS3Server, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    spy = Spy(monkeypatch)
+    got = list(streamrec.open_dataset(many, storage_options=s3_server.storage_options, **options))
+    _late(monkeypatch)
+    assert got == list(
+        streamrec.open_dataset(many, storage_options=s3_server.storage_options, **options)
+    )
+    assert spy.started_after == []
+
+
+def test_an_empty_glob_is_the_same_clear_error(
+    s3_server: MotoS3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"s3://{s3_bucket}/none/*.tfrecord"
+    with pytest.raises(ObjectNotFoundError, match="matched no object") as early:
+        list(streamrec.open_dataset(url, storage_options=s3_server.storage_options))
+    _late(monkeypatch)
+    with pytest.raises(ObjectNotFoundError) as late:
+        list(streamrec.open_dataset(url, storage_options=s3_server.storage_options))
+    assert str(early.value) == str(late.value)
+
+
+def _tasks_left() -> set[asyncio.Task[Any]]:
+    return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+
+def test_a_listing_error_after_the_first_page_cancels_the_started_get(
+    many: str, s3_server: MotoS3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = Spy(monkeypatch)
+    spy.fail_after = 3  # the reader started after page 2; page 4 fails
+
+    async def run() -> None:
+        ds = streamrec.open_dataset(many, storage_options=s3_server.storage_options)
+        with pytest.raises(PermissionDeniedError, match="denied"):
+            async for _ in ds:
+                pass
+        assert _tasks_left() == set()
+
+    asyncio.run(run())
+    assert spy.started_after == [2]
+
+
+def test_a_transient_listing_error_lists_again_with_the_same_records(
+    many: str, s3_server: MotoS3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = Spy(monkeypatch)
+    spy.fail_after, spy.error = 3, TransientStorageError("s3://x: listing: try again")
+    spy.failures = 1
+    ds = streamrec.open_dataset(many, storage_options=s3_server.storage_options, retry=FAST)
+    assert list(ds) == MANY_EXPECTED
+    assert ds.stats.retries >= 1
+    # told again by the second attempt, but one reader only, started on the first
+    assert spy.started_after == [2, 5] and ds.stats.shards_opened == len(MANY)
+
+
+def test_closing_before_the_first_record_cancels_the_started_get(
+    many: str, s3_server: MotoS3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = Spy(monkeypatch)
+
+    async def run() -> None:
+        started = asyncio.Event()
+        start = _EarlyStart.start
+
+        def early_start(early: _EarlyStart, shard: Any) -> None:
+            start(early, shard)
+            started.set()
+
+        monkeypatch.setattr(_EarlyStart, "start", early_start)
+        ds = streamrec.open_dataset(many, storage_options=s3_server.storage_options)
+        records = ds.__aiter__()
+        first = asyncio.ensure_future(records.__anext__())
+        await started.wait()  # the GET is in flight, the listing goes on
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await records.aclose()
+        assert _tasks_left() == set()
+
+    asyncio.run(run())
+    assert spy.started_after == [2]
+
+
+def test_a_listing_out_of_order_starts_a_reader_that_is_dropped(
+    many: str, s3_server: MotoS3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unsorted pages (S3 Express directory buckets list so): the shard told first is not
+    the plan's first; its reader is cancelled and shard 0 read as usual."""
+    spy = Spy(monkeypatch)
+    pages = S3Store._glob_pages
+
+    async def backwards(store: S3Store, *args: Any) -> Any:
+        listed = [page async for page in pages(store, *args)]
+        for page in reversed(listed):
+            yield page
+
+    monkeypatch.setattr(S3Store, "_glob_pages", backwards)
+    closed: list[str] = []
+    aclose = ObjectReader.aclose
+
+    async def spied_aclose(reader: ObjectReader) -> None:
+        closed.append(reader.obj.url)
+        await aclose(reader)
+
+    monkeypatch.setattr(ObjectReader, "aclose", spied_aclose)
+    ds = streamrec.open_dataset(many, storage_options=s3_server.storage_options)
+    assert list(ds) == MANY_EXPECTED
+    assert len(spy.started_after) == 1
+    assert closed[0].endswith("/s-05.tfrecord")  # told first (last page first), dropped first
