@@ -473,7 +473,13 @@ def run_first_only(
         loads = [load_start, os.getloadavg()[0]]
         store = services.stores["s3-link"]
         results = measure_first_record(
-            __file__, store, data.glob("s3"), rounds * 3, trees, args.gap
+            __file__,
+            store,
+            services.stores["s3-lo"].endpoint,
+            data.glob("s3"),
+            rounds * 3,
+            trees,
+            args.gap,
         )
         loads.append(os.getloadavg()[0])
     section = render_first(

@@ -9,6 +9,8 @@ one ``--base`` names, imported through ``STREAMREC_BENCH_TREE``, see ``_harness/
 * ``glob, start-up gap``: ``open_dataset(glob)``, then ``gap`` seconds of other start-up work
   (a busy pure-Python loop: it holds the GIL as much as model-building Python does), then
   ``next(iter(ds))``: timed from the ``iter`` (what the caller waits for);
+* ``glob, 2,500 objects``: ``glob`` over :data:`MANY` small objects (one 100 KiB record
+  each): a listing of three pages (S3 lists 1,000 keys a page), timed like ``glob``;
 * ``one object``: the first shard named exactly, timed like ``glob``;
 * ``bare``: plain s3fs / aiobotocore, the named peer: ``S3FileSystem(asynchronous=True)``,
   ``set_session()`` (the client), one ``list_objects_v2`` of the glob's prefix, one 256 KiB
@@ -44,7 +46,9 @@ START_MARK = "<!-- bench_remote_first:start -->"
 END_MARK = "<!-- bench_remote_first:end -->"
 FIRST_BLOCK = 256 << 10
 MARKS = ("client start", "client end", "LIST sent", "LIST answered", "GET sent", "GET answered")
-CASES = ("glob", "glob, start-up gap", "one object", "bare")
+MANY = 2500
+MANY_PREFIX = f"many-{MANY}"
+CASES = ("glob", "glob, start-up gap", f"glob, {MANY:,} objects", "one object", "bare")
 
 
 class Timeline:
@@ -154,14 +158,46 @@ async def _bare(url: str, options: dict[str, Any], timeline: Timeline) -> None:
         await client.__aexit__(None, None, None)
 
 
+def work_upload_many(job: dict[str, Any]) -> dict[str, Any]:
+    """Put :data:`MANY` objects of one 100 KiB record under ``many-2500/`` (16 at a time)."""
+    from streamrec.format.framing import RecordEncoder
+
+    body = RecordEncoder().encode_many([os.urandom(100 << 10)])
+
+    async def upload() -> None:
+        import s3fs
+
+        options = storage_options("s3", job["endpoint"])
+        fs = s3fs.S3FileSystem(asynchronous=True, skip_instance_cache=True, **options)
+        await fs.set_session()
+        client = fs._s3
+        limit = asyncio.Semaphore(16)
+
+        async def put(i: int) -> None:
+            async with limit:
+                key = f"{MANY_PREFIX}/shard-{i:05d}.tfrecord"
+                await client.put_object(Bucket=job["bucket"], Key=key, Body=body)
+
+        try:
+            await asyncio.gather(*(put(i) for i in range(MANY)))
+        finally:
+            await client.__aexit__(None, None, None)
+
+    t0 = time.perf_counter()
+    asyncio.run(upload())
+    return {"seconds": time.perf_counter() - t0}
+
+
 FIRST_WORKERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "first-record": work_first_record
+    "first-record": work_first_record,
+    "upload-many": work_upload_many,
 }
 
 
 def measure_first_record(
     script: str,
     store: Store,
+    loopback_endpoint: str,
     glob: str,
     samples: int,
     trees: dict[str, str | None],
@@ -171,6 +207,12 @@ def measure_first_record(
     sample: ``{(tree, case): [result, ...]}``; ``trees``: label -> tree path (None: this
     one)."""
     one = glob.replace("shard-*", "shard-00000")
+    bucket = glob.split("://", 1)[1].split("/", 1)[0]
+    many = f"s3://{bucket}/{MANY_PREFIX}/shard-*.tfrecord"
+    loopback = {"kind": "upload-many", "endpoint": loopback_endpoint, "bucket": bucket}
+    uploaded = run_script(script, "--worker", json.dumps(loopback), 600, "upload-many")
+    print(f"  uploaded {MANY} objects in {uploaded['seconds']:.1f} s", flush=True)
+    urls = {"one object": one, f"glob, {MANY:,} objects": many}
     jobs: list[tuple[str, str, str | None]] = [
         (label, case, path) for label, path in trees.items() for case in CASES if case != "bare"
     ]
@@ -182,7 +224,7 @@ def measure_first_record(
                 "kind": "first-record",
                 "case": case,
                 "endpoint": store.endpoint,
-                "url": one if case == "one object" else glob,
+                "url": urls.get(case, glob),
                 "gap": gap,
             }
             prefix = ["env", f"STREAMREC_BENCH_TREE={path}"] if path else []
