@@ -558,7 +558,8 @@ def open_dataset(
             and processes of this host read them (CRCs checked): :mod:`streamrec.storage.cache`.
 
     Urls may be local paths, ``file://``, ``s3://``, ``gs://``, ``http(s)://`` or
-    ``memory://``.
+    ``memory://``. For ``s3://`` the S3 client's set-up starts now, in the background
+    (:mod:`streamrec.storage.warmup`): time spent before the first record hides it.
 
     Returns:
         A :class:`Dataset`: iterate it with ``async for`` or ``for``.
