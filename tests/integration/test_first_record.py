@@ -361,3 +361,53 @@ def test_a_listing_out_of_order_starts_a_reader_that_is_dropped(
     assert list(ds) == MANY_EXPECTED
     assert len(spy.started_after) == 1
     assert closed[0].endswith("/s-05.tfrecord")  # told first (last page first), dropped first
+
+
+KEYS = [
+    "g/a.tfrecord",
+    "g/a.tfrecord.idx",
+    "g/b c.tfrecord",
+    "g/é-3.tfrecord",
+    "g/_hidden.tfrecord",
+    "g/sub/d.tfrecord",
+    "g/sub.tfrecord",
+    "g/x.json",
+    "g2/a.tfrecord",
+    "top.tfrecord",
+]
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["g/*", "g/*.tfrecord", "g/[ab]*", "g/?.tfrecord", "g/*.idx", "*.tfrecord", "g/sub*"],
+)
+def test_paged_glob_lists_what_expand_lists(
+    s3_server: MotoS3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch, pattern: str
+) -> None:
+    for key in KEYS:
+        s3_server.put(s3_bucket, key, b"x" * (len(key) % 7 + 1))
+    monkeypatch.setattr(S3Store, "list_page_keys", 2)
+    url = f"s3://{s3_bucket}/{pattern}"
+
+    async def both() -> tuple[list[Any], list[Any], int]:
+        store = S3Store(s3_server.storage_options)
+        try:
+            pages = store.glob_pages(url)
+            assert pages is not None
+            paged = [page async for page in pages]
+            listed = sorted((o for page in paged for o in page), key=lambda o: o.url)
+            return listed, await store.expand(url), len(paged)
+        finally:
+            await store.close()
+
+    paged, expanded, count = asyncio.run(both())
+    assert [(o.url, o.size, o.version) for o in paged] == [
+        (o.url, o.size, o.version) for o in expanded
+    ]
+    assert count > 1 or pattern in ("*.tfrecord", "g/sub*")  # (a page or two of keys)
+
+
+@pytest.mark.parametrize("pattern", ["g/*/d.tfrecord", "g*/a.tfrecord", "g/**", "g/a.tfrecord"])
+def test_globs_not_listed_page_by_page(pattern: str) -> None:
+    store = S3Store({"key": "k", "secret": "s"})
+    assert store.glob_pages(f"s3://bucket/{pattern}") is None
