@@ -161,14 +161,21 @@ def _build_tls(verify: Any, future: Future[Any]) -> None:
 
         context = AIOHTTPSession(verify=verify)._build_ssl_contexts(None)[0]
     except BaseException as exc:
-        with _lock:
-            if _tls_contexts.get(_tls_key(verify)) is future:
-                del _tls_contexts[_tls_key(verify)]
-        future.set_exception(exc)
+        _abandon_tls(verify, future, exc)
         if not isinstance(exc, Exception):
             raise
     else:
         future.set_result(context)
+
+
+def _abandon_tls(verify: Any, future: Future[Any], error: BaseException) -> None:
+    """``future`` will not be built (its build failed, or could not start): forget it, and
+    end it with ``error``, so that nobody waits for it (each client then builds its own)."""
+    with _lock:
+        if _tls_contexts.get(_tls_key(verify)) is future:
+            del _tls_contexts[_tls_key(verify)]
+    if not future.done():
+        future.set_exception(error)
 
 
 def _verify_of(client_kwargs: dict[str, Any] | None, session: Any) -> Any:
@@ -195,7 +202,11 @@ def start_tls_context(fs: Any) -> tuple[Any, asyncio.Future[Any]] | None:
             return None
         future, mine = claimed
         if mine:
-            asyncio.get_running_loop().run_in_executor(None, _build_tls, verify, future)
+            try:
+                asyncio.get_running_loop().run_in_executor(None, _build_tls, verify, future)
+            except BaseException as exc:  # (no executor): nobody may wait for it
+                _abandon_tls(verify, future, exc)
+                raise
     except Exception:  # an optimisation only
         return None
     return verify, asyncio.wrap_future(future)
@@ -248,12 +259,21 @@ def prewarm(storage_options: dict[str, Any] | None) -> None:
         # one thread started here (each start costs the caller a GIL hand-over); the TLS
         # context, parsed mostly without the GIL, in a thread of its own beside the models
         if tls is not None:
-            warmup.start("s3-tls", lambda: _build_tls(verify, tls), settles=False)
+            try:
+                warmup.start("s3-tls", lambda: _build_tls(verify, tls), settles=False)
+            except BaseException as exc:  # (no thread): nobody may wait for it
+                _abandon_tls(verify, tls, exc)
+                raise
         if load:
             _load_models(aiobotocore.session.AioSession())
 
     if tls is not None or load:
-        warmup.start("s3", job)
+        try:
+            warmup.start("s3", job)
+        except BaseException as exc:
+            if tls is not None:
+                _abandon_tls(verify, tls, exc)
+            raise
 
 
 def _load_models(session: Any) -> None:

@@ -411,3 +411,31 @@ def test_paged_glob_lists_what_expand_lists(
 def test_globs_not_listed_page_by_page(pattern: str) -> None:
     store = S3Store({"key": "k", "secret": "s"})
     assert store.glob_pages(f"s3://bucket/{pattern}") is None
+
+
+@pytest.mark.parametrize("where", ["the warm-up thread", "its TLS thread"])
+def test_a_warm_up_that_cannot_start_leaves_nothing_to_wait_for(
+    cold: None,
+    shards: str,
+    s3_server: MotoS3Server,
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    """No thread to spare: the TLS context the warm-up claimed is given up, not waited for."""
+    start = warmup.start
+
+    def no_thread(name: str, job: Any, **kwargs: Any) -> None:
+        if (name == "s3") == (where == "the warm-up thread"):
+            raise RuntimeError("can't start new thread")
+        start(name, job, **kwargs)
+
+    monkeypatch.setattr(warmup, "start", no_thread)
+    ds = streamrec.open_dataset(shards, storage_options=s3_server.storage_options)
+    warmup.wait()
+
+    async def read() -> list[bytes]:
+        return [record async for record in ds]
+
+    # (a bound, not a pace: a claimed context nobody builds would hang here)
+    assert asyncio.run(asyncio.wait_for(read(), 60)) == EXPECTED
+    assert s3_client._tls_contexts  # the reader built and kept its own
