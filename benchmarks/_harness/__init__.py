@@ -2,8 +2,9 @@
 (``python benchmarks/bench_x.py`` puts ``benchmarks/`` on ``sys.path``).
 
 Importing it is the one place the benchmarks touch ``sys.path``: the repository root goes first,
-so that every script measures the in-tree ``streamrec`` (installed or not), and ``tests/`` goes
-last, for the test support package (``support.servers``: free ports, fake-gcs-server). It also
+so that every script measures the in-tree ``streamrec`` (installed or not; a worker started
+with ``STREAMREC_BENCH_TREE=<tree>`` measures that tree's instead), and ``tests/`` goes last,
+for the test support package (``support.servers``: free ports, fake-gcs-server). It also
 turns off gcsfs's gRPC probe (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``: against an emulator
 every call would wait 60 s on it) before anything imports gcsfs.
 
@@ -21,6 +22,8 @@ process imports what its own job needs):
 * ``stats``: timings and per-run samples, best and median.
 * ``report``: README sections, the source state, the machine, the command line.
 * ``remote_report``: bench_remote.py's settings, targets, tables and notes.
+* ``first_record``: bench_remote.py --first-only: time to the first record in fresh processes,
+  old and new trees and a bare s3fs reference side by side, with a timestamped breakdown.
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = BENCH_DIR.parent
 DATA_DIR = BENCH_DIR / "data"  # gitignored: inputs written once and reused
 
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+# the streamrec measured: this tree's, or another's for a before/after in one run
+# (bench_remote.py --first-only --base: its workers get STREAMREC_BENCH_TREE=<old tree>)
+TREE = Path(os.environ.get("STREAMREC_BENCH_TREE") or REPO_ROOT)
+if TREE != REPO_ROOT or str(TREE) not in sys.path:
+    sys.path.insert(0, str(TREE))
 if str(REPO_ROOT / "tests") not in sys.path:
     sys.path.append(str(REPO_ROOT / "tests"))
 

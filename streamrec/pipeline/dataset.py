@@ -37,8 +37,9 @@ from streamrec.pipeline.trackers import (
 )
 from streamrec.pipeline.transform import Chainable
 from streamrec.redact import redact
+from streamrec.storage import warmup
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.stores import ObjectInfo, StoreSet, store_key
+from streamrec.storage.stores import ObjectInfo, StoreSet, prewarm, store_key
 
 __all__ = ["Dataset", "open_dataset"]
 
@@ -64,6 +65,8 @@ class Dataset(Chainable[bytes]):
             store_key(url)  # unsupported schemes fail now, not on first read
         self.options = options or ReadOptions()
         """How the dataset reads (frozen; see :class:`~streamrec.pipeline.options.ReadOptions`)."""
+        # the first client's set-up, done while the caller prepares the rest (a model, ...)
+        prewarm(self.urls, self.options.storage_options)
         self.epoch = 0
         self._stats = Stats()
         self._handed_before = 0  # records handed out by the cursors before the current one
@@ -420,7 +423,10 @@ class Dataset(Chainable[bytes]):
 
     def close(self) -> None:
         """End :meth:`get`'s loop thread and connections (also done when the dataset is
-        garbage-collected, or at exit); the dataset stays usable. Iterations hold nothing."""
+        garbage-collected, or at exit), and wait for the start-up work ``open_dataset``
+        began (:mod:`streamrec.storage.warmup`); the dataset stays usable. Iterations hold
+        nothing."""
+        warmup.wait()
         lookup: RecordLookup | None = getattr(self, "_lookup", None)
         if lookup is not None:
             lookup.close()
@@ -552,7 +558,8 @@ def open_dataset(
             and processes of this host read them (CRCs checked): :mod:`streamrec.storage.cache`.
 
     Urls may be local paths, ``file://``, ``s3://``, ``gs://``, ``http(s)://`` or
-    ``memory://``.
+    ``memory://``. For ``s3://`` the S3 client's set-up starts now, in the background
+    (:mod:`streamrec.storage.warmup`): time spent before the first record hides it.
 
     Returns:
         A :class:`Dataset`: iterate it with ``async for`` or ``for``.

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable, Sequence
+from contextlib import aclosing
 from dataclasses import replace
 
 from streamrec.errors import ObjectNotFoundError, StorageError, TransientStorageError
@@ -47,6 +48,8 @@ HIDDEN_SUFFIXES = (INDEX_SUFFIX,)
 name and by directory listings."""
 
 OnRetry = Callable[[TransientStorageError], None]
+OnFirst = Callable[[ObjectInfo], None]
+"""Told the first shard of a listing as soon as it is certain (see :func:`list_sources`)."""
 
 
 def is_hidden(url: str, pattern: str) -> bool:
@@ -80,6 +83,26 @@ def _with_sidecars(
     return found
 
 
+async def _list_pages(store: ObjectStore, pattern: str, on_first: OnFirst) -> list[ObjectInfo]:
+    """:meth:`ObjectStore.expand` of the glob ``pattern`` through its pages, telling
+    ``on_first`` the first shard (a visible match) as soon as a page holds one."""
+    pages = store.glob_pages(pattern)
+    assert pages is not None
+    listed: list[ObjectInfo] = []
+    told = False
+    async with aclosing(pages) as each:
+        async for page in each:
+            listed += page
+            if not told:
+                visible = [obj for obj in page if not is_hidden(obj.url, pattern)]
+                if visible:
+                    told = True
+                    on_first(min(visible, key=lambda obj: obj.url))
+    if not listed:
+        raise ObjectNotFoundError(f"{pattern}: the glob matched no object")
+    return sorted(listed, key=lambda obj: obj.url)
+
+
 def _glob_sees(pattern: str) -> Callable[[str], bool]:
     """Whether the glob ``pattern`` also matches a match's sidecar: a sidecar lives beside its
     shard, so it does when the last component matches the name with ``.idx`` appended."""
@@ -94,15 +117,22 @@ async def list_sources(
     *,
     allow_absolute_urls: bool = False,
     on_retry: OnRetry | None = None,
+    on_first: OnFirst | None = None,
 ) -> list[ObjectInfo]:
     """Every shard the urls stand for (see the module docstring), in the order given.
 
     Shards of a manifest are checked against it (see
     :func:`~streamrec.manifest.check.manifest_shards`); ``allow_absolute_urls`` trusts its
-    names beyond its own directory."""
+    names beyond its own directory.
+
+    ``on_first(shard)``: when the first url is a glob its store lists page by page
+    (:meth:`~streamrec.storage.base.ObjectStore.glob_pages`), called with the first shard as
+    soon as a page shows it, while the rest is listed (at most once per listing attempt: a
+    retried listing may tell it again). The result is the same either way."""
     found: list[ObjectInfo] = []
-    for url in urls:
-        found += await _one(url, store_of, retry, allow_absolute_urls, on_retry)
+    for i, url in enumerate(urls):
+        first = on_first if i == 0 else None
+        found += await _one(url, store_of, retry, allow_absolute_urls, on_retry, first)
     return found
 
 
@@ -112,6 +142,7 @@ async def _one(
     retry: RetryPolicy,
     allow_absolute_urls: bool,
     on_retry: OnRetry | None,
+    on_first: OnFirst | None = None,
 ) -> list[ObjectInfo]:
     store = store_of(url)
 
@@ -128,7 +159,17 @@ async def _one(
     if is_manifest_url(url):
         return await manifest(url)
     if has_glob(url):
-        matches = await expand(url)
+        pages = store.glob_pages(url) if on_first is not None else None
+        if pages is None:
+            matches = await expand(url)
+        else:
+            assert on_first is not None
+            told = on_first
+
+            async def paged() -> list[ObjectInfo]:
+                return await _list_pages(store, url, told)
+
+            matches = await retry.run(paged, describe=f"listing {url}", on_retry=on_retry)
         shards = [obj for obj in matches if not is_hidden(obj.url, url)]
         if not shards:
             raise ObjectNotFoundError(

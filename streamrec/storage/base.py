@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -99,6 +100,14 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     async def expand(self, pattern: str) -> list[ObjectInfo]:
         """Objects matching a url or glob, sorted by name; ObjectNotFoundError if none."""
+
+    def glob_pages(self, pattern: str) -> AsyncGenerator[list[ObjectInfo], None] | None:
+        """The objects the glob ``pattern`` matches a listing page at a time, every page's
+        names after the previous page's (so the first match of the first page that has one is
+        the first of the sorted listing), as :meth:`expand` would list them all; None when
+        this store cannot list ``pattern`` so (callers then use :meth:`expand`). Raises
+        translated errors; an empty listing is simply no object (no error)."""
+        return None
 
     @abc.abstractmethod
     async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:

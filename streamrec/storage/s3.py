@@ -11,30 +11,22 @@ Client set-up, sized for streaming unless ``storage_options`` say otherwise:
 * botocore's connection pool (``max_pool_connections``, default 10) would cap the range GETs
   in flight across all shards; it is sized from ``max_connections`` (what the dataset may have
   in flight), through ``config_kwargs``.
-* botocore's data loader (the parsed service model, endpoint rules and partitions, ~50-100 ms
-  of JSON per client) is shared by every client of the process, so the second and later
-  iterations (epochs, DataLoader workers forked after a first read) create theirs quickly.
-  It parses into plain dicts (ordered since Python 3.7; botocore's ``OrderedDict`` hook makes
-  the 1.2 MB endpoints file ~3x slower to parse), and checks that ``s3`` exists by looking
-  at its own directory, not by listing all ~400 services' (botocore does, per model type): a
-  fresh process (a spawned DataLoader worker, a Dask task) creates its first client in about
-  half the time (~45 ms instead of ~90 ms here).
-* the TLS context (loading the CA bundle, ~30-40 ms of CPU that aiobotocore spends before the
-  first request) is built in a worker thread while the client is being created, which takes
-  the same time on the event loop's thread (the bundle is parsed without holding the GIL).
+* botocore's shared data loader, the process's TLS context and the start-up work done ahead
+  for them: :mod:`streamrec.storage.s3_client`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, overload
+import re
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import ObjectNotFoundError
-from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, split_scheme
+from streamrec.storage import warmup
+from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, has_glob, split_scheme
 from streamrec.storage.body import parse_content_range, read_pieces
 from streamrec.storage.fsspec_store import FsspecStore
+from streamrec.storage.s3_client import share_loader, start_tls_context, use_tls_context
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
@@ -46,8 +38,6 @@ __all__ = ["DEFAULT_MAX_CONNECTIONS", "S3Store"]
 DEFAULT_MAX_CONNECTIONS = 64
 """botocore's pool size when neither the caller nor ``config_kwargs`` says (botocore's own
 default, 10, caps a dataset's range GETs in flight)."""
-
-_shared_loader: Any = None  # botocore's data loader, shared by every client of the process
 
 
 class S3Store(FsspecStore):
@@ -80,11 +70,12 @@ class S3Store(FsspecStore):
         """The aiobotocore S3 client (its session set up on first use), for sinks and tools
         that send their own requests: they get the client, not the store's internals."""
         if not self._session_ready:
-            _share_loader(self.fs)
-            tls = _start_tls_context(self.fs)
+            await warmup.settled()  # what open_dataset started, not done twice
+            share_loader(self.fs)
+            tls = start_tls_context(self.fs)
             await self.fs.set_session()
             if tls is not None:
-                await _use_tls_context(self.fs._s3, *tls)
+                await use_tls_context(self.fs._s3, *tls)
             self._session_ready = True
         return self.fs._s3
 
@@ -94,6 +85,57 @@ class S3Store(FsspecStore):
     async def expand(self, pattern: str) -> list[ObjectInfo]:
         await self.client()
         return await super().expand(pattern)
+
+    list_page_keys = 1000
+    """Keys per listing page (S3's maximum; tests make it small to list in many pages)."""
+
+    def glob_pages(self, pattern: str) -> AsyncGenerator[list[ObjectInfo], None] | None:
+        """A glob whose wildcards are all in its last component (``bucket/dir/shard-*``),
+        listed as s3fs's glob lists it (one ``ListObjectsV2`` of the prefix up to the first
+        wildcard, ``/`` as delimiter, fsspec's pattern on the names) but handed on page by
+        page. Other globs, and version-aware filesystems: None."""
+        path = self.fs._strip_protocol(pattern)
+        head, _, last = path.rpartition("/")
+        if not head or not has_glob(last) or has_glob(head) or "**" in last:
+            return None
+        if getattr(self.fs, "version_aware", False):
+            return None
+        return self._glob_pages(pattern, path, head, last)
+
+    async def _glob_pages(
+        self, pattern: str, path: str, head: str, last: str
+    ) -> AsyncGenerator[list[ObjectInfo], None]:
+        from fsspec.utils import glob_translate
+
+        matches = re.compile(glob_translate(path)).match
+        bucket, _, key = head.partition("/")
+        stem = last[: min(i for i in (last.find(c) for c in "*?[") if i >= 0)]
+        prefix = f"{key}/{stem}" if key else stem
+        client = await self.client()
+        markers: dict[str, str] = {}
+        while True:
+            try:
+                page = await client.list_objects_v2(
+                    Bucket=bucket,
+                    Prefix=prefix,
+                    Delimiter="/",
+                    MaxKeys=self.list_page_keys,
+                    **getattr(self.fs, "req_kw", {}),
+                    **markers,
+                )
+            except Exception as exc:
+                raise translate(exc, pattern, "listing") from exc
+            found = []
+            for item in page.get("Contents", []):
+                name = f"{bucket}/{item['Key']}"
+                if matches(name):
+                    etag = item.get("ETag")
+                    found.append(ObjectInfo(self.url_of(name), int(item["Size"]), etag or None))
+            yield found
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+            markers = {"ContinuationToken": token}
 
     def version_of(self, info: dict[str, Any]) -> str | None:
         etag = info.get("ETag") or info.get("etag")
@@ -215,133 +257,6 @@ def _error_code(exc: BaseException) -> str:
     code = str(response.get("Error", {}).get("Code", ""))
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     return code or str(status or "")
-
-
-class _ServiceNames(Sequence[str]):
-    """What botocore's ``Loader.list_available_services`` returns, computed only as far as it
-    is asked: ``name in names`` looks into that service's directories alone (botocore's loader
-    checks a service exists by listing all ~400 of them, ~15 ms per model type); anything
-    else lists them all, as botocore would."""
-
-    def __init__(self, loader: Any, type_name: str, list_all: Callable[[], list[str]]) -> None:
-        self._loader, self._type_name, self._list_all = loader, type_name, list_all
-        self._all: list[str] | None = None
-
-    def __contains__(self, name: object) -> bool:
-        if not isinstance(name, str) or os.sep in name or name.startswith("."):
-            return False
-        for location in self._loader._potential_locations():
-            directory = os.path.join(location, name)
-            if os.path.isdir(directory) and any(
-                self._loader.file_loader.exists(os.path.join(directory, v, self._type_name))
-                for v in os.listdir(directory)
-            ):
-                return True
-        return False
-
-    def _names(self) -> list[str]:
-        if self._all is None:
-            self._all = self._list_all()
-        return self._all
-
-    @overload
-    def __getitem__(self, index: int) -> str: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[str]: ...
-    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
-        return self._names()[index]
-
-    def __len__(self) -> int:
-        return len(self._names())
-
-
-def _fast_loader(default: Any) -> Any:
-    """A botocore data loader with ``default``'s search paths that parses JSON into plain
-    dicts and checks that a service exists without listing every service."""
-    import json
-
-    import botocore.loaders
-
-    class PlainJSONFileLoader(botocore.loaders.JSONFileLoader):  # type: ignore[misc]
-        def _load_file(self, full_path: str, open_method: Any) -> Any:
-            if not os.path.isfile(full_path):
-                return None
-            with open_method(full_path, "rb") as fp:
-                return json.loads(fp.read().decode("utf-8"))
-
-    class Loader(botocore.loaders.Loader):  # type: ignore[misc]
-        def list_available_services(self, type_name: str) -> Sequence[str]:
-            parent = super().list_available_services
-            return _ServiceNames(self, type_name, lambda: parent(type_name))
-
-    return Loader(
-        extra_search_paths=list(default.search_paths),
-        file_loader=PlainJSONFileLoader(),
-        include_default_search_paths=False,
-    )
-
-
-def _share_loader(fs: Any) -> None:
-    """Give ``fs`` a botocore session whose data loader is the process-wide one (unless the
-    user passed a session of their own)."""
-    global _shared_loader
-    if getattr(fs, "session", None) is not None:
-        return
-    try:
-        import aiobotocore.session  # type: ignore[import-untyped]
-
-        session = aiobotocore.session.AioSession(**getattr(fs, "kwargs", {}))
-        if _shared_loader is None:
-            _shared_loader = _fast_loader(session.get_component("data_loader"))
-        session.register_component("data_loader", _shared_loader)
-    except Exception:  # an optimisation only: s3fs then makes its own session
-        return
-    fs.session = session
-    if hasattr(fs, "_session_is_owned"):
-        fs._session_is_owned = True
-
-
-def _start_tls_context(fs: Any) -> tuple[Any, asyncio.Future[Any]] | None:
-    """Start building, in a worker thread, the TLS context aiobotocore will want for the
-    client ``fs`` is about to create: ``(verify, future)``, or None when it cannot tell."""
-    try:
-        from aiobotocore.httpsession import AIOHTTPSession  # type: ignore[import-untyped]
-
-        verify = (fs.client_kwargs or {}).get("verify")
-        if verify is None and fs.session is not None:
-            verify = fs.session.get_config_variable("ca_bundle")
-        if verify is None:
-            verify = os.environ.get("REQUESTS_CA_BUNDLE", True)
-        if not verify:
-            return None  # nothing slow to build
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(
-            None, lambda: AIOHTTPSession(verify=verify)._build_ssl_contexts(None)[0]
-        )
-    except Exception:  # an optimisation only
-        return None
-    future.add_done_callback(lambda done: done.cancelled() or done.exception())
-    return verify, future
-
-
-async def _use_tls_context(client: Any, verify: Any, future: asyncio.Future[Any]) -> None:
-    """Hand the context built by :func:`_start_tls_context` to the client's HTTP session, if
-    the client resolved the same ``verify`` and needs nothing else (client certificate)."""
-    try:
-        context = await future
-        http = client._endpoint.http_session
-        original = http._build_ssl_contexts
-        if http._verify != verify or getattr(http, "_cert_file", None):
-            return
-    except Exception:  # an optimisation only: aiobotocore builds its own
-        return
-
-    def prebuilt(proxy_url: str | None) -> tuple[Any, Any]:
-        if proxy_url is None:
-            return context, None
-        return original(proxy_url)  # type: ignore[no-any-return]
-
-    http._build_ssl_contexts = prebuilt
 
 
 def _bucket_key(url: str) -> tuple[str, str]:

@@ -22,6 +22,7 @@ __all__ = [
     "is_per_scheme",
     "open_store",
     "options_for",
+    "prewarm",
     "split_scheme",
     "store_key",
 ]
@@ -123,6 +124,26 @@ def open_store(
     from streamrec.storage.memory import MemoryStore
 
     return MemoryStore(storage_options)
+
+
+def prewarm(urls: list[str], storage_options: dict[str, Any] | None) -> None:
+    """Start, in the background, the start-up work the stores of ``urls`` will need
+    (:mod:`streamrec.storage.warmup`; today S3's: :func:`streamrec.storage.s3_client.prewarm`).
+    Never raises: whatever would fail fails on first use, as without it."""
+    warmed: list[dict[str, Any] | None] = []
+    for url in urls:
+        try:
+            if store_key(url) != "s3":
+                continue
+            options = options_for(url, storage_options)
+            if options in warmed:
+                continue
+            warmed.append(options)
+            from streamrec.storage.s3_client import prewarm as prewarm_s3
+
+            prewarm_s3(options)
+        except Exception:  # an optimisation only
+            continue
 
 
 _S = TypeVar("_S", bound="StoreSet")
