@@ -3,7 +3,9 @@
 
 Importing it is the one place the benchmarks touch ``sys.path``: the repository root goes first,
 so that every script measures the in-tree ``streamrec`` (installed or not), and ``tests/`` goes
-last, for the test support package (``support.servers``: free ports, fake-gcs-server). It also
+last, for the test support package (``support.servers``: free ports, fake-gcs-server). A worker
+process started with ``STREAMREC_BENCH_TREE=<path>`` in its environment puts that source tree
+first instead (bench_cpu.py measures an older tree's ``streamrec`` beside this one that way). It also
 turns off gcsfs's gRPC probe (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``: against an emulator
 every call would wait 60 s on it) before anything imports gcsfs.
 
@@ -33,8 +35,10 @@ BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = BENCH_DIR.parent
 DATA_DIR = BENCH_DIR / "data"  # gitignored: inputs written once and reused
 
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+TREE_UNDER_TEST = os.environ.get("STREAMREC_BENCH_TREE") or str(REPO_ROOT)
+
+if TREE_UNDER_TEST not in sys.path:
+    sys.path.insert(0, TREE_UNDER_TEST)
 if str(REPO_ROOT / "tests") not in sys.path:
     sys.path.append(str(REPO_ROOT / "tests"))
 
@@ -45,4 +49,4 @@ MIB = 1 << 20
 MB = 10**6
 BUCKET = "bench"  # the bucket the benchmarks write to (SeaweedFS creates it at start)
 
-__all__ = ["BENCH_DIR", "BUCKET", "DATA_DIR", "KIB", "MB", "MIB", "REPO_ROOT"]
+__all__ = ["BENCH_DIR", "BUCKET", "DATA_DIR", "KIB", "MB", "MIB", "REPO_ROOT", "TREE_UNDER_TEST"]
