@@ -96,9 +96,7 @@ def blocks(objects: Sequence[tuple[str, int]]) -> list[tuple[str, int, int]]:
 def work_streamrec(job: dict[str, Any], chunks: bool) -> dict[str, Any]:
     import streamrec
 
-    ds = streamrec.open_dataset(
-        job["glob"], storage_options=storage_options("s3", job["endpoint"])
-    )
+    ds = streamrec.open_dataset(job["glob"], storage_options=storage_options("s3", job["endpoint"]))
     cpu0 = cpu_seconds()
     t0 = time.perf_counter()
     first: list[float] = []
@@ -134,6 +132,7 @@ async def _bare(job: dict[str, Any], first: list[float]) -> int:
     from botocore.auth import S3SigV4Auth
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
+
     from streamrec.pipeline.prefetch import DEFAULT_MAX_CONCURRENCY
 
     signer = S3SigV4Auth(Credentials(S3_KEY, S3_SECRET), "s3", "us-east-1")
@@ -171,6 +170,7 @@ async def _bare(job: dict[str, Any], first: list[float]) -> int:
 async def _obstore(job: dict[str, Any], first: list[float]) -> int:
     import obstore
     from obstore.store import S3Store
+
     from streamrec.pipeline.prefetch import DEFAULT_MAX_CONCURRENCY
 
     store = S3Store(

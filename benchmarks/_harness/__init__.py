@@ -5,9 +5,9 @@ Importing it is the one place the benchmarks touch ``sys.path``: the repository 
 so that every script measures the in-tree ``streamrec`` (installed or not), and ``tests/`` goes
 last, for the test support package (``support.servers``: free ports, fake-gcs-server). A worker
 process started with ``STREAMREC_BENCH_TREE=<path>`` in its environment puts that source tree
-first instead (bench_cpu.py measures an older tree's ``streamrec`` beside this one that way). It also
-turns off gcsfs's gRPC probe (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``: against an emulator
-every call would wait 60 s on it) before anything imports gcsfs.
+first instead (bench_cpu.py measures an older tree's ``streamrec`` beside this one that way).
+It also turns off gcsfs's gRPC probe (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``: against an
+emulator every call would wait 60 s on it) before anything imports gcsfs.
 
 Modules (``local`` and ``examples`` import streamrec and numpy at the top, as the local scripts
 do; the others import streamrec and the remote clients inside their functions, so that a worker

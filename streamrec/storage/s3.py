@@ -1,8 +1,10 @@
 """``s3://`` through s3fs (aiobotocore): listing via s3fs, range GETs on its client directly.
 
-Range reads call the aiobotocore client's ``get_object`` ourselves, with ``IfMatch`` pinned to
-the listed ETag and botocore's own retries off, so that streamrec's retry policy is the only
-one (s3fs and botocore would otherwise retry for ~10 s underneath, and pass short bodies on).
+Range reads are sent by us, with ``If-Match`` pinned to the listed ETag and botocore's own
+retries off, so that streamrec's retry policy is the only one (s3fs and botocore would
+otherwise retry for ~10 s underneath, and pass short bodies on): on a url presigned once per
+object, through the client's HTTP session (:mod:`streamrec.storage.s3_get`: a fraction of
+``get_object``'s CPU per request), else with the client's ``get_object``.
 Bodies are read off aiohttp's stream in pieces (:func:`~streamrec.storage.body.read_pieces`),
 never gathered and joined into a second copy.
 
@@ -35,6 +37,7 @@ from streamrec.errors import ObjectNotFoundError
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, split_scheme
 from streamrec.storage.body import parse_content_range, read_pieces
 from streamrec.storage.fsspec_store import FsspecStore
+from streamrec.storage.s3_get import RangeGetter
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
@@ -75,6 +78,7 @@ class S3Store(FsspecStore):
         fs.retries = 1  # listing too: the retry policy is ours
         super().__init__(fs)
         self._session_ready = False
+        self._getter = RangeGetter()  # range GETs on presigned urls (storage/s3_get.py)
 
     async def client(self) -> Any:
         """The aiobotocore S3 client (its session set up on first use), for sinks and tools
@@ -126,6 +130,11 @@ class S3Store(FsspecStore):
     async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
         client = await self.client()
         bucket, key, _ = self.fs.split_path(obj.url)
+        if self._getter.serves(client, bucket):  # presigned: a fraction of get_object's CPU
+            try:
+                return await self._getter.get(client, bucket, key, start, end, obj.version, obj.url)
+            except Exception as exc:
+                raise translate(exc, obj.url, f"reading bytes {start}-{end - 1}") from exc
         extra = {"IfMatch": obj.version} if obj.version else {}
         try:
             response = await client.get_object(

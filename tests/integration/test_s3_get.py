@@ -1,0 +1,226 @@
+"""S3 range GETs on presigned urls (storage/s3_get.py) against moto: the bytes asked for, one
+presign per object while the url is fresh, the version pinned, errors by their S3 code."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+import streamrec
+from streamrec.errors import (
+    ObjectChangedError,
+    ObjectNotFoundError,
+    PermissionDeniedError,
+    StorageError,
+    TransientStorageError,
+)
+from streamrec.format.encoder import RecordEncoder
+from streamrec.storage import s3_get
+from streamrec.storage.s3 import S3Store
+from streamrec.storage.s3_get import RangeGetter
+from support.servers import MotoS3Server
+
+DATA = bytes(range(256)) * 400  # 102,400 bytes
+
+
+def _with_client(
+    server: MotoS3Server, body: Callable[[Any], Awaitable[Any]], **options: Any
+) -> Any:
+    async def run() -> Any:
+        store = S3Store({**server.storage_options, **options})
+        try:
+            return await body(await store.client())
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def _etag(server: MotoS3Server, bucket: str, key: str) -> str:
+    etag: str = server.client.head_object(Bucket=bucket, Key=key)["ETag"]
+    return etag
+
+
+def test_ranges_are_the_bytes_asked_for_on_one_presigned_url(
+    s3_server: MotoS3Server, s3_bucket: str
+) -> None:
+    s3_server.put(s3_bucket, "a/data.bin", DATA)
+    etag = _etag(s3_server, s3_bucket, "a/data.bin")
+    getter = RangeGetter()
+    ranges = [(0, 1), (0, 1000), (999, 65_536), (65_536, len(DATA)), (50_000, 50_001)]
+
+    async def body(client: Any) -> list[bytes]:
+        assert getter.serves(client, s3_bucket)
+        return [
+            b"".join(await getter.get(client, s3_bucket, "a/data.bin", s, e, etag, "name"))
+            for s, e in ranges
+        ]
+
+    got = _with_client(s3_server, body)
+    assert got == [DATA[s:e] for s, e in ranges]
+    assert getter.presigned == 1  # one url served every range
+
+
+def test_a_url_is_made_again_once_it_is_old(
+    s3_server: MotoS3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s3_server.put(s3_bucket, "old.bin", DATA)
+    getter = RangeGetter()
+    clock = [1000.0]
+    monkeypatch.setattr(s3_get.time, "monotonic", lambda: clock[0])
+
+    async def body(client: Any) -> list[str]:
+        urls = []
+        for step in (0, s3_get.URL_REUSE_S - 1, 1, 0):
+            clock[0] += step
+            urls.append(await getter.url(client, s3_bucket, "old.bin"))
+            assert b"".join(await getter.get(client, s3_bucket, "old.bin", 5, 9, None, "n"))
+        return urls
+
+    urls = _with_client(s3_server, body)
+    assert getter.presigned == 2
+    assert urls[0] == urls[1] and urls[2] == urls[3]
+
+
+def test_temporary_credentials_travel_in_the_url(s3_server: MotoS3Server, s3_bucket: str) -> None:
+    s3_server.put(s3_bucket, "t.bin", DATA)
+    getter = RangeGetter()
+
+    async def body(client: Any) -> tuple[str, bytes]:
+        url = await getter.url(client, s3_bucket, "t.bin")
+        return url, b"".join(await getter.get(client, s3_bucket, "t.bin", 0, 10, None, "n"))
+
+    url, data = _with_client(s3_server, body, token="session-token-123")
+    assert "session-token-123" in url
+    assert data == DATA[:10]
+
+
+def test_a_replaced_object_and_a_missing_one_are_their_errors(
+    s3_server: MotoS3Server, s3_bucket: str
+) -> None:
+    s3_server.put(s3_bucket, "c.bin", DATA)
+    getter = RangeGetter()
+
+    async def changed(client: Any) -> None:
+        await getter.get(client, s3_bucket, "c.bin", 0, 10, '"not-the-etag"', "s3://x/c.bin")
+
+    with pytest.raises(ObjectChangedError, match=r"s3://x/c\.bin"):
+        _with_client(s3_server, changed)
+
+    async def missing(client: Any) -> None:
+        await getter.get(client, s3_bucket, "nope.bin", 0, 10, None, "s3://x/nope.bin")
+
+    with pytest.raises(ObjectNotFoundError, match=r"s3://x/nope\.bin: reading bytes 0-9"):
+        _with_client(s3_server, missing)
+
+
+def test_directory_buckets_and_foreign_clients_keep_get_object() -> None:
+    class Client:
+        class _endpoint:
+            class http_session:
+                async def send(self, request: Any) -> None: ...
+
+        async def generate_presigned_url(self, *args: Any, **kwargs: Any) -> str:
+            return "http://example.invalid/"
+
+    assert RangeGetter.serves(Client(), "bucket")
+    assert not RangeGetter.serves(Client(), "data--usw2-az1--x-s3")
+    assert not RangeGetter.serves(object(), "bucket")
+
+
+def test_a_dataset_reads_every_record_through_presigned_range_gets(
+    s3_server: MotoS3Server, s3_bucket: str
+) -> None:
+    payloads = [bytes([i % 251]) * (i * 131 % 7000) for i in range(600)]
+    s3_server.put(s3_bucket, "ds/one.tfrecord", RecordEncoder().encode_many(payloads))
+    s3_server.put(s3_bucket, "ds/two.tfrecord", RecordEncoder().encode_many(payloads[::-1]))
+    ds = streamrec.open_dataset(
+        f"s3://{s3_bucket}/ds/*.tfrecord",
+        storage_options=s3_server.storage_options,
+        block_bytes=65_536,
+    )
+    assert list(ds) == payloads + payloads[::-1]
+
+
+class _Raw:
+    """An aiohttp response's part the getter uses."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body, self.released, self.closed = body, False, False
+        self.content = self
+
+    async def read(self, n: int = -1) -> bytes:
+        data, self.body = self.body[: n if n >= 0 else None], b""
+        return data
+
+    async def readany(self) -> bytes:
+        return await self.read()
+
+    def release(self) -> None:
+        self.released = True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Answers:
+    """A client whose HTTP session answers each GET with the next (status, body)."""
+
+    def __init__(self, *answers: tuple[int, bytes]) -> None:
+        self.answers = list(answers)
+        self.sent: list[Any] = []
+        self._endpoint = self
+        self.http_session = self
+
+    async def generate_presigned_url(self, *args: Any, **kwargs: Any) -> str:
+        return "http://example.invalid/b/k?sig=1"
+
+    async def send(self, request: Any) -> Any:
+        self.sent.append(request)
+        status, body = self.answers.pop(0)
+        raw = _Raw(body)
+        return type("Response", (), {"status_code": status, "raw": raw})()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error"),
+    [
+        (
+            503,
+            b"<Error><Code>SlowDown</Code><Message>Reduce</Message></Error>",
+            TransientStorageError,
+        ),
+        (400, b"<Error><Code>RequestTimeout</Code></Error>", TransientStorageError),
+        (400, b"<Error><Code>ExpiredToken</Code></Error>", PermissionDeniedError),
+        (404, b"<Error><Code>NoSuchKey</Code></Error>", ObjectNotFoundError),
+        (412, b"<Error><Code>PreconditionFailed</Code></Error>", ObjectChangedError),
+        (500, b"<html>proxy error</html>", TransientStorageError),
+        (416, b"<Error><Code>InvalidRange</Code></Error>", StorageError),
+    ],
+)
+def test_error_answers_are_translated_by_their_code(
+    status: int, body: bytes, error: type[StorageError]
+) -> None:
+    client = _Answers((status, body))
+    with pytest.raises(StorageError) as caught:
+        asyncio.run(RangeGetter().get(client, "b", "k", 0, 10, '"e"', "s3://b/k"))
+    assert type(caught.value) is error
+    assert "s3://b/k" in str(caught.value)
+    request = client.sent[0]
+    assert request.headers["Range"] == "bytes=0-9" and request.headers["If-Match"] == '"e"'
+
+
+def test_a_refused_url_is_not_used_again() -> None:
+    client = _Answers((403, b"<Error><Code>AccessDenied</Code></Error>"), (206, b"abc"))
+    getter = RangeGetter()
+
+    async def run() -> list[bytes]:
+        with pytest.raises(PermissionDeniedError):
+            await getter.get(client, "b", "k", 0, 3, None, "s3://b/k")
+        return await getter.get(client, "b", "k", 0, 3, None, "s3://b/k")
+
+    assert asyncio.run(run()) == [b"abc"]
+    assert getter.presigned == 2
