@@ -12,7 +12,10 @@ from streamrec.format.shard import DEFAULT_PIECE_BYTES, ShardDecoder
 from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.stats import Stats
 
-__all__ = ["read_shard"]
+__all__ = ["GROUP_BYTES", "read_shard"]
+
+GROUP_BYTES = 1 << 20
+"""Most bytes of arrived pieces decoded into one chunk of records (see decode_blocks)."""
 
 logger = logging.getLogger("streamrec")
 
@@ -71,15 +74,32 @@ async def decode_blocks(
     as they are framed, those before any damage always before the error. ``on_block(size)``
     is called for every block read. The reader is closed however this generator ends.
 
+    The pieces of an uncompressed shard that have already arrived are decoded together, up
+    to :data:`GROUP_BYTES`, and their records handed on as one chunk: bodies arrive in
+    chunks of up to 256 KiB, and every chunk handed up the pipeline (and across to a
+    blocking consumer's thread) costs more than framing it.
+
     A reader filling the local cache publishes its copy only once the whole object decoded
     clean; damage found in a copy *from* the cache is raised naming the cache file, and the
     copy is removed (the next read downloads the object again)."""
     try:
-        async for block in reader:
-            if on_block is not None:
-                on_block(len(block))
-            for records in decoder.stream(block):  # raises after the records before damage
-                yield records
+        async for first in reader:
+            gathered: list[bytes] = []
+            try:
+                for block in [first, *reader.take_ready(GROUP_BYTES - len(first))]:
+                    if on_block is not None:
+                        on_block(len(block))
+                    for records in decoder.stream(block):  # raises after those before damage
+                        if decoder.compression is None:
+                            gathered += records  # stored: one chunk per group of pieces
+                        else:
+                            yield records  # inflated: each piece's records on their own
+            except FormatError:
+                if gathered:
+                    yield gathered
+                raise
+            if gathered:
+                yield gathered
         records = decoder.close()
         if records:
             yield records
