@@ -224,3 +224,20 @@ def test_a_refused_url_is_not_used_again() -> None:
 
     assert asyncio.run(run()) == [b"abc"]
     assert getter.presigned == 2
+
+
+def test_keys_that_need_quoting_and_anonymous_clients(
+    s3_server: MotoS3Server, s3_bucket: str
+) -> None:
+    key = "dir with space/ü+x=1&y.bin"
+    s3_server.client.put_object(Bucket=s3_bucket, Key=key, Body=DATA, ACL="public-read")
+
+    async def body(client: Any) -> tuple[str, bytes]:
+        getter = RangeGetter()
+        url = await getter.url(client, s3_bucket, key)
+        return url, b"".join(await getter.get(client, s3_bucket, key, 100, 300, None, "n"))
+
+    for options in ({}, {"anon": True}):
+        url, data = _with_client(s3_server, body, **options)
+        assert data == DATA[100:300], options
+        assert ("Signature" in url or "X-Amz-Signature" in url) == (not options)
