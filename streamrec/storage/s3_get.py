@@ -79,7 +79,8 @@ class RangeGetter:
         return url
 
     def forget(self, bucket: str, key: str) -> None:
-        """Make the next read of ``bucket/key`` presign again (after a refused url)."""
+        """Make the next read of ``bucket/key`` presign again (after an error answer: a retry
+        then goes with fresh credentials and a fresh signing time)."""
         self._urls.pop((bucket, key), None)
 
     async def get(
@@ -112,8 +113,7 @@ class RangeGetter:
             body: bytes = await raw.content.read(ERROR_BODY_BYTES)
         finally:
             raw.close()  # no-op once released; drops a connection left mid-body
-        if response.status_code == 403:
-            self.forget(bucket, key)  # an expired or refused url is not used again
+        self.forget(bucket, key)  # a refused, expired or skewed url is not used again
         raise _error(response.status_code, body, name, f"reading bytes {start}-{end - 1}")
 
 

@@ -214,16 +214,26 @@ def test_error_answers_are_translated_by_their_code(
 
 
 def test_a_refused_url_is_not_used_again() -> None:
-    client = _Answers((403, b"<Error><Code>AccessDenied</Code></Error>"), (206, b"abc"))
+    client = _Answers(
+        (403, b"<Error><Code>AccessDenied</Code></Error>"),
+        (503, b"<Error><Code>SlowDown</Code></Error>"),
+        (206, b"abc"),
+        (206, b"def"),
+    )
     getter = RangeGetter()
 
     async def run() -> list[bytes]:
         with pytest.raises(PermissionDeniedError):
             await getter.get(client, "b", "k", 0, 3, None, "s3://b/k")
-        return await getter.get(client, "b", "k", 0, 3, None, "s3://b/k")
+        with pytest.raises(TransientStorageError):
+            await getter.get(client, "b", "k", 0, 3, None, "s3://b/k")
+        return [
+            *await getter.get(client, "b", "k", 0, 3, None, "s3://b/k"),
+            *await getter.get(client, "b", "k", 3, 6, None, "s3://b/k"),
+        ]
 
-    assert asyncio.run(run()) == [b"abc"]
-    assert getter.presigned == 2
+    assert asyncio.run(run()) == [b"abc", b"def"]
+    assert getter.presigned == 3  # after each error answer, not after a good one
 
 
 def test_keys_that_need_quoting_and_anonymous_clients(
