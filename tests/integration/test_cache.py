@@ -51,8 +51,8 @@ def options(proxy: FaultProxy) -> dict[str, Any]:
 
 
 def shard_bytes(proxy: FaultProxy) -> Counter[str]:
-    """Bytes of each shard's range GETs (``/bucket/key``; S3's carry a presigned url's query,
-    dropped) the proxy passed on (``len()`` looks for index sidecars too: not shards)."""
+    """Bytes of each shard's range GETs (``/bucket/key``, any query dropped) the proxy passed
+    on (``len()`` looks for index sidecars too: not shards)."""
     got: Counter[str] = Counter()
     for record in proxy.records:
         target = record.target.partition("?")[0]

@@ -1,5 +1,7 @@
-"""S3 range GETs on presigned urls (storage/s3_get.py) against moto: the bytes asked for, one
-presign per object while the url is fresh, the version pinned, errors by their S3 code."""
+"""S3 range GETs signed per request (storage/s3_get.py) against moto and fake servers: the
+bytes asked for, one url per object, SigV4 headers (never a weaker signature, no credential in
+the url or in any error), the version pinned, errors by their S3 code, bodies capped at the
+range."""
 
 from __future__ import annotations
 
@@ -61,41 +63,75 @@ def test_ranges_are_the_bytes_asked_for_on_one_presigned_url(
 
     got = _with_client(s3_server, body)
     assert got == [DATA[s:e] for s, e in ranges]
-    assert getter.presigned == 1  # one url served every range
+    assert getter.resolved == 1  # one url served every range
 
 
-def test_a_url_is_made_again_once_it_is_old(
-    s3_server: MotoS3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+def _sending(client: Any) -> list[Any]:
+    """The requests ``client``'s HTTP session sends from now on."""
+    sent: list[Any] = []
+    session = client._endpoint.http_session
+    send = session.send
+
+    async def recorded(request: Any) -> Any:
+        sent.append(request)
+        return await send(request)
+
+    session.send = recorded
+    return sent
+
+
+def test_requests_are_signed_with_sigv4_headers_never_a_presigned_sigv2_url(
+    s3_server: MotoS3Server, s3_bucket: str
 ) -> None:
-    s3_server.put(s3_bucket, "old.bin", DATA)
-    getter = RangeGetter()
-    clock = [1000.0]
-    monkeypatch.setattr(s3_get.time, "monotonic", lambda: clock[0])
-
-    async def body(client: Any) -> list[str]:
-        urls = []
-        for step in (0, s3_get.URL_REUSE_S - 1, 1, 0):
-            clock[0] += step
-            urls.append(await getter.url(client, s3_bucket, "old.bin"))
-            assert b"".join(await getter.get(client, s3_bucket, "old.bin", 5, 9, None, "n"))
-        return urls
-
-    urls = _with_client(s3_server, body)
-    assert getter.presigned == 2
-    assert urls[0] == urls[1] and urls[2] == urls[3]
-
-
-def test_temporary_credentials_travel_in_the_url(s3_server: MotoS3Server, s3_bucket: str) -> None:
     s3_server.put(s3_bucket, "t.bin", DATA)
     getter = RangeGetter()
 
-    async def body(client: Any) -> tuple[str, bytes]:
-        url = await getter.url(client, s3_bucket, "t.bin")
-        return url, b"".join(await getter.get(client, s3_bucket, "t.bin", 0, 10, None, "n"))
+    async def body(client: Any) -> tuple[list[Any], bytes]:
+        sent = _sending(client)
+        assert getter.serves(client, s3_bucket)
+        data = b"".join(await getter.get(client, s3_bucket, "t.bin", 0, 10, '"e"', "n"))
+        return sent, data
 
-    url, data = _with_client(s3_server, body, token="session-token-123")
-    assert "session-token-123" in url
+    with pytest.raises(ObjectChangedError):  # moto checks If-Match: the header went along
+        _with_client(s3_server, body, token="session-token-123")
+    etag = _etag(s3_server, s3_bucket, "t.bin")
+
+    async def good(client: Any) -> tuple[list[Any], bytes]:
+        sent = _sending(client)
+        data = b"".join(await getter.get(client, s3_bucket, "t.bin", 0, 10, etag, "n"))
+        return sent, data
+
+    sent, data = _with_client(s3_server, good, token="session-token-123")
     assert data == DATA[:10]
+    (request,) = sent
+    assert "?" not in request.url  # no signature, credential or token in the url
+    authorization = request.headers["Authorization"]
+    authorization = authorization.decode() if isinstance(authorization, bytes) else authorization
+    assert authorization.startswith("AWS4-HMAC-SHA256 Credential=")
+    assert "/us-east-1/s3/aws4_request" in authorization
+    for signed in ("range", "if-match", "x-amz-date", "x-amz-security-token"):
+        assert signed in authorization.split("SignedHeaders=")[1].split(",")[0].split(";")
+    token = request.headers["X-Amz-Security-Token"]
+    assert (token.decode() if isinstance(token, bytes) else token) == "session-token-123"
+
+
+def test_clients_configured_for_another_signature_keep_get_object(
+    s3_server: MotoS3Server, s3_bucket: str
+) -> None:
+    async def serves(client: Any) -> bool:
+        return RangeGetter().serves(client, s3_bucket)
+
+    assert _with_client(s3_server, serves)
+    assert _with_client(s3_server, serves, config_kwargs={"signature_version": "s3v4"})
+    assert not _with_client(s3_server, serves, config_kwargs={"signature_version": "s3"})
+    payloads = [b"x" * 100, b"y" * 5000]
+    s3_server.put(s3_bucket, "v2.tfrecord", RecordEncoder().encode_many(payloads))
+    options = {**s3_server.storage_options, "config_kwargs": {"signature_version": "s3"}}
+    assert list(streamrec.open_dataset(f"s3://{s3_bucket}/v2.tfrecord", storage_options=options))
+    assert (
+        list(streamrec.open_dataset(f"s3://{s3_bucket}/v2.tfrecord", storage_options=options))
+        == payloads
+    )
 
 
 def test_a_replaced_object_and_a_missing_one_are_their_errors(
@@ -123,15 +159,26 @@ def test_directory_buckets_and_foreign_clients_keep_get_object() -> None:
             class http_session:
                 async def send(self, request: Any) -> None: ...
 
+        class _request_signer:
+            signature_version = "s3v4"
+            region_name = "eu-west-1"
+
         async def generate_presigned_url(self, *args: Any, **kwargs: Any) -> str:
             return "http://example.invalid/"
 
-    assert RangeGetter.serves(Client(), "bucket")
-    assert not RangeGetter.serves(Client(), "data--usw2-az1--x-s3")
-    assert not RangeGetter.serves(object(), "bucket")
+    getter = RangeGetter()
+    assert getter.serves(Client(), "bucket")
+    assert not getter.serves(Client(), "data--usw2-az1--x-s3")
+    assert not getter.serves(Client(), "arn:aws:s3::123456789012:accesspoint/mrap.mrap")
+    assert not getter.serves(object(), "bucket")
+    Client._request_signer.region_name = ""  # no region to sign for: get_object resolves it
+    assert not getter.serves(Client(), "bucket")
+    Client._request_signer.region_name = "eu-west-1"
+    Client._request_signer.signature_version = "v4a"
+    assert not getter.serves(Client(), "bucket")
 
 
-def test_a_dataset_reads_every_record_through_presigned_range_gets(
+def test_a_dataset_reads_every_record_through_signed_range_gets(
     s3_server: MotoS3Server, s3_bucket: str
 ) -> None:
     payloads = [bytes([i % 251]) * (i * 131 % 7000) for i in range(600)]
@@ -170,10 +217,13 @@ class _Answers:
     """A client whose HTTP session answers each GET with the next (status, body)."""
 
     def __init__(self, *answers: tuple[int, bytes]) -> None:
+        import botocore
+
         self.answers = list(answers)
         self.sent: list[Any] = []
         self._endpoint = self
         self.http_session = self
+        self._request_signer = type("Signer", (), {"signature_version": botocore.UNSIGNED})()
 
     async def generate_presigned_url(self, *args: Any, **kwargs: Any) -> str:
         return "http://example.invalid/b/k?sig=1"
@@ -182,7 +232,8 @@ class _Answers:
         self.sent.append(request)
         status, body = self.answers.pop(0)
         raw = _Raw(body)
-        return type("Response", (), {"status_code": status, "raw": raw})()
+        headers = {"Content-Length": str(len(body))}
+        return type("Response", (), {"status_code": status, "raw": raw, "headers": headers})()
 
 
 @pytest.mark.parametrize(
@@ -233,7 +284,7 @@ def test_a_refused_url_is_not_used_again() -> None:
         ]
 
     assert asyncio.run(run()) == [b"abc", b"def"]
-    assert getter.presigned == 3  # after each error answer, not after a good one
+    assert getter.resolved == 3  # after each error answer, not after a good one
 
 
 def test_keys_that_need_quoting_and_anonymous_clients(
@@ -250,4 +301,37 @@ def test_keys_that_need_quoting_and_anonymous_clients(
     for options in ({}, {"anon": True}):
         url, data = _with_client(s3_server, body, **options)
         assert data == DATA[100:300], options
-        assert ("Signature" in url or "X-Amz-Signature" in url) == (not options)
+        assert "?" not in url and "dir%20with%20space/" in url
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (301, b"<Error><Code>PermanentRedirect</Code></Error>"),
+        (400, b"<Error><Code>AuthorizationHeaderMalformed</Code></Error>"),
+        (307, b""),
+    ],
+)
+def test_a_bucket_in_another_region_goes_back_to_get_object(status: int, body: bytes) -> None:
+    client = _Answers((status, body))
+    getter = RangeGetter()
+    assert getter.serves(client, "b")
+    with pytest.raises(s3_get.UseGetObject):
+        asyncio.run(getter.get(client, "b", "k", 0, 10, None, "s3://b/k"))
+    assert not getter.serves(client, "b")  # get_object's region redirector follows it
+    assert getter.serves(client, "other")
+
+
+def test_urls_of_many_objects_are_kept_up_to_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(s3_get, "MAX_URLS", 3)
+    client = _Answers(*[(206, b"x")] * 9)
+    getter = RangeGetter()
+
+    async def run() -> None:
+        for key in ["k0", "k1", "k2", "k0", "k3", "k4", "k3", "k0", "k4"]:
+            assert await getter.get(client, "b", key, 0, 1, None, "n") == [b"x"]
+            assert len(getter._urls) <= 3
+
+    asyncio.run(run())
+    assert getter.resolved == 6  # k0 k1 k2, then k3 cleared them: k3 k4 k0 again
+    assert [request.url for request in client.sent][:2] == ["http://example.invalid/b/k"] * 2
