@@ -18,14 +18,9 @@ from streamrec.errors import StorageError
 from streamrec.storage.base import PIECE_BYTES, ObjectInfo
 from streamrec.storage.translate import from_status, translate
 
-__all__ = ["ExcessBodyError", "parse_content_range", "read_pieces"]
+__all__ = ["parse_content_range", "read_pieces"]
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
-
-
-class ExcessBodyError(StorageError):
-    """An answer's body went on past the bytes asked for (a server that ignored the Range
-    header, or a wrong Content-Length)."""
 
 
 async def read_pieces(
@@ -34,9 +29,10 @@ async def read_pieces(
     """The rest of an ``aiohttp.StreamReader`` as pieces: its chunks as they arrive, those
     smaller than ``piece_bytes`` joined until they make ``piece_bytes``.
 
-    With ``limit``, a body longer than ``limit`` bytes raises :class:`ExcessBodyError` (its
-    message starts with ``what``) as soon as a chunk goes past it, before that chunk is
-    kept: memory stays within what was asked for whatever the server sends.
+    With ``limit``, a body longer than ``limit`` bytes raises a (not transient)
+    :class:`~streamrec.errors.StorageError`, its message starting with ``what``, as soon as a
+    chunk goes past it, before that chunk is kept: memory stays within what was asked for
+    whatever the server sends.
     Errors (a connection reset or a truncated body) propagate; the caller translates them.
     """
     pieces: list[bytes] = []
@@ -49,7 +45,7 @@ async def read_pieces(
             break
         total += len(chunk)
         if limit is not None and total > limit:
-            raise ExcessBodyError(
+            raise StorageError(
                 f"{what}: the server sent more than the {limit} bytes asked for "
                 "(it ignored the Range header, or its Content-Length is wrong)"
             )

@@ -35,9 +35,9 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from streamrec.errors import ObjectNotFoundError
+from streamrec.errors import ObjectNotFoundError, StorageError
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, split_scheme
-from streamrec.storage.body import ExcessBodyError, parse_content_range, read_pieces
+from streamrec.storage.body import parse_content_range, read_pieces
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.s3_get import RangeGetter, UseGetObject
 from streamrec.storage.translate import translate
@@ -219,7 +219,7 @@ async def _body_pieces(body: Any, limit: int | None = None, what: str = "") -> l
             return await read_pieces(content, limit=limit, what=what)
         data: bytes = await body.read()
         if limit is not None and len(data) > limit:
-            raise ExcessBodyError(f"{what}: the server sent more than the {limit} bytes asked for")
+            raise StorageError(f"{what}: the server sent more than the {limit} bytes asked for")
         return [data] if data else []
     finally:
         body.close()
