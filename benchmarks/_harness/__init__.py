@@ -37,7 +37,8 @@ REPO_ROOT = BENCH_DIR.parent
 DATA_DIR = BENCH_DIR / "data"  # gitignored: inputs written once and reused
 
 # the streamrec measured: this tree's, or another's for a before/after in one run
-# (bench_remote.py --first-only --base: its workers get STREAMREC_BENCH_TREE=<old tree>)
+# (bench_remote.py --first-only --base, bench_cpu.py --base: their workers get
+# STREAMREC_BENCH_TREE=<old tree>)
 TREE = Path(os.environ.get("STREAMREC_BENCH_TREE") or REPO_ROOT)
 if TREE != REPO_ROOT or str(TREE) not in sys.path:
     sys.path.insert(0, str(TREE))
@@ -51,4 +52,4 @@ MIB = 1 << 20
 MB = 10**6
 BUCKET = "bench"  # the bucket the benchmarks write to (SeaweedFS creates it at start)
 
-__all__ = ["BENCH_DIR", "BUCKET", "DATA_DIR", "KIB", "MB", "MIB", "REPO_ROOT"]
+__all__ = ["BENCH_DIR", "BUCKET", "DATA_DIR", "KIB", "MB", "MIB", "REPO_ROOT", "TREE_UNDER_TEST"]

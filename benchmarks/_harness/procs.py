@@ -9,6 +9,7 @@ result as one ``RESULT <json>`` line (:func:`print_result`) and the parent reads
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -56,9 +57,19 @@ def print_result(result: dict[str, Any]) -> int:
     return 0
 
 
-def run_child(args: Sequence[str], timeout: float, what: str) -> dict[str, Any]:
-    """Run ``args`` to the end; return the result of its last ``RESULT`` line."""
-    done = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=False)
+def run_child(
+    args: Sequence[str], timeout: float, what: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run ``args`` to the end (``env``: added to this process's environment); return the
+    result of its last ``RESULT`` line."""
+    done = subprocess.run(
+        list(args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=None if env is None else {**os.environ, **env},
+    )
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(RESULT):
             result: dict[str, Any] = json.loads(line[len(RESULT) :])
@@ -73,10 +84,12 @@ def run_script(
     timeout: float,
     what: str,
     prefix: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """``[*prefix] python <script> <flag> <payload>`` in a fresh interpreter: its result."""
+    """``[*prefix] python <script> <flag> <payload>`` in a fresh interpreter (``env`` added
+    to its environment): its result."""
     args = [*prefix, sys.executable, str(Path(script).resolve()), flag, payload]
-    return run_child(args, timeout, what)
+    return run_child(args, timeout, what, env)
 
 
 def rotated(items: Sequence[T], round_: int) -> list[T]:

@@ -269,9 +269,13 @@ def timeout_for(data: Dataset) -> float:
     return 60 + data.nbytes / 4e6
 
 
-def run_worker(script: str | Path, job: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run one job with ``script --worker`` in a fresh interpreter; return its result."""
-    return run_script(script, "--worker", json.dumps(job), timeout, f"worker {job['kind']}")
+def run_worker(
+    script: str | Path, job: dict[str, Any], timeout: float, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run one job with ``script --worker`` in a fresh interpreter (``env`` added to its
+    environment); return its result."""
+    what = f"worker {job['kind']}"
+    return run_script(script, "--worker", json.dumps(job), timeout, what, env=env)
 
 
 def upload_all(script: str | Path, services: Services, datasets: Sequence[Dataset]) -> None:

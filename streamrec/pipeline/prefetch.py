@@ -6,10 +6,11 @@ object order. A block that fails transiently is retried per the :class:`RetryPol
 exact byte where it stopped: bytes already received are kept, so a short 206 or a body cut off
 mid-way costs only the missing part and no byte is repeated or dropped.
 
-A block arrives as *pieces* (bodies read off the network are kept as they come, in pieces of
-about :data:`~streamrec.storage.base.PIECE_BYTES`, never joined into one more copy), and the
-reader hands on one piece at a time, releasing its bytes from the budget as it goes: what is
-held beyond the budget is one piece being decoded, not a whole block and a copy of it.
+A block arrives as *pieces* (bodies read off the network are kept in the chunks they come in,
+never joined into one more copy), and the reader hands on one piece at a time - or, through
+:meth:`ObjectReader.take_ready`, the pieces that have already arrived, up to a limit -
+releasing their bytes from the budget as it goes: what is held beyond the budget is the
+pieces being decoded, not a whole block and a copy of it.
 
 With a local cache (:mod:`streamrec.storage.cache`), the reader first asks it for the object
 (``open_cache``): a copy there is read instead of the remote object; otherwise a block is
@@ -281,6 +282,23 @@ class ObjectReader:
         self._handed = True
         self.prime()
         return piece
+
+    def take_ready(self, limit: int) -> list[bytes]:
+        """The next pieces, as far as they have arrived (never waits), while they add up to
+        at most ``limit`` bytes: handed on like ``__anext__``'s, so a decoder takes ~1 MiB
+        in one step, not one chunk at a time."""
+        ready = self._ready
+        taken: list[bytes] = []
+        size = 0
+        while ready and size + len(ready[0]) <= limit:
+            piece = ready.popleft()
+            taken.append(piece)
+            size += len(piece)
+        if taken:
+            self._hold(-size)
+            self.budget.release(size)
+            self.prime()
+        return taken
 
     async def aclose(self) -> None:
         """Cancel what is in flight and give its budget back; a cache copy being filled is

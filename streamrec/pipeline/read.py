@@ -16,7 +16,10 @@ from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.stats import Stats
 from streamrec.storage.records import min_record_bytes
 
-__all__ = ["read_shard"]
+__all__ = ["GROUP_BYTES", "read_shard"]
+
+GROUP_BYTES = 1 << 20
+"""Most bytes of arrived pieces decoded into one chunk of records (see decode_blocks)."""
 
 logger = logging.getLogger("streamrec")
 
@@ -105,15 +108,32 @@ async def decode_blocks(
     is called for every block read (``first``: a piece taken from the reader already, fed
     before the others). The reader is closed however this generator ends.
 
+    The pieces of an uncompressed shard that have already arrived are decoded together, up
+    to :data:`GROUP_BYTES`, and their records handed on as one chunk: bodies arrive in
+    chunks of up to 256 KiB, and every chunk handed up the pipeline (and across to a
+    blocking consumer's thread) costs more than framing it.
+
     A reader filling the local cache publishes its copy only once the whole object decoded
     clean; damage found in a copy *from* the cache is raised naming the cache file, and the
     copy is removed (the next read downloads the object again)."""
     try:
-        async for block in _after(first, reader):
-            if on_block is not None:
-                on_block(len(block))
-            for records in decoder.stream(block):  # raises after the records before damage
-                yield records
+        async for head in _after(first, reader):
+            gathered: list[bytes] = []
+            try:
+                for block in [head, *reader.take_ready(GROUP_BYTES - len(head))]:
+                    if on_block is not None:
+                        on_block(len(block))
+                    for records in decoder.stream(block):  # raises after those before damage
+                        if decoder.compression is None:
+                            gathered += records  # stored: one chunk per group of pieces
+                        else:
+                            yield records  # inflated: each piece's records on their own
+            except FormatError:
+                if gathered:
+                    yield gathered
+                raise
+            if gathered:
+                yield gathered
         records = decoder.close()
         if records:
             yield records

@@ -23,8 +23,9 @@ __all__ = [
 ]
 
 GLOB_CHARS = frozenset("*?[")
-PIECE_BYTES = 1 << 20
-"""Response bodies are kept in pieces of about this size (see ObjectStore.read_range_pieces)."""
+PIECE_BYTES = 64 << 10
+"""Response bodies are kept in the chunks they arrive in (no copy), chunks smaller than this
+joined until they make this size (see ObjectStore.read_range_pieces)."""
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,9 @@ class ObjectStore(abc.ABC):
     async def read_range_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
         """Bytes ``start:end`` of ``obj`` as consecutive pieces (fewer bytes on a short body).
 
-        Stores that read a body off the network keep it in the pieces it arrives in (joined
-        up to about :data:`PIECE_BYTES`), so a block is never held twice (the chunks plus
-        their join); the prefetching reader hands pieces on one by one.
+        Stores that read a body off the network keep it in the pieces it arrives in (small
+        ones joined up to :data:`PIECE_BYTES`), so a block is never held twice (the chunks
+        plus their join) nor copied once more; the prefetching reader hands pieces on.
         """
         return [await self.read_range(obj, start, end)]
 

@@ -3,7 +3,10 @@
 ``aiohttp``'s ``read()`` (and aiobotocore's ``Body.read()``, which calls it) gathers every
 chunk of a body in a list and then joins them into one ``bytes``: for a moment the whole body
 exists twice, and a block of 8 MiB costs 16 MiB. :func:`read_pieces` keeps the chunks as they
-arrive instead, joined only up to about :data:`~streamrec.storage.base.PIECE_BYTES` at a time.
+arrive instead (up to 256 KiB each, what asyncio reads off a socket at once), joining only
+chunks smaller than :data:`~streamrec.storage.base.PIECE_BYTES` (a slow link's trickle) until
+they make that size: joining every chunk into 1 MiB pieces, as before, was a copy of every byte
+read (~0.15-0.25 s of CPU per GB here, a fifth of the reader's cost on loopback).
 """
 
 from __future__ import annotations
@@ -20,18 +23,35 @@ __all__ = ["parse_content_range", "read_pieces"]
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
 
-async def read_pieces(content: Any, piece_bytes: int = PIECE_BYTES) -> list[bytes]:
-    """The rest of an ``aiohttp.StreamReader`` as pieces of about ``piece_bytes``.
+async def read_pieces(
+    content: Any, piece_bytes: int = PIECE_BYTES, *, limit: int | None = None, what: str = ""
+) -> list[bytes]:
+    """The rest of an ``aiohttp.StreamReader`` as pieces: its chunks as they arrive, those
+    smaller than ``piece_bytes`` joined until they make ``piece_bytes``.
 
+    With ``limit``, a body longer than ``limit`` bytes raises a (not transient)
+    :class:`~streamrec.errors.StorageError`, its message starting with ``what``, as soon as a
+    chunk goes past it, before that chunk is kept: memory stays within what was asked for
+    whatever the server sends.
     Errors (a connection reset or a truncated body) propagate; the caller translates them.
     """
     pieces: list[bytes] = []
     pending: list[bytes] = []
     pending_bytes = 0
+    total = 0
     while True:
         chunk: bytes = await content.readany()
         if not chunk:
             break
+        total += len(chunk)
+        if limit is not None and total > limit:
+            raise StorageError(
+                f"{what}: the server sent more than the {limit} bytes asked for "
+                "(it ignored the Range header, or its Content-Length is wrong)"
+            )
+        if not pending and len(chunk) >= piece_bytes:
+            pieces.append(chunk)  # kept as it is: no copy
+            continue
         pending.append(chunk)
         pending_bytes += len(chunk)
         if pending_bytes >= piece_bytes:

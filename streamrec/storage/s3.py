@@ -1,8 +1,12 @@
 """``s3://`` through s3fs (aiobotocore): listing via s3fs, range GETs on its client directly.
 
-Range reads call the aiobotocore client's ``get_object`` ourselves, with ``IfMatch`` pinned to
-the listed ETag and botocore's own retries off, so that streamrec's retry policy is the only
-one (s3fs and botocore would otherwise retry for ~10 s underneath, and pass short bodies on).
+Range reads are sent by us, with ``If-Match`` pinned to the listed ETag and botocore's own
+retries off, so that streamrec's retry policy is the only one (s3fs and botocore would
+otherwise retry for ~10 s underneath, and pass short bodies on): signed with SigV4 headers
+on the object's url resolved once, through the client's HTTP session
+(:mod:`streamrec.storage.s3_get`: a fraction of ``get_object``'s CPU per request), else with
+the client's ``get_object``. Either way a body longer than the range asked for is an error
+before the extra bytes are kept.
 Bodies are read off aiohttp's stream in pieces (:func:`~streamrec.storage.body.read_pieces`),
 never gathered and joined into a second copy.
 
@@ -21,12 +25,13 @@ import re
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
-from streamrec.errors import ObjectNotFoundError
+from streamrec.errors import ObjectNotFoundError, StorageError
 from streamrec.storage import warmup
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, has_glob, split_scheme
 from streamrec.storage.body import parse_content_range, read_pieces
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.s3_client import share_loader, start_tls_context, use_tls_context
+from streamrec.storage.s3_get import RangeGetter, UseGetObject
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
@@ -65,6 +70,7 @@ class S3Store(FsspecStore):
         fs.retries = 1  # listing too: the retry policy is ours
         super().__init__(fs)
         self._session_ready = False
+        self._getter = RangeGetter()  # signed range GETs (storage/s3_get.py)
 
     async def client(self) -> Any:
         """The aiobotocore S3 client (its session set up on first use), for sinks and tools
@@ -168,14 +174,22 @@ class S3Store(FsspecStore):
     async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
         client = await self.client()
         bucket, key, _ = self.fs.split_path(obj.url)
+        action = f"reading bytes {start}-{end - 1}"
+        if self._getter.serves(client, bucket):  # a fraction of get_object's CPU
+            try:
+                return await self._getter.get(client, bucket, key, start, end, obj.version, obj.url)
+            except UseGetObject:
+                pass  # the bucket is elsewhere: get_object's region redirector follows it
+            except Exception as exc:
+                raise translate(exc, obj.url, action) from exc
         extra = {"IfMatch": obj.version} if obj.version else {}
         try:
             response = await client.get_object(
                 Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra
             )
-            return await _body_pieces(response["Body"])
+            return await _body_pieces(response["Body"], end - start, f"{obj.url}: {action}")
         except Exception as exc:
-            raise translate(exc, obj.url, f"reading bytes {start}-{end - 1}") from exc
+            raise translate(exc, obj.url, action) from exc
 
     async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
         return await self._read_joined(obj, start, end)
@@ -235,16 +249,19 @@ class S3Store(FsspecStore):
                 await client.__aexit__(None, None, None)
 
 
-async def _body_pieces(body: Any) -> list[bytes]:
+async def _body_pieces(body: Any, limit: int | None = None, what: str = "") -> list[bytes]:
     """A get_object body as pieces: straight off aiohttp's stream when it is a plain body
-    (not one that verifies a checksum as it is read), else through ``read()``."""
+    (not one that verifies a checksum as it is read), else through ``read()``; with
+    ``limit``, more bytes than that is an error (:func:`read_pieces`)."""
     from aiobotocore.response import AioStreamingBody  # type: ignore[import-untyped]
 
     try:
         content = getattr(body.raw_stream, "content", None)
         if type(body) is AioStreamingBody and hasattr(content, "readany"):
-            return await read_pieces(content)
+            return await read_pieces(content, limit=limit, what=what)
         data: bytes = await body.read()
+        if limit is not None and len(data) > limit:
+            raise StorageError(f"{what}: the server sent more than the {limit} bytes asked for")
         return [data] if data else []
     finally:
         body.close()

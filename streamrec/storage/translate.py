@@ -19,7 +19,7 @@ from streamrec.errors import (
     TransientStorageError,
 )
 
-__all__ = ["DETAIL_CHARS", "excerpt", "from_status", "translate"]
+__all__ = ["DETAIL_CHARS", "excerpt", "from_error_code", "from_status", "translate"]
 
 DETAIL_CHARS = 120
 """Most characters of a server's error body kept in a message."""
@@ -138,6 +138,14 @@ def _from_botocore(exc: BaseException, url: str, action: str) -> StorageError:
     code = str(response.get("Error", {}).get("Code", ""))
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     detail = response.get("Error", {}).get("Message", "")
+    return from_error_code(code, status, url, action, detail)
+
+
+def from_error_code(
+    code: str, status: int | None, url: str, action: str, detail: str = ""
+) -> StorageError:
+    """The error for an S3 error answer: its ``Code`` (``NoSuchKey``, ``SlowDown``, ...; or
+    ``""``) decides, else its HTTP ``status``; ``detail`` is the answer's ``Message``."""
     message = f"{url}: {action} failed: {code or 'error'} {detail}"
     if code in _NOT_FOUND_CODES:
         return ObjectNotFoundError(message.strip())

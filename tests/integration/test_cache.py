@@ -51,13 +51,14 @@ def options(proxy: FaultProxy) -> dict[str, Any]:
 
 
 def shard_bytes(proxy: FaultProxy) -> Counter[str]:
-    """Bytes of each shard's range GETs (``/bucket/key``) the proxy passed on (``len()``
-    looks for index sidecars too: those are not shards)."""
+    """Bytes of each shard's range GETs (``/bucket/key``, any query dropped) the proxy passed
+    on (``len()`` looks for index sidecars too: not shards)."""
     got: Counter[str] = Counter()
     for record in proxy.records:
-        if record.method == "GET" and record.range and record.target.endswith(".tfrecord"):
+        target = record.target.partition("?")[0]
+        if record.method == "GET" and record.range and target.endswith(".tfrecord"):
             first, last = record.range.removeprefix("bytes=").split("-")
-            got[record.target] += int(last) - int(first) + 1
+            got[target] += int(last) - int(first) + 1
     return got
 
 
