@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import ObjectChangedError, ObjectNotFoundError, StorageError
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, split_scheme
-from streamrec.storage.body import parse_content_range, probed_size, read_pieces
+from streamrec.storage.body import (
+    parse_content_range,
+    probed_size,
+    ranges_ignored,
+    read_pieces,
+    read_pieces_within,
+)
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import translate
 
@@ -130,15 +136,15 @@ class AzureStore(FsspecStore):
                 )
                 if size is None:
                     return None  # ranges ignored on a big blob: look it up instead
-                pieces = await read_pieces(response.internal_response.content)
+                pieces = await read_pieces_within(response.internal_response.content, length)
             finally:
                 response.internal_response.close()
         except Exception as exc:
             if getattr(exc, "status_code", None) == 416:
                 return None  # an empty blob: no byte to ask for; look it up instead
             raise translate(exc, url, action) from exc
-        if sum(map(len, pieces)) > length:
-            return None
+        if pieces is None:
+            return None  # more than was asked: look the blob up instead
         etag = headers.get("ETag")
         return ObjectInfo(url, size, str(etag) if etag else None), first_bytes(pieces, length)
 
@@ -154,17 +160,19 @@ class AzureStore(FsspecStore):
                     raise ObjectChangedError(
                         f"{obj.url}: the object changed while it was being read"
                     )
-                if response.status_code == 200:  # the whole blob despite the range
-                    pieces = await read_pieces(response.internal_response.content)
-                    data = b"".join(pieces)
-                    return [data[start:end]]
+                if response.status_code == 200 and (start, end) != (0, obj.size):
+                    raise ranges_ignored(obj, start, end)
                 answered = parse_content_range(headers.get("Content-Range"))
                 if answered is not None and answered[0] != start:
                     raise StorageError(
                         f"{obj.url}: asked for bytes {start}-{end - 1}, the server answered "
                         f"bytes {answered[0]}-{answered[1]}"
                     )
-                return await read_pieces(response.internal_response.content)
+                return await read_pieces(
+                    response.internal_response.content,
+                    limit=end - start,
+                    what=f"{obj.url}: {action}",
+                )
             finally:
                 response.internal_response.close()
         except StorageError:

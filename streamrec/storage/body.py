@@ -18,7 +18,7 @@ from streamrec.errors import StorageError
 from streamrec.storage.base import PIECE_BYTES, ObjectInfo
 from streamrec.storage.translate import from_status, translate
 
-__all__ = ["parse_content_range", "read_pieces"]
+__all__ = ["parse_content_range", "ranges_ignored", "read_pieces", "read_pieces_within"]
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
@@ -35,6 +35,20 @@ async def read_pieces(
     whatever the server sends.
     Errors (a connection reset or a truncated body) propagate; the caller translates them.
     """
+    pieces = await read_pieces_within(content, limit, piece_bytes)
+    if pieces is None:
+        raise StorageError(
+            f"{what}: the server sent more than the {limit} bytes asked for "
+            "(it ignored the Range header, or its Content-Length is wrong)"
+        )
+    return pieces
+
+
+async def read_pieces_within(
+    content: Any, limit: int | None, piece_bytes: int = PIECE_BYTES
+) -> list[bytes] | None:
+    """:func:`read_pieces`, but None (the rest of the body left unread) as soon as the body
+    goes past ``limit`` bytes: for the callers that have another way when it does."""
     pieces: list[bytes] = []
     pending: list[bytes] = []
     pending_bytes = 0
@@ -45,10 +59,7 @@ async def read_pieces(
             break
         total += len(chunk)
         if limit is not None and total > limit:
-            raise StorageError(
-                f"{what}: the server sent more than the {limit} bytes asked for "
-                "(it ignored the Range header, or its Content-Length is wrong)"
-            )
+            return None
         if not pending and len(chunk) >= piece_bytes:
             pieces.append(chunk)  # kept as it is: no copy
             continue
@@ -60,6 +71,15 @@ async def read_pieces(
     if pending:
         pieces.append(pending[0] if len(pending) == 1 else b"".join(pending))
     return pieces
+
+
+def ranges_ignored(obj: ObjectInfo, start: int, end: int) -> StorageError:
+    """The error for a server that answered a range GET with the whole object (200)."""
+    return StorageError(
+        f"{obj.url}: the server ignored the Range header (asked for bytes {start}-{end - 1} of "
+        f"{obj.size}, it answered 200 with the whole object); streamrec reads objects in "
+        "ranges and needs a server that answers 206 Partial Content"
+    )
 
 
 def parse_content_range(value: str | None) -> tuple[int, int, int | None] | None:
@@ -117,11 +137,11 @@ async def probe_first_bytes(
             )
             if size is None:
                 return None  # empty, transcoded or no ranges
-            pieces = await read_pieces(response.content)
+            pieces = await read_pieces_within(response.content, length)
     except StorageError:
         raise
     except Exception as exc:
         raise translate(exc, url, action) from exc
-    if sum(map(len, pieces)) > length:
-        return None
+    if pieces is None:
+        return None  # more than was asked: look the object up instead
     return ObjectInfo(url, size, version), pieces

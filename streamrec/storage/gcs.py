@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import ObjectChangedError, StorageError
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.body import probe_first_bytes, read_pieces
+from streamrec.storage.body import probe_first_bytes, ranges_ignored, read_pieces
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import from_status, translate
 
@@ -87,10 +87,11 @@ class GCSStore(FsspecStore):
                     raise ObjectChangedError(
                         f"{obj.url}: the object changed while it was being read"
                     )
-                if status == 200:  # the whole object despite the Range header
-                    data = await response.read()
-                    return [data[start:end]]
-                return await read_pieces(response.content)
+                if status == 200 and (start, end) != (0, obj.size):
+                    raise ranges_ignored(obj, start, end)
+                return await read_pieces(
+                    response.content, limit=end - start, what=f"{obj.url}: {action}"
+                )
         except StorageError:
             raise
         except Exception as exc:

@@ -18,7 +18,7 @@ from typing import Any
 
 from streamrec.errors import ObjectChangedError, StorageError
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.body import probe_first_bytes, read_pieces
+from streamrec.storage.body import probe_first_bytes, ranges_ignored, read_pieces
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import from_status, translate
 
@@ -71,8 +71,10 @@ class HTTPStore(FsspecStore):
                         f"{obj.url}: the object changed while it was being read"
                     )
                 if status == 200 and (start, end) != (0, obj.size):
-                    raise _ranges_ignored(obj, start, end)
-                return await read_pieces(response.content)
+                    raise ranges_ignored(obj, start, end)
+                return await read_pieces(
+                    response.content, limit=end - start, what=f"{obj.url}: {action}"
+                )
         except StorageError:
             raise
         except Exception as exc:
@@ -86,11 +88,3 @@ class HTTPStore(FsspecStore):
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
-
-
-def _ranges_ignored(obj: ObjectInfo, start: int, end: int) -> StorageError:
-    return StorageError(
-        f"{obj.url}: the server ignored the Range header (asked for bytes {start}-{end - 1} of "
-        f"{obj.size}, it answered 200 with the whole object); streamrec reads http(s) objects "
-        "in ranges and needs a server that answers 206 Partial Content"
-    )

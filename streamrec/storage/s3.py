@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from streamrec.errors import ObjectNotFoundError, StorageError
 from streamrec.storage import warmup
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, has_glob, split_scheme
-from streamrec.storage.body import parse_content_range, read_pieces
+from streamrec.storage.body import parse_content_range, read_pieces_within
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.s3_client import share_loader, start_tls_context, use_tls_context
 from streamrec.storage.s3_get import RangeGetter, UseGetObject
@@ -156,11 +156,13 @@ class S3Store(FsspecStore):
             response = await client.get_object(
                 Bucket=bucket, Key=key, Range=f"bytes=0-{length - 1}"
             )
-            pieces = await _body_pieces(response["Body"])
+            pieces = await _body_pieces_within(response["Body"], length)
         except Exception as exc:
             if _error_code(exc) in ("InvalidRange", "416"):
                 return None  # an empty object: no byte to ask for; look it up instead
             raise translate(exc, url, "reading its first bytes") from exc
+        if pieces is None:
+            return None  # more than was asked (the range ignored): look it up instead
         etag = response.get("ETag")
         content_range = parse_content_range(response.get("ContentRange"))
         if content_range is not None and content_range[2] is not None:
@@ -253,15 +255,23 @@ async def _body_pieces(body: Any, limit: int | None = None, what: str = "") -> l
     """A get_object body as pieces: straight off aiohttp's stream when it is a plain body
     (not one that verifies a checksum as it is read), else through ``read()``; with
     ``limit``, more bytes than that is an error (:func:`read_pieces`)."""
+    pieces = await _body_pieces_within(body, limit)
+    if pieces is None:
+        raise StorageError(f"{what}: the server sent more than the {limit} bytes asked for")
+    return pieces
+
+
+async def _body_pieces_within(body: Any, limit: int | None) -> list[bytes] | None:
+    """:func:`_body_pieces`, but None once the body goes past ``limit`` bytes."""
     from aiobotocore.response import AioStreamingBody  # type: ignore[import-untyped]
 
     try:
         content = getattr(body.raw_stream, "content", None)
         if type(body) is AioStreamingBody and hasattr(content, "readany"):
-            return await read_pieces(content, limit=limit, what=what)
+            return await read_pieces_within(content, limit)
         data: bytes = await body.read()
         if limit is not None and len(data) > limit:
-            raise StorageError(f"{what}: the server sent more than the {limit} bytes asked for")
+            return None
         return [data] if data else []
     finally:
         body.close()
