@@ -52,7 +52,9 @@ def _store_and_url(scheme: str, port: int) -> tuple[ObjectStore, str]:
     return open_store("az://container/shard-1", options), "az://container/shard-1"
 
 
-def _serving(handler: Handler, scheme: str, job: Callable[[ObjectStore, str], Awaitable[Any]]) -> Any:
+def _serving(
+    handler: Handler, scheme: str, job: Callable[[ObjectStore, str], Awaitable[Any]]
+) -> Any:
     async def run() -> Any:
         server = await asyncio.start_server(handler, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
