@@ -89,6 +89,10 @@ class DirectRead:
             min_record_bytes = min_record_bytes_for(DIRECT_RECORD_BYTES)
         self.min_record_bytes = min_record_bytes
         self.group_bytes = reader.block_bytes
+        # walked ahead: enough records for a group on every reading thread (a walk is 12-byte
+        # preads and keeps only (offset, length) pairs; walking 2 groups ahead left threads
+        # idle while the next walk ran: 100 KiB records 5.2-5.5 -> 6.3-7.1 GB/s)
+        self.ahead_bytes = max(2, reader.max_concurrency) * self.group_bytes
         self.handoff: tuple[int, int] | None = None
         self.bytes_read = 0
         self._offset = start_offset  # where the walk goes on
@@ -119,7 +123,7 @@ class DirectRead:
                             self.obj,
                             self._offset,
                             self.min_record_bytes,
-                            2 * self.group_bytes,
+                            self.ahead_bytes,
                         )
                     )
                 while self._walked and len(inflight) < self.reader.max_concurrency:
@@ -172,7 +176,7 @@ class DirectRead:
                 self.reader.unhold(held)
 
     def _wants_walk(self) -> bool:
-        return self._walked_bytes < 2 * self.group_bytes or len(self._walked) <= (
+        return self._walked_bytes < self.ahead_bytes or len(self._walked) <= (
             self.reader.max_concurrency
         )
 
