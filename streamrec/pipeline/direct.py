@@ -44,13 +44,15 @@ from streamrec.storage.local import LocalStore
 from streamrec.storage.records import END, HANDOFF, Plan, Stop, read_records, walk
 from streamrec.storage.records import min_record_bytes as min_record_bytes_for
 
-__all__ = ["DIRECT_RECORD_BYTES", "DirectRead"]
+__all__ = ["DIRECT_RECORD_BYTES", "GROUP_BYTES", "DirectRead"]
 
 DIRECT_RECORD_BYTES = 64 << 10
 """Records at least this large (framing included) are read directly; below it, the per-record
 system call and thread hop cost more than the block path's second copy. (The pure-Python twin
 starts higher: ``storage.records.PURE_MIN_RECORD_BYTES``.)"""
-_WALK_RECORDS = 256  # headers one walk job reads at most
+GROUP_BYTES = 8 << 20
+"""The most bytes of records one reading thread's job takes (when the budget has room)."""
+_WALK_RECORDS = 512  # headers one walk job reads at most
 _OVERHEAD = HEADER_BYTES + FOOTER_BYTES
 
 
@@ -88,7 +90,14 @@ class DirectRead:
         if min_record_bytes is None:
             min_record_bytes = min_record_bytes_for(DIRECT_RECORD_BYTES)
         self.min_record_bytes = min_record_bytes
-        self.group_bytes = reader.block_bytes
+        # a group is one job for a reading thread: the bigger, the less the per-group cost
+        # (a thread hop, the file opened, a chunk up the pipeline: ~0.15 ms) weighs; the
+        # groups in flight take at most half the budget (100 KiB records: 4 MiB groups
+        # 6.7 GB/s, 8 MiB 7.8 GB/s in an interleaved run)
+        self.group_bytes = max(
+            reader.block_bytes,
+            min(GROUP_BYTES, reader.budget.limit // (2 * max(1, reader.max_concurrency))),
+        )
         # walked ahead: enough records for a group on every reading thread (a walk is 12-byte
         # preads and keeps only (offset, length) pairs; walking 2 groups ahead left threads
         # idle while the next walk ran: 100 KiB records 5.2-5.5 -> 6.3-7.1 GB/s)
