@@ -50,7 +50,7 @@ DIRECT_RECORD_BYTES = 64 << 10
 """Records at least this large (framing included) are read directly; below it, the per-record
 system call and thread hop cost more than the block path's second copy. (The pure-Python twin
 starts higher: ``storage.records.PURE_MIN_RECORD_BYTES``.)"""
-GROUP_BYTES = 8 << 20
+GROUP_BYTES = 6 << 20
 """The most bytes of records one reading thread's job takes (when the budget has room)."""
 _WALK_RECORDS = 512  # headers one walk job reads at most
 _OVERHEAD = HEADER_BYTES + FOOTER_BYTES
@@ -92,8 +92,9 @@ class DirectRead:
         self.min_record_bytes = min_record_bytes
         # a group is one job for a reading thread: the bigger, the less the per-group cost
         # (a thread hop, the file opened, a chunk up the pipeline: ~0.15 ms) weighs; the
-        # groups in flight take at most half the budget (100 KiB records: 4 MiB groups
-        # 6.7 GB/s, 8 MiB 7.8 GB/s in an interleaved run)
+        # groups in flight take at most half the budget (100 KiB records, interleaved runs:
+        # 4 MiB groups 6.4-6.7 GB/s, 6 MiB 7.0, 8 MiB 6.9-7.8; 8 MiB took a blocking `for`'s
+        # peak RSS to +90-103 MiB over the 64 MiB budget, 6 MiB +78)
         self.group_bytes = max(
             reader.block_bytes,
             min(GROUP_BYTES, reader.budget.limit // (2 * max(1, reader.max_concurrency))),
