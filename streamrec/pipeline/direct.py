@@ -13,8 +13,9 @@ finished records. The shard's reader decides to come here from its first block
 (:func:`~streamrec.pipeline.read.read_shard`).
 
 A *walk* (a worker thread reading 12-byte headers from record to record: the next header's
-offset is known as soon as one header is read) runs ahead and lists the records; *groups* of
-walked records (about a block's bytes, or one larger record) are read by up to the store's
+offset is known as soon as one header is read) runs ahead, far enough for a group on every
+reading thread, and lists the records; *groups* of walked records (up to :data:`GROUP_BYTES`,
+at least a block, or one larger record) are read by up to the store's
 ``concurrency_limit`` threads at once, each group's bytes reserved through the shard's
 :class:`~streamrec.pipeline.prefetch.ObjectReader` (the same budget, share and cap as its
 blocks) before anything is allocated; a group larger than the budget is read alone, as a
