@@ -65,6 +65,10 @@ def test_version_says_whether_the_c_accelerators_are_used() -> None:
     assert lines[1] == accelerators.describe()
     used = "framing" if framing.accelerated else "none"
     assert lines[1].startswith(f"C accelerators: {used}")
+    if accelerators.status()["local_reads"]:
+        assert "large local records" in lines[1].split(";")[0]
+    else:
+        assert "pure Python (slower) for" in lines[1] and "large local records" in lines[1]
 
 
 def test_a_pure_python_build_is_logged_once_at_info(

@@ -35,6 +35,8 @@ def test_mypy_strict_is_clean() -> None:
 def test_c_accelerators_are_built() -> None:
     # Without this, a broken compiler would silently leave CI testing only the fallbacks.
     from streamrec.format import _cexample, _cframing  # type: ignore[attr-defined]
+    from streamrec.storage import _cread  # type: ignore[attr-defined]
 
     assert _cframing.has_hardware_crc() in (True, False)
     assert _cexample is not None
+    assert _cread is not None
