@@ -118,22 +118,22 @@ async def decode_blocks(
     copy is removed (the next read downloads the object again)."""
     try:
         async for head in _after(first, reader):
-            gathered: list[bytes] = []
+            gathered: list[list[bytes]] = []
             try:
                 for block in [head, *reader.take_ready(GROUP_BYTES - len(head))]:
                     if on_block is not None:
                         on_block(len(block))
                     for records in decoder.stream(block):  # raises after those before damage
                         if decoder.compression is None:
-                            gathered += records  # stored: one chunk per group of pieces
+                            gathered.append(records)  # stored: one chunk per group of pieces
                         else:
                             yield records  # inflated: each piece's records on their own
             except FormatError:
                 if gathered:
-                    yield gathered
+                    yield _joined(gathered)
                 raise
             if gathered:
-                yield gathered
+                yield _joined(gathered)
         records = decoder.close()
         if records:
             yield records
@@ -152,6 +152,14 @@ async def decode_blocks(
         raise
     finally:
         await reader.aclose()
+
+
+def _joined(lists: list[list[bytes]]) -> list[bytes]:
+    """One chunk of ``lists``' records (the one list itself when there is one: a block of
+    small records is tens of thousands of them, not worth copying into another list)."""
+    if len(lists) == 1:
+        return lists[0]
+    return [record for records in lists for record in records]
 
 
 async def _after(first: bytes | None, reader: ObjectReader) -> AsyncGenerator[bytes, None]:
