@@ -196,6 +196,29 @@ def test_a_forked_child_waits_for_none_of_its_parents_threads(
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
 
 
+def test_a_job_is_waited_for_when_the_jobs_were_looked_at_as_it_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another thread looks at the jobs (a fork's wait, a store's settled()) while start() is
+    between listing a job and starting its thread: the job is not forgotten."""
+    release = threading.Event()
+
+    class LookedAtAsItStarts(threading.Thread):
+        def start(self) -> None:
+            warmup.pending()  # (what another thread may do at this very moment)
+            super().start()
+
+    monkeypatch.setattr(warmup.threading, "Thread", LookedAtAsItStarts)
+    warmup.start("test", release.wait)
+    monkeypatch.undo()
+    try:
+        assert warmup.pending() == 1  # running: fork and close still wait for it
+    finally:
+        release.set()
+        warmup.wait()
+    assert warmup.pending() == 0 and not _warm_threads()
+
+
 def test_a_failing_job_is_dropped_and_the_process_goes_on() -> None:
     def job() -> None:
         raise RuntimeError("broken warm-up")
