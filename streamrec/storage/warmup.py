@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout  # (builtin from 3.11)
 
 __all__ = ["pending", "settled", "start", "wait"]
 
@@ -98,7 +99,7 @@ def wait(timeout_s: float = WAIT_S) -> None:
         for thread, done in running:
             try:  # its work first (a thread not started yet cannot be joined)
                 done.result(max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
+            except FutureTimeout:
                 continue
             thread.join(max(0.0, deadline - time.monotonic()))
 
