@@ -269,10 +269,14 @@ class ObjectReader:
                 length = self._next_length()
                 # Other streams hold the budget; the consumer waits for this one: overdraw.
                 await self.budget.reserve(length, overdraw=True)
-                if self._closed:  # closed while waiting
+                if self._closed or self._inflight:
+                    # closed while waiting, or its prime() (woken by a release meanwhile) has
+                    # requested from that very byte on: this reservation would ask again
                     self.budget.release(length)
-                    raise StopAsyncIteration
-                self._request(length)
+                    if self._closed:
+                        raise StopAsyncIteration
+                else:
+                    self._request(length)
             pieces = await self._inflight[0][1]
             self._inflight.popleft()
             self._ready.extend(pieces)

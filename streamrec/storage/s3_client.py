@@ -14,7 +14,8 @@ work (:mod:`streamrec.storage.warmup`) done ahead for it.
   bundle is parsed without holding the GIL) while the client is being created
   (:func:`start_tls_context`), and handed to every client that resolves the same ``verify``
   (:func:`use_tls_context`). An ``ssl.SSLContext`` is made to be shared by connections and
-  threads; a changed CA bundle file is seen by the next process.
+  threads; a changed CA bundle file is seen by the next process. A forked child forgets a
+  context its parent was still building (the thread building it is not in the child).
 * :func:`prewarm` (called by ``open_dataset`` for ``s3://`` urls) imports s3fs and aiobotocore
   in the caller, then parses the service model and builds the TLS context in two warm-up
   threads: by the first ``next()`` the client costs its own creation only (~15-20 ms).
@@ -133,6 +134,21 @@ def share_loader(fs: Any) -> None:
     fs.session = session
     if hasattr(fs, "_session_is_owned"):
         fs._session_is_owned = True
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads: a TLS context one of them was still
+    building (a client's set-up in an executor thread, or a warm-up that outlasted the fork's
+    wait) would never be finished there, and every client of the child would wait for it;
+    a lock one of them held would stay held. The child forgets both."""
+    global _lock
+    _lock = threading.Lock()
+    for key, future in list(_tls_contexts.items()):
+        if not future.done():
+            del _tls_contexts[key]
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _tls_key(verify: Any) -> Any:

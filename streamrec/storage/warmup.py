@@ -13,7 +13,8 @@ The rules that keep it harmless:
 * whoever is about to do the same work waits for the jobs first instead of doing it twice
   (:func:`settled` from a loop, :func:`wait` from plain code): ``Dataset.close()`` waits, and
   so does every ``fork()`` (``os.register_at_fork``), so that no child inherits a lock a
-  half-done job holds.
+  half-done job holds (a job is waited for from the moment it is listed; a child starts
+  with none of its parent's listed).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout  # (builtin from 3.11)
 
 __all__ = ["pending", "settled", "start", "wait"]
 
@@ -45,9 +47,15 @@ def start(name: str, job: Callable[[], None], *, settles: bool = True) -> None:
     thread = threading.Thread(
         target=_run, args=(job, done), name=f"streamrec-warmup-{name}", daemon=True
     )
+    entry = (thread, done, settles)
     with _lock:
-        _jobs.append((thread, done, settles))
-    thread.start()
+        _jobs.append(entry)
+    try:
+        thread.start()
+    except BaseException:  # (no thread): nothing to wait for
+        with _lock:
+            _jobs.remove(entry)
+        raise
 
 
 def _run(job: Callable[[], None], done: Future[None]) -> None:
@@ -62,8 +70,17 @@ def _run(job: Callable[[], None], done: Future[None]) -> None:
 
 def _unfinished() -> list[tuple[threading.Thread, Future[None], bool]]:
     with _lock:
-        _jobs[:] = [job for job in _jobs if job[0].is_alive()]
+        # a job whose thread is not alive may not have started yet (start() is between
+        # listing it and starting its thread): it is finished once its work is done
+        _jobs[:] = [job for job in _jobs if job[0].is_alive() or not job[1].done()]
         return list(_jobs)
+
+
+def _after_fork_in_child() -> None:
+    """The child has none of its parent's threads (and maybe a lock one of them held)."""
+    global _lock
+    _lock = threading.Lock()
+    _jobs.clear()
 
 
 def pending() -> int:
@@ -76,10 +93,14 @@ def wait(timeout_s: float = WAIT_S) -> None:
     current = threading.current_thread()
     deadline = time.monotonic() + timeout_s
     while True:
-        running = [thread for thread, _, _ in _unfinished() if thread is not current]
+        running = [(thread, done) for thread, done, _ in _unfinished() if thread is not current]
         if not running or time.monotonic() >= deadline:
             return
-        for thread in running:
+        for thread, done in running:
+            try:  # its work first (a thread not started yet cannot be joined)
+                done.result(max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                continue
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
@@ -91,4 +112,4 @@ async def settled() -> None:
             await asyncio.wrap_future(done)
 
 
-os.register_at_fork(before=wait)
+os.register_at_fork(before=wait, after_in_child=_after_fork_in_child)

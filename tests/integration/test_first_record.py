@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import threading
 from collections.abc import Iterator
 from contextlib import aclosing
@@ -157,6 +158,65 @@ def test_a_fork_waits_for_the_warm_up_jobs() -> None:
     assert os.waitpid(pid, 0)[1] == 0
     warmup.wait()
     assert not _warm_threads()
+
+
+@pytest.mark.parametrize("left", ["a TLS context being built", "the set-up lock held"])
+def test_a_forked_child_waits_for_none_of_its_parents_threads(
+    monkeypatch: pytest.MonkeyPatch, left: str
+) -> None:
+    """A child forked while a thread of the parent (a client's set-up, in an executor thread)
+    builds a TLS context, or holds the set-up lock: that thread is not in the child, whose
+    clients build their own context instead of waiting for it forever."""
+    monkeypatch.setattr(s3_client, "_tls_contexts", {})
+    verify = "/no/such/ca-bundle.pem"
+    held, release = threading.Event(), threading.Event()
+    holder = None
+    if left == "a TLS context being built":
+        claimed = s3_client._claim_tls(verify)  # its builder: a thread the child will not have
+        assert claimed is not None and claimed[1]
+    else:
+
+        def hold() -> None:
+            with s3_client._lock:
+                held.set()
+                release.wait()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait()
+    pid = os.fork()
+    if pid == 0:  # the child
+        signal.alarm(20)  # a bound, not a pace: a child stuck on the lock is killed
+        again = s3_client._claim_tls(verify)
+        os._exit(0 if again is not None and again[1] else 1)  # its own to build
+    release.set()
+    if holder is not None:
+        holder.join()
+    status = os.waitpid(pid, 0)[1]
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_a_job_is_waited_for_when_the_jobs_were_looked_at_as_it_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another thread looks at the jobs (a fork's wait, a store's settled()) while start() is
+    between listing a job and starting its thread: the job is not forgotten."""
+    release = threading.Event()
+
+    class LookedAtAsItStarts(threading.Thread):
+        def start(self) -> None:
+            warmup.pending()  # (what another thread may do at this very moment)
+            super().start()
+
+    monkeypatch.setattr(warmup.threading, "Thread", LookedAtAsItStarts)
+    warmup.start("test", release.wait)
+    monkeypatch.undo()
+    try:
+        assert warmup.pending() == 1  # running: fork and close still wait for it
+    finally:
+        release.set()
+        warmup.wait()
+    assert warmup.pending() == 0 and not _warm_threads()
 
 
 def test_a_failing_job_is_dropped_and_the_process_goes_on() -> None:

@@ -258,6 +258,31 @@ async def test_a_stream_the_consumer_waits_for_may_overdraw_by_one_block() -> No
         await asyncio.wait_for(budget.reserve(50, overdraw=True), 0.05)
 
 
+async def test_a_block_its_prime_requested_while_the_consumer_waited_is_not_asked_again() -> None:
+    # The consumer waits to overdraw; room comes back while a release that left the budget
+    # over had queued the wake-up of the streams waiting for room: the reader's own prime()
+    # (one of them) requests the block first. The consumer's reservation must not request
+    # from the same byte once more (here: past the object's end, read short until retries
+    # ran out).
+    data = bytes(range(256)) * 125  # one block
+    store = ScriptedStore(data, [])
+    obj = (await store.expand(store.url))[0]
+    budget = ByteBudget(100_000)
+    assert budget.try_reserve(300_000)  # another stream's overdraft
+    budget.wake_on_release(lambda: None)  # a stream waiting for room
+    reader = ObjectReader(
+        store, obj, budget, block_bytes=len(data), first_block_bytes=len(data), policy=FAST
+    )
+    first = asyncio.ensure_future(reader.__anext__())  # waits: the budget is overdrawn
+    asyncio.get_running_loop().call_soon(budget.release, 150_000)  # room, after it waits
+    budget.release(100_000)  # still over; queues the waiting streams' wake-up
+    got = [await first] + [piece async for piece in reader]
+    await reader.aclose()
+    assert b"".join(got) == data
+    assert store.calls == [(0, len(data))]
+    assert budget.reserved == 50_000  # the other stream's
+
+
 async def test_a_primed_reader_keeps_requesting_as_the_budget_frees() -> None:
     # The next shard's reader is primed once; as the current one hands bytes on, it must
     # request more by itself (nobody reads it yet), up to what the budget allows.
