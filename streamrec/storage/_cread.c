@@ -89,8 +89,12 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             saved_errno = errno;
             break;
         }
+        if (got < HEADER_BYTES) { /* a short file: the block path says so */
+            status = 2;
+            break;
+        }
         uint64_t length = load_u64le(header);
-        if (got < HEADER_BYTES || mask(crc32c(0, header, 8)) != load_u32le(header + 8) ||
+        if (mask(crc32c(0, header, 8)) != load_u32le(header + 8) ||
             length > (uint64_t)(end - offset) ||
             (long long)length + HEADER_BYTES + FOOTER_BYTES > end - offset ||
             (long long)length + HEADER_BYTES + FOOTER_BYTES < min_record_bytes) {
