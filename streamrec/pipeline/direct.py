@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +71,7 @@ class DirectRead:
 
     Iterate :meth:`chunks`; once it ends, :attr:`handoff` is None when the object was read to
     its end, else ``(offset, index)``: the block path continues from that record's header.
-    ``bytes_read`` counts the file bytes of the records handed on.
+    ``on_bytes(n)`` is called with the file bytes of each group of records handed on.
     """
 
     def __init__(
@@ -82,6 +82,7 @@ class DirectRead:
         start_index: int,
         verify_crc: bool,
         min_record_bytes: int | None = None,
+        on_bytes: Callable[[int], None] | None = None,
     ) -> None:
         assert isinstance(reader.store, LocalStore)
         self.reader = reader
@@ -105,7 +106,7 @@ class DirectRead:
         # idle while the next walk ran: 100 KiB records 5.2-5.5 -> 6.3-7.1 GB/s)
         self.ahead_bytes = max(2, reader.max_concurrency) * self.group_bytes
         self.handoff: tuple[int, int] | None = None
-        self.bytes_read = 0
+        self.on_bytes = on_bytes
         self._offset = start_offset  # where the walk goes on
         self._index = start_index  # index of the record at _offset
         self._walked: deque[Plan] = deque()  # walked, not yet in a group
@@ -173,7 +174,8 @@ class DirectRead:
                 if bad < len(plans):
                     self.handoff = (plans[bad][0], first + bad)
                 if records:
-                    self.bytes_read += sum(len(r) for r in records) + _OVERHEAD * len(records)
+                    if self.on_bytes is not None:
+                        self.on_bytes(sum(map(len, records)) + _OVERHEAD * len(records))
                     yield records
                 if self.handoff is not None:
                     return

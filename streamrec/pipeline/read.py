@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
+from itertools import chain
 
 from streamrec.errors import FormatError
 from streamrec.format.codecs import compression_from_name, normalize_compression
@@ -51,6 +52,10 @@ async def read_shard(
     is not large and clean, and reads it and the rest as always.
     """
     url = reader.obj.url
+
+    def count_bytes(size: int) -> None:
+        stats.bytes_read += size
+
     first = None  # the probing reader's first piece, for the decoder
     if _may_go_direct(reader, compression, on_corrupt, start_offset):
         first = await anext(reader, None)
@@ -59,13 +64,15 @@ async def read_shard(
         first = None
         await reader.pause()
         direct = DirectRead(
-            reader, start_offset=start_offset, start_index=start_index, verify_crc=verify_crc
+            reader,
+            start_offset=start_offset,
+            start_index=start_index,
+            verify_crc=verify_crc,
+            on_bytes=count_bytes,
         )
         async with aclosing(direct.chunks()) as chunks:
             async for records in chunks:
                 stats.records_read += len(records)
-                stats.bytes_read += direct.bytes_read
-                direct.bytes_read = 0
                 yield records
         if direct.handoff is None:  # read to its end
             await reader.aclose()
@@ -85,10 +92,6 @@ async def read_shard(
         max_piece_bytes=min(reader.block_bytes, DEFAULT_PIECE_BYTES),
     )
     reported = 0
-
-    def count_bytes(size: int) -> None:
-        stats.bytes_read += size
-
     async with aclosing(decode_blocks(reader, decoder, count_bytes, first)) as chunks:
         async for records in chunks:
             stats.records_read += len(records)
@@ -159,7 +162,7 @@ def _joined(lists: list[list[bytes]]) -> list[bytes]:
     small records is tens of thousands of them, not worth copying into another list)."""
     if len(lists) == 1:
         return lists[0]
-    return [record for records in lists for record in records]
+    return list(chain.from_iterable(lists))
 
 
 async def _after(first: bytes | None, reader: ObjectReader) -> AsyncGenerator[bytes, None]:
