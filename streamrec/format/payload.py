@@ -17,12 +17,9 @@ import crc32c as _crc32c_package
 
 from streamrec.format.accel import load_accelerator
 from streamrec.format.crc import BytesLike
-from streamrec.format.framing_python import mask
+from streamrec.format.framing_python import FOOTER_BYTES, HEADER_BYTES, mask
 
 __all__ = ["FOOTER_BYTES", "HEADER_BYTES", "PayloadBuffer", "read_header", "uninitialised"]
-
-HEADER_BYTES = 12
-FOOTER_BYTES = 4
 
 _HEADER = struct.Struct("<QI")
 _U32 = struct.Struct("<I")

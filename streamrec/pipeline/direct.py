@@ -38,7 +38,7 @@ from typing import Any
 
 from streamrec._portal import cancel_and_wait
 from streamrec.errors import StorageError
-from streamrec.format.payload import FOOTER_BYTES, HEADER_BYTES
+from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.local import LocalStore
@@ -54,7 +54,6 @@ starts higher: ``storage.records.PURE_MIN_RECORD_BYTES``.)"""
 GROUP_BYTES = 6 << 20
 """The most bytes of records one reading thread's job takes (when the budget has room)."""
 _WALK_RECORDS = 512  # headers one walk job reads at most
-_OVERHEAD = HEADER_BYTES + FOOTER_BYTES
 
 
 @dataclass
@@ -175,7 +174,7 @@ class DirectRead:
                     self.handoff = (plans[bad][0], first + bad)
                 if records:
                     if self.on_bytes is not None:
-                        self.on_bytes(sum(map(len, records)) + _OVERHEAD * len(records))
+                        self.on_bytes(sum(map(len, records)) + OVERHEAD_BYTES * len(records))
                     yield records
                 if self.handoff is not None:
                     return
@@ -195,7 +194,7 @@ class DirectRead:
 
     def _take_walk(self, walked: _Walk) -> None:
         self._walked.extend(walked.plans)
-        self._walked_bytes += sum(length + _OVERHEAD for _, length in walked.plans)
+        self._walked_bytes += sum(length + OVERHEAD_BYTES for _, length in walked.plans)
         self._index += len(walked.plans)
         self._offset = walked.offset
         if walked.ended or walked.handoff:
@@ -209,7 +208,7 @@ class DirectRead:
         while self._walked and (not plans or held + self._walked[0][1] <= self.group_bytes):
             plan = self._walked.popleft()
             plans.append(plan)
-            held += plan[1] + _OVERHEAD
+            held += plan[1] + OVERHEAD_BYTES
         self._walked_bytes -= held
         return plans, held
 

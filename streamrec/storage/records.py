@@ -19,6 +19,7 @@ from __future__ import annotations
 from array import array
 
 from streamrec.format.accel import load_accelerator
+from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.format.payload import (
     FOOTER_BYTES,
     HEADER_BYTES,
@@ -49,7 +50,6 @@ STEP_BYTES = 1 << 20
 MORE, END, HANDOFF = 0, 1, 2
 
 Plan = tuple[int, int]  # (header offset, payload length) of one walked record
-_OVERHEAD = HEADER_BYTES + FOOTER_BYTES
 
 PURE_MIN_RECORD_BYTES = 1 << 20
 """The smallest record (framing included) the pure-Python twin reads directly: it walks and
@@ -110,7 +110,7 @@ def walk(
         length = None
         if file.read_into([view], offset) == HEADER_BYTES:
             length = read_header(header)
-        size = -1 if length is None else length + _OVERHEAD
+        size = -1 if length is None else length + OVERHEAD_BYTES
         if length is None or size < min_record_bytes or size > end - offset:
             return plans, offset, HANDOFF
         plans.append((offset, length))
