@@ -17,7 +17,15 @@
  *   records fully read; `clean`: records before the first whose CRC does not match. `stop`,
  *   a bytearray, is polled between steps (non-zero: give up). OSError on a failed read.
  *
- * Both run with the GIL released. The CRC kernel is the format core's (its capsule): this
+ * Receiver(n, kept=None, max_kept=0): a bytes object of n bytes (`payload`, uninitialised)
+ *   behind a writable buffer: a network read lands straight in the bytes it is handed out as
+ *   (streamrec.storage.http_range). Nobody may see `payload` before it is filled and every
+ *   view of the receiver is released. With `kept` (a list), a bytes object of n bytes in it
+ *   that nothing but the list refers to is filled again instead of a fresh one (fresh
+ *   megabytes from malloc are often fresh pages: a page fault per 4 KiB); a fresh one is
+ *   added to the list while it holds fewer than `max_kept`.
+ *
+ * walk and read run with the GIL released. The CRC kernel is the format core's (its capsule): this
  * module does the I/O, the format core the checking.
  */
 #define PY_SSIZE_T_CLEAN
@@ -208,6 +216,88 @@ static PyObject *read_records(PyObject *self, PyObject *args) {
     return Py_BuildValue("(nn)", complete, clean);
 }
 
+typedef struct {
+    PyObject_HEAD
+    PyObject *payload;
+} Receiver;
+
+static PyObject *receiver_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    Py_ssize_t n, max_kept = 0;
+    PyObject *kept = NULL;
+    static char *names[] = {"n", "kept", "max_kept", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n|O!n", names, &n, &PyList_Type, &kept,
+                                     &max_kept))
+        return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "negative length");
+        return NULL;
+    }
+    Receiver *self = (Receiver *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    if (kept != NULL) {
+        /* A kept bytes object of this size that only the list refers to: nobody else can
+         * see it, so its memory (resident, likely cached) is filled again. */
+        Py_ssize_t count = PyList_GET_SIZE(kept);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *item = PyList_GET_ITEM(kept, i);
+            if (PyBytes_CheckExact(item) && PyBytes_GET_SIZE(item) == n && Py_REFCNT(item) == 1) {
+                Py_INCREF(item);
+                _Py_COMP_DIAG_PUSH
+                _Py_COMP_DIAG_IGNORE_DEPR_DECLS
+                ((PyBytesObject *)item)->ob_shash = -1; /* its content is about to change */
+                _Py_COMP_DIAG_POP
+                self->payload = item;
+                return (PyObject *)self;
+            }
+        }
+    }
+    self->payload = PyBytes_FromStringAndSize(NULL, n);
+    if (self->payload == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    if (kept != NULL && PyList_GET_SIZE(kept) < max_kept && PyList_Append(kept, self->payload) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static void receiver_dealloc(Receiver *self) {
+    Py_XDECREF(self->payload);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int receiver_getbuffer(Receiver *self, Py_buffer *view, int flags) {
+    return PyBuffer_FillInfo(view, (PyObject *)self, PyBytes_AS_STRING(self->payload),
+                             PyBytes_GET_SIZE(self->payload), 0, flags);
+}
+
+static PyBufferProcs receiver_as_buffer = {(getbufferproc)receiver_getbuffer, NULL};
+
+static PyObject *receiver_payload(Receiver *self, void *closure) {
+    (void)closure;
+    Py_INCREF(self->payload);
+    return self->payload;
+}
+
+static PyGetSetDef receiver_getset[] = {
+    {"payload", (getter)receiver_payload, NULL, "The bytes object being filled.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ReceiverType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "streamrec.storage._cread.Receiver",
+    .tp_basicsize = sizeof(Receiver),
+    .tp_dealloc = (destructor)receiver_dealloc,
+    .tp_as_buffer = &receiver_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A fresh bytes object behind a writable buffer, for a read to land in.",
+    .tp_new = receiver_new,
+    .tp_getset = receiver_getset,
+};
+
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, "Walk record headers of a local file."},
     {"read", read_records, METH_VARARGS, "Read payloads straight into their bytes objects."},
@@ -222,5 +312,14 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__cread(void) {
     crc32c = (crc_fn)PyCapsule_Import("streamrec.format._cframing.crc32c", 0);
     if (crc32c == NULL) return NULL;
-    return PyModule_Create(&module);
+    if (PyType_Ready(&ReceiverType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&ReceiverType);
+    if (PyModule_AddObject(m, "Receiver", (PyObject *)&ReceiverType) < 0) {
+        Py_DECREF(&ReceiverType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

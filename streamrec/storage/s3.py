@@ -244,6 +244,7 @@ class S3Store(FsspecStore):
 
     async def close(self) -> None:
         self._heads.clear()
+        self._getter.close()
         if self._session_ready:
             self._session_ready = False
             client = self.fs._s3

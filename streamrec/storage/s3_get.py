@@ -19,6 +19,14 @@ the S3 default) or ``UNSIGNED`` (anonymous: sent unsigned) go this way; any othe
 ``s3``, SigV4a, S3 Express directory buckets, access-point ARNs) keeps ``get_object``. No
 credential is in the url, so no error message or log line that quotes the url carries one.
 
+The request goes out on streamrec's own connections (:mod:`streamrec.storage.http_range`:
+bodies received straight into their pieces) when the session's settings allow it: no proxy
+for the url, no socket option but ``TCP_NODELAY`` (botocore's default, asyncio's too), no
+connector argument but the keep-alive timeout. Their TLS context is the session's own
+(``_build_ssl_contexts``: verification, CA bundle, client certificate), their timeouts the
+session's connect and read timeouts. An answer they do not read (a chunked or encoded success
+body) sends that read, and every later one, through the session.
+
 What stays as it was: one attempt per call (streamrec's retry policy above decides), the
 version pinned with ``If-Match`` (412 -> ObjectChangedError), errors translated by type -
 transport errors are aiobotocore's (``send`` raises botocore's exception types), S3 error
@@ -31,12 +39,15 @@ region redirector follows it (:class:`UseGetObject`). A body longer than the ran
 
 from __future__ import annotations
 
+import asyncio
 import re
+import socket
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from streamrec.errors import StorageError
+from streamrec.errors import StorageError, TransientStorageError
 from streamrec.storage.body import read_pieces
+from streamrec.storage.http_range import BadAnswer, BodyTooLong, RangeClient, Unsupported
 from streamrec.storage.translate import from_error_code
 
 __all__ = ["ERROR_BODY_BYTES", "MAX_URLS", "RangeGetter", "UseGetObject"]
@@ -46,6 +57,7 @@ MAX_URLS = 4096
 ERROR_BODY_BYTES = 64 << 10
 """Most bytes of an error answer read (for its Code and Message)."""
 _SIGV4 = frozenset({"s3v4", "v4"})
+_NODELAY = (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # botocore's default (asyncio's too)
 _ELSEWHERE_CODES = frozenset(
     {"PermanentRedirect", "TemporaryRedirect", "AuthorizationHeaderMalformed", "301", "307"}
 )
@@ -65,6 +77,8 @@ class RangeGetter:
         self._urls: dict[tuple[str, str], str] = {}
         self._elsewhere: set[str] = set()  # buckets get_object serves (region redirects)
         self.resolved = 0  # how many urls were resolved (for tests)
+        self.direct = True  # own connections where the session allows (False: the session's)
+        self._clients: dict[tuple[int, str], RangeClient] = {}  # (id(client), scheme)
 
     def serves(self, client: Any, bucket: str) -> bool:
         """True when ``client``'s range GETs of ``bucket`` can go this way."""
@@ -125,23 +139,40 @@ class RangeGetter:
             headers["If-Match"] = version
         url = await self.url(client, bucket, key)
         request = await _signed(client, url, headers)
+        direct = await self._range_client(client, url) if self.direct else None
+        if direct is not None:
+            try:
+                answer = await direct.get(url, request.headers, end - start, ERROR_BODY_BYTES)
+            except Unsupported:
+                self.direct = False  # the session reads what these connections do not
+            except BodyTooLong as exc:
+                raise StorageError(f"{name}: {action}: {exc}") from None
+            except BadAnswer as exc:
+                raise TransientStorageError(f"{name}: {action}: {exc}") from None
+            else:
+                status, body = answer.status, answer.pieces
+                if status in (200, 206):
+                    _check_range(status, answer.headers.get("content-length"), start, end, name)
+                    return body
+                return self._refused(status, b"".join(body), bucket, key, name, action)
         response = await client._endpoint.http_session.send(request)
         raw = response.raw
         try:
             status = response.status_code
             if status in (200, 206):
-                length = response.headers.get("Content-Length")
-                if status == 200 and (start != 0 or (length is not None and int(length) != end)):
-                    raise StorageError(
-                        f"{name}: the server ignored the Range header (asked for bytes "
-                        f"{start}-{end - 1}, it answered 200 with {length} bytes)"
-                    )
+                _check_range(status, response.headers.get("Content-Length"), start, end, name)
                 pieces = await read_pieces(raw.content, limit=end - start, what=f"{name}: {action}")
                 raw.release()
                 return pieces
-            body: bytes = await raw.content.read(ERROR_BODY_BYTES)
+            error_body: bytes = await raw.content.read(ERROR_BODY_BYTES)
         finally:
             raw.close()  # no-op once released; drops a connection left mid-body
+        return self._refused(status, error_body, bucket, key, name, action)
+
+    def _refused(
+        self, status: int, body: bytes, bucket: str, key: str, name: str, action: str
+    ) -> list[bytes]:
+        """Raise the error for an error answer (``status``, the start of its ``body``)."""
         self.forget(bucket, key)
         code = _CODE.search(body)
         code_text = code.group(1).decode("utf-8", "replace") if code else ""
@@ -151,6 +182,51 @@ class RangeGetter:
         message = _MESSAGE.search(body)
         detail = message.group(1).decode("utf-8", "replace") if message else ""
         raise from_error_code(code_text, status, name, action, detail)
+
+    async def _range_client(self, client: Any, url: str) -> RangeClient | None:
+        """The client's own connections for ``url``, or None when its session's settings are
+        ones they do not follow (proxies, socket options, connector arguments)."""
+        scheme = url.split(":", 1)[0]
+        kept = self._clients.get((id(client), scheme))
+        if kept is not None:
+            return kept
+        http = client._endpoint.http_session
+        proxies = getattr(http, "_proxy_config", None)
+        timeout = getattr(http, "_timeout", None)
+        if (
+            proxies is None
+            or proxies.proxy_url_for(url)
+            or any(option != _NODELAY for option in getattr(http, "_socket_options", None) or ())
+            or set(getattr(http, "_connector_args", None) or {}) - {"keepalive_timeout"}
+            or not hasattr(http, "_build_ssl_contexts")
+            or timeout is None
+        ):
+            self.direct = False
+            return None
+        context = None
+        if scheme == "https":
+            context = (await asyncio.to_thread(http._build_ssl_contexts, None))[0]
+        made = RangeClient(context, timeout.sock_connect, timeout.sock_read)
+        if any(owner != id(client) for owner, _ in self._clients):
+            self.close()  # the store's client was replaced: the old one's connections go
+        self._clients[(id(client), scheme)] = made
+        return made
+
+    def close(self) -> None:
+        """Close the idle connections of the range GETs."""
+        clients, self._clients = self._clients, {}
+        for made in clients.values():
+            made.close()
+
+
+def _check_range(status: int, length: str | None, start: int, end: int, name: str) -> None:
+    """A 200 is the range only when the range is the whole object (a server that ignored
+    ``Range`` sent the whole object instead)."""
+    if status == 200 and (start != 0 or (length is not None and int(length) != end)):
+        raise StorageError(
+            f"{name}: the server ignored the Range header (asked for bytes "
+            f"{start}-{end - 1}, it answered 200 with {length} bytes)"
+        )
 
 
 async def _signed(client: Any, url: str, headers: dict[str, str]) -> Any:

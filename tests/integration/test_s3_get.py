@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from streamrec.errors import (
     TransientStorageError,
 )
 from streamrec.format.encoder import RecordEncoder
-from streamrec.storage import s3_get
+from streamrec.storage import http_range, s3_get
 from streamrec.storage.s3 import S3Store
 from streamrec.storage.s3_get import RangeGetter
 from support.servers import MotoS3Server
@@ -66,8 +67,9 @@ def test_ranges_are_the_bytes_asked_for_on_one_presigned_url(
     assert getter.resolved == 1  # one url served every range
 
 
-def _sending(client: Any) -> list[Any]:
-    """The requests ``client``'s HTTP session sends from now on."""
+def _sending(client: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The requests sent from now on, either way: through ``client``'s HTTP session or on
+    streamrec's own connections (storage/http_range.py)."""
     sent: list[Any] = []
     session = client._endpoint.http_session
     send = session.send
@@ -76,18 +78,29 @@ def _sending(client: Any) -> list[Any]:
         sent.append(request)
         return await send(request)
 
+    own = http_range.RangeClient.get
+
+    async def recorded_own(
+        self: http_range.RangeClient, url: str, headers: Any, *args: Any
+    ) -> http_range.Answer:
+        sent.append(SimpleNamespace(url=url, headers=dict(headers.items())))
+        return await own(self, url, headers, *args)
+
     session.send = recorded
+    monkeypatch.setattr(http_range.RangeClient, "get", recorded_own)
     return sent
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["own-connections", "session"])
 def test_requests_are_signed_with_sigv4_headers_never_a_presigned_sigv2_url(
-    s3_server: MotoS3Server, s3_bucket: str
+    s3_server: MotoS3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch, direct: bool
 ) -> None:
     s3_server.put(s3_bucket, "t.bin", DATA)
     getter = RangeGetter()
+    getter.direct = direct
 
     async def body(client: Any) -> tuple[list[Any], bytes]:
-        sent = _sending(client)
+        sent = _sending(client, monkeypatch)
         assert getter.serves(client, s3_bucket)
         data = b"".join(await getter.get(client, s3_bucket, "t.bin", 0, 10, '"e"', "n"))
         return sent, data
@@ -97,13 +110,14 @@ def test_requests_are_signed_with_sigv4_headers_never_a_presigned_sigv2_url(
     etag = _etag(s3_server, s3_bucket, "t.bin")
 
     async def good(client: Any) -> tuple[list[Any], bytes]:
-        sent = _sending(client)
+        sent = _sending(client, monkeypatch)
         data = b"".join(await getter.get(client, s3_bucket, "t.bin", 0, 10, etag, "n"))
         return sent, data
 
     sent, data = _with_client(s3_server, good, token="session-token-123")
     assert data == DATA[:10]
     (request,) = sent
+    assert isinstance(request, SimpleNamespace) == direct  # the way asked for was taken
     assert "?" not in request.url  # no signature, credential or token in the url
     authorization = request.headers["Authorization"]
     authorization = authorization.decode() if isinstance(authorization, bytes) else authorization

@@ -1,0 +1,461 @@
+"""HTTP/1.1 range GETs whose bodies land straight in the ``bytes`` pieces they are handed out as.
+
+Why: aiohttp reads each socket chunk into a fresh ``bytes``, its parser copies the body out of
+that, and every chunk is a round of Python (``feed_data``, ``readany``); on loopback that was
+~0.33 s of CPU per GB before a record was decoded, half of the reader's cost. Here a range
+GET's body is received with asyncio's ``BufferedProtocol`` straight into :data:`PIECE_BYTES`
+pieces: the kernel copies each byte once, into the ``bytes`` object the decoder gets (the C
+``Receiver``; without the C accelerator a ``bytearray`` copied once more), with one Python call
+per socket read (measured in benchmarks/README.md, bench_cpu.py).
+
+What it does, and nothing more: a GET with the caller's (signed) headers on a pooled
+keep-alive connection (plain or TLS with the caller's ``SSLContext``), one request per
+connection at a time; a status line and headers of at most :data:`HEAD_BYTES`; a success body
+(2xx) of at most the ``limit`` asked for, by Content-Length (more is :class:`BodyTooLong`
+before a byte of it is kept); an error body of at most ``error_limit`` bytes. What it does not
+do (chunked or encoded success bodies) raises :class:`Unsupported`: the caller goes back to
+its HTTP session, which does.
+
+Everything the server sends is checked before it is followed: a malformed status line or
+header, a second Content-Length that disagrees, headers past :data:`HEAD_BYTES`, an interim
+(1xx) answer are :class:`BadAnswer`; a connection closed or cut mid-answer is
+``ConnectionResetError``; no byte for ``read_timeout_s`` (checked every ``read_timeout_s``, so
+a stall is noticed within twice that) or no connection within ``connect_timeout_s`` is
+``TimeoutError``. A connection whose answer was not read to its end exactly (an error, a
+cancel, bytes past the body, ``Connection: close``) is closed, never reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from streamrec.format.accel import load_accelerator
+
+__all__ = [
+    "HEAD_BYTES",
+    "PIECE_BYTES",
+    "Answer",
+    "BadAnswer",
+    "BodyTooLong",
+    "RangeClient",
+    "Unsupported",
+]
+
+PIECE_BYTES = 1 << 20
+"""Most bytes of a body piece: big enough that a piece costs little Python, small enough that
+malloc reuses its memory (fresh 4 MiB objects were page faults: +0.15 s of CPU per GB)."""
+HEAD_BYTES = 64 << 10
+"""Most bytes of a status line and headers."""
+MAX_IDLE = 64
+"""Most idle connections kept per host."""
+MAX_KEPT = 96
+"""Most :data:`PIECE_BYTES` pieces kept to be filled again once nothing else refers to them
+(the C ``Receiver``): malloc hands fresh megabytes out as fresh pages, a page fault per 4 KiB
+(+0.1 s of CPU per GB measured). A piece is kept only when every kept one is in use, so they
+are never more than were alive at once (what the reads' budget allowed: 64 at the default
+``prefetch_bytes``); :meth:`RangeClient.close` drops them."""
+
+_cread = load_accelerator("_cread", "streamrec.storage")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class BadAnswer(Exception):
+    """The server's answer is not HTTP/1.1 as this client reads it (the caller names the
+    object: a transient storage error)."""
+
+
+class BodyTooLong(Exception):
+    """A success body longer than the range asked for (the caller names the object: a storage
+    error, not retried)."""
+
+
+class Unsupported(Exception):
+    """An answer this client does not read (chunked or encoded success body): the caller is to
+    send the request through its HTTP session instead."""
+
+
+@dataclass
+class Answer:
+    """A server's answer: its status, headers (names lower-cased) and body pieces (an error
+    answer's: its first ``error_limit`` bytes)."""
+
+    status: int
+    headers: dict[str, str]
+    pieces: list[bytes]
+
+
+def _buffer(length: int, kept: list[bytes]) -> tuple[Any, memoryview]:
+    """A piece of ``length`` bytes to receive into (one of ``kept`` that nothing else refers
+    to, or a fresh one), and a writable view of it."""
+    if _cread is not None:
+        if length == PIECE_BYTES:
+            receiver = _cread.Receiver(length, kept, MAX_KEPT)
+        else:
+            receiver = _cread.Receiver(length)
+        return receiver, memoryview(receiver)
+    target = bytearray(length)
+    return target, memoryview(target)
+
+
+def _finished(target: Any) -> bytes:
+    payload: bytes = target.payload if _cread is not None else bytes(target)
+    return payload
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """One HTTP/1.1 connection: one answer read at a time, straight into its pieces."""
+
+    def __init__(self, kept: list[bytes]) -> None:
+        self._kept = kept
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.received = 0  # bytes received in all (the read timeout's progress)
+        self._head = bytearray(HEAD_BYTES)
+        self._head_view = memoryview(self._head)
+        self._head_len = 0
+        self._waiter: asyncio.Future[Answer] | None = None
+        self._limit = 0
+        self._error_limit = 0
+        self._answer: Answer | None = None
+        self._reusable = False
+        self._to_eof = False
+        self._left = 0  # body bytes still to come
+        self._target: Any = None
+        self._view: memoryview | None = None
+        self._filled = 0
+        self._watch: asyncio.TimerHandle | None = None
+
+    # ---------------------------------------------------------------- asyncio's side
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._view is not None:
+            return self._view[self._filled :]
+        return self._head_view[self._head_len :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.received += nbytes
+        if self._waiter is None or self._waiter.done():
+            self._head_len = 0  # bytes nobody asked for: this connection is done
+            self.close()
+            return
+        if self._view is not None:
+            self._filled += nbytes
+            self._left -= nbytes
+            self._advance()
+            return
+        self._head_len += nbytes
+        try:
+            self._read_head(self._head_len - nbytes)
+        except (BadAnswer, BodyTooLong, Unsupported) as exc:
+            self._fail(exc)
+
+    def eof_received(self) -> bool:
+        if self._answer is not None and self._to_eof and self._waiter is not None:
+            self._reusable = False
+            self._finish_piece()
+            self._complete()
+        else:
+            self._fail(ConnectionResetError("the server closed the connection mid-answer"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._view = None
+        error = ConnectionResetError("the connection was closed mid-answer")
+        error.__cause__ = exc
+        self._fail(error)
+
+    # ---------------------------------------------------------------- the client's side
+
+    def request(
+        self, data: bytes, limit: int, error_limit: int, read_timeout_s: float | None
+    ) -> asyncio.Future[Answer]:
+        """Send ``data`` (a whole request); the answer's future (TimeoutError when no byte
+        arrives for ``read_timeout_s``)."""
+        assert self.transport is not None and self._waiter is None
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        self._limit, self._error_limit = limit, error_limit
+        if read_timeout_s is not None:
+            self._watch = loop.call_later(read_timeout_s, self._check, read_timeout_s, -1)
+        self.transport.write(data)
+        return self._waiter
+
+    def _check(self, timeout_s: float, seen: int) -> None:
+        """The read timeout: no byte since the last check fails the answer."""
+        if self.received == seen:
+            self._fail(TimeoutError(f"no byte received for {timeout_s} s"))
+            return
+        self._watch = asyncio.get_running_loop().call_later(
+            timeout_s, self._check, timeout_s, self.received
+        )
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    # ---------------------------------------------------------------- reading an answer
+
+    def _read_head(self, searched: int) -> None:
+        end = self._head.find(b"\r\n\r\n", max(0, searched - 3), self._head_len)
+        if end < 0:
+            if self._head_len >= HEAD_BYTES:
+                raise BadAnswer(f"the answer's headers are longer than {HEAD_BYTES} bytes")
+            return
+        status, headers, keep_alive = _parse_head(bytes(self._head_view[:end]))
+        extra = self._head_view[end + 4 : self._head_len]
+        self._answer = Answer(status, headers, [])
+        success = 200 <= status < 300
+        length = _content_length(headers)
+        if success and (
+            "transfer-encoding" in headers
+            or headers.get("content-encoding", "identity").lower() != "identity"
+        ):
+            raise Unsupported(f"HTTP {status} with a chunked or encoded body")
+        limit = self._limit if success else self._error_limit
+        if status in (204, 304):
+            length = 0
+        elif "transfer-encoding" in headers:  # an error body of unknown length: not read
+            length, keep_alive = 0, False
+        if success and length is not None and length > limit:
+            raise BodyTooLong(_too_long(limit))
+        if length is None:  # the body ends with the connection (a success body: one byte
+            # more than the limit is the error, so its room is limit + 1)
+            self._to_eof, keep_alive = True, False
+            length = limit + 1 if success else limit
+        elif length > limit:  # an error body: its start is enough
+            length, keep_alive = limit, False
+        self._reusable = keep_alive
+        self._left = length
+        self._head_len = 0
+        if length:
+            self._new_piece()
+            taken = min(len(extra), length)
+            self._view_fill(extra[:taken])
+            self._reusable = keep_alive and taken == len(extra)
+        elif len(extra):
+            self._reusable = False
+        self._advance()
+
+    def _view_fill(self, data: memoryview) -> None:
+        while len(data):
+            assert self._view is not None
+            room = len(self._view) - self._filled
+            n = min(room, len(data))
+            self._view[self._filled : self._filled + n] = data[:n]
+            self._filled += n
+            self._left -= n
+            data = data[n:]
+            if self._filled == len(self._view) and self._left > 0:
+                self._finish_piece()
+                self._new_piece()
+
+    def _advance(self) -> None:
+        if self._view is not None and self._filled == len(self._view):
+            self._finish_piece()
+            if self._left > 0:
+                self._new_piece()
+        if self._left > 0:
+            return  # more to come
+        if self._to_eof and self._answer is not None and 200 <= self._answer.status < 300:
+            self._fail(BodyTooLong(_too_long(self._limit)))  # a byte past the limit arrived
+            return
+        self._complete()
+
+    def _new_piece(self) -> None:
+        self._target, self._view = _buffer(min(self._left, PIECE_BYTES), self._kept)
+        self._filled = 0
+
+    def _finish_piece(self) -> None:
+        if self._view is None:
+            return
+        view, self._view = self._view, None
+        view.release()
+        if self._answer is not None and self._filled:
+            payload = _finished(self._target)
+            if self._filled < len(payload):
+                payload = payload[: self._filled]
+            self._answer.pieces.append(payload)
+        self._target = None
+
+    def _stop_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    def _complete(self) -> None:
+        self._stop_watch()
+        waiter, answer = self._waiter, self._answer
+        self._waiter = self._answer = None
+        self._to_eof = False
+        if waiter is not None and not waiter.done() and answer is not None:
+            waiter.set_result(answer)
+        if not self._reusable:
+            self.close()
+
+    def _fail(self, error: BaseException) -> None:
+        self._stop_watch()
+        waiter = self._waiter
+        self._waiter = self._answer = None
+        self._view = self._target = None
+        self._reusable = False
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+        self.close()
+
+
+def _too_long(limit: int) -> str:
+    return (
+        f"the server sent more than the {limit} bytes asked for "
+        "(it ignored the Range header, or its Content-Length is wrong)"
+    )
+
+
+def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:
+    """``(status, headers, keep_alive)`` of a status line and headers (CRLF-separated)."""
+    lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    code = rest[:3]
+    if (
+        version not in ("HTTP/1.1", "HTTP/1.0")
+        or not (code.isascii() and code.isdigit())
+        or rest[3:4] not in ("", " ")
+    ):
+        raise BadAnswer(f"not an HTTP/1.1 status line: {lines[0][:80]!r}")
+    status = int(code)
+    if status < 200:
+        raise BadAnswer(f"an unexpected interim answer: HTTP {status}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip() or not name.isascii():
+            raise BadAnswer(f"a malformed header line: {line[:80]!r}")
+        name, value = name.lower(), value.strip()
+        if name in headers:
+            if name == "content-length" and headers[name] != value:
+                raise BadAnswer("two different Content-Length headers")
+            value = headers[name] if name == "content-length" else f"{headers[name]}, {value}"
+        headers[name] = value
+    tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+    keep_alive = "keep-alive" in tokens if version == "HTTP/1.0" else "close" not in tokens
+    return status, headers, keep_alive
+
+
+def _content_length(headers: Mapping[str, str]) -> int | None:
+    value = headers.get("content-length")
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
+        raise BadAnswer(f"a malformed Content-Length: {value[:40]!r}")
+    return int(value)
+
+
+class RangeClient:
+    """Pooled keep-alive connections for range GETs (see the module docstring). Bound to the
+    event loop it is first used on; :meth:`close` closes every idle connection."""
+
+    def __init__(
+        self,
+        ssl_context: ssl.SSLContext | None,
+        connect_timeout_s: float | None,
+        read_timeout_s: float | None,
+    ) -> None:
+        self._ssl = ssl_context
+        self._connect_timeout_s = connect_timeout_s
+        self._read_timeout_s = read_timeout_s
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._kept: list[bytes] = []
+        self._pid = os.getpid()
+
+    async def get(
+        self, url: str, headers: Mapping[str, str], limit: int, error_limit: int
+    ) -> Answer:
+        """GET ``url`` with ``headers`` (``Host`` added), its success body of at most
+        ``limit`` bytes, an error body's first ``error_limit``."""
+        split = urlsplit(url)
+        scheme, netloc, path, query = split.scheme, split.netloc, split.path, split.query
+        host, port = split.hostname, split.port or _DEFAULT_PORTS.get(scheme)
+        if host is None or port is None or scheme not in _DEFAULT_PORTS:
+            raise ValueError(f"not an http(s) url: {url}")
+        if split.port == _DEFAULT_PORTS[scheme]:
+            netloc = netloc.rsplit(":", 1)[0]  # as the request was signed: no default port
+        lines = [f"GET {path or '/'}{'?' + query if query else ''} HTTP/1.1", f"Host: {netloc}"]
+        for name, value in headers.items():
+            if any(c in name or c in value for c in "\r\n\0"):
+                raise ValueError(f"a header with a line break: {name!r}")
+            lines.append(f"{name}: {value}")
+        data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        key = (scheme, host, port)
+        while True:
+            conn, reused = self._take(key), True
+            if conn is None:
+                conn, reused = await self._connect(scheme, host, port), False
+            received = conn.received
+            try:
+                answer = await conn.request(data, limit, error_limit, self._read_timeout_s)
+            except ConnectionResetError:
+                if reused and conn.received == received:
+                    continue  # an idle connection the server had closed: a fresh one
+                raise
+            except BaseException:
+                conn.close()  # cancelled or failed mid-answer: never reused
+                raise
+            if not conn.closed:
+                self._put(key, conn)
+            return answer
+
+    def close(self) -> None:
+        """Close every idle connection (of this process: a forked child's are its parent's)."""
+        idle, self._idle = self._idle, {}
+        self._kept.clear()
+        if os.getpid() != self._pid:
+            return
+        for conns in idle.values():
+            for conn in conns:
+                conn.close()
+
+    def _take(self, key: tuple[str, str, int]) -> _Connection | None:
+        if os.getpid() != self._pid:  # forked: the parent's sockets are not ours to use
+            self._idle, self._pid = {}, os.getpid()
+        conns = self._idle.get(key)
+        while conns:
+            conn = conns.pop()
+            if not conn.closed:
+                return conn
+        return None
+
+    def _put(self, key: tuple[str, str, int], conn: _Connection) -> None:
+        conns = self._idle.setdefault(key, [])
+        if len(conns) >= MAX_IDLE:
+            conn.close()
+        else:
+            conns.append(conn)
+
+    async def _connect(self, scheme: str, host: str, port: int) -> _Connection:
+        loop = asyncio.get_running_loop()
+        tls = self._ssl if scheme == "https" else None
+        if scheme == "https" and tls is None:
+            tls = ssl.create_default_context()
+        connecting = loop.create_connection(
+            lambda: _Connection(self._kept),
+            host,
+            port,
+            ssl=tls,
+            server_hostname=host if tls else None,
+        )
+        if self._connect_timeout_s is None:
+            _, conn = await connecting
+        else:
+            _, conn = await asyncio.wait_for(connecting, self._connect_timeout_s)
+        return conn
