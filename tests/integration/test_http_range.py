@@ -1,0 +1,588 @@
+"""streamrec.storage.http_range's range GETs against scripted loopback servers: bodies exact in
+``bytes`` pieces of at most PIECE_BYTES, keep-alive reuse (and when a connection must not be
+reused: ``Connection: close``, HTTP/1.0, an error body cut short, bytes past the body, a read
+timeout, a cancel), the retry of a stale idle connection, the limits (BodyTooLong at once,
+bodies ending with the connection), malformed answers (BadAnswer), answers the client leaves to
+the session (Unsupported), header injection, the safety of refilled pieces (C ``Receiver``; plain
+``bytes`` in pure-Python mode), and S3Store's use of it (session fallback, too-long bodies).
+
+The servers are plain asyncio sockets on 127.0.0.1 port 0 that count their connections, record
+every request and play one scripted handler per request, in order; nothing waits on a sleep."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import random
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from streamrec.errors import StorageError, TransientStorageError
+from streamrec.storage import http_range
+from streamrec.storage.base import ObjectInfo
+from streamrec.storage.http_range import (
+    HEAD_BYTES,
+    PIECE_BYTES,
+    BadAnswer,
+    BodyTooLong,
+    RangeClient,
+    Unsupported,
+)
+from streamrec.storage.s3 import S3Store
+
+GUARD_S = 10.0  # a bound on every wait (a hang fails the test), never a synchronisation
+LIMIT = 8 << 20
+ERROR_LIMIT = 1000
+PARTIAL = "206 Partial Content"
+
+
+def pattern(n: int, seed: int) -> bytes:
+    """``n`` bytes that differ from every other seed's."""
+    return random.Random(seed).randbytes(n)
+
+
+Play = Callable[["Fake", bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
+
+
+class Fake:
+    """A loopback server: counts connections, records ``(connection, request head)`` and plays
+    the n-th handler for the n-th request (True: read the connection's next request)."""
+
+    def __init__(self, *plays: Play) -> None:
+        self.plays = list(plays)
+        self.connections = 0
+        self.requests: list[tuple[int, bytes]] = []
+        self.release = asyncio.Event()  # what stalled handlers wait for (set at cleanup)
+        self.sent = asyncio.Event()  # a stalling handler has sent its bytes
+        self.eof: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.url = ""
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Fake:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/bucket/key"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release.set()
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:
+            writer.close()
+        await self._server.wait_closed()
+
+    def on(self, connection: int) -> list[int]:
+        """Which requests (by position) came on ``connection``."""
+        return [i for i, (number, _) in enumerate(self.requests) if number == connection]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        number, self.connections = self.connections, self.connections + 1
+        self._writers.append(writer)
+        try:
+            while len(self.requests) < len(self.plays):
+                head = await reader.readuntil(b"\r\n\r\n")
+                self.requests.append((number, head))
+                if not await self.plays[len(self.requests) - 1](self, head, reader, writer):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def raw(data: bytes, then: str = "keep") -> Play:
+    """Send ``data``; then read the next request (keep), close (close), reset (reset), hold
+    the connection open until cleanup (stall) or until the client closes it (eof: noted in
+    ``fake.eof``)."""
+
+    async def play(
+        fake: Fake, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        with contextlib.suppress(ConnectionError):
+            writer.write(data)
+            await writer.drain()
+            fake.sent.set()
+            if then == "stall":
+                await fake.release.wait()
+            elif then == "eof":
+                await reader.read()
+            elif then == "reset":
+                writer.transport.abort()
+        if then == "eof" and not fake.eof.done():
+            fake.eof.set_result(None)
+        return then == "keep"
+
+    return play
+
+
+def head_of(status: str = PARTIAL, headers: str = "", length: int | None = None) -> bytes:
+    size = "" if length is None else f"Content-Length: {length}\r\n"
+    return f"{status}\r\n{headers}{size}\r\n".encode()
+
+
+def answer(body: bytes, *, status: str = PARTIAL, headers: str = "", extra: bytes = b"",
+           then: str = "keep", length: bool = True) -> Play:  # fmt: skip
+    """An answer with ``body`` (and its Content-Length unless not ``length``), then ``extra``."""
+    if not status.startswith("HTTP/"):
+        status = "HTTP/1.1 " + status
+    return raw(head_of(status, headers, len(body) if length else None) + body + extra, then)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[RangeClient]:
+    made = RangeClient(None, 5.0, None)  # no read timeout: no test depends on one
+    yield made
+    made.close()
+
+
+@contextlib.contextmanager
+def guard() -> Iterator[None]:
+    """Cancel the current task after GUARD_S (a hang fails the test), without a task of its
+    own in between (``wait_for`` would change the order the loop runs callbacks in)."""
+    task = asyncio.current_task()
+    assert task is not None
+    handle = asyncio.get_running_loop().call_later(GUARD_S, task.cancel)
+    try:
+        yield
+    finally:
+        handle.cancel()
+
+
+async def fetch(
+    client: RangeClient, fake: Fake, limit: int = LIMIT, error_limit: int = ERROR_LIMIT
+) -> http_range.Answer:
+    with guard():  # awaited directly, as storage/s3_get.py does (wait_for adds a task hop)
+        got = await client.get(fake.url, {"Range": "bytes=0-"}, limit, error_limit)
+    assert all(type(piece) is bytes and 0 < len(piece) <= PIECE_BYTES for piece in got.pieces)
+    return got
+
+
+async def body(client: RangeClient, fake: Fake, limit: int = LIMIT) -> bytes:
+    got = await fetch(client, fake, limit)
+    assert got.status == 206
+    return b"".join(got.pieces)
+
+
+async def test_a_multi_piece_body_arrives_exact_in_bytes_pieces(client: RangeClient) -> None:
+    data = pattern(5 * PIECE_BYTES // 2, 1)
+    async with Fake(answer(data, headers="Content-Range: bytes 0-2621439/9999999\r\n")) as fake:
+        got = await fetch(client, fake)
+        request = fake.requests[0][1]
+    assert [len(piece) for piece in got.pieces] == [PIECE_BYTES, PIECE_BYTES, PIECE_BYTES // 2]
+    assert b"".join(got.pieces) == data
+    assert got.headers["content-range"] == "bytes 0-2621439/9999999"
+    port = fake.url.split(":")[2].split("/")[0]
+    assert request == f"GET /bucket/key HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode() + (
+        b"Range: bytes=0-\r\n\r\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "connections"),
+    [
+        ("HTTP/1.1 206 Partial Content", "", 1),
+        ("HTTP/1.1 206 Partial Content", "Connection: close\r\n", 2),
+        ("HTTP/1.0 206 Partial Content", "", 2),
+        ("HTTP/1.0 206 Partial Content", "Connection: keep-alive\r\n", 1),
+    ],
+)
+async def test_keep_alive_reuses_a_connection_only_when_the_answer_allows(
+    client: RangeClient, status: str, headers: str, connections: int
+) -> None:
+    first, second = pattern(300_000, 2), pattern(200_000, 3)
+    async with Fake(answer(first, status=status, headers=headers), answer(second)) as fake:
+        assert await body(client, fake) == first
+        assert await body(client, fake) == second
+    assert fake.connections == connections
+    assert [number for number, _ in fake.requests] == [0, connections - 1]
+
+
+async def test_a_content_length_past_the_limit_fails_before_the_body(client: RangeClient) -> None:
+    after = pattern(100, 4)
+    async with Fake(raw(head_of("HTTP/1.1 206 OK", length=1000), "stall"), answer(after)) as fake:
+        with pytest.raises(BodyTooLong):  # the body never comes, the connection stays open
+            await fetch(client, fake, limit=999)
+        assert await body(client, fake, limit=100) == after  # not on the refused connection
+    assert fake.connections == 2
+
+
+@pytest.mark.parametrize("past", [0, 1])
+async def test_a_body_without_length_ends_with_the_connection(
+    client: RangeClient, past: int
+) -> None:
+    limit = PIECE_BYTES + 1000
+    data = pattern(limit + past, 5)
+    then = "close" if past == 0 else "stall"  # one byte too many fails without the close
+    async with Fake(answer(data, length=False, then=then), answer(b"next")) as fake:
+        if past:
+            with pytest.raises(BodyTooLong):
+                await fetch(client, fake, limit=limit)
+        else:
+            got = await fetch(client, fake, limit=limit)
+            assert [len(piece) for piece in got.pieces] == [PIECE_BYTES, 1000]
+            assert b"".join(got.pieces) == data
+        assert await body(client, fake) == b"next"
+    assert fake.connections == 2
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        head_of("HTTP/1.1 206 Partial Content", length=200_000) + b"h" * 100_000,  # mid-body
+        b"HTTP/1.1 206 Partial Content\r\nContent-Len",  # mid-head
+        b"",  # before any byte (a fresh connection: not retried)
+    ],
+    ids=["mid-body", "mid-head", "no-byte"],
+)
+async def test_a_connection_closed_mid_answer_is_a_reset(client: RangeClient, data: bytes) -> None:
+    async with Fake(raw(data, "close")) as fake:
+        with pytest.raises(ConnectionResetError):
+            await fetch(client, fake)
+    assert fake.connections == 1 and len(fake.requests) == 1
+
+
+BAD_HEADS = {
+    "too-long": b"HTTP/1.1 206 Partial Content\r\n"
+    + b"".join(b"X-Pad-%05d: %s\r\n" % (i, b"p" * 100) for i in range(HEAD_BYTES // 100)),
+    "garbage": b"SPDY/9 what\r\n\r\n",
+    "no-code": b"HTTP/1.1 2x6 Partial\r\nContent-Length: 1\r\n\r\nx",
+    "interim": b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 206 Partial Content\r\n"
+    b"Content-Length: 1\r\n\r\nx",
+    "two-lengths": b"HTTP/1.1 206 Partial Content\r\nContent-Length: 1\r\n"
+    b"Content-Length: 2\r\n\r\nxx",
+    "non-digit-length": b"HTTP/1.1 206 Partial Content\r\nContent-Length: 1x\r\n\r\nx",
+    "negative-length": b"HTTP/1.1 206 Partial Content\r\nContent-Length: -1\r\n\r\n",
+    "no-colon": b"HTTP/1.1 206 Partial Content\r\nContent-Length 1\r\n\r\nx",
+    "folded": b"HTTP/1.1 206 Partial Content\r\nX-A: 1\r\n X-B: 2\r\nContent-Length: 1\r\n\r\nx",
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_HEADS))
+async def test_a_malformed_head_is_a_bad_answer(client: RangeClient, name: str) -> None:
+    async with Fake(raw(BAD_HEADS[name], "stall"), answer(b"after")) as fake:
+        with pytest.raises(BadAnswer):
+            await fetch(client, fake)
+        assert await body(client, fake) == b"after"
+    assert fake.connections == 2
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        head_of("HTTP/1.1 206 Partial Content", "Transfer-Encoding: chunked\r\n")
+        + b"5\r\nhello\r\n0\r\n\r\n",
+        head_of("HTTP/1.1 206 Partial Content", "Content-Encoding: gzip\r\n", 5) + b"zzzzz",
+    ],
+    ids=["chunked", "gzip"],
+)
+async def test_chunked_or_encoded_bodies_are_unsupported(client: RangeClient, data: bytes) -> None:
+    async with Fake(raw(data), answer(b"after")) as fake:
+        with pytest.raises(Unsupported):
+            await fetch(client, fake)
+        assert await body(client, fake) == b"after"
+    assert fake.connections == 2
+
+
+XML = b'<?xml version="1.0"?><Error><Code>NoSuchKey</Code><Message>no</Message></Error>'
+
+
+async def test_an_error_answer_is_returned_with_its_body(client: RangeClient) -> None:
+    plays = answer(XML, status="404 Not Found", headers="Content-Type: application/xml\r\n")
+    async with Fake(plays) as fake:
+        got = await fetch(client, fake)
+    assert (got.status, b"".join(got.pieces)) == (404, XML)
+    assert got.headers["content-type"] == "application/xml"
+
+
+@pytest.mark.parametrize("length", [True, False])
+async def test_a_long_error_body_is_cut_and_its_connection_dropped(
+    client: RangeClient, length: bool
+) -> None:
+    error = pattern(5 * ERROR_LIMIT, 6)
+    then = "keep" if length else "stall"  # without a length: no wait for the close
+    async with Fake(
+        answer(error, status="500 Internal", length=length, then=then), answer(b"after")
+    ) as fake:
+        got = await fetch(client, fake)
+        assert (got.status, b"".join(got.pieces)) == (500, error[:ERROR_LIMIT])
+        assert await body(client, fake) == b"after"
+    assert fake.connections == 2 and fake.on(1) == [1]
+
+
+async def test_an_idle_connection_closed_after_its_answer_is_replaced(client: RangeClient) -> None:
+    first, second = pattern(1000, 7), pattern(PIECE_BYTES + 7, 8)
+    async with Fake(answer(first, then="close"), answer(second)) as fake:
+        assert await body(client, fake) == first
+        assert await body(client, fake) == second
+    assert fake.connections == 2 and fake.on(1) == [1]
+
+
+@pytest.mark.parametrize("then", ["close", "reset"])
+async def test_a_reused_connection_hung_up_before_a_byte_is_retried(
+    client: RangeClient, then: str
+) -> None:
+    first, second = pattern(1000, 9), pattern(3000, 10)
+    async with Fake(answer(first), raw(b"", then), answer(second)) as fake:
+        assert await body(client, fake) == first
+        assert await body(client, fake) == second  # the request went again, on a new one
+    assert fake.connections == 2
+    assert [number for number, _ in fake.requests] == [0, 0, 1]
+    assert fake.requests[1][1] == fake.requests[2][1]
+
+
+async def test_a_reused_connection_cut_mid_head_is_not_retried(client: RangeClient) -> None:
+    async with Fake(answer(b"one"), raw(b"HTTP/1.1 206 Part", "close"), answer(b"x")) as fake:
+        assert await body(client, fake) == b"one"
+        with pytest.raises(ConnectionResetError):
+            await fetch(client, fake)
+    assert fake.connections == 1 and len(fake.requests) == 2
+
+
+@pytest.mark.parametrize(
+    "data", [b"", head_of("HTTP/1.1 206 OK", length=100) + b"t" * 10], ids=["no-byte", "head"]
+)
+async def test_a_stalled_answer_times_out_and_its_connection_is_dropped(data: bytes) -> None:
+    timed = RangeClient(None, 5.0, 0.2)
+    after = pattern(100, 11)
+    try:
+        async with Fake(raw(data, "stall"), answer(after)) as fake:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(TimeoutError):
+                await fetch(timed, fake)
+            assert 0.2 <= loop.time() - started < 2.0  # noticed within twice 0.2 s (+ slack)
+            assert await body(timed, fake) == after
+    finally:
+        timed.close()
+    assert fake.connections == 2 and fake.on(1) == [1]
+
+
+async def test_a_cancelled_get_closes_its_connection(
+    client: RangeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arrived = asyncio.Event()
+    updated = http_range._Connection.buffer_updated
+
+    def spy(self: http_range._Connection, nbytes: int) -> None:
+        updated(self, nbytes)
+        if self.received > 100_000:  # well into the body
+            arrived.set()
+
+    monkeypatch.setattr(http_range._Connection, "buffer_updated", spy)
+    after = pattern(PIECE_BYTES + 5, 12)
+    start = head_of("HTTP/1.1 206 OK", length=2 * PIECE_BYTES) + b"c" * 300_000
+    async with Fake(raw(start, "eof"), answer(after)) as fake:
+        task = asyncio.create_task(fetch(client, fake))
+        await asyncio.wait_for(arrived.wait(), GUARD_S)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(fake.eof, GUARD_S)  # the server saw the connection end
+        assert await body(client, fake) == after
+    assert fake.connections == 2 and fake.on(1) == [1]
+
+
+@pytest.mark.parametrize(
+    "size", [1000, 70_000, PIECE_BYTES + 500_000], ids=["small", "past-the-head", "multi-piece"]
+)
+async def test_bytes_past_the_body_drop_the_connection(client: RangeClient, size: int) -> None:
+    first, second = pattern(size, 13), pattern(2000, 14)
+    async with Fake(answer(first, extra=b"JUNK"), answer(second)) as fake:
+        assert await body(client, fake) == first
+        assert await body(client, fake) == second
+    assert fake.connections == 2 and fake.on(1) == [1]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"X-A": "v\r\nEvil: 1"},
+        {"X-A": "v\nEvil: 1"},
+        {"X-A": "v\rx"},
+        {"X-A\r\nEvil": "1"},
+        {"X-A": "v\0"},
+    ],
+)
+async def test_a_header_with_a_line_break_is_refused_before_sending(
+    client: RangeClient, headers: dict[str, str]
+) -> None:
+    async with Fake(answer(b"clean")) as fake:
+        with pytest.raises(ValueError):
+            await client.get(fake.url, headers, LIMIT, ERROR_LIMIT)
+        assert await body(client, fake) == b"clean"  # the first request the server saw
+    assert fake.connections == 1 and len(fake.requests) == 1
+    assert b"Evil" not in fake.requests[0][1]
+
+
+async def test_held_pieces_never_change_and_dropped_ones_are_refilled(
+    client: RangeClient,
+) -> None:
+    one, two, three = (pattern(2 * PIECE_BYTES, seed) for seed in (15, 16, 17))
+    async with Fake(answer(one), answer(two), answer(three)) as fake:
+        first = await fetch(client, fake)
+        held = first.pieces[0]
+        refill_hash = hash(first.pieces[1])  # hashed, then only the client refers to it
+        first_ids = {id(piece) for piece in first.pieces}
+        del first
+        second = await fetch(client, fake)
+        assert held == one[:PIECE_BYTES]  # not refilled while the test holds it
+        assert b"".join(second.pieces) == two
+        assert all(piece is not held for piece in second.pieces)
+        for piece in second.pieces:  # a refilled piece's hash is its new content's
+            assert hash(piece) == hash(bytes(bytearray(piece)))
+        assert refill_hash == hash(one[PIECE_BYTES:])
+        second_ids = {id(piece) for piece in second.pieces}
+        del second, held
+        third = await fetch(client, fake)
+        assert b"".join(third.pieces) == three
+    if http_range._cread is not None:  # the C Receiver fills kept pieces again
+        assert first_ids & second_ids and {id(piece) for piece in third.pieces} & (
+            first_ids | second_ids
+        )
+
+
+async def test_hashed_pieces_kept_in_a_dict_never_change(client: RangeClient) -> None:
+    datas = [pattern(2 * PIECE_BYTES, seed) for seed in range(20, 25)]
+    async with Fake(*(answer(data) for data in datas)) as fake:
+        got = await fetch(client, fake)
+        digests = {piece: hashlib.sha256(piece).hexdigest() for piece in got.pieces}
+        hashes = {piece: hash(piece) for piece in got.pieces}
+        previous = got.pieces
+        del got
+        for data in datas[1:]:
+            later = await fetch(client, fake)
+            assert b"".join(later.pieces) == data
+            assert all(a is not b for a in later.pieces for b in previous)  # across answers
+            assert all(type(piece) is bytes for piece in later.pieces)
+            previous = later.pieces
+            del later
+    assert [len(piece) for piece in digests] == [PIECE_BYTES, PIECE_BYTES]
+    for piece, digest in digests.items():
+        assert hashlib.sha256(piece).hexdigest() == digest
+        assert hash(piece) == hashes[piece] == hash(bytes(bytearray(piece)))
+    assert b"".join(digests) == datas[0]
+
+
+async def test_concurrent_gets_fill_their_own_pieces(client: RangeClient) -> None:
+    datas = [pattern(2 * PIECE_BYTES + 300, seed) for seed in (30, 31)]
+    async with Fake(*(answer(data) for data in datas)) as fake:
+        got = await asyncio.gather(body(client, fake), body(client, fake))
+    assert sorted(got) == sorted(datas)
+    assert fake.connections == 2
+
+
+class Recorder(asyncio.Transport):
+    """A transport that keeps what is written and notes an abort."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.aborted = False
+
+    def write(self, data: Any) -> None:
+        self.written += data
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+@pytest.mark.parametrize("split", range(-6, 3))
+async def test_an_answer_cut_anywhere_around_the_head_end_is_read_exactly(split: int) -> None:
+    data = pattern(PIECE_BYTES + 3000, 32)
+    head = head_of("HTTP/1.1 206 Partial Content", "X-A: b\r\n", len(data))
+    stream = head + data
+    conn = http_range._Connection([])
+    transport = Recorder()
+    conn.connection_made(transport)
+    waiter = conn.request(b"GET / HTTP/1.1\r\n\r\n", LIMIT, ERROR_LIMIT, None)
+    sent, cuts = 0, [len(head) + split - 1, len(head) + split, len(head) + split + 1]
+    while not waiter.done() and sent < len(stream):  # one byte either side of the cut, too
+        end = min([cut for cut in cuts if cut > sent] + [len(stream)])
+        buffer = conn.get_buffer(-1)
+        taken = min(len(buffer), end - sent)
+        buffer[:taken] = stream[sent : sent + taken]
+        conn.buffer_updated(taken)
+        sent += taken
+    got = waiter.result()
+    assert (got.status, b"".join(got.pieces), sent) == (206, data, len(stream))
+    assert got.headers == {"x-a": "b", "content-length": str(len(data))}
+    assert not transport.aborted  # read to its end exactly: kept for the next request
+
+
+# ---------------------------------------------------------------- through S3Store
+
+OBJECT_BYTES = pattern(3_000_000, 40)
+OBJECT = ObjectInfo("s3://bucket/dir/shard-1.bin", len(OBJECT_BYTES), '"etag-1"')
+
+
+def s3_range(chunked: bool, extra: int = 0) -> Play:
+    """A fake S3 answering the range asked for (chunked, or its Content-Length ``extra`` bytes
+    longer, then held open without a body)."""
+
+    async def play(
+        fake: Fake, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        found = re.search(rb"(?i)\r\nrange: bytes=(\d+)-(\d+)\r\n", head)
+        assert found is not None, head
+        start, end = int(found[1]), int(found[2]) + 1
+        data = OBJECT_BYTES[start:end]
+        fields = f'Content-Range: bytes {start}-{end - 1}/{len(OBJECT_BYTES)}\r\nETag: "etag-1"\r\n'
+        if not chunked:
+            return await raw(head_of("HTTP/1.1 206 Partial Content", fields, len(data) + extra),
+                             "stall")(fake, head, reader, writer)  # fmt: skip
+        chunks = [data[i : i + 65536] for i in range(0, len(data), 65536)]
+        encoded = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks)
+        fields += "Transfer-Encoding: chunked\r\n"
+        return await raw(head_of("HTTP/1.1 206 Partial Content", fields) + encoded + b"0\r\n\r\n")(
+            fake, head, reader, writer
+        )
+
+    return play
+
+
+def s3_options(fake: Fake) -> dict[str, Any]:
+    endpoint = fake.url.rsplit("/", 2)[0]
+    return {
+        "key": "AKIDTEST",
+        "secret": "SECRETTEST",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+    }
+
+
+async def test_s3_falls_back_to_the_session_for_a_chunked_answer() -> None:
+    async with Fake(*[s3_range(chunked=True)] * 3) as fake:
+        store = S3Store(s3_options(fake))
+        try:
+            assert store._getter.direct
+            with guard():
+                first = await store.read_range_pieces(OBJECT, 1000, 2_600_000)
+            assert b"".join(first) == OBJECT_BYTES[1000:2_600_000]
+            assert store._getter.direct is False
+            with guard():
+                later = await store.read_range_pieces(OBJECT, 5, 70_000)
+            assert b"".join(later) == OBJECT_BYTES[5:70_000]
+        finally:
+            await store.close()
+    assert len(fake.requests) == 3  # direct (refused), session, session: no direct retry
+    assert all(b"/bucket/dir/shard-1.bin " in head for _, head in fake.requests)
+    assert all(b"AWS4-HMAC-SHA256" in head for _, head in fake.requests)
+
+
+async def test_s3_a_content_length_past_the_range_is_a_storage_error() -> None:
+    async with Fake(s3_range(chunked=False, extra=1)) as fake:
+        store = S3Store(s3_options(fake))
+        try:
+            with pytest.raises(StorageError) as caught, guard():
+                await store.read_range_pieces(OBJECT, 100, 200)
+        finally:
+            await store.close()
+    assert not isinstance(caught.value, TransientStorageError)
+    assert OBJECT.url in str(caught.value) and "100 bytes asked for" in str(caught.value)
+    assert len(fake.requests) == 1
