@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -361,6 +362,25 @@ def _content_length(headers: Mapping[str, str]) -> int | None:
     return int(value)
 
 
+def _quiet(conn: _Connection) -> bool:
+    """True when nothing waits on an idle connection's socket: bytes past its last answer
+    (still unread when the body ended exactly at a read's end) or its end make it unusable."""
+    transport = conn.transport
+    sock = None if transport is None else transport.get_extra_info("socket")
+    if sock is None:
+        return True
+    probe = socket.socket(fileno=sock.fileno())  # a peek; the descriptor stays the transport's
+    try:
+        probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.detach()
+    return False
+
+
 class RangeClient:
     """Pooled keep-alive connections for range GETs (see the module docstring). Bound to the
     event loop it is first used on; :meth:`close` closes every idle connection."""
@@ -397,8 +417,9 @@ class RangeClient:
             lines.append(f"{name}: {value}")
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         key = (scheme, host, port)
+        stale = False
         while True:
-            conn, reused = self._take(key), True
+            conn, reused = (None if stale else self._take(key)), True
             if conn is None:
                 conn, reused = await self._connect(scheme, host, port), False
             received = conn.received
@@ -406,7 +427,8 @@ class RangeClient:
                 answer = await conn.request(data, limit, error_limit, self._read_timeout_s)
             except ConnectionResetError:
                 if reused and conn.received == received:
-                    continue  # an idle connection the server had closed: a fresh one
+                    stale = True  # an idle connection the server had closed: a fresh one
+                    continue
                 raise
             except BaseException:
                 conn.close()  # cancelled or failed mid-answer: never reused
@@ -431,8 +453,9 @@ class RangeClient:
         conns = self._idle.get(key)
         while conns:
             conn = conns.pop()
-            if not conn.closed:
+            if not conn.closed and _quiet(conn):
                 return conn
+            conn.close()
         return None
 
     def _put(self, key: tuple[str, str, int], conn: _Connection) -> None:
