@@ -12,9 +12,10 @@ What it does, and nothing more: a GET with the caller's (signed) headers on a po
 keep-alive connection (plain or TLS with the caller's ``SSLContext``), one request per
 connection at a time; a status line and headers of at most :data:`HEAD_BYTES`; a success body
 (2xx) of at most the ``limit`` asked for, by Content-Length (more is :class:`BodyTooLong`
-before a byte of it is kept); an error body of at most ``error_limit`` bytes. What it does not
-do (chunked or encoded success bodies) raises :class:`Unsupported`: the caller goes back to
-its HTTP session, which does.
+before a byte of it is kept); an error body of at most ``error_limit`` bytes. A body is the
+bytes sent (a stored ``Content-Encoding`` is not undone: the object's bytes, as the session's
+reads give them). What it does not do (a chunked success body) raises :class:`Unsupported`:
+the caller goes back to its HTTP session, which does.
 
 Everything the server sends is checked before it is followed: a malformed status line or
 header, a second Content-Length that disagrees, headers past :data:`HEAD_BYTES`, an interim
@@ -31,6 +32,7 @@ import asyncio
 import os
 import socket
 import ssl
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -77,8 +79,8 @@ class BodyTooLong(Exception):
 
 
 class Unsupported(Exception):
-    """An answer this client does not read (chunked or encoded success body): the caller is to
-    send the request through its HTTP session instead."""
+    """An answer this client does not read (a chunked success body): the caller is to send
+    the request through its HTTP session instead."""
 
 
 @dataclass
@@ -219,11 +221,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._answer = Answer(status, headers, [])
         success = 200 <= status < 300
         length = _content_length(headers)
-        if success and (
-            "transfer-encoding" in headers
-            or headers.get("content-encoding", "identity").lower() != "identity"
-        ):
-            raise Unsupported(f"HTTP {status} with a chunked or encoded body")
+        if success and "transfer-encoding" in headers:
+            raise Unsupported(f"HTTP {status} with a chunked body")
         limit = self._limit if success else self._error_limit
         if status in (204, 304):
             length = 0
@@ -422,6 +421,11 @@ class RangeClient:
             conn, reused = (None if stale else self._take(key)), True
             if conn is None:
                 conn, reused = await self._connect(scheme, host, port), False
+            if conn.closed or conn.transport is None or conn.transport.is_closing():
+                if stale:  # closed by the server before a request went out, twice
+                    raise ConnectionResetError("the server closed the connection at once")
+                stale = True  # (an overloaded server's early answer or hang-up): once more
+                continue
             received = conn.received
             try:
                 answer = await conn.request(data, limit, error_limit, self._read_timeout_s)
@@ -479,6 +483,9 @@ class RangeClient:
         )
         if self._connect_timeout_s is None:
             _, conn = await connecting
-        else:
+        elif sys.version_info >= (3, 11):  # wait_for of 3.10 and 3.11 can swallow a cancel
+            async with asyncio.timeout(self._connect_timeout_s):
+                _, conn = await connecting
+        else:  # pragma: no cover - Python 3.10
             _, conn = await asyncio.wait_for(connecting, self._connect_timeout_s)
         return conn
