@@ -18,7 +18,13 @@ from streamrec.errors import StorageError
 from streamrec.storage.base import PIECE_BYTES, ObjectInfo
 from streamrec.storage.translate import from_status, translate
 
-__all__ = ["parse_content_range", "ranges_ignored", "read_pieces", "read_pieces_within"]
+__all__ = [
+    "parse_content_range",
+    "ranges_ignored",
+    "read_pieces",
+    "read_pieces_within",
+    "too_long",
+]
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
@@ -37,11 +43,16 @@ async def read_pieces(
     """
     pieces = await read_pieces_within(content, limit, piece_bytes)
     if pieces is None:
-        raise StorageError(
-            f"{what}: the server sent more than the {limit} bytes asked for "
-            "(it ignored the Range header, or its Content-Length is wrong)"
-        )
+        raise StorageError(f"{what}: {too_long(limit)}")
     return pieces
+
+
+def too_long(limit: int | None) -> str:
+    """What is wrong with a body longer than the ``limit`` bytes a range GET asked for."""
+    return (
+        f"the server sent more than the {limit} bytes asked for "
+        "(it ignored the Range header, or its Content-Length is wrong)"
+    )
 
 
 async def read_pieces_within(

@@ -39,6 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from streamrec.format.accel import load_accelerator
+from streamrec.storage.body import too_long
 
 __all__ = [
     "HEAD_BYTES",
@@ -152,9 +153,7 @@ class _Connection(asyncio.BufferedProtocol):
             self.close()
             return
         if self._view is not None:
-            self._filled += nbytes
-            self._left -= nbytes
-            self._advance()
+            self._body_received(nbytes)
             return
         self._head_len += nbytes
         try:
@@ -173,7 +172,6 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._view = None
         error = ConnectionResetError("the connection was closed mid-answer")
         error.__cause__ = exc
         self._fail(error)
@@ -229,37 +227,30 @@ class _Connection(asyncio.BufferedProtocol):
         elif "transfer-encoding" in headers:  # an error body of unknown length: not read
             length, keep_alive = 0, False
         if success and length is not None and length > limit:
-            raise BodyTooLong(_too_long(limit))
+            raise BodyTooLong(too_long(limit))
         if length is None:  # the body ends with the connection (a success body: one byte
             # more than the limit is the error, so its room is limit + 1)
             self._to_eof, keep_alive = True, False
             length = limit + 1 if success else limit
         elif length > limit:  # an error body: its start is enough
             length, keep_alive = limit, False
-        self._reusable = keep_alive
         self._left = length
         self._head_len = 0
-        if length:
-            self._new_piece()
-            taken = min(len(extra), length)
-            self._view_fill(extra[:taken])
-            self._reusable = keep_alive and taken == len(extra)
-        elif len(extra):
-            self._reusable = False
-        self._advance()
+        if not length:
+            self._reusable = keep_alive and not extra
+            self._advance()
+            return
+        self._new_piece()
+        assert self._view is not None
+        taken = min(len(extra), length)  # fits: <= min(length, HEAD_BYTES) <= the piece
+        self._view[:taken] = extra[:taken]
+        self._reusable = keep_alive and taken == len(extra)
+        self._body_received(taken)
 
-    def _view_fill(self, data: memoryview) -> None:
-        while len(data):
-            assert self._view is not None
-            room = len(self._view) - self._filled
-            n = min(room, len(data))
-            self._view[self._filled : self._filled + n] = data[:n]
-            self._filled += n
-            self._left -= n
-            data = data[n:]
-            if self._filled == len(self._view) and self._left > 0:
-                self._finish_piece()
-                self._new_piece()
+    def _body_received(self, nbytes: int) -> None:
+        self._filled += nbytes
+        self._left -= nbytes
+        self._advance()
 
     def _advance(self) -> None:
         if self._view is not None and self._filled == len(self._view):
@@ -269,7 +260,7 @@ class _Connection(asyncio.BufferedProtocol):
         if self._left > 0:
             return  # more to come
         if self._to_eof and self._answer is not None and 200 <= self._answer.status < 300:
-            self._fail(BodyTooLong(_too_long(self._limit)))  # a byte past the limit arrived
+            self._fail(BodyTooLong(too_long(self._limit)))  # a byte past the limit arrived
             return
         self._complete()
 
@@ -313,13 +304,6 @@ class _Connection(asyncio.BufferedProtocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(error)
         self.close()
-
-
-def _too_long(limit: int) -> str:
-    return (
-        f"the server sent more than the {limit} bytes asked for "
-        "(it ignored the Range header, or its Content-Length is wrong)"
-    )
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:

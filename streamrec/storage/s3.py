@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from streamrec.errors import ObjectNotFoundError, StorageError
 from streamrec.storage import warmup
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, has_glob, split_scheme
-from streamrec.storage.body import parse_content_range, read_pieces_within
+from streamrec.storage.body import parse_content_range, read_pieces_within, too_long
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.s3_client import share_loader, start_tls_context, use_tls_context
 from streamrec.storage.s3_get import RangeGetter, UseGetObject
@@ -258,7 +258,7 @@ async def _body_pieces(body: Any, limit: int | None = None, what: str = "") -> l
     ``limit``, more bytes than that is an error (:func:`read_pieces`)."""
     pieces = await _body_pieces_within(body, limit)
     if pieces is None:
-        raise StorageError(f"{what}: the server sent more than the {limit} bytes asked for")
+        raise StorageError(f"{what}: {too_long(limit)}")
     return pieces
 
 

@@ -1,5 +1,6 @@
 """S3 range GETs at a fraction of botocore's CPU cost per request: the object's url resolved
-once, each request signed with SigV4 headers and sent through the client's own HTTP session.
+once, each request signed with SigV4 headers, sent on streamrec's own connections or through
+the client's own HTTP session.
 
 A ``get_object`` call costs ~1.1 ms of CPU in aiobotocore (parameter validation, endpoint
 rules, ~20 event hooks, signing, response parsing) whatever the size of the range; at 4 MiB
@@ -9,8 +10,7 @@ resolution and addressing style as ``get_object``; its query - the presigned sig
 dropped, never sent nor kept), and sends each range GET of that object on it, signed the way
 ``get_object`` signs: botocore's ``S3SigV4Auth`` with the client's region and signing name
 and its current credentials (``get_frozen_credentials``: refreshable ones are refreshed),
-``Range`` and ``If-Match`` among the signed headers, through the client's aiobotocore HTTP
-session (its connection pool, TLS settings, proxies and timeouts).
+``Range`` and ``If-Match`` among the signed headers.
 
 The signature is never weaker than ``get_object``'s: a presigned url would be SigV2 unless the
 client is configured for ``s3v4`` (botocore's presign default), which AWS refuses for SSE-KMS
@@ -24,8 +24,9 @@ bodies received straight into their pieces) when the session's settings allow it
 for the url, no socket option but ``TCP_NODELAY`` (botocore's default, asyncio's too), no
 connector argument but the keep-alive timeout. Their TLS context is the session's own
 (``_build_ssl_contexts``: verification, CA bundle, client certificate), their timeouts the
-session's connect and read timeouts. An answer they do not read (a chunked or encoded success
-body) sends that read, and every later one, through the session.
+session's connect and read timeouts. Otherwise, and from an answer they do not read on (a
+chunked success body), requests go through the client's aiobotocore HTTP session (its
+connection pool, TLS settings, proxies and timeouts).
 
 What stays as it was: one attempt per call (streamrec's retry policy above decides), the
 version pinned with ``If-Match`` (412 -> ObjectChangedError), errors translated by type -
