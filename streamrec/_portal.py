@@ -15,9 +15,15 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
-__all__ = ["EventLoopThread", "cancel_and_wait", "iterate_blocking", "iterate_chunks", "run_all"]
+__all__ = [
+    "EventLoopThread",
+    "cancel_and_wait",
+    "iterate_ahead",
+    "iterate_blocking",
+    "run_all",
+]
 
 T = TypeVar("T")
 
@@ -98,6 +104,11 @@ class EventLoopThread:
         future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         return await asyncio.wrap_future(future)
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop (for ``call_soon_threadsafe`` from other threads)."""
+        return self._loop
+
     def is_current(self) -> bool:
         """True when called from this loop's own thread (where ``call`` would deadlock)."""
         return threading.current_thread() is self._thread
@@ -143,21 +154,6 @@ def _wait_until_gone(thread_ids: list[int], timeout_s: float = 1.0) -> None:
             time.sleep(0.0005)
 
 
-def iterate_chunks(
-    make_chunks: Callable[[], AsyncIterator[list[T]]],
-    on_wait: Callable[[float], None] | None = None,
-) -> Iterator[T]:
-    """Iterate, blocking, over the items of the chunks an async generator yields.
-
-    The generator runs in its own background loop; closing this iterator (break, exception,
-    garbage collection, KeyboardInterrupt) closes the generator and joins the thread.
-    ``on_wait`` is as for :func:`iterate_blocking`.
-    """
-    for chunk in iterate_blocking(make_chunks, on_wait):
-        yield from chunk
-        del chunk  # hold one chunk at a time, not two, while the next is fetched
-
-
 def iterate_blocking(
     make_items: Callable[[], AsyncIterator[T]],
     on_wait: Callable[[float], None] | None = None,
@@ -190,6 +186,127 @@ def iterate_blocking(
             portal.call(_aclose(items))
     finally:
         portal.close()
+
+
+def iterate_ahead(
+    make_items: Callable[[], AsyncIterator[T]],
+    on_wait: Callable[[float], None] | None = None,
+    max_waiting: int = 1,
+) -> Iterator[T]:
+    """:func:`iterate_blocking` with the generator running ahead of the consumer.
+
+    A task in the background loop pulls items and leaves them for the consumer's thread,
+    pausing while ``max_waiting`` items wait; the consumer takes every waiting item at once
+    (so at most ``2 * max_waiting`` are alive: those it took and those made meanwhile).
+    A hand-over is then a lock and a list, not a coroutine sent into the loop and an event
+    waited for: two threads that each wake the other for every item spend more on the
+    switches than on the item (a third of the CPU of a plain ``for`` over 1 MiB pieces).
+    Only for generators that share no state with what the consumer does between items:
+    they now run while it does. Closing is as for :func:`iterate_blocking`.
+    """
+    portal = EventLoopThread()
+    try:
+        handover: _Handover[T] = _Handover(portal, max_waiting)
+        portal.call(handover.start(make_items))
+        try:
+            while True:
+                started = time.perf_counter()
+                try:
+                    batch = handover.take()
+                finally:
+                    if on_wait is not None:
+                        on_wait(time.perf_counter() - started)
+                if batch is None:
+                    return
+                yield from batch
+                del batch
+        finally:
+            portal.call(handover.stop())
+    finally:
+        portal.close()
+
+
+class _Handover(Generic[T]):
+    """Items from a task in the loop's thread to one consumer thread (see :func:`iterate_ahead`)."""
+
+    def __init__(self, portal: EventLoopThread, max_waiting: int) -> None:
+        self._loop = portal.loop
+        self._max_waiting = max(1, max_waiting)
+        self._mutex = threading.Lock()  # guards the fields below, shared by the two threads
+        self._wake = threading.Lock()  # released (once) to wake the consumer waiting on it
+        self._wake.acquire()
+        self._items: list[T] = []
+        self._consumer_waiting = False
+        self._space: asyncio.Future[None] | None = None
+        self._ended = False
+        self._error: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._source: AsyncIterator[T] | None = None
+
+    async def start(self, make_items: Callable[[], AsyncIterator[T]]) -> None:
+        self._source = make_items()
+        self._task = asyncio.get_running_loop().create_task(self._pump(self._source))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait([self._task])
+        if self._source is not None:
+            await _aclose(self._source)
+        self._items = []
+
+    async def _pump(self, source: AsyncIterator[T]) -> None:
+        try:
+            async for item in source:
+                with self._mutex:
+                    self._items.append(item)
+                    space = None
+                    if len(self._items) >= self._max_waiting:
+                        space = self._space = self._loop.create_future()
+                    self._signal()
+                del item
+                if space is not None:
+                    await space
+        except Exception as exc:  # raised in the consumer's thread, after the items before
+            self._finish(exc)
+        except BaseException as exc:  # cancelled: stop() was called, or something else did
+            self._finish(exc)  # (a consumer still waiting must not wait forever)
+            raise
+        else:
+            self._finish(None)
+
+    def _finish(self, error: BaseException | None) -> None:
+        with self._mutex:
+            self._ended, self._error = True, error
+            self._signal()
+
+    def _signal(self) -> None:  # with the mutex held
+        if self._consumer_waiting:
+            self._consumer_waiting = False
+            self._wake.release()
+
+    def take(self) -> list[T] | None:
+        """Every item waiting (blocking until there is one); None at the end."""
+        while True:
+            with self._mutex:
+                if self._items:
+                    batch, self._items = self._items, []
+                    space, self._space = self._space, None
+                    break
+                if self._ended:
+                    error, self._error = self._error, None
+                    if error is not None:
+                        raise error
+                    return None
+                self._consumer_waiting = True
+            self._wake.acquire()
+        if space is not None:
+            self._loop.call_soon_threadsafe(_release, space)
+        return batch
+
+
+def _release(space: asyncio.Future[None]) -> None:
+    if not space.done():
+        space.set_result(None)
 
 
 async def _make(make_items: Callable[[], AsyncIterator[T]]) -> AsyncIterator[T]:

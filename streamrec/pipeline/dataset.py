@@ -9,7 +9,7 @@ from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, Literal, cast
 
-from streamrec._portal import EventLoopThread, iterate_blocking
+from streamrec._portal import EventLoopThread, iterate_ahead
 from streamrec.format.accel import log_fallback_once
 from streamrec.format.framing import OnCorrupt
 from streamrec.pipeline.counts import RecordCounts, ShardCounts, count_for, counts_key, list_counts
@@ -342,7 +342,9 @@ class Dataset(Chainable[bytes]):
     def _record_lists(self) -> Generator[Iterator[bytes], None, None]:
         """The iterators over each piece's records (see :class:`_Records`)."""
         cursor, resume = self._begin()
-        pieces = iterate_blocking(lambda: self._pieces(resume, timed=False), self._add_wait)
+        # one piece decoded ahead, while the consumer has the last: two record lists, as the
+        # README's memory bound counts
+        pieces = iterate_ahead(lambda: self._pieces(resume, timed=False), self._add_wait)
         for records, events in pieces:
             it = iter(records)
             cursor.take(records, events, it)

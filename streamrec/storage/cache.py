@@ -6,6 +6,7 @@ share an entry (a name collision, webdataset#238) and a replaced object is never
 The directory::
 
     streamrec-cache.lock   the directory lock (flock): held while space is reserved or freed
+                           and while an entry is published (a scan must see every file)
     <key>.shard            a complete copy, published by an atomic rename; its mtime is when
                            it was last used (eviction is least recently used)
     <key>.lock             held (flock) by the one process downloading <key> (removed after)
@@ -48,7 +49,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, cast
 
@@ -165,8 +166,9 @@ class CacheHit:
 class CacheFill:
     """This reader's download of one object into the cache (see the module docstring)."""
 
-    def __init__(self, path: str, size: int, part: _Handle, lock: int) -> None:
+    def __init__(self, path: str, size: int, part: _Handle, lock: int, stall_s: float) -> None:
         self.path = path
+        self._stall_s = stall_s
         self.size = size
         self._part = part
         self._lock: int | None = lock
@@ -196,7 +198,7 @@ class CacheFill:
             await self.abort()
             return False
         try:
-            await self._part.run(_publish, self.part_path, self.path)
+            await self._part.run(_publish, self.part_path, self.path, self._stall_s)
         except OSError as exc:  # a cache that cannot be written is no reason to fail the read
             logger.warning("not caching %s: %s", self.path, exc)
             await self.abort()
@@ -317,7 +319,7 @@ class ShardCache:
         if fd is None:
             _unlock(lock, lock_path)
             return None
-        return CacheFill(path, size, _Handle(fd), lock)
+        return CacheFill(path, size, _Handle(fd), lock, self.stall_s)
 
     def _open_entry(self, path: str, size: int) -> CacheHit | None:
         try:  # (O_NONBLOCK: a FIFO planted under the name must not wait for a writer)
@@ -340,11 +342,8 @@ class ShardCache:
         """Under the directory lock: free room for ``size`` bytes (dead downloads, then the
         least recently used entries) and allocate ``part`` at that size; None if it cannot
         fit beside the downloads in progress."""
-        dir_lock = os.open(os.path.join(self.directory, DIR_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            # held for a directory scan: milliseconds; held longer (a stopped or hostile
-            # process), the object is read without the cache rather than waited for forever
-            if not _flock_within(dir_lock, self.stall_s):
+        with _directory_lock(self.directory, self.stall_s) as locked:
+            if not locked:
                 logger.warning("not caching %s: %s stays locked", part, DIR_LOCK)
                 return None
             used, entries = self._scan()
@@ -367,8 +366,6 @@ class ShardCache:
                 os.unlink(part)
                 return None
             return fd
-        finally:
-            os.close(dir_lock)
 
     def _scan(self) -> tuple[int, list[tuple[int, str, int]]]:
         """Bytes the directory holds (every regular file counts, also foreign ones) after
@@ -508,9 +505,27 @@ def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> int:
     return total
 
 
-def _publish(fd: int, part: str, path: str) -> None:
+@contextlib.contextmanager
+def _directory_lock(directory: str, stall_s: float) -> Iterator[bool]:
+    """The directory lock, held for the block if it could be taken within ``stall_s`` (held
+    for a scan: milliseconds; held longer, by a stopped or hostile process, the caller goes
+    on without the cache rather than wait forever). Yields whether it is held."""
+    fd = os.open(os.path.join(directory, DIR_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        yield _flock_within(fd, stall_s)
+    finally:
+        os.close(fd)
+
+
+def _publish(fd: int, part: str, path: str, stall_s: float) -> None:
     os.fsync(fd)
-    os.rename(part, path)  # atomic: readers see the whole copy or none
+    # Under the directory lock: a scan that reads the directory while an entry is renamed
+    # may miss it under both names (readdir promises only entries left alone meanwhile),
+    # and a reservation would then count its bytes as free.
+    with _directory_lock(os.path.dirname(path), stall_s) as locked:
+        if not locked:
+            raise OSError(f"{DIR_LOCK} stays locked")
+        os.rename(part, path)  # atomic: readers see the whole copy or none
     with contextlib.suppress(OSError):  # make the rename durable too (best effort)
         directory = os.open(os.path.dirname(path), os.O_RDONLY)
         try:

@@ -1,0 +1,151 @@
+"""``_portal.iterate_ahead``: a plain ``for`` over an async generator that runs ahead of the
+consumer in a background loop, by at most ``max_waiting`` items, and leaves nothing behind
+however the consumer stops (end, error, break, KeyboardInterrupt while blocked)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from streamrec._portal import iterate_ahead
+
+
+def new_threads(before: set[threading.Thread]) -> set[threading.Thread]:
+    return set(threading.enumerate()) - before
+
+
+@pytest.mark.parametrize("max_waiting", [1, 3])
+def test_the_generator_runs_ahead_by_at_most_max_waiting_items(max_waiting: int) -> None:
+    consumed = [0]
+    outstanding: list[int] = []  # when item i is made: items made before it and not consumed
+
+    async def items() -> AsyncIterator[int]:
+        for i in range(200):
+            outstanding.append(i - consumed[0])
+            yield i
+
+    got = []
+    for item in iterate_ahead(items, max_waiting=max_waiting):
+        got.append(item)
+        time.sleep(0.0005)  # the consumer's work: the generator is free to run ahead
+        consumed[0] += 1
+    assert got == list(range(200))
+    # the consumer takes every waiting item at each hand-over: up to max_waiting in its hand
+    # and, while it works through them, max_waiting more made (this one the last of them)
+    assert max(outstanding) <= 2 * max_waiting - 1
+    assert max(outstanding) == 2 * max_waiting - 1  # and it does run ahead, as far as allowed
+
+
+def test_items_before_an_error_arrive_then_the_error() -> None:
+    async def items() -> AsyncIterator[int]:
+        for i in range(3):
+            yield i
+        raise ValueError("broken at 3")
+
+    got = []
+    with pytest.raises(ValueError, match="broken at 3"):
+        for item in iterate_ahead(items, max_waiting=4):
+            got.append(item)
+    assert got == [0, 1, 2]
+
+
+def test_an_empty_generator_ends_the_loop() -> None:
+    async def items() -> AsyncIterator[int]:
+        return
+        yield  # an async generator
+
+    before = set(threading.enumerate())
+    assert list(iterate_ahead(items)) == []
+    assert new_threads(before) == set()
+
+
+def test_break_closes_the_generator_and_its_thread() -> None:
+    closed = threading.Event()
+
+    async def items() -> AsyncIterator[int]:
+        try:
+            i = 0
+            while True:
+                yield i
+                i += 1
+        finally:
+            closed.set()
+
+    before = set(threading.enumerate())
+    iterator = iterate_ahead(items, max_waiting=2)
+    for item in iterator:
+        if item == 5:
+            break
+    iterator.close()
+    assert closed.is_set()
+    assert new_threads(before) == set()
+
+
+def test_the_consumers_wait_is_reported() -> None:
+    async def slow() -> AsyncIterator[int]:
+        for i in range(4):
+            await asyncio.sleep(0.1)
+            yield i
+
+    waits: list[float] = []
+    assert list(iterate_ahead(slow, waits.append)) == [0, 1, 2, 3]
+    assert len(waits) == 5  # four hand-overs and the end
+    assert 0.38 <= sum(waits) < 2
+
+
+def _blocked_in_take(ident: int) -> bool:
+    frame = sys._current_frames().get(ident)
+    return frame is not None and frame.f_code.co_name == "take"
+
+
+def interrupt_once_blocked(main: int, timeout_s: float = 10.0) -> None:
+    """SIGINT to the main thread once it sits blocked in the hand-over (as Ctrl-C would)."""
+    deadline = time.monotonic() + timeout_s
+    while not _blocked_in_take(main):
+        assert time.monotonic() < deadline, "the consumer never blocked"
+        time.sleep(0.001)
+    # a signal that lands before the thread sleeps in the lock is handled only when it is
+    # woken: press again while the very same wait is still blocked
+    while _blocked_in_take(main):
+        signal.pthread_kill(main, signal.SIGINT)
+        assert time.monotonic() < deadline, "the consumer did not react to SIGINT"
+        time.sleep(0.05)
+
+
+def test_keyboard_interrupt_while_blocked_cancels_the_generator() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    cancelled = threading.Event()
+    main = threading.main_thread().ident
+    assert main is not None
+
+    async def stalls() -> AsyncIterator[int]:
+        yield 0
+        try:
+            await asyncio.Event().wait()  # never set: only a cancel ends this
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    before = set(threading.enumerate())
+    presser = threading.Thread(target=interrupt_once_blocked, args=(main,))
+    try:
+        got = []
+        with pytest.raises(KeyboardInterrupt):
+            for item in iterate_ahead(stalls):
+                got.append(item)
+                if item == 0:
+                    presser.start()
+    finally:
+        presser.join()
+        signal.signal(signal.SIGINT, previous)
+    assert got == [0]
+    assert cancelled.is_set()
+    assert new_threads(before) == set()
