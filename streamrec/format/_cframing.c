@@ -119,31 +119,50 @@ static uint32_t shift_bytes(size_t n) {
     return p;
 }
 
-/* Lanes of the three-stream hardware CRC, and the shift past one lane. */
+/* Lanes of the three-stream hardware CRC: long ones for large payloads, short ones for
+ * records of a few hundred bytes and more, and for each the shift past one lane as four
+ * byte tables (the operator is linear: shifting a CRC is four lookups, not a multiply). */
 #define LANE_BYTES 8192
-static uint32_t lane_shift;
+#define SHORT_LANE_BYTES 256
+static uint32_t long_shift[4][256], short_shift[4][256];
+
+static void init_shift(uint32_t table[4][256], size_t lane_bytes) {
+    uint32_t op = shift_bytes(lane_bytes);
+    for (unsigned k = 0; k < 4; k++)
+        for (uint32_t b = 0; b < 256; b++) table[k][b] = multmodp(op, b << (8 * k));
+}
+
+static inline uint32_t shift_crc(uint32_t table[4][256], uint32_t c) {
+    return table[0][c & 0xff] ^ table[1][(c >> 8) & 0xff] ^ table[2][(c >> 16) & 0xff] ^
+           table[3][c >> 24];
+}
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* Three independent streams over three consecutive lanes hide the instruction's latency
+ * (~3x one stream); their CRCs are joined as crc(A || B || C). */
+#define CRC_LANES(lane, table)                                                              \
+    while (n >= 3 * (lane)) {                                                               \
+        uint64_t a = (uint32_t)~crc, b = 0xffffffffu, c = 0xffffffffu;                      \
+        const unsigned char *pb = p + (lane), *pc = p + 2 * (lane);                         \
+        for (size_t i = 0; i < (lane); i += 8) {                                            \
+            uint64_t va, vb, vc;                                                            \
+            memcpy(&va, p + i, 8);                                                          \
+            memcpy(&vb, pb + i, 8);                                                         \
+            memcpy(&vc, pc + i, 8);                                                         \
+            a = _mm_crc32_u64(a, va);                                                       \
+            b = _mm_crc32_u64(b, vb);                                                       \
+            c = _mm_crc32_u64(c, vc);                                                       \
+        }                                                                                   \
+        uint32_t ca = ~(uint32_t)a, cb = ~(uint32_t)b, cc = ~(uint32_t)c;                   \
+        crc = shift_crc(table, shift_crc(table, ca) ^ cb) ^ cc;                             \
+        p += 3 * (lane);                                                                    \
+        n -= 3 * (lane);                                                                    \
+    }
+
 __attribute__((target("sse4.2"))) static uint32_t crc32c_hw3(uint32_t crc, const unsigned char *p,
                                                              size_t n) {
-    /* Three independent streams hide the instruction's latency (~3x one stream). */
-    while (n >= 3 * LANE_BYTES) {
-        uint64_t a = (uint32_t)~crc, b = 0xffffffffu, c = 0xffffffffu;
-        const unsigned char *pb = p + LANE_BYTES, *pc = p + 2 * LANE_BYTES;
-        for (size_t i = 0; i < LANE_BYTES; i += 8) {
-            uint64_t va, vb, vc;
-            memcpy(&va, p + i, 8);
-            memcpy(&vb, pb + i, 8);
-            memcpy(&vc, pc + i, 8);
-            a = _mm_crc32_u64(a, va);
-            b = _mm_crc32_u64(b, vb);
-            c = _mm_crc32_u64(c, vc);
-        }
-        uint32_t ca = ~(uint32_t)a, cb = ~(uint32_t)b, cc = ~(uint32_t)c;
-        crc = multmodp(lane_shift, multmodp(lane_shift, ca) ^ cb) ^ cc;
-        p += 3 * LANE_BYTES;
-        n -= 3 * LANE_BYTES;
-    }
+    CRC_LANES(LANE_BYTES, long_shift)
+    CRC_LANES(SHORT_LANE_BYTES, short_shift)
     return crc32c_hw(crc, p, n);
 }
 #endif
@@ -467,7 +486,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__cframing(void) {
     init_tables();
     init_x2n();
-    lane_shift = shift_bytes(LANE_BYTES);
+    init_shift(long_shift, LANE_BYTES);
+    init_shift(short_shift, SHORT_LANE_BYTES);
 #ifdef HAVE_HW_CRC
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) crc32c_impl = crc32c_hw3;

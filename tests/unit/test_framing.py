@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import struct
 import zlib
 from array import array
@@ -451,3 +452,14 @@ def test_fused_copy_and_crc_c_and_python_agree(data: bytes, cuts: list[int], sta
         assert fill(payload, 0, data, 7, False) == 7
         with pytest.raises(ValueError):
             fill(payload, 1, data, 0, True)
+
+
+@pytest.mark.skipif(not framing.accelerated, reason="the C scanner is not built")
+@pytest.mark.parametrize(
+    "size",
+    # around the three-lane CRC's steps: 3 short lanes (768), 3 long lanes (24576) and both
+    [0, 1, 8, 255, 767, 768, 769, 1024, 1535, 1536, 24575, 24576, 24577, 24576 + 768 + 5],
+)
+def test_the_c_crc_agrees_with_the_package_around_its_lanes(size: int) -> None:
+    data = bytes(random.Random(size).getrandbits(8) for _ in range(size))
+    assert framing._cframing.masked_crc32c(data) == masked_crc32c(data)
