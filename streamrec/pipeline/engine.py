@@ -293,6 +293,8 @@ class ReadEngine:
         try:
             for index, (ordinal, records, offset) in enumerate(jobs):
                 reader, upcoming = upcoming or opener.reader(ordinal, records, offset), None
+                if index == 0:
+                    reader.hold_ramp()  # the consumer's first records: their block alone
                 reader.prime()
                 following = jobs[index + 1] if index + 1 < len(jobs) else None
                 events: list[Event] = [Open(0, ordinal, records, offset or 0)]
@@ -347,8 +349,10 @@ class _EarlyStart:
         ):
             await self.aclose()
             return None
-        # its next prime() requests the rest (the cache's answer may have raised it already)
+        # the rest of its ramp once its first piece is handed on (see hold_ramp; the
+        # cache's answer may have raised its concurrency already)
         reader.max_concurrency = max(reader.max_concurrency, self._concurrency)
+        reader.hold_ramp()
         return reader
 
     async def aclose(self) -> None:

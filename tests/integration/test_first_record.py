@@ -499,3 +499,35 @@ def test_a_warm_up_that_cannot_start_leaves_nothing_to_wait_for(
     # (a bound, not a pace: a claimed context nobody builds would hang here)
     assert asyncio.run(asyncio.wait_for(read(), 60)) == EXPECTED
     assert s3_client._tls_contexts  # the reader built and kept its own
+
+
+@pytest.mark.parametrize("early", [True, False], ids=["early-start", "after-listing"])
+def test_the_first_reader_asks_for_its_first_block_alone(
+    s3_server: MotoS3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch, early: bool
+) -> None:
+    """The consumer waits for the first shard's first block: it goes out alone, the rest of
+    that shard's ramp once a piece of it was handed on; later shards ramp at once."""
+    shards = {f"r-{i}.tfrecord": [b"%d:%03d|" % (i, j) * 40 for j in range(60)] for i in range(2)}
+    for name, payloads in shards.items():
+        s3_server.put(s3_bucket, f"ramp/{name}", RecordEncoder().encode_many(payloads))
+    requests: list[tuple[str, int, bool]] = []  # (object, first byte, a piece handed on yet)
+    request = ObjectReader._request
+
+    def spying(reader: ObjectReader, length: int) -> None:
+        requests.append((reader.obj.url.rsplit("/", 1)[-1], reader._next, reader._handed))
+        request(reader, length)
+
+    monkeypatch.setattr(ObjectReader, "_request", spying)
+    if not early:
+        _late(monkeypatch)
+    ds = streamrec.open_dataset(
+        f"s3://{s3_bucket}/ramp/*.tfrecord",
+        storage_options=s3_server.storage_options,
+        block_bytes=2048,  # a shard of ~24 KB: a dozen blocks
+    )
+    assert list(ds) == [p for name in sorted(shards) for p in shards[name]]
+    first = [(start, handed) for name, start, handed in requests if name == "r-0.tfrecord"]
+    assert first[0] == (0, False)
+    assert len(first) > 2 and all(handed for _, handed in first[1:])
+    second = [handed for name, _, handed in requests if name == "r-1.tfrecord"]
+    assert second.count(False) > 1  # primed ahead, its whole ramp at once
