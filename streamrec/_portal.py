@@ -239,6 +239,7 @@ class _Handover(Generic[T]):
         self._consumer_waiting = False
         self._space: asyncio.Future[None] | None = None
         self._ended = False
+        self._closing = False  # stop() was called: the pump hands on nothing more
         self._error: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
         self._source: AsyncIterator[T] | None = None
@@ -248,6 +249,11 @@ class _Handover(Generic[T]):
         self._task = asyncio.get_running_loop().create_task(self._pump(self._source))
 
     async def stop(self) -> None:
+        with self._mutex:  # a pump that outlives its cancel (one lost by the generator, as
+            self._closing = True  # 3.10/3.11's wait_for can) stops at its next item and
+            space, self._space = self._space, None  # never waits for room again
+        if space is not None:
+            _release(space)
         if self._task is not None:
             await cancel_and_wait([self._task])
         if self._source is not None:
@@ -258,6 +264,8 @@ class _Handover(Generic[T]):
         try:
             async for item in source:
                 with self._mutex:
+                    if self._closing:
+                        break
                     self._items.append(item)
                     space = None
                     if len(self._items) >= self._max_waiting:
@@ -266,11 +274,13 @@ class _Handover(Generic[T]):
                 del item
                 if space is not None:
                     await space
-        except Exception as exc:  # raised in the consumer's thread, after the items before
-            self._finish(exc)
-        except BaseException as exc:  # cancelled: stop() was called, or something else did
+        except asyncio.CancelledError as exc:  # stop() was called, or something else did
             self._finish(exc)  # (a consumer still waiting must not wait forever)
             raise
+        except BaseException as exc:  # raised in the consumer's thread, after the items before
+            # (KeyboardInterrupt and SystemExit too: raised out of a task they would stop the
+            # loop itself, and the consumer's stop() would find it closed, or never run)
+            self._finish(exc)
         else:
             self._finish(None)
 
