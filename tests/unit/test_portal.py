@@ -5,11 +5,13 @@ however the consumer stops (end, error, break, KeyboardInterrupt while blocked).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -149,3 +151,67 @@ def test_keyboard_interrupt_while_blocked_cancels_the_generator() -> None:
     assert got == [0]
     assert cancelled.is_set()
     assert new_threads(before) == set()
+
+
+def run_with_deadline(body: Callable[[], None], deadline_s: float = 10.0) -> dict[str, Any]:
+    """``body()`` in a helper thread, joined within ``deadline_s`` (a hang fails the test
+    instead of stalling the run): what it raised, and whether it hung."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            body()
+        except BaseException as exc:  # handed to the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(deadline_s)
+    outcome["hung"] = thread.is_alive()
+    return outcome
+
+
+@pytest.mark.parametrize("error", [SystemExit, KeyboardInterrupt])
+def test_an_interrupt_raised_by_the_generator_reaches_the_consumer(
+    error: type[BaseException],
+) -> None:
+    # (out of the pump's task they would stop the loop itself: the consumer's close then
+    # met a closed loop or hung; repeated, as it depended on the loop thread's timing)
+    async def items() -> AsyncIterator[int]:
+        yield 1
+        await asyncio.sleep(0)
+        raise error("from the generator")
+
+    before = set(threading.enumerate())
+    for _ in range(20):
+        got: list[int] = []
+        outcome = run_with_deadline(lambda: got.extend(iterate_ahead(items)))  # noqa: B023
+        assert not outcome["hung"]
+        assert type(outcome.get("error")) is error
+        assert got == [1]
+    assert {t for t in new_threads(before) if t.name.startswith("streamrec")} == set()
+
+
+def test_a_generator_that_loses_its_cancellation_does_not_hang_the_close() -> None:
+    # (3.10/3.11's wait_for can lose a cancel: see storage/retry.py)
+    parked = threading.Event()
+    made: list[int] = []
+
+    async def items() -> AsyncIterator[int]:
+        yield 0
+        parked.set()  # the consumer's close reaches the loop once this awaits
+        with contextlib.suppress(asyncio.CancelledError):  # lost
+            await asyncio.Event().wait()
+        for i in range(1, 100):
+            made.append(i)
+            yield i
+
+    def consume() -> None:
+        for _ in iterate_ahead(items):
+            parked.wait()
+            break
+
+    outcome = run_with_deadline(consume)
+    assert not outcome["hung"]
+    assert "error" not in outcome
+    assert made == [1]  # it ended at its next item
