@@ -12,11 +12,11 @@ class ByteBudget:
     """Bytes fetched (or being fetched) and not yet handed to the consumer.
 
     A stream reserves a block's bytes before requesting it and releases them as it hands the
-    block on. The total never exceeds ``limit``, except by at most one block: one reservation
-    is always granted when nothing is reserved, and a stream the consumer is blocked on with
-    nothing in flight may *overdraw* by one block while no one else does (so a block larger
+    block on. The total never exceeds ``limit``, except by one block per stream the consumer
+    reads from: one reservation is always granted when nothing is reserved, and a stream the
+    consumer is blocked on, holding nothing, may *overdraw* by one block (so a block larger
     than the whole budget still makes progress, and bytes prefetched by streams the consumer
-    reaches later can never starve the one it is waiting for).
+    reaches later can never starve the one it is waiting for; see :meth:`reserve`).
 
     Streams read side by side (an interleave) may each be given a *share*. The reader of the
     streams sets :attr:`kept`, the sum of the shares of every stream it will have open at
@@ -55,8 +55,9 @@ class ByteBudget:
 
     def try_reserve(self, n: int, *, keep_free: int = 0) -> bool:
         """Reserve ``n`` bytes if that fits now, leaving ``keep_free`` bytes (what other
-        streams are owed); never waits."""
-        if self.reserved and self.reserved + n + keep_free > self.limit:
+        streams are owed; less than none is none: streams whose shares add up to more than
+        the limit are owed nothing beyond it); never waits."""
+        if self.reserved and self.reserved + n + max(0, keep_free) > self.limit:
             return False
         self._take(n)
         return True
@@ -64,12 +65,17 @@ class ByteBudget:
     async def reserve(self, n: int, *, overdraw: bool = False) -> None:
         """Reserve ``n`` bytes, waiting for other streams to hand bytes on if needed.
 
-        With ``overdraw`` (the caller is the stream the consumer waits for and has nothing in
-        flight), the reservation is granted beyond ``limit`` as long as no other overdraft is
-        outstanding, so ``reserved`` stays within ``limit`` plus one block.
+        With ``overdraw`` (the caller is a stream the consumer waits for, holding nothing:
+        nothing in flight, nothing received and not handed on), it is granted at once, beyond
+        ``limit`` if need be. Such a stream holds that one block over the limit at most, until
+        the consumer takes it, so ``reserved`` stays within ``limit`` plus one block per
+        stream read side by side (one reading shards in turn; an interleave's cycle). Bytes
+        other streams hold for later can never starve the stream the consumer needs: when
+        a second overdraft had to wait for the first, an interleave whose consumer moved on
+        from the first stream (its block partly decoded) waited for ever.
         """
         while not self.try_reserve(n):
-            if overdraw and self.reserved <= self.limit:
+            if overdraw:
                 self._take(n)
                 return
             self._released.clear()

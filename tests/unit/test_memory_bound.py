@@ -12,15 +12,18 @@ decoded records or received bytes may grow past that.
 from __future__ import annotations
 
 import os
+import threading
 import tracemalloc
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import fsspec
 import pytest
 
 import streamrec
 from streamrec.format.shard import ShardEncoder
+from support.resume import write_shards
 
 MIB = 1 << 20
 
@@ -100,3 +103,28 @@ def test_indexed_reading_holds_the_budget_and_four_blocks_at_most(
     assert count == 4 * 160
     assert ds.stats.peak_prefetch_bytes <= prefetch + block
     assert peak <= prefetch + 4 * block, peak
+
+
+@pytest.mark.parametrize(
+    ("sizes", "options"),
+    [
+        # (found by a review: the reader never ended; then by fuzzing, blocks > budget)
+        ([40, 0, 170, 30, 110, 1, 80], {"cycle_length": 2, "block_bytes": 1024}),
+        ([170, 1, 400, 170], {"cycle_length": 4, "block_bytes": 4096}),
+        ([5, 400, 400, 80, 30, 5], {"cycle_length": 3, "block_bytes": 4096, "block_length": 5}),
+    ],
+)
+def test_an_interleave_starved_by_a_tiny_budget_still_ends(
+    tmp_path: Path, sizes: list[int], options: dict[str, int]
+) -> None:
+    """Each stream the consumer reaches may overdraw by one block: a stream whose block the
+    consumer left partly decoded must not starve the next one (it waited for ever)."""
+    files = write_shards(tmp_path, sizes)
+    ds = streamrec.open_dataset(files, prefetch_bytes=1024, **options)
+    got: list[int] = []
+    reader = threading.Thread(target=lambda: got.append(sum(1 for _ in ds)), daemon=True)
+    reader.start()
+    reader.join(30)  # (a deadline, not a wait: a hang fails here instead of stalling the run)
+    assert not reader.is_alive(), "the read never ends"
+    assert got == [sum(sizes)]
+    assert ds.stats.peak_prefetch_bytes <= 1024 + options["cycle_length"] * options["block_bytes"]

@@ -254,8 +254,12 @@ async def test_a_stream_the_consumer_waits_for_may_overdraw_by_one_block() -> No
     assert budget.try_reserve(100)
     await asyncio.wait_for(budget.reserve(50, overdraw=True), 1)
     assert budget.reserved == 150  # the limit plus one block
-    with pytest.raises(asyncio.TimeoutError):  # a second overdraft waits
-        await asyncio.wait_for(budget.reserve(50, overdraw=True), 0.05)
+    # another stream the consumer waits for next, holding nothing, gets its block too: the
+    # first one's bytes wait for the consumer, who waits for this one (a hang, else)
+    await asyncio.wait_for(budget.reserve(50, overdraw=True), 1)
+    assert budget.reserved == 200
+    with pytest.raises(asyncio.TimeoutError):  # a stream that only reads ahead waits
+        await asyncio.wait_for(budget.reserve(50), 0.05)
 
 
 async def test_a_block_its_prime_requested_while_the_consumer_waited_is_not_asked_again() -> None:
