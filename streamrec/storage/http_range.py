@@ -378,8 +378,42 @@ class RangeClient:
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._warming: dict[tuple[str, str, int], asyncio.Future[_Connection]] = {}
         self._kept: list[bytes] = []
         self._pid = os.getpid()
+        self._closed = False
+
+    def warm(self, url: str) -> None:
+        """Open a connection to ``url``'s server ahead of the first GET, pooled for it: its
+        handshake (TCP, TLS) goes on beside what the caller waits for meanwhile (a listing).
+        Best effort: a connection that fails to open is the first GET's to open. Once a
+        connection is pooled or opening for the server, nothing more."""
+        split = urlsplit(url)
+        scheme, host = split.scheme, split.hostname
+        port = split.port or _DEFAULT_PORTS.get(scheme)
+        if host is None or port is None or scheme not in _DEFAULT_PORTS or self._closed:
+            return
+        key = (scheme, host, port)
+        if key in self._warming or self._idle.get(key):
+            return
+        opening = asyncio.ensure_future(self._connect(scheme, host, port))
+        self._warming[key] = opening
+        opening.add_done_callback(lambda done: self._warmed(key, done))
+
+    def opening(self) -> list[asyncio.Future[_Connection]]:
+        """The connections :meth:`warm` is still opening."""
+        return list(self._warming.values())
+
+    def _warmed(self, key: tuple[str, str, int], opening: asyncio.Future[_Connection]) -> None:
+        if self._warming.get(key) is opening:
+            del self._warming[key]
+        if opening.cancelled() or opening.exception() is not None:
+            return  # (its error is the first GET's to meet, if it persists)
+        conn = opening.result()
+        if self._closed or os.getpid() != self._pid:
+            conn.close()
+        else:
+            self._put(key, conn)
 
     async def get(
         self, url: str, headers: Mapping[str, str], limit: int, error_limit: int
@@ -400,6 +434,9 @@ class RangeClient:
             lines.append(f"{name}: {value}")
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         key = (scheme, host, port)
+        opening = self._warming.get(key)
+        if opening is not None:  # warm(): its connection is pooled once open (or failed)
+            await asyncio.wait([opening])
         stale = False
         while True:
             conn, reused = (None if stale else self._take(key)), True
@@ -426,11 +463,16 @@ class RangeClient:
             return answer
 
     def close(self) -> None:
-        """Close every idle connection (of this process: a forked child's are its parent's)."""
+        """Close every idle connection (of this process: a forked child's are its parent's)
+        and give up those still opening (:meth:`warm`)."""
+        self._closed = True
+        warming, self._warming = self._warming, {}
         idle, self._idle = self._idle, {}
         self._kept.clear()
         if os.getpid() != self._pid:
             return
+        for opening in warming.values():
+            opening.cancel()  # (its done callback closes a connection that opened anyway)
         for conns in idle.values():
             for conn in conns:
                 conn.close()

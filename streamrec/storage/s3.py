@@ -118,6 +118,7 @@ class S3Store(FsspecStore):
         stem = last[: min(i for i in (last.find(c) for c in "*?[") if i >= 0)]
         prefix = f"{key}/{stem}" if key else stem
         client = await self.client()
+        self._getter.warm(client, bucket)  # the first GET's connection opens beside the LIST
         markers: dict[str, str] = {}
         while True:
             try:
@@ -244,7 +245,7 @@ class S3Store(FsspecStore):
 
     async def close(self) -> None:
         self._heads.clear()
-        self._getter.close()
+        await self._getter.aclose()
         if self._session_ready:
             self._session_ready = False
             client = self.fs._s3

@@ -42,11 +42,13 @@ region redirector follows it (:class:`UseGetObject`). A body longer than the ran
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from streamrec._portal import cancel_and_wait
 from streamrec.errors import StorageError, TransientStorageError
 from streamrec.storage.body import read_pieces
 from streamrec.storage.http_range import BadAnswer, BodyTooLong, RangeClient, Unsupported
@@ -60,6 +62,7 @@ MAX_URLS = 4096
 ERROR_BODY_BYTES = 64 << 10
 """Most bytes of an error answer read (for its Code and Message)."""
 _SIGV4 = frozenset({"s3v4", "v4"})
+_WARM_KEY = "streamrec-warm-up"  # any key: only the url's host is used
 _NODELAY = (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # botocore's default (asyncio's too)
 _ELSEWHERE_CODES = frozenset(
     {"PermanentRedirect", "TemporaryRedirect", "AuthorizationHeaderMalformed", "301", "307"}
@@ -83,6 +86,7 @@ class RangeGetter:
         self.direct = True  # own connections where the session allows (False: the session's)
         self._clients: dict[tuple[int, str], RangeClient] = {}  # (id(client), scheme)
         self._signers: dict[tuple[str, str], SigV4Signer] = {}  # (region, signing name)
+        self._warming: asyncio.Future[None] | None = None
 
     def serves(self, client: Any, bucket: str) -> bool:
         """True when ``client``'s range GETs of ``bucket`` can go this way."""
@@ -131,6 +135,20 @@ class RangeGetter:
         if made is None:
             made = self._signers[wanted] = SigV4Signer(*wanted)
         return made
+
+    def warm(self, client: Any, bucket: str) -> None:
+        """Start opening the connection ``bucket``'s first range GET will use, if GETs go on
+        own connections: called as a listing starts, its handshake hides behind the LIST's
+        round trip. Once per getter; best effort (the first GET does it otherwise)."""
+        if self._warming is None and self.direct and self.serves(client, bucket):
+            self._warming = asyncio.ensure_future(self._warm(client, bucket))
+
+    async def _warm(self, client: Any, bucket: str) -> None:
+        with contextlib.suppress(Exception):  # (what failed here fails the first GET too)
+            url = await self.url(client, bucket, _WARM_KEY)
+            direct = await self._range_client(client, url)
+            if direct is not None:
+                direct.warm(url)
 
     def forget(self, bucket: str, key: str) -> None:
         """Make the next read of ``bucket/key`` resolve its url again (after an error answer)."""
@@ -230,10 +248,21 @@ class RangeGetter:
         return made
 
     def close(self) -> None:
-        """Close the idle connections of the range GETs."""
+        """Close the idle connections of the range GETs (and stop opening any)."""
+        warming, self._warming = self._warming, None
+        if warming is not None:
+            warming.cancel()
         clients, self._clients = self._clients, {}
         for made in clients.values():
             made.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, and wait until what was opening has stopped."""
+        opening: list[asyncio.Future[Any]] = [] if self._warming is None else [self._warming]
+        for made in self._clients.values():
+            opening += made.opening()
+        self.close()
+        await cancel_and_wait(opening)
 
 
 def _check_range(status: int, length: str | None, start: int, end: int, name: str) -> None:

@@ -25,6 +25,7 @@ from streamrec.format.framing import RecordEncoder
 from streamrec.pipeline.engine import ReadEngine, _EarlyStart
 from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.storage import s3_client, warmup
+from streamrec.storage.http_range import RangeClient
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.s3 import S3Store
 from support.servers import MotoS3Server
@@ -531,3 +532,29 @@ def test_the_first_reader_asks_for_its_first_block_alone(
     assert len(first) > 2 and all(handed for _, handed in first[1:])
     second = [handed for name, _, handed in requests if name == "r-1.tfrecord"]
     assert second.count(False) > 1  # primed ahead, its whole ramp at once
+
+
+def test_a_glob_opens_the_first_gets_connection_beside_its_listing(
+    s3_server: MotoS3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    payloads = [b"warm %d" % i for i in range(30)]
+    s3_server.put(s3_bucket, "warm/only.tfrecord", RecordEncoder().encode_many(payloads))
+    warmed: list[str] = []
+    found: list[bool] = []  # per connection taken from the pool: was one there
+    warm, take = RangeClient.warm, RangeClient._take
+
+    def spying_warm(client: RangeClient, url: str) -> None:
+        warmed.append(url)
+        warm(client, url)
+
+    def spying_take(client: RangeClient, key: Any) -> Any:
+        conn = take(client, key)
+        found.append(conn is not None)
+        return conn
+
+    monkeypatch.setattr(RangeClient, "warm", spying_warm)
+    monkeypatch.setattr(RangeClient, "_take", spying_take)
+    url = f"s3://{s3_bucket}/warm/*.tfrecord"
+    assert list(streamrec.open_dataset(url, storage_options=s3_server.storage_options)) == payloads
+    assert len(warmed) == 1  # as the listing started
+    assert found[0]  # the first GET's connection was open already

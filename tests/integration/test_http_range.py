@@ -612,3 +612,31 @@ async def test_s3_a_content_length_past_the_range_is_a_storage_error() -> None:
     assert not isinstance(caught.value, TransientStorageError)
     assert OBJECT.url in str(caught.value) and "100 bytes asked for" in str(caught.value)
     assert len(fake.requests) == 1
+
+
+async def test_a_warmed_connection_carries_the_first_get(client: RangeClient) -> None:
+    data = pattern(100_000, 41)
+    async with Fake(answer(data), answer(data)) as fake:
+        client.warm(fake.url)
+        client.warm(fake.url)  # opening already: nothing more
+        assert len(client.opening()) == 1
+        assert await body(client, fake) == data  # waits for it, then uses it
+        client.warm(fake.url)  # pooled already: nothing more
+        assert client.opening() == []
+        assert await body(client, fake) == data
+    assert fake.connections == 1
+    assert [number for number, _ in fake.requests] == [0, 0]
+
+
+async def test_closing_while_warming_leaves_no_connection() -> None:
+    made = RangeClient(None, 5.0, None)
+    async with Fake(answer(b"never asked")) as fake:
+        made.warm(fake.url)
+        opening = made.opening()
+        made.close()
+        with guard():
+            await asyncio.wait(opening)
+        assert made.opening() == [] and made._idle == {}
+        made.warm(fake.url)  # closed: nothing
+        assert made.opening() == []
+    assert fake.requests == []
