@@ -92,37 +92,6 @@ class Timeline:
         self._patch_range_client()
 
     def _patch_range_client(self) -> None:
-        """The range GETs a tree sends on its own connections (storage/http_range.py), if it
-        has them: sent, answered (the head parsed), their first new connection."""
-        try:
-            from streamrec.storage import http_range
-        except ImportError:  # an older tree
-            return
-        timeline = self
-        get, parse = http_range.RangeClient.get, http_range._parse_head
-        connect = http_range.RangeClient._connect
-
-        async def timed_get(self: Any, *args: Any, **kwargs: Any) -> Any:
-            timeline.mark("GET sent")
-            return await get(self, *args, **kwargs)
-
-        def timed_parse(head: bytes) -> Any:
-            timeline.mark("GET answered")
-            return parse(head)
-
-        async def timed_range_connect(self: Any, *args: Any, **kwargs: Any) -> Any:
-            timeline.mark("range connect start")
-            try:
-                return await connect(self, *args, **kwargs)
-            finally:
-                timeline.mark("range connect end")
-
-        http_range.RangeClient.get = timed_get  # type: ignore[method-assign]
-        http_range._parse_head = timed_parse
-        http_range.RangeClient._connect = timed_range_connect  # type: ignore[method-assign]
-        self._patch_range_client()
-
-    def _patch_range_client(self) -> None:
         """The range GETs streamrec sends on its own connections (storage/http_range.py), if
         the tree has them: sent, answered (the head parsed), connected."""
         try:

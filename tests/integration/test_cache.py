@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -62,34 +63,27 @@ def shard_bytes(proxy: FaultProxy) -> Counter[str]:
     return got
 
 
-def files(directory: Path) -> dict[str, int]:
-    """The directory's files and sizes, as a reader sees them while the reading thread evicts
+def regular_files(directory: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """The directory's regular files, as a reader sees them while the reading thread evicts
     and publishes entries (a file listed may be gone before it is looked at: not counted)."""
-    sizes = {}
     for path in directory.iterdir():
         try:
             info = path.stat()
         except FileNotFoundError:
             continue
         if stat.S_ISREG(info.st_mode):
-            sizes[path.name] = info.st_size
-    return sizes
+            yield path.name, info
+
+
+def files(directory: Path) -> dict[str, int]:
+    """The directory's files and sizes (see :func:`regular_files`)."""
+    return {name: info.st_size for name, info in regular_files(directory)}
 
 
 def held_bytes(directory: Path) -> int:
-    """Bytes the directory holds, as a reader sees them while the reading thread evicts and
-    publishes entries: by inode, since a ``.part`` renamed to its ``.shard`` between the
-    listing and the stat calls is listed under both names (and an entry unlinked meanwhile
-    under none)."""
-    sizes = {}
-    for path in directory.iterdir():
-        try:
-            info = path.stat()
-        except FileNotFoundError:
-            continue
-        if stat.S_ISREG(info.st_mode):
-            sizes[info.st_ino] = info.st_size
-    return sum(sizes.values())
+    """Bytes the directory holds, counted by inode: a ``.part`` renamed to its ``.shard``
+    between the listing and the stat calls is listed under both names."""
+    return sum({info.st_ino: info.st_size for _, info in regular_files(directory)}.values())
 
 
 def downloads(directory: Path) -> list[str]:
