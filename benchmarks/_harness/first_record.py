@@ -105,12 +105,19 @@ class Timeline:
             http_range.RangeClient._connect,
         )
 
-        async def timed_get(self: Any, *args: Any, **kwargs: Any) -> Any:
-            timeline.mark("GET sent")
-            return await get(self, *args, **kwargs)
+        async def timed_get(self: Any, url: str, *args: Any, **kwargs: Any) -> Any:
+            if "list-type" not in url:
+                timeline.mark("GET sent")
+                return await get(self, url, *args, **kwargs)
+            timeline.mark("LIST sent")  # a glob's first page, listed early (storage/s3_list.py)
+            try:
+                return await get(self, url, *args, **kwargs)
+            finally:
+                timeline.mark("LIST answered")
 
         def timed_parse(head: bytes) -> Any:
-            timeline.mark("GET answered")
+            if "LIST sent" not in timeline.marks or "LIST answered" in timeline.marks:
+                timeline.mark("GET answered")  # (not the early LIST's answer)
             return parse(head)
 
         async def timed_range_connect(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -33,7 +33,7 @@ import os
 import socket
 import ssl
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -416,10 +416,16 @@ class RangeClient:
             self._put(key, conn)
 
     async def get(
-        self, url: str, headers: Mapping[str, str], limit: int, error_limit: int
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        limit: int,
+        error_limit: int,
+        on_sent: Callable[[], object] | None = None,
     ) -> Answer:
         """GET ``url`` with ``headers`` (``Host`` added), its success body of at most
-        ``limit`` bytes, an error body's first ``error_limit``."""
+        ``limit`` bytes, an error body's first ``error_limit``; ``on_sent`` is called once the
+        request is written."""
         split = urlsplit(url)
         scheme, netloc, path, query = split.scheme, split.netloc, split.path, split.query
         host, port = split.hostname, split.port or _DEFAULT_PORTS.get(scheme)
@@ -449,7 +455,10 @@ class RangeClient:
                 continue
             received = conn.received
             try:
-                answer = await conn.request(data, limit, error_limit, self._read_timeout_s)
+                answering = conn.request(data, limit, error_limit, self._read_timeout_s)
+                if on_sent is not None:
+                    on_sent()
+                answer = await answering
             except ConnectionResetError:
                 if reused and conn.received == received:
                     stale = True  # an idle connection the server had closed: a fresh one

@@ -17,14 +17,19 @@ Client set-up, sized for streaming unless ``storage_options`` say otherwise:
   in flight), through ``config_kwargs``.
 * botocore's shared data loader, the process's TLS context and the start-up work done ahead
   for them: :mod:`streamrec.storage.s3_client`.
+* a glob's first listing page goes out before the client is made, where the options allow
+  (:mod:`streamrec.storage.s3_list`): the client's creation hides in the page's round trip.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
+from streamrec._portal import cancel_and_wait
 from streamrec.errors import ObjectNotFoundError, StorageError
 from streamrec.storage import warmup
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, has_glob, split_scheme
@@ -32,6 +37,7 @@ from streamrec.storage.body import parse_content_range, read_pieces_within, too_
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.s3_client import share_loader, start_tls_context, use_tls_context
 from streamrec.storage.s3_get import RangeGetter, UseGetObject
+from streamrec.storage.s3_list import early_listing, list_first_page, wait_sent
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
@@ -60,6 +66,8 @@ class S3Store(FsspecStore):
         import s3fs
 
         options = dict(storage_options or {})
+        self._early_listing = early_listing(options, os.environ)
+        self.early_pages = 0  # first pages listed before the client was made (for tests)
         config = dict(options.pop("config_kwargs", None) or {})
         # botocore: total_max_attempts counts the first try (its max_attempts counts retries)
         config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
@@ -117,12 +125,22 @@ class S3Store(FsspecStore):
         bucket, _, key = head.partition("/")
         stem = last[: min(i for i in (last.find(c) for c in "*?[") if i >= 0)]
         prefix = f"{key}/{stem}" if key else stem
-        client = await self.client()
-        self._getter.warm(client, bucket)  # the first GET's connection opens beside the LIST
+        sent = asyncio.Event()
+        early = self._list_early(bucket, prefix, sent)
+        try:
+            if early is not None:  # the client is made during the page's round trip
+                await wait_sent(sent)
+            client = await self.client()
+            self._getter.warm(client, bucket)  # the first GET's connection opens beside it
+            page = None if early is None else await early
+        finally:
+            if early is not None and not early.done():
+                await cancel_and_wait([early])
+        self.early_pages += page is not None
         markers: dict[str, str] = {}
         while True:
             try:
-                page = await client.list_objects_v2(
+                page = page or await client.list_objects_v2(
                     Bucket=bucket,
                     Prefix=prefix,
                     Delimiter="/",
@@ -142,7 +160,20 @@ class S3Store(FsspecStore):
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return
-            markers = {"ContinuationToken": token}
+            markers, page = {"ContinuationToken": token}, None
+
+    def _list_early(
+        self, bucket: str, prefix: str, sent: asyncio.Event
+    ) -> asyncio.Task[dict[str, Any] | None] | None:
+        """The glob's first page, listed without the client where the options allow
+        (:mod:`streamrec.storage.s3_list`; None: not listed early)."""
+        listing = self._early_listing
+        if listing is None or self._session_ready or getattr(self.fs, "req_kw", None):
+            return None
+        tls = start_tls_context(self.fs) if listing.tls else None
+        future = None if tls is None else tls[1]
+        page = list_first_page(listing, future, bucket, prefix, self.list_page_keys, sent)
+        return asyncio.ensure_future(page)
 
     def version_of(self, info: dict[str, Any]) -> str | None:
         etag = info.get("ETag") or info.get("etag")

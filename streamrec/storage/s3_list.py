@@ -1,0 +1,295 @@
+"""The first page of an S3 glob's listing, sent without waiting for the aiobotocore client.
+
+Why: in a fresh process the client costs ~30-60 ms of CPU before its first request (imports,
+botocore's models, the client itself: :mod:`streamrec.storage.s3_client`), and a glob's first
+record waits for a LIST and then a GET. Where the store's options name everything the LIST
+needs, its first page is sent at once, on a connection of its own, signed here
+(:mod:`streamrec.storage.sigv4`), and the client is created during its round trip.
+
+When: an explicit ``endpoint_url`` (botocore addresses every bucket path-style on one, so the
+url is known without its endpoint rules), credentials in the options, the environment
+(``AWS_ACCESS_KEY_ID``...) or ``anon``, and no option this request would have to follow
+(proxies, requester pays, addressing or signing settings, a session of the user's, options
+not known here): :func:`early_listing` says.
+
+What it can change: nothing but the time. Only a well-formed ``200`` page of the bucket and
+prefix asked for is used; anything else (an error status, a redirect, a chunked or oversized
+body, XML that is not ``ListObjectsV2``'s, a failed connection, a timeout) is dropped and the
+page is listed through the client as before, whose errors the caller sees. A 200 page is the
+listing whichever identity or region signed it. The page is parsed as botocore parses it
+(keys url-decoded when the answer says ``EncodingType`` ``url``, as botocore's handler does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, unquote_plus, urlsplit
+from xml.etree import ElementTree
+
+from streamrec._portal import cancel_and_wait
+from streamrec.storage.http_range import RangeClient
+from streamrec.storage.sigv4 import SigV4Signer
+
+__all__ = [
+    "EarlyListing",
+    "early_listing",
+    "list_first_page",
+    "list_url",
+    "parse_page",
+    "wait_sent",
+]
+
+PAGE_BYTES = 16 << 20
+"""Most bytes of a page's body (1,000 keys of at most 1,024 bytes, url-encoded: ~10 MB)."""
+DEFAULT_TIMEOUT_S = 60.0  # botocore's connect and read timeouts
+SEND_WAIT_S = 0.25
+"""Longest the caller waits for the early page to go out before it makes its client: the
+client's creation (CPU, in the loop's thread) would hold back the request's write, and a
+connection that takes longer to open leaves time enough for it (one that never opens, to a
+blackholed endpoint, costs this much)."""
+
+_OPTIONS = frozenset(
+    {
+        "key",
+        "secret",
+        "token",
+        "username",
+        "password",
+        "anon",
+        "endpoint_url",
+        "client_kwargs",
+        "config_kwargs",
+        "skip_instance_cache",
+        "use_listings_cache",
+        "listings_expiry_time",
+        "max_concurrency",
+        "default_block_size",
+        "default_fill_cache",
+        "default_cache_type",
+        "asynchronous",
+    }
+)
+"""The store options the early page knows it follows (any other: no early page)."""
+_CLIENT_OPTIONS = frozenset(
+    {"endpoint_url", "region_name", "verify"}
+    | {"aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
+)
+_CONFIG_OPTIONS = frozenset({"retries", "max_pool_connections", "connect_timeout", "read_timeout"})
+_NAMESPACE = re.compile(r"^\{[^}]*\}")
+
+
+@dataclass(frozen=True)
+class EarlyListing:
+    """What the early page's request needs: the endpoint (``scheme://host[:port]``), the
+    signing region and credentials (None: anonymous), the timeouts."""
+
+    endpoint: str
+    region: str
+    credentials: tuple[str, str, str | None] | None
+    connect_timeout_s: float
+    read_timeout_s: float
+
+    @property
+    def tls(self) -> bool:
+        return self.endpoint.startswith("https:")
+
+
+def early_listing(options: Mapping[str, Any], environ: Mapping[str, str]) -> EarlyListing | None:
+    """The early page's request for a store of ``options`` (s3fs's), or None when the options
+    ask for anything it does not follow (see the module docstring)."""
+    client = options.get("client_kwargs") or {}
+    config = options.get("config_kwargs") or {}
+    if (
+        set(options) - _OPTIONS
+        or not isinstance(client, Mapping)
+        or not isinstance(config, Mapping)
+        or set(client) - _CLIENT_OPTIONS
+        or set(config) - _CONFIG_OPTIONS
+    ):
+        return None
+    endpoint = options.get("endpoint_url") or client.get("endpoint_url")
+    if not isinstance(endpoint, str):
+        return None
+    try:
+        split = urlsplit(endpoint)
+        port = split.port
+    except ValueError:
+        return None
+    if (
+        split.scheme not in ("http", "https")
+        or not split.hostname
+        or split.username is not None
+        or split.path not in ("", "/")
+        or split.query
+        or split.fragment
+        or _proxied(endpoint, environ)
+    ):
+        return None
+    credentials = _credentials(options, client, environ)
+    if credentials is None and not options.get("anon"):
+        return None  # botocore's chain finds them (profiles, SSO, instance roles...)
+    region = client.get("region_name") or environ.get("AWS_REGION")
+    region = region or environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    del port  # (read for its check: a port that is not a number raises)
+    return EarlyListing(
+        f"{split.scheme}://{split.netloc}",
+        str(region),
+        None if options.get("anon") else credentials,
+        _seconds(config.get("connect_timeout")),
+        _seconds(config.get("read_timeout")),
+    )
+
+
+def _credentials(
+    options: Mapping[str, Any], client: Mapping[str, Any], environ: Mapping[str, str]
+) -> tuple[str, str, str | None] | None:
+    key = options.get("key") or options.get("username") or client.get("aws_access_key_id")
+    secret = options.get("secret") or options.get("password") or client.get("aws_secret_access_key")
+    token = options.get("token") or client.get("aws_session_token")
+    if key is None and secret is None:
+        key, secret = environ.get("AWS_ACCESS_KEY_ID"), environ.get("AWS_SECRET_ACCESS_KEY")
+        token = environ.get("AWS_SESSION_TOKEN")
+    if not isinstance(key, str) or not isinstance(secret, str) or not key or not secret:
+        return None
+    return key, secret, token if isinstance(token, str) and token else None
+
+
+def _proxied(endpoint: str, environ: Mapping[str, str]) -> bool:
+    """A proxy set in the environment for the endpoint's scheme (whatever ``no_proxy``
+    says: the client decides that, through its own rules)."""
+    scheme = endpoint.split(":", 1)[0]
+    names = {f"{scheme}_proxy", "all_proxy"}
+    return any(value and name.lower() in names for name, value in environ.items())
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return DEFAULT_TIMEOUT_S
+
+
+def list_url(endpoint: str, bucket: str, prefix: str, delimiter: str, max_keys: int) -> str:
+    """The url of a ``ListObjectsV2`` page as botocore sends it for an explicit endpoint."""
+    query = (
+        f"list-type=2&prefix={_encode(prefix)}&delimiter={_encode(delimiter)}"
+        f"&max-keys={max_keys}&encoding-type=url"
+    )
+    return f"{endpoint}/{_encode(bucket)}?{query}"
+
+
+def _encode(text: str) -> str:
+    return quote(text, safe="-_.~")
+
+
+def parse_page(body: bytes, bucket: str, prefix: str, max_keys: int) -> dict[str, Any] | None:
+    """A ``ListObjectsV2`` answer as botocore's ``list_objects_v2`` returns it (``Contents``
+    with ``Key``, ``Size``, ``ETag``; ``IsTruncated``; ``NextContinuationToken``), or None
+    when ``body`` is not a page of ``bucket`` and ``prefix`` of at most ``max_keys`` keys."""
+    if len(body) > PAGE_BYTES or b"<!DOCTYPE" in body or b"<!ENTITY" in body:
+        return None  # no document type, no entities: nothing the parser would expand
+    try:
+        root = ElementTree.fromstring(body)
+    except ElementTree.ParseError:
+        return None
+    if _tag(root) != "ListBucketResult":
+        return None
+    fields: dict[str, str] = {}
+    contents: list[dict[str, str]] = []
+    for child in root:
+        name = _tag(child)
+        if name == "Contents":
+            contents.append({_tag(part): part.text or "" for part in child})
+        elif name != "CommonPrefixes":
+            fields[name] = child.text or ""
+    decode = unquote_plus if fields.get("EncodingType") == "url" else _same
+    truncated = fields.get("IsTruncated", "false")
+    if (
+        fields.get("Name") != bucket
+        or decode(fields.get("Prefix", "")) != prefix
+        or truncated not in ("true", "false")
+        or len(contents) > max_keys
+    ):
+        return None
+    found = []
+    for item in contents:
+        key, size = item.get("Key"), item.get("Size", "")
+        if not key or not size.isdigit() or len(size) > 19:
+            return None
+        entry: dict[str, Any] = {"Key": decode(key), "Size": int(size)}
+        if item.get("ETag"):
+            entry["ETag"] = item["ETag"]
+        found.append(entry)
+    page: dict[str, Any] = {"Contents": found, "IsTruncated": truncated == "true"}
+    if fields.get("NextContinuationToken"):
+        page["NextContinuationToken"] = fields["NextContinuationToken"]
+    return page
+
+
+def _tag(element: ElementTree.Element) -> str:
+    return _NAMESPACE.sub("", element.tag)
+
+
+def _same(text: str) -> str:
+    return text
+
+
+async def wait_sent(sent: asyncio.Event) -> None:
+    """Wait until ``sent`` is set, :data:`SEND_WAIT_S` at most."""
+    waiter = asyncio.ensure_future(sent.wait())
+    try:
+        await asyncio.wait([waiter], timeout=SEND_WAIT_S)
+    finally:
+        await cancel_and_wait([waiter])
+
+
+async def list_first_page(
+    listing: EarlyListing,
+    tls: asyncio.Future[ssl.SSLContext] | None,
+    bucket: str,
+    prefix: str,
+    max_keys: int,
+    sent: asyncio.Event,
+) -> dict[str, Any] | None:
+    """The first page of ``bucket/prefix*`` (``/`` as delimiter), or None when it is to be
+    listed through the client (see the module docstring). ``tls``: the context the client
+    will use, for an https endpoint; ``sent`` is set once the request is written (or once
+    this ends without writing it)."""
+    try:
+        return await _list_first_page(listing, tls, bucket, prefix, max_keys, sent)
+    finally:
+        sent.set()
+
+
+async def _list_first_page(
+    listing: EarlyListing,
+    tls: asyncio.Future[ssl.SSLContext] | None,
+    bucket: str,
+    prefix: str,
+    max_keys: int,
+    sent: asyncio.Event,
+) -> dict[str, Any] | None:
+    with contextlib.suppress(Exception):
+        context = None
+        if listing.tls:
+            if tls is None:
+                return None
+            context = await tls
+        url = list_url(listing.endpoint, bucket, prefix, "/", max_keys)
+        headers: dict[str, str] = {}
+        if listing.credentials is not None:
+            headers = SigV4Signer(listing.region, "s3").sign_get(url, {}, *listing.credentials)
+        client = RangeClient(context, listing.connect_timeout_s, listing.read_timeout_s)
+        try:
+            answer = await client.get(url, headers, PAGE_BYTES, 0, sent.set)
+        finally:
+            client.close()
+        if answer.status != 200:
+            return None
+        return parse_page(b"".join(answer.pieces), bucket, prefix, max_keys)
+    return None

@@ -1,0 +1,189 @@
+"""A glob's first listing page sent before the S3 client exists (storage/s3_list.py), against
+the moto server: the page botocore would have listed, sent first, and dropped for the
+client's listing on any answer but a good page."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import streamrec
+from streamrec.errors import ObjectNotFoundError
+from streamrec.format.framing import RecordEncoder
+from streamrec.storage.http_range import RangeClient
+from streamrec.storage.s3 import S3Store
+from streamrec.storage.s3_list import early_listing, list_first_page
+from support.fault_proxy import FaultProxy
+from support.servers import MotoS3Server
+
+KEYS = [
+    "e/a b.tfrecord",
+    "e/a+b.tfrecord",
+    "e/ü-ß.tfrecord",
+    "e/100%.tfrecord",
+    "e/a&b<c>'\".tfrecord",
+    "e/x%2Fy.tfrecord",
+    "e/~tilde.tfrecord",
+]
+PAYLOADS = {key: [key.encode() * (i + 1) for i in range(5)] for key in KEYS}
+
+
+@pytest.fixture
+def tricky(s3_server: MotoS3Server, s3_bucket: str) -> str:
+    for key, payloads in PAYLOADS.items():
+        s3_server.put(s3_bucket, key, RecordEncoder().encode_many(payloads))
+    return s3_bucket
+
+
+@pytest.fixture
+def proxy(s3_server: MotoS3Server) -> Iterator[FaultProxy]:
+    port = int(s3_server.endpoint_url.rsplit(":", 1)[1])
+    with FaultProxy("127.0.0.1", port) as started:
+        yield started
+
+
+def _options(endpoint: str) -> dict[str, Any]:
+    return {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": endpoint}}
+
+
+@pytest.mark.parametrize("max_keys", [3, 1000])
+def test_the_early_page_is_the_page_botocore_lists(
+    tricky: str, s3_server: MotoS3Server, max_keys: int
+) -> None:
+    listing = early_listing(s3_server.storage_options, {})
+    assert listing is not None
+
+    async def both() -> tuple[Any, Any]:
+        early = await list_first_page(listing, None, tricky, "e/", max_keys, asyncio.Event())
+        store = S3Store(s3_server.storage_options)
+        try:
+            client = await store.client()
+            page = await client.list_objects_v2(
+                Bucket=tricky, Prefix="e/", Delimiter="/", MaxKeys=max_keys
+            )
+        finally:
+            await store.close()
+        return early, page
+
+    early, page = asyncio.run(both())
+    assert early is not None
+    assert early["Contents"] == [
+        {"Key": c["Key"], "Size": c["Size"], "ETag": c["ETag"]} for c in page["Contents"]
+    ]
+    assert early["IsTruncated"] == page["IsTruncated"] == (max_keys < len(KEYS))
+    assert early.get("NextContinuationToken") == page.get("NextContinuationToken")
+
+
+def test_a_glob_sends_its_listing_before_the_client_is_made(
+    tricky: str, s3_server: MotoS3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import aiobotocore.session
+
+    events: list[str] = []
+    get, create = RangeClient.get, aiobotocore.session.AioSession._create_client
+
+    async def spying_get(client: RangeClient, url: str, *args: Any, **kwargs: Any) -> Any:
+        events.append("LIST" if "list-type" in url else "GET")
+        return await get(client, url, *args, **kwargs)
+
+    async def spying_create(session: Any, *args: Any, **kwargs: Any) -> Any:
+        events.append("client")
+        return await create(session, *args, **kwargs)
+
+    monkeypatch.setattr(RangeClient, "get", spying_get)
+    monkeypatch.setattr(aiobotocore.session.AioSession, "_create_client", spying_create)
+    url = f"s3://{tricky}/e/*.tfrecord"
+    got = list(iter(streamrec.open_dataset(url, storage_options=s3_server.storage_options)))
+    assert got == [p for key in sorted(KEYS) for p in PAYLOADS[key]]
+    assert events[:3] == ["LIST", "client", "GET"]
+
+
+def _glob(options: dict[str, Any], url: str) -> tuple[list[str], int]:
+    async def run() -> tuple[list[str], int]:
+        store = S3Store(options)
+        try:
+            pages = store.glob_pages(url)
+            assert pages is not None
+            listed = [o.url async for page in pages for o in page]
+            return listed, store.early_pages
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        lambda proxy: proxy.status(503, path="list-type", times=1),
+        lambda proxy: proxy.status(301, path="list-type", times=1),
+        lambda proxy: proxy.truncate_body(40, path="list-type", times=1),
+        lambda proxy: proxy.reset_mid_body(0, path="list-type", times=1),
+        lambda proxy: proxy.status(
+            200, path="list-type", times=1, body=b"<ListBucketResult><Name>x</Name>"
+        ),
+    ],
+)
+def test_an_early_page_refused_or_cut_is_listed_through_the_client(
+    tricky: str, proxy: FaultProxy, fault: Any
+) -> None:
+    url = f"s3://{tricky}/e/*.tfrecord"
+    expected = [f"s3://{tricky}/{key}" for key in sorted(KEYS)]
+    assert _glob(_options(proxy.url), url) == (expected, 1)  # (the fault's path is right)
+    added = fault(proxy)
+    assert _glob(_options(proxy.url), url) == (expected, 0)
+    assert added.fired == 1
+    assert [r.fault for r in proxy.records if "list-type" in r.target][-2:] == [added.kind, None]
+
+
+def test_a_stalled_early_page_is_dropped_for_the_clients_listing(
+    tricky: str, proxy: FaultProxy
+) -> None:
+    options = {**_options(proxy.url), "config_kwargs": {"read_timeout": 0.2}}
+    proxy.stall(30, path="list-type", times=1)
+    listed, early = _glob(options, f"s3://{tricky}/e/*.tfrecord")
+    assert listed == [f"s3://{tricky}/{key}" for key in sorted(KEYS)] and early == 0
+
+
+def test_a_missing_bucket_is_the_clients_error(
+    s3_server: MotoS3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = "s3://no-such-bucket-here/d/*.tfrecord"
+    with pytest.raises(ObjectNotFoundError) as early:
+        list(streamrec.open_dataset(url, storage_options=s3_server.storage_options))
+    monkeypatch.setattr("streamrec.storage.s3.early_listing", lambda options, environ: None)
+    with pytest.raises(ObjectNotFoundError) as late:
+        list(streamrec.open_dataset(url, storage_options=s3_server.storage_options))
+    assert str(early.value) == str(late.value)
+
+
+def test_closing_while_the_early_page_is_out_leaves_nothing_running(
+    tricky: str, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy.stall(30, path="list-type", times=1)
+    get = RangeClient.get
+
+    async def run() -> None:
+        sent = asyncio.Event()
+
+        async def spying_get(client: RangeClient, url: str, *args: Any) -> Any:
+            assert "list-type" in url
+            return await get(client, url, *args[:-1], lambda: (args[-1](), sent.set()))
+
+        monkeypatch.setattr(RangeClient, "get", spying_get)
+        store = S3Store(_options(proxy.url))
+        pages = store.glob_pages(f"s3://{tricky}/e/*.tfrecord")
+        assert pages is not None
+        first = asyncio.ensure_future(pages.__anext__())
+        await sent.wait()  # the early page is out, stalled by the proxy
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await pages.aclose()
+        await store.close()
+        assert {t for t in asyncio.all_tasks() if t is not asyncio.current_task()} == set()
+
+    asyncio.run(run())

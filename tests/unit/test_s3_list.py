@@ -1,0 +1,150 @@
+"""The early listing page's sans-I/O parts (storage/s3_list.py): when it is sent, its url as
+botocore builds it, and the answers it refuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from streamrec.storage.s3_list import EarlyListing, early_listing, list_url, parse_page
+
+ENDPOINT = "http://127.0.0.1:9000"
+BASE = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": ENDPOINT}}
+
+
+def _page(keys: list[tuple[str, str]], **fields: str) -> bytes:
+    values = {"Name": "b", "Prefix": "d%2Fs", "IsTruncated": "false", "EncodingType": "url"}
+    values.update(fields)
+    head = "".join(f"<{k}>{v}</{k}>" for k, v in values.items())
+    items = "".join(
+        f"<Contents><Key>{key}</Key><ETag>&quot;e{i}&quot;</ETag><Size>{size}</Size></Contents>"
+        for i, (key, size) in enumerate(keys)
+    )
+    return (
+        b'<?xml version="1.0" encoding="UTF-8"?>\n'
+        b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+        + (head + items).encode()
+        + b"</ListBucketResult>"
+    )
+
+
+def test_a_page_is_parsed_as_botocore_returns_it() -> None:
+    body = _page(
+        [("d%2Fs+a.tfrecord", "10"), ("d%2Fs%25%2B%C3%BC", "0")],
+        IsTruncated="true",
+        NextContinuationToken="tok+en",
+    )
+    assert parse_page(body, "b", "d/s", 1000) == {
+        "Contents": [
+            {"Key": "d/s a.tfrecord", "Size": 10, "ETag": '"e0"'},
+            {"Key": "d/s%+ü", "Size": 0, "ETag": '"e1"'},
+        ],
+        "IsTruncated": True,
+        "NextContinuationToken": "tok+en",
+    }
+    # without EncodingType the keys are as sent (botocore decodes only what says it is encoded)
+    plain = _page([("d/s+a", "1")], Prefix="d/s", EncodingType="")
+    assert parse_page(plain, "b", "d/s", 10) == {
+        "Contents": [{"Key": "d/s+a", "Size": 1, "ETag": '"e0"'}],
+        "IsTruncated": False,
+    }
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"not xml",
+        b"<Error><Code>AccessDenied</Code></Error>",
+        _page([("d%2Fs1", "1")], Name="other"),  # another bucket's page
+        _page([("d%2Fs1", "1")], Prefix="d%2F"),  # another prefix's
+        _page([("d%2Fs1", "1")], IsTruncated="maybe"),
+        _page([("d%2Fs1", "-1")]),
+        _page([("d%2Fs1", "1e3")]),
+        _page([("d%2Fs1", "9" * 20)]),
+        _page([("", "1")]),
+        _page([("d%2Fs1", "1")] * 4),  # more keys than asked for
+        b'<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "aaaa">]>'
+        b"<ListBucketResult><Name>&a;</Name></ListBucketResult>",
+        _page([("d%2Fs1", "1")]) + b" " * (16 << 20),
+    ],
+)
+def test_anything_but_a_page_of_what_was_asked_is_refused(body: bytes) -> None:
+    assert parse_page(body, "b", "d/s", 3) is None
+
+
+def test_the_url_is_the_one_botocore_sends() -> None:
+    import botocore.session
+
+    class Sent(Exception):
+        pass
+
+    urls: list[str] = []
+
+    def capture(request: Any, **_: Any) -> None:
+        urls.append(request.url)
+        raise Sent
+
+    for endpoint in (ENDPOINT, "https://s3.example.com", "http://[::1]:9000", "http://Host:80"):
+        client = botocore.session.get_session().create_client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="k",
+            aws_secret_access_key="s",
+        )
+        client.meta.events.register("before-send", capture)
+        prefix = "d ir/é+%&=?#~_x-.y/shard-"
+        with pytest.raises(Sent):
+            client.list_objects_v2(Bucket="my.b-1", Prefix=prefix, Delimiter="/", MaxKeys=7)
+        listing = early_listing({**BASE, "client_kwargs": {"endpoint_url": endpoint}}, {})
+        assert listing is not None
+        assert list_url(listing.endpoint, "my.b-1", prefix, "/", 7) == urls[-1]
+
+
+def _listing(options: dict[str, Any], environ: dict[str, str] | None = None) -> Any:
+    return early_listing(options, environ or {})
+
+
+def test_options_that_name_all_the_request_needs() -> None:
+    assert _listing(BASE) == EarlyListing(ENDPOINT, "us-east-1", ("k", "s", None), 60.0, 60.0)
+    assert _listing({**BASE, "token": "t", "endpoint_url": "https://h:1/"}) == EarlyListing(
+        "https://h:1", "us-east-1", ("k", "s", "t"), 60.0, 60.0
+    )
+    from_env = _listing(
+        {"client_kwargs": {"endpoint_url": ENDPOINT, "region_name": "eu-west-1"}},
+        {"AWS_ACCESS_KEY_ID": "ek", "AWS_SECRET_ACCESS_KEY": "es", "AWS_SESSION_TOKEN": "et"},
+    )
+    assert from_env == EarlyListing(ENDPOINT, "eu-west-1", ("ek", "es", "et"), 60.0, 60.0)
+    anonymous = _listing(
+        {"anon": True, "endpoint_url": ENDPOINT, "config_kwargs": {"connect_timeout": 5}},
+        {"AWS_REGION": "ap-south-1"},
+    )
+    assert anonymous == EarlyListing(ENDPOINT, "ap-south-1", None, 5.0, 60.0)
+
+
+@pytest.mark.parametrize(
+    ("options", "environ"),
+    [
+        ({"key": "k", "secret": "s"}, {}),  # no endpoint: botocore's endpoint rules
+        ({**BASE, "requester_pays": True}, {}),
+        ({**BASE, "session": object()}, {}),
+        ({**BASE, "profile": "p"}, {}),
+        ({**BASE, "config_kwargs": {"s3": {"addressing_style": "virtual"}}}, {}),
+        ({**BASE, "config_kwargs": {"proxies": {"http": "http://p:1"}}}, {}),
+        ({**BASE, "client_kwargs": {"endpoint_url": ENDPOINT, "config": object()}}, {}),
+        ({**BASE, "client_kwargs": {"endpoint_url": "http://h:1/path"}}, {}),
+        ({**BASE, "client_kwargs": {"endpoint_url": "ftp://h:1"}}, {}),
+        ({**BASE, "client_kwargs": {"endpoint_url": "http://u:p@h:1"}}, {}),
+        ({**BASE, "client_kwargs": {"endpoint_url": "http://h:port"}}, {}),
+        ({"client_kwargs": {"endpoint_url": ENDPOINT}}, {}),  # credentials: botocore's chain
+        ({"client_kwargs": {"endpoint_url": ENDPOINT}}, {"AWS_ACCESS_KEY_ID": "k"}),
+        (BASE, {"HTTP_PROXY": "http://proxy:3128"}),
+        (BASE, {"all_proxy": "socks5://proxy:1080"}),
+    ],
+)
+def test_options_it_does_not_follow_send_no_early_page(
+    options: dict[str, Any], environ: dict[str, str]
+) -> None:
+    assert _listing(options, environ) is None
