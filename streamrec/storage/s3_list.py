@@ -261,35 +261,25 @@ async def list_first_page(
     will use, for an https endpoint; ``sent`` is set once the request is written (or once
     this ends without writing it)."""
     try:
-        return await _list_first_page(listing, tls, bucket, prefix, max_keys, sent)
+        with contextlib.suppress(Exception):
+            context = None
+            if listing.tls:
+                if tls is None:
+                    return None
+                context = await tls
+            url = list_url(listing.endpoint, bucket, prefix, "/", max_keys)
+            headers: dict[str, str] = {}
+            if listing.credentials is not None:
+                signer = SigV4Signer(listing.region, "s3")
+                headers = signer.sign_get(url, {}, *listing.credentials)
+            client = RangeClient(context, listing.connect_timeout_s, listing.read_timeout_s)
+            try:
+                answer = await client.get(url, headers, PAGE_BYTES, 0, sent.set)
+            finally:
+                client.close()
+            if answer.status != 200:
+                return None
+            return parse_page(b"".join(answer.pieces), bucket, prefix, max_keys)
+        return None
     finally:
         sent.set()
-
-
-async def _list_first_page(
-    listing: EarlyListing,
-    tls: asyncio.Future[ssl.SSLContext] | None,
-    bucket: str,
-    prefix: str,
-    max_keys: int,
-    sent: asyncio.Event,
-) -> dict[str, Any] | None:
-    with contextlib.suppress(Exception):
-        context = None
-        if listing.tls:
-            if tls is None:
-                return None
-            context = await tls
-        url = list_url(listing.endpoint, bucket, prefix, "/", max_keys)
-        headers: dict[str, str] = {}
-        if listing.credentials is not None:
-            headers = SigV4Signer(listing.region, "s3").sign_get(url, {}, *listing.credentials)
-        client = RangeClient(context, listing.connect_timeout_s, listing.read_timeout_s)
-        try:
-            answer = await client.get(url, headers, PAGE_BYTES, 0, sent.set)
-        finally:
-            client.close()
-        if answer.status != 200:
-            return None
-        return parse_page(b"".join(answer.pieces), bucket, prefix, max_keys)
-    return None
