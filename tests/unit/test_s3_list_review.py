@@ -1,0 +1,232 @@
+"""Review of 894dfe0 (storage/s3_list.py): cases where the early page or its request is not
+what botocore's ``list_objects_v2`` would list or send. Each test fails on 894dfe0."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamrec.storage.s3_list import early_listing, list_url, parse_page
+
+ENDPOINT = "http://127.0.0.1:9000"
+BASE = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": ENDPOINT}}
+
+
+class _Raw:
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def stream(self, **_: Any) -> Any:
+        return iter([self._body])
+
+
+def _botocore_page(body: bytes, bucket: str, prefix: str, max_keys: int) -> Any:
+    """What botocore's list_objects_v2 returns for ``body`` (a 200), or the exception it raises."""
+    import botocore.session
+    from botocore.awsrequest import AWSResponse
+
+    client = botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=ENDPOINT,
+        region_name="us-east-1",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+    )
+
+    def answer(request: Any, **_: Any) -> Any:
+        return AWSResponse(request.url, 200, {"Content-Type": "application/xml"}, _Raw(body))
+
+    client.meta.events.register("before-send", answer)
+    try:
+        return client.list_objects_v2(
+            Bucket=bucket, Prefix=prefix, Delimiter="/", MaxKeys=max_keys
+        )
+    except Exception as exc:  # what the user would see (through the client)
+        return exc
+
+
+def _simplified(page: Any) -> Any:
+    if isinstance(page, Exception) or page is None:
+        return type(page).__name__
+    return (
+        [(c.get("Key"), c.get("Size"), c.get("ETag") or None) for c in page.get("Contents", [])],
+        bool(page.get("IsTruncated")),
+        page.get("NextContinuationToken") or None,
+    )
+
+
+_NS = b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+_ITEM = b"<Contents><Key>%s</Key><ETag>&quot;e&quot;</ETag><Size>1</Size></Contents>"
+
+ADVERSARIAL = {
+    # IsTruncated twice: the early page takes the last, botocore's parser a list (-> False)
+    "duplicate IsTruncated": b"<?xml version='1.0' encoding='UTF-8'?>"
+    + _NS
+    + b"<Name>b</Name><Prefix>d%2F</Prefix><EncodingType>url</EncodingType>"
+    + b"<IsTruncated>false</IsTruncated><IsTruncated>true</IsTruncated>"
+    + b"<NextContinuationToken>t</NextContinuationToken>"
+    + _ITEM % b"d%2Fa"
+    + b"</ListBucketResult>",
+    # EncodingType twice: the early page decodes the keys, botocore does not
+    "duplicate EncodingType": b"<?xml version='1.0' encoding='UTF-8'?>"
+    + _NS
+    + b"<Name>b</Name><Prefix>d/</Prefix><EncodingType>x</EncodingType>"
+    + b"<EncodingType>url</EncodingType><IsTruncated>false</IsTruncated>"
+    + _ITEM % b"d/a%20b"
+    + b"</ListBucketResult>",
+    # a declared encoding: botocore parses every body as UTF-8 (XMLParser(encoding='utf-8')),
+    # ElementTree.fromstring follows the declaration
+    "latin-1 declaration": b"<?xml version='1.0' encoding='ISO-8859-1'?>"
+    + _NS
+    + b"<Name>b</Name><Prefix>d/</Prefix><IsTruncated>false</IsTruncated>"
+    + _ITEM % "d/\u00e9".encode()
+    + b"</ListBucketResult>",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
+def test_a_page_the_early_path_accepts_is_the_page_botocore_returns(name: str) -> None:
+    body = ADVERSARIAL[name]
+    early = parse_page(body, "b", "d/", 10)
+    if early is None:
+        return  # refused: listed through the client, as before
+    assert _simplified(early) == _simplified(_botocore_page(body, "b", "d/", 10))
+
+
+def test_a_utf16_body_gets_past_the_doctype_and_entity_guard() -> None:
+    """parse_page refuses ``<!DOCTYPE``/``<!ENTITY`` by a byte search, which a UTF-16 body
+    (parsed by ElementTree.fromstring, which follows its BOM/declaration) does not contain:
+    the entities are expanded (up to expat's amplification limit: 100x the body beyond
+    8 MiB, i.e. ~1.6 GB for a 16 MiB body). botocore parses as UTF-8 and refuses it."""
+    text = (
+        '<?xml version="1.0" encoding="UTF-16"?>'
+        '<!DOCTYPE x [<!ENTITY n "b"><!ENTITY k "d/a">]>'
+        '<ListBucketResult><Name>&n;</Name><Prefix>d/</Prefix>'
+        "<IsTruncated>false</IsTruncated>"
+        "<Contents><Key>&k;</Key><Size>1</Size></Contents></ListBucketResult>"
+    )
+    body = text.encode("utf-16")
+    assert b"<!DOCTYPE" not in body and b"<!ENTITY" not in body
+    assert parse_page(body, "b", "d/", 10) is None
+
+
+def test_the_early_timeouts_are_the_clients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """s3fs gives the client connect_timeout=5, read_timeout=15 unless config_kwargs say
+    otherwise; the early page waits 60 s (x2 for the read: checked every read_timeout) on a
+    blackholed or stalled endpoint before the client's listing even starts."""
+    from streamrec.storage.s3 import S3Store
+
+    store = S3Store(BASE)
+    listing = store._early_listing
+    assert listing is not None
+    config = store.fs._prepare_config_kwargs()
+    assert (listing.connect_timeout_s, listing.read_timeout_s) == (
+        config["connect_timeout"],
+        config["read_timeout"],
+    )
+
+
+def _botocore_url(endpoint: str) -> str:
+    import botocore.session
+
+    class Sent(Exception):
+        pass
+
+    urls: list[str] = []
+
+    def capture(request: Any, **_: Any) -> None:
+        urls.append(request.url)
+        raise Sent
+
+    client = botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+    )
+    client.meta.events.register("before-send", capture)
+    with pytest.raises(Sent):
+        client.list_objects_v2(Bucket="my-bucket", Prefix="d/s", Delimiter="/", MaxKeys=7)
+    return urls[-1]
+
+
+def test_a_config_file_addressing_style_is_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``~/.aws/config`` (or AWS_CONFIG_FILE) ``s3 = addressing_style = virtual``: botocore
+    sends the LIST to ``my-bucket.<endpoint host>``, the early page to ``<endpoint
+    host>/my-bucket`` - another host answering for the same bucket name."""
+    config = tmp_path / "config"
+    config.write_text("[default]\ns3 =\n    addressing_style = virtual\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    endpoint = "https://s3.example.com"
+    sent = _botocore_url(endpoint)
+    assert sent.startswith("https://my-bucket.s3.example.com/")  # botocore: virtual-hosted
+    options = {**BASE, "client_kwargs": {"endpoint_url": endpoint}}
+    listing = early_listing(options, os.environ)
+    assert listing is None or list_url(listing.endpoint, "my-bucket", "d/s", "/", 7) == sent
+
+
+def test_the_early_tls_context_verifies_as_the_client_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AWS_CA_BUNDLE (or a config file's ca_bundle) is the client's ``verify``; the early
+    page's context is built for ``verify=True`` (fs.session is still None when
+    S3Store._list_early resolves it): the system/certifi CAs, not the bundle the user pinned."""
+    import certifi
+
+    import streamrec.storage.s3 as s3
+    from streamrec._portal import cancel_and_wait
+
+    bundle = tmp_path / "ca.pem"
+    bundle.write_bytes(Path(certifi.where()).read_bytes())
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+    seen: list[Any] = []
+    real = s3.start_tls_context
+
+    def spying(fs: Any) -> Any:
+        seen.append(real(fs))
+        return seen[-1]
+
+    monkeypatch.setattr(s3, "start_tls_context", spying)
+
+    async def run() -> None:
+        store = s3.S3Store({**BASE, "client_kwargs": {"endpoint_url": "https://127.0.0.1:9"}})
+        early = store._list_early("b", "d/", asyncio.Event())
+        assert early is not None
+        await cancel_and_wait([early])
+
+    asyncio.run(run())
+    assert seen and seen[0] is not None
+    assert seen[0][0] == str(bundle)
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        {"anon": True},  # s3fs then sends unsigned; the early page signs with key/secret
+        {"profile": "other"},  # the profile's settings (addressing style, credentials...)
+    ],
+)
+def test_fsspec_config_options_are_seen(conf: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsspec's config (FSSPEC_S3_* env vars, ~/.config/fsspec/*.json) adds defaults to the
+    S3FileSystem's kwargs (fsspec.config.apply_config in _Cached.__call__); early_listing
+    only looks at the storage_options S3Store was given."""
+    import fsspec.config
+
+    from streamrec.storage.s3 import S3Store
+
+    monkeypatch.setitem(fsspec.config.conf, "s3", conf)
+    store = S3Store(BASE)
+    for name, value in conf.items():
+        assert getattr(store.fs, name, None) == value or store.fs.kwargs.get(name) == value
+    listing = store._early_listing
+    if "anon" in conf:
+        assert listing is None or listing.credentials is None
+    else:
+        assert listing is None
