@@ -66,8 +66,6 @@ class S3Store(FsspecStore):
         import s3fs
 
         options = dict(storage_options or {})
-        self._early_listing = early_listing(options, os.environ)
-        self.early_pages = 0  # first pages listed before the client was made (for tests)
         config = dict(options.pop("config_kwargs", None) or {})
         # botocore: total_max_attempts counts the first try (its max_attempts counts retries)
         config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
@@ -76,6 +74,10 @@ class S3Store(FsspecStore):
         options.setdefault("skip_instance_cache", True)
         fs = s3fs.S3FileSystem(asynchronous=True, config_kwargs=config, **options)
         fs.retries = 1  # listing too: the retry policy is ours
+        # (from the filesystem's options: the caller's with fsspec's configured defaults)
+        timeouts = (float(fs.connect_timeout), float(fs.read_timeout))
+        self._early_listing = early_listing(fs.storage_options, os.environ, timeouts)
+        self.early_pages = 0  # first pages listed before the client was made (for tests)
         super().__init__(fs)
         self._session_ready = False
         self._getter = RangeGetter()  # signed range GETs (storage/s3_get.py)

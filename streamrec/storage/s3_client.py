@@ -200,6 +200,8 @@ def _verify_of(client_kwargs: dict[str, Any] | None, session: Any) -> Any:
     verify = (client_kwargs or {}).get("verify")
     if verify is None and session is not None:
         verify = session.get_config_variable("ca_bundle")
+    elif verify is None:  # (no session yet: its ca_bundle as read from the environment)
+        verify = os.environ.get("AWS_CA_BUNDLE")
     if verify is None:
         verify = os.environ.get("REQUESTS_CA_BUNDLE", True)
     return verify

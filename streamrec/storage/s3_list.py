@@ -6,24 +6,31 @@ record waits for a LIST and then a GET. Where the store's options name everythin
 needs, its first page is sent at once, on a connection of its own, signed here
 (:mod:`streamrec.storage.sigv4`), and the client is created during its round trip.
 
-When: an explicit ``endpoint_url`` (botocore addresses every bucket path-style on one, so the
-url is known without its endpoint rules), credentials in the options, the environment
-(``AWS_ACCESS_KEY_ID``...) or ``anon``, and no option this request would have to follow
-(proxies, requester pays, addressing or signing settings, a session of the user's, options
-not known here): :func:`early_listing` says.
+When: the filesystem's options (the caller's, with fsspec's configured defaults) name an
+explicit ``endpoint_url`` (botocore addresses every bucket path-style on one, so the url is
+known without its endpoint rules), credentials (the options, the environment's
+``AWS_ACCESS_KEY_ID``...) or ``anon``, and nothing this request would have to follow: proxies,
+requester pays, addressing, signing or client settings, a session or profile, options not
+known here; nor does the environment or the AWS config file (virtual-hosted, accelerated,
+FIPS or dual-stack addressing, a CA bundle): :func:`early_listing` says. The request waits
+no longer than the client's would (its connect timeout; its read timeout, checked every half
+of it).
 
 What it can change: nothing but the time. Only a well-formed ``200`` page of the bucket and
 prefix asked for is used; anything else (an error status, a redirect, a chunked or oversized
 body, XML that is not ``ListObjectsV2``'s, a failed connection, a timeout) is dropped and the
-page is listed through the client as before, whose errors the caller sees. A 200 page is the
-listing whichever identity or region signed it. The page is parsed as botocore parses it
-(keys url-decoded when the answer says ``EncodingType`` ``url``, as botocore's handler does).
+page is listed through the client as before, whose errors the caller sees. It is signed
+with the credentials the client would use (the options', else the environment's: botocore's
+chain looks there first); a 200 page is the listing whichever region signed it. The page is
+parsed as botocore parses it (UTF-8; keys url-decoded when the answer says ``EncodingType``
+``url``, as botocore's handler does; a field twice, which botocore makes a list of, refused).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import ssl
 from collections.abc import Mapping
@@ -47,7 +54,8 @@ __all__ = [
 
 PAGE_BYTES = 16 << 20
 """Most bytes of a page's body (1,000 keys of at most 1,024 bytes, url-encoded: ~10 MB)."""
-DEFAULT_TIMEOUT_S = 60.0  # botocore's connect and read timeouts
+_CONFIG_BYTES = 1 << 20  # a longer AWS config file is not looked into: no early page
+_CONFIG_WORDS = (b"addressing_style", b"accelerate", b"fips", b"dualstack", b"ca_bundle")
 SEND_WAIT_S = 0.25
 """Longest the caller waits for the early page to go out before it makes its client: the
 client's creation (CPU, in the loop's thread) would hold back the request's write, and a
@@ -82,6 +90,7 @@ _CLIENT_OPTIONS = frozenset(
 )
 _CONFIG_OPTIONS = frozenset({"retries", "max_pool_connections", "connect_timeout", "read_timeout"})
 _NAMESPACE = re.compile(r"^\{[^}]*\}")
+_LISTS = frozenset({"Contents", "CommonPrefixes"})  # the elements a page repeats
 
 
 @dataclass(frozen=True)
@@ -100,9 +109,16 @@ class EarlyListing:
         return self.endpoint.startswith("https:")
 
 
-def early_listing(options: Mapping[str, Any], environ: Mapping[str, str]) -> EarlyListing | None:
-    """The early page's request for a store of ``options`` (s3fs's), or None when the options
-    ask for anything it does not follow (see the module docstring)."""
+def early_listing(
+    options: Mapping[str, Any],
+    environ: Mapping[str, str],
+    default_timeouts_s: tuple[float, float] = (5.0, 15.0),
+) -> EarlyListing | None:
+    """The early page's request for a filesystem of ``options`` (an ``S3FileSystem``'s
+    ``storage_options``: the caller's with fsspec's configured defaults), or None when they
+    or the environment ask for anything it does not follow (see the module docstring).
+    ``default_timeouts_s``: the client's connect and read timeouts where ``config_kwargs``
+    name none (s3fs's own defaults)."""
     client = options.get("client_kwargs") or {}
     config = options.get("config_kwargs") or {}
     if (
@@ -128,36 +144,66 @@ def early_listing(options: Mapping[str, Any], environ: Mapping[str, str]) -> Ear
         or split.path not in ("", "/")
         or split.query
         or split.fragment
+        or "s3-accelerate" in split.hostname  # botocore: virtual-hosted on these
         or _proxied(endpoint, environ)
+        or _addressed_elsewhere(environ)
     ):
         return None
     credentials = _credentials(options, client, environ)
     if credentials is None and not options.get("anon"):
         return None  # botocore's chain finds them (profiles, SSO, instance roles...)
-    region = client.get("region_name") or environ.get("AWS_REGION")
-    region = region or environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    region = client.get("region_name") or environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     del port  # (read for its check: a port that is not a number raises)
+    connect_s, read_s = default_timeouts_s
     return EarlyListing(
         f"{split.scheme}://{split.netloc}",
         str(region),
         None if options.get("anon") else credentials,
-        _seconds(config.get("connect_timeout")),
-        _seconds(config.get("read_timeout")),
+        _seconds(config.get("connect_timeout"), connect_s),
+        _seconds(config.get("read_timeout"), read_s),
     )
 
 
 def _credentials(
     options: Mapping[str, Any], client: Mapping[str, Any], environ: Mapping[str, str]
 ) -> tuple[str, str, str | None] | None:
-    key = options.get("key") or options.get("username") or client.get("aws_access_key_id")
-    secret = options.get("secret") or options.get("password") or client.get("aws_secret_access_key")
-    token = options.get("token") or client.get("aws_session_token")
+    key = _first(options.get("key"), options.get("username"), client.get("aws_access_key_id"))
+    secret = _first(
+        options.get("secret"), options.get("password"), client.get("aws_secret_access_key")
+    )
+    token = _first(options.get("token"), client.get("aws_session_token"))
     if key is None and secret is None:
         key, secret = environ.get("AWS_ACCESS_KEY_ID"), environ.get("AWS_SECRET_ACCESS_KEY")
         token = environ.get("AWS_SESSION_TOKEN")
     if not isinstance(key, str) or not isinstance(secret, str) or not key or not secret:
         return None
     return key, secret, token if isinstance(token, str) and token else None
+
+
+def _first(*values: Any) -> Any:
+    """The first value given (not None: an empty string is given, as s3fs passes it on)."""
+    return next((value for value in values if value is not None), None)
+
+
+def _addressed_elsewhere(environ: Mapping[str, str]) -> bool:
+    """Settings of the environment or the AWS config file that change botocore's url or its
+    TLS trust for an explicit endpoint (virtual-hosted or accelerated addressing, FIPS or
+    dual-stack endpoints, a CA bundle): looked for by name in the file's text, whichever
+    profile they are in (a file that cannot be read: as if it said so)."""
+    if any(
+        environ.get(name, "").lower() in ("true", "1")
+        for name in ("AWS_USE_FIPS_ENDPOINT", "AWS_USE_DUALSTACK_ENDPOINT")
+    ):
+        return True
+    path = environ.get("AWS_CONFIG_FILE") or os.path.join("~", ".aws", "config")
+    try:
+        with open(os.path.expanduser(path), "rb") as file:
+            text = file.read(_CONFIG_BYTES + 1).lower()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return len(text) > _CONFIG_BYTES or any(word in text for word in _CONFIG_WORDS)
 
 
 def _proxied(endpoint: str, environ: Mapping[str, str]) -> bool:
@@ -168,10 +214,10 @@ def _proxied(endpoint: str, environ: Mapping[str, str]) -> bool:
     return any(value and name.lower() in names for name, value in environ.items())
 
 
-def _seconds(value: Any) -> float:
+def _seconds(value: Any, default_s: float) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
         return float(value)
-    return DEFAULT_TIMEOUT_S
+    return default_s
 
 
 def list_url(endpoint: str, bucket: str, prefix: str, delimiter: str, max_keys: int) -> str:
@@ -191,22 +237,27 @@ def parse_page(body: bytes, bucket: str, prefix: str, max_keys: int) -> dict[str
     """A ``ListObjectsV2`` answer as botocore's ``list_objects_v2`` returns it (``Contents``
     with ``Key``, ``Size``, ``ETag``; ``IsTruncated``; ``NextContinuationToken``), or None
     when ``body`` is not a page of ``bucket`` and ``prefix`` of at most ``max_keys`` keys."""
-    if len(body) > PAGE_BYTES or b"<!DOCTYPE" in body or b"<!ENTITY" in body:
+    if (
+        len(body) > PAGE_BYTES
+        or b"<!DOCTYPE" in body
+        or b"<!ENTITY" in body
+        or b"\0" in body  # (UTF-16 or -32: the byte checks would not see what is parsed)
+    ):
         return None  # no document type, no entities: nothing the parser would expand
+    # as botocore parses: UTF-8 whatever the document declares, and no document type
+    parser = ElementTree.XMLParser(target=_NoDocumentType(), encoding="utf-8")
     try:
-        root = ElementTree.fromstring(body)
+        parser.feed(body)
+        root = parser.close()
     except ElementTree.ParseError:
         return None
     if _tag(root) != "ListBucketResult":
         return None
-    fields: dict[str, str] = {}
-    contents: list[dict[str, str]] = []
-    for child in root:
-        name = _tag(child)
-        if name == "Contents":
-            contents.append({_tag(part): part.text or "" for part in child})
-        elif name != "CommonPrefixes":
-            fields[name] = child.text or ""
+    fields = _fields([child for child in root if _tag(child) not in _LISTS])
+    items = [_fields(list(item)) for item in root if _tag(item) == "Contents"]
+    contents = [item for item in items if item is not None]
+    if fields is None or len(contents) != len(items):
+        return None  # a field twice: botocore makes a list of it (no page of ours)
     decode = unquote_plus if fields.get("EncodingType") == "url" else _same
     truncated = fields.get("IsTruncated", "false")
     if (
@@ -229,6 +280,17 @@ def parse_page(body: bytes, bucket: str, prefix: str, max_keys: int) -> dict[str
     if fields.get("NextContinuationToken"):
         page["NextContinuationToken"] = fields["NextContinuationToken"]
     return page
+
+
+class _NoDocumentType(ElementTree.TreeBuilder):
+    def doctype(self, name: str, pubid: str, system: str) -> None:
+        raise ElementTree.ParseError(f"a document type ({name}) in a listing")
+
+
+def _fields(elements: list[ElementTree.Element]) -> dict[str, str] | None:
+    """The text of each element by its tag, None if a tag comes twice."""
+    fields = {_tag(element): element.text or "" for element in elements}
+    return fields if len(fields) == len(elements) else None
 
 
 def _tag(element: ElementTree.Element) -> str:
@@ -272,7 +334,9 @@ async def list_first_page(
             if listing.credentials is not None:
                 signer = SigV4Signer(listing.region, "s3")
                 headers = signer.sign_get(url, {}, *listing.credentials)
-            client = RangeClient(context, listing.connect_timeout_s, listing.read_timeout_s)
+            # its read timeout is checked every half of the client's, so that a stall is
+            # given up on within the client's (http_range checks every read_timeout_s)
+            client = RangeClient(context, listing.connect_timeout_s, listing.read_timeout_s / 2)
             try:
                 answer = await client.get(url, headers, PAGE_BYTES, 0, sent.set)
             finally:

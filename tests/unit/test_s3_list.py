@@ -68,6 +68,9 @@ def test_a_page_is_parsed_as_botocore_returns_it() -> None:
         b'<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "aaaa">]>'
         b"<ListBucketResult><Name>&a;</Name></ListBucketResult>",
         _page([("d%2Fs1", "1")]) + b" " * (16 << 20),
+        _page([("d%2Fs1", "1")]).replace(b"</Key>", b"</Key><Key>d%2Fs2</Key>"),  # Key twice
+        _page([("d%2Fs1", "1")], Name="b</Name><Name>b"),  # a field twice
+        _page([("d%2Fs1", "1")]).decode().encode("utf-16-le"),  # no BOM, no declaration seen
     ],
 )
 def test_anything_but_a_page_of_what_was_asked_is_refused(body: bytes) -> None:
@@ -108,20 +111,21 @@ def _listing(options: dict[str, Any], environ: dict[str, str] | None = None) -> 
 
 
 def test_options_that_name_all_the_request_needs() -> None:
-    assert _listing(BASE) == EarlyListing(ENDPOINT, "us-east-1", ("k", "s", None), 60.0, 60.0)
+    # (s3fs's timeouts where the options name none: connect 5 s, read 15 s)
+    assert _listing(BASE) == EarlyListing(ENDPOINT, "us-east-1", ("k", "s", None), 5.0, 15.0)
     assert _listing({**BASE, "token": "t", "endpoint_url": "https://h:1/"}) == EarlyListing(
-        "https://h:1", "us-east-1", ("k", "s", "t"), 60.0, 60.0
+        "https://h:1", "us-east-1", ("k", "s", "t"), 5.0, 15.0
     )
     from_env = _listing(
         {"client_kwargs": {"endpoint_url": ENDPOINT, "region_name": "eu-west-1"}},
         {"AWS_ACCESS_KEY_ID": "ek", "AWS_SECRET_ACCESS_KEY": "es", "AWS_SESSION_TOKEN": "et"},
     )
-    assert from_env == EarlyListing(ENDPOINT, "eu-west-1", ("ek", "es", "et"), 60.0, 60.0)
+    assert from_env == EarlyListing(ENDPOINT, "eu-west-1", ("ek", "es", "et"), 5.0, 15.0)
     anonymous = _listing(
-        {"anon": True, "endpoint_url": ENDPOINT, "config_kwargs": {"connect_timeout": 5}},
-        {"AWS_REGION": "ap-south-1"},
+        {"anon": True, "endpoint_url": ENDPOINT, "config_kwargs": {"connect_timeout": 2}},
+        {"AWS_DEFAULT_REGION": "ap-south-1", "AWS_REGION": "botocore-ignores-this"},
     )
-    assert anonymous == EarlyListing(ENDPOINT, "ap-south-1", None, 5.0, 60.0)
+    assert anonymous == EarlyListing(ENDPOINT, "ap-south-1", None, 2.0, 15.0)
 
 
 @pytest.mark.parametrize(
@@ -140,6 +144,10 @@ def test_options_that_name_all_the_request_needs() -> None:
         ({**BASE, "client_kwargs": {"endpoint_url": "http://h:port"}}, {}),
         ({"client_kwargs": {"endpoint_url": ENDPOINT}}, {}),  # credentials: botocore's chain
         ({"client_kwargs": {"endpoint_url": ENDPOINT}}, {"AWS_ACCESS_KEY_ID": "k"}),
+        ({**BASE, "endpoint_url": "https://s3-accelerate.amazonaws.com"}, {}),
+        (BASE, {"AWS_USE_FIPS_ENDPOINT": "true"}),
+        (BASE, {"AWS_USE_DUALSTACK_ENDPOINT": "true"}),
+        (BASE, {"AWS_CONFIG_FILE": "/"}),  # a config file that cannot be read
         (BASE, {"HTTP_PROXY": "http://proxy:3128"}),
         (BASE, {"all_proxy": "socks5://proxy:1080"}),
     ],

@@ -1,5 +1,6 @@
-"""Review of 894dfe0 (storage/s3_list.py): cases where the early page or its request is not
-what botocore's ``list_objects_v2`` would list or send. Each test fails on 894dfe0."""
+"""The early listing page (storage/s3_list.py) against botocore itself: pages its own parser
+returns, the settings that change its url, timeouts or TLS trust (from the adversarial review
+of the first version, each of which failed on it)."""
 
 from __future__ import annotations
 
@@ -42,9 +43,7 @@ def _botocore_page(body: bytes, bucket: str, prefix: str, max_keys: int) -> Any:
 
     client.meta.events.register("before-send", answer)
     try:
-        return client.list_objects_v2(
-            Bucket=bucket, Prefix=prefix, Delimiter="/", MaxKeys=max_keys
-        )
+        return client.list_objects_v2(Bucket=bucket, Prefix=prefix, Delimiter="/", MaxKeys=max_keys)
     except Exception as exc:  # what the user would see (through the client)
         return exc
 
@@ -105,7 +104,7 @@ def test_a_utf16_body_gets_past_the_doctype_and_entity_guard() -> None:
     text = (
         '<?xml version="1.0" encoding="UTF-16"?>'
         '<!DOCTYPE x [<!ENTITY n "b"><!ENTITY k "d/a">]>'
-        '<ListBucketResult><Name>&n;</Name><Prefix>d/</Prefix>'
+        "<ListBucketResult><Name>&n;</Name><Prefix>d/</Prefix>"
         "<IsTruncated>false</IsTruncated>"
         "<Contents><Key>&k;</Key><Size>1</Size></Contents></ListBucketResult>"
     )
@@ -213,7 +212,9 @@ def test_the_early_tls_context_verifies_as_the_client_does(
         {"profile": "other"},  # the profile's settings (addressing style, credentials...)
     ],
 )
-def test_fsspec_config_options_are_seen(conf: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fsspec_config_options_are_seen(
+    conf: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """fsspec's config (FSSPEC_S3_* env vars, ~/.config/fsspec/*.json) adds defaults to the
     S3FileSystem's kwargs (fsspec.config.apply_config in _Cached.__call__); early_listing
     only looks at the storage_options S3Store was given."""
