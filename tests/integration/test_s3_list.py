@@ -5,6 +5,7 @@ client's listing on any answer but a good page."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,7 +54,7 @@ def _options(endpoint: str) -> dict[str, Any]:
 def test_the_early_page_is_the_page_botocore_lists(
     tricky: str, s3_server: MotoS3Server, max_keys: int
 ) -> None:
-    listing = early_listing(s3_server.storage_options, {})
+    listing = early_listing(s3_server.storage_options, os.environ)
     assert listing is not None
 
     async def both() -> tuple[Any, Any]:

@@ -42,7 +42,15 @@ os.environ["AWS_ACCESS_KEY_ID"] = "testing"
 os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"
 os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
-for _name in ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+# nor the machine's AWS config files, nor settings that change botocore's urls or TLS trust
+# (they would also turn off the early listing page the tests expect: storage/s3_list.py)
+os.environ["AWS_CONFIG_FILE"] = os.path.join(os.sep, "nonexistent", "streamrec-tests", "config")
+os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.environ["AWS_CONFIG_FILE"] + "-credentials"
+for _name in (
+    *("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"),
+    *("AWS_CA_BUNDLE", "AWS_USE_FIPS_ENDPOINT", "AWS_USE_DUALSTACK_ENDPOINT", "AWS_ENDPOINT_URL"),
+    "AWS_ENDPOINT_URL_S3",
+):
     os.environ.pop(_name, None)
 
 import sys  # noqa: E402

@@ -3,6 +3,7 @@ botocore builds it, and the answers it refuses."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from streamrec.storage.s3_list import EarlyListing, early_listing, list_url, parse_page
 
 ENDPOINT = "http://127.0.0.1:9000"
+NO_CONFIG = {"AWS_CONFIG_FILE": os.path.join(os.sep, "nonexistent", "aws-config")}
 BASE = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": ENDPOINT}}
 
 
@@ -101,13 +103,13 @@ def test_the_url_is_the_one_botocore_sends() -> None:
         prefix = "d ir/é+%&=?#~_x-.y/shard-"
         with pytest.raises(Sent):
             client.list_objects_v2(Bucket="my.b-1", Prefix=prefix, Delimiter="/", MaxKeys=7)
-        listing = early_listing({**BASE, "client_kwargs": {"endpoint_url": endpoint}}, {})
+        listing = early_listing({**BASE, "client_kwargs": {"endpoint_url": endpoint}}, NO_CONFIG)
         assert listing is not None
         assert list_url(listing.endpoint, "my.b-1", prefix, "/", 7) == urls[-1]
 
 
 def _listing(options: dict[str, Any], environ: dict[str, str] | None = None) -> Any:
-    return early_listing(options, environ or {})
+    return early_listing(options, {**NO_CONFIG, **(environ or {})})
 
 
 def test_options_that_name_all_the_request_needs() -> None:
@@ -156,3 +158,16 @@ def test_options_it_does_not_follow_send_no_early_page(
     options: dict[str, Any], environ: dict[str, str]
 ) -> None:
     assert _listing(options, environ) is None
+
+
+def test_a_config_file_is_looked_into_for_what_changes_the_url(tmp_path: Any) -> None:
+    config = tmp_path / "config"
+    config.write_text("[default]\nregion = eu-west-1\noutput = json\n")
+    assert _listing(BASE, {"AWS_CONFIG_FILE": str(config)}) is not None
+    for setting in (
+        "s3 =\n  addressing_style = virtual",
+        "ca_bundle = /x.pem",
+        "use_fips_endpoint = true",
+    ):
+        config.write_text(f"[profile other]\n{setting}\n")
+        assert _listing(BASE, {"AWS_CONFIG_FILE": str(config)}) is None, setting
