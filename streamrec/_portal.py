@@ -196,8 +196,9 @@ def iterate_ahead(
     """:func:`iterate_blocking` with the generator running ahead of the consumer.
 
     A task in the background loop pulls items and leaves them for the consumer's thread,
-    pausing while ``max_waiting`` items wait; the consumer takes every waiting item at once
-    (so at most ``2 * max_waiting`` are alive: those it took and those made meanwhile).
+    pausing while ``max_waiting`` items wait besides the one in the consumer's hand (an item
+    left for a consumer that was waiting, holding none, is in its hand: the pump goes on), so
+    at most ``max_waiting + 1`` are alive; the consumer takes them one at a time.
     A hand-over is then a lock and a list, not a coroutine sent into the loop and an event
     waited for: two threads that each wake the other for every item spend more on the
     switches than on the item (a quarter of the CPU of a plain ``for`` over 1 MiB pieces).
@@ -267,10 +268,14 @@ class _Handover(Generic[T]):
                     if self._closing:
                         break
                     self._items.append(item)
-                    space = None
-                    if len(self._items) >= self._max_waiting:
-                        space = self._space = self._loop.create_future()
+                    # an item handed to a waiting consumer (which holds none) is not one
+                    # waiting: the next is made while the consumer wakes up (pausing at once
+                    # stalled every hand-over on that wake-up)
+                    handed = self._consumer_waiting
                     self._signal()
+                    space = None
+                    if len(self._items) - handed >= self._max_waiting:
+                        space = self._space = self._loop.create_future()
                 del item
                 if space is not None:
                     await space
@@ -295,12 +300,15 @@ class _Handover(Generic[T]):
             self._wake.release()
 
     def take(self) -> list[T] | None:
-        """Every item waiting (blocking until there is one); None at the end."""
+        """The first item waiting, as a list of one (blocking until there is one); None at
+        the end. The pump goes on once fewer than ``max_waiting`` wait."""
         while True:
             with self._mutex:
                 if self._items:
-                    batch, self._items = self._items, []
-                    space, self._space = self._space, None
+                    batch = [self._items.pop(0)]
+                    space = None
+                    if len(self._items) < self._max_waiting:
+                        space, self._space = self._space, None
                     break
                 if self._ended:
                     error, self._error = self._error, None

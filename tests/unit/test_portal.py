@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from streamrec._portal import iterate_ahead
+from streamrec._portal import EventLoopThread, _Handover, iterate_ahead
 
 
 def new_threads(before: set[threading.Thread]) -> set[threading.Thread]:
@@ -26,22 +26,56 @@ def new_threads(before: set[threading.Thread]) -> set[threading.Thread]:
 def test_the_generator_runs_ahead_by_at_most_max_waiting_items(max_waiting: int) -> None:
     consumed = [0]
     outstanding: list[int] = []  # when item i is made: items made before it and not consumed
+    alive = [0, 0]  # items alive now, most ever
 
-    async def items() -> AsyncIterator[int]:
+    class Item:
+        def __init__(self, i: int) -> None:
+            self.i = i
+            alive[0] += 1
+            alive[1] = max(alive)
+
+        def __del__(self) -> None:
+            alive[0] -= 1
+
+    async def items() -> AsyncIterator[Item]:
         for i in range(200):
             outstanding.append(i - consumed[0])
-            yield i
+            yield Item(i)
 
     got = []
     for item in iterate_ahead(items, max_waiting=max_waiting):
-        got.append(item)
+        got.append(item.i)
         time.sleep(0.0005)  # the consumer's work: the generator is free to run ahead
         consumed[0] += 1
+        del item
     assert got == list(range(200))
-    # the consumer takes every waiting item at each hand-over: up to max_waiting in its hand
-    # and, while it works through them, max_waiting more made (this one the last of them)
-    assert max(outstanding) <= 2 * max_waiting - 1
-    assert max(outstanding) == 2 * max_waiting - 1  # and it does run ahead, as far as allowed
+    # max_waiting waiting besides the one in the consumer's hand (the next being made)
+    assert max(outstanding) == max_waiting  # it does run ahead, as far as allowed
+    assert alive[1] <= max_waiting + 2  # (+ the one being made, not yet handed over)
+
+
+def test_an_item_left_for_a_waiting_consumer_does_not_pause_the_generator() -> None:
+    portal = EventLoopThread()
+    handover: _Handover[int] = _Handover(portal, 1)
+    left: list[int] = []  # when item i is made: the items left, not yet taken
+
+    async def items() -> AsyncIterator[int]:
+        while not handover._consumer_waiting:  # the consumer waits (holding no item)
+            await asyncio.sleep(0)
+        for i in range(3):
+            left.append(len(handover._items))
+            yield i
+
+    try:
+        portal.call(handover.start(items))
+        got = [handover.take(), handover.take(), handover.take()]
+        portal.call(handover.stop())
+    finally:
+        portal.close()
+    assert got == [[0], [1], [2]]
+    # item 1 was made while item 0 waited for its consumer to wake up (a pump that paused on
+    # every item handed over would have waited until item 0 was taken: left [0, 0, ...])
+    assert left[:2] == [0, 1]
 
 
 def test_items_before_an_error_arrive_then_the_error() -> None:
