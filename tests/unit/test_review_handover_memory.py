@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import fsspec
 import pytest
@@ -28,8 +28,8 @@ MIB = 1 << 20
 class _Counted(list):  # type: ignore[type-arg]
     """A record list that counts how many of its kind are alive."""
 
-    lock = threading.Lock()
-    live = [0, 0]  # now, peak
+    lock: ClassVar[threading.Lock] = threading.Lock()
+    live: ClassVar[list[int]] = [0, 0]  # now, peak
 
     def __init__(self, records: Any) -> None:
         super().__init__(records)
