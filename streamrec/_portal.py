@@ -196,9 +196,10 @@ def iterate_ahead(
     """:func:`iterate_blocking` with the generator running ahead of the consumer.
 
     A task in the background loop pulls items and leaves them for the consumer's thread,
-    pausing while ``max_waiting`` items wait besides the one in the consumer's hand (an item
-    left for a consumer that was waiting, holding none, is in its hand: the pump goes on), so
-    at most ``max_waiting + 1`` are alive; the consumer takes them one at a time.
+    pausing while ``max_waiting`` items wait besides the one in the consumer's hand; the
+    consumer takes them one at a time. An item left for a consumer that was waiting is in
+    its hand (the pump goes on): a consumer must drop its last item before it asks for the
+    next (``Dataset`` settles its cursor), else one more is alive than ``max_waiting + 1``.
     A hand-over is then a lock and a list, not a coroutine sent into the loop and an event
     waited for: two threads that each wake the other for every item spend more on the
     switches than on the item (a quarter of the CPU of a plain ``for`` over 1 MiB pieces).

