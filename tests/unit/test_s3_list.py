@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from streamrec.storage.s3_list import EarlyListing, early_listing, list_url, parse_page
+from streamrec.storage.s3_list import EarlyListing, early_listing, parse_page
 
 ENDPOINT = "http://127.0.0.1:9000"
 NO_CONFIG = {"AWS_CONFIG_FILE": os.path.join(os.sep, "nonexistent", "aws-config")}
@@ -77,35 +77,6 @@ def test_a_page_is_parsed_as_botocore_returns_it() -> None:
 )
 def test_anything_but_a_page_of_what_was_asked_is_refused(body: bytes) -> None:
     assert parse_page(body, "b", "d/s", 3) is None
-
-
-def test_the_url_is_the_one_botocore_sends() -> None:
-    import botocore.session
-
-    class Sent(Exception):
-        pass
-
-    urls: list[str] = []
-
-    def capture(request: Any, **_: Any) -> None:
-        urls.append(request.url)
-        raise Sent
-
-    for endpoint in (ENDPOINT, "https://s3.example.com", "http://[::1]:9000", "http://Host:80"):
-        client = botocore.session.get_session().create_client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="k",
-            aws_secret_access_key="s",
-        )
-        client.meta.events.register("before-send", capture)
-        prefix = "d ir/é+%&=?#~_x-.y/shard-"
-        with pytest.raises(Sent):
-            client.list_objects_v2(Bucket="my.b-1", Prefix=prefix, Delimiter="/", MaxKeys=7)
-        listing = early_listing({**BASE, "client_kwargs": {"endpoint_url": endpoint}}, NO_CONFIG)
-        assert listing is not None
-        assert list_url(listing.endpoint, "my.b-1", prefix, "/", 7) == urls[-1]
 
 
 def _listing(options: dict[str, Any], environ: dict[str, str] | None = None) -> Any:

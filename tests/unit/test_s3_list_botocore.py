@@ -27,16 +27,9 @@ class _Raw:
 
 def _botocore_page(body: bytes, bucket: str, prefix: str, max_keys: int) -> Any:
     """What botocore's list_objects_v2 returns for ``body`` (a 200), or the exception it raises."""
-    import botocore.session
     from botocore.awsrequest import AWSResponse
 
-    client = botocore.session.get_session().create_client(
-        "s3",
-        endpoint_url=ENDPOINT,
-        region_name="us-east-1",
-        aws_access_key_id="k",
-        aws_secret_access_key="s",
-    )
+    client = _client(ENDPOINT)
 
     def answer(request: Any, **_: Any) -> Any:
         return AWSResponse(request.url, 200, {"Content-Type": "application/xml"}, _Raw(body))
@@ -129,8 +122,20 @@ def test_the_early_timeouts_are_the_clients(monkeypatch: pytest.MonkeyPatch) -> 
     )
 
 
-def _botocore_url(endpoint: str) -> str:
+def _client(endpoint: str) -> Any:
     import botocore.session
+
+    return botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+    )
+
+
+def _botocore_url(endpoint: str, bucket: str = "my-bucket", prefix: str = "d/s") -> str:
+    """The url botocore sends for a ``ListObjectsV2`` page (7 keys, ``/`` as delimiter)."""
 
     class Sent(Exception):
         pass
@@ -141,17 +146,22 @@ def _botocore_url(endpoint: str) -> str:
         urls.append(request.url)
         raise Sent
 
-    client = botocore.session.get_session().create_client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="k",
-        aws_secret_access_key="s",
-    )
+    client = _client(endpoint)
     client.meta.events.register("before-send", capture)
     with pytest.raises(Sent):
-        client.list_objects_v2(Bucket="my-bucket", Prefix="d/s", Delimiter="/", MaxKeys=7)
+        client.list_objects_v2(Bucket=bucket, Prefix=prefix, Delimiter="/", MaxKeys=7)
     return urls[-1]
+
+
+def test_the_url_is_the_one_botocore_sends() -> None:
+    no_config = {"AWS_CONFIG_FILE": os.path.join(os.sep, "nonexistent", "aws-config")}
+    for endpoint in (ENDPOINT, "https://s3.example.com", "http://[::1]:9000", "http://Host:80"):
+        prefix = "d ir/é+%&=?#~_x-.y/shard-"
+        options = {**BASE, "client_kwargs": {"endpoint_url": endpoint}}
+        listing = early_listing(options, no_config)
+        assert listing is not None
+        sent = _botocore_url(endpoint, "my.b-1", prefix)
+        assert list_url(listing.endpoint, "my.b-1", prefix, "/", 7) == sent
 
 
 def test_a_config_file_addressing_style_is_followed(
