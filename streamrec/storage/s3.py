@@ -17,13 +17,16 @@ Client set-up, sized for streaming unless ``storage_options`` say otherwise:
   in flight), through ``config_kwargs``.
 * botocore's shared data loader, the process's TLS context and the start-up work done ahead
   for them: :mod:`streamrec.storage.s3_client`.
-* a glob's first listing page goes out before the client is made, where the options allow
-  (:mod:`streamrec.storage.s3_list`): the client's creation hides in the page's round trip.
+* where the options name everything a request needs (an explicit endpoint and credentials:
+  :func:`~streamrec.storage.s3_list.early_listing`), listing pages, range GETs and first
+  bytes go without the client (:mod:`streamrec.storage.s3_direct`), which is made only if an
+  answer sends the store back to it; otherwise a glob's first listing page still goes out
+  before the client is made (:mod:`streamrec.storage.s3_list`), its creation hidden in the
+  page's round trip.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 from collections.abc import AsyncGenerator
@@ -36,8 +39,9 @@ from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, has_glob, 
 from streamrec.storage.body import parse_content_range, read_pieces_within, too_long
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.s3_client import share_loader, start_tls_context, use_tls_context
+from streamrec.storage.s3_direct import DirectS3, UseClient
 from streamrec.storage.s3_get import RangeGetter, UseGetObject
-from streamrec.storage.s3_list import early_listing, list_first_page, wait_sent
+from streamrec.storage.s3_list import early_listing
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
@@ -77,7 +81,9 @@ class S3Store(FsspecStore):
         # (from the filesystem's options: the caller's with fsspec's configured defaults)
         timeouts = (float(fs.connect_timeout), float(fs.read_timeout))
         self._early_listing = early_listing(fs.storage_options, os.environ, timeouts)
-        self.early_pages = 0  # first pages listed before the client was made (for tests)
+        self.early_pages = 0  # first pages listed without the client (for tests)
+        self._direct: DirectS3 | None = None  # requests without the client (s3_direct.py)
+        self._direct_off = self._early_listing is None or bool(getattr(fs, "req_kw", None))
         super().__init__(fs)
         self._session_ready = False
         self._getter = RangeGetter()  # signed range GETs (storage/s3_get.py)
@@ -99,8 +105,27 @@ class S3Store(FsspecStore):
         await self.client()
 
     async def expand(self, pattern: str) -> list[ObjectInfo]:
-        await self.client()
+        if has_glob(pattern) or self._direct_reads() is None:
+            await self.client()  # (an object's first bytes may not need it: _read_head)
         return await super().expand(pattern)
+
+    async def _info(self, path: str) -> dict[str, Any]:
+        await self.client()
+        return await super()._info(path)
+
+    def _direct_reads(self) -> DirectS3 | None:
+        """The store's requests without the client, while they may go that way."""
+        if self._direct_off or self._early_listing is None:
+            return None
+        if self._direct is None:
+            tls = start_tls_context(self.fs) if self._early_listing.tls else None
+            self._direct = DirectS3(self._early_listing, None if tls is None else tls[1])
+        return self._direct
+
+    def _use_client(self) -> None:
+        """An answer sent the store back to its client: every later request goes there (the
+        direct connections close with the store: reads in flight still use them)."""
+        self._direct_off = True
 
     list_page_keys = 1000
     """Keys per listing page (S3's maximum; tests make it small to list in many pages)."""
@@ -127,29 +152,28 @@ class S3Store(FsspecStore):
         bucket, _, key = head.partition("/")
         stem = last[: min(i for i in (last.find(c) for c in "*?[") if i >= 0)]
         prefix = f"{key}/{stem}" if key else stem
-        sent = asyncio.Event()
-        early = self._list_early(bucket, prefix, sent)
-        try:
-            if early is not None:  # the client is made during the page's round trip
-                await wait_sent(sent)
+        client: Any = None
+        page = await self._direct_page(pattern, bucket, prefix, None)
+        self.early_pages += page is not None
+        if page is None:
             client = await self.client()
             self._getter.warm(client, bucket)  # the first GET's connection opens beside it
-            page = None if early is None else await early
-        finally:
-            if early is not None and not early.done():
-                await cancel_and_wait([early])
-        self.early_pages += page is not None
-        markers: dict[str, str] = {}
+        token: str | None = None
         while True:
+            if page is None and token is not None:
+                page = await self._direct_page(pattern, bucket, prefix, token)
             try:
-                page = page or await client.list_objects_v2(
-                    Bucket=bucket,
-                    Prefix=prefix,
-                    Delimiter="/",
-                    MaxKeys=self.list_page_keys,
-                    **getattr(self.fs, "req_kw", {}),
-                    **markers,
-                )
+                if page is None:
+                    client = client or await self.client()
+                    markers = {} if token is None else {"ContinuationToken": token}
+                    page = await client.list_objects_v2(
+                        Bucket=bucket,
+                        Prefix=prefix,
+                        Delimiter="/",
+                        MaxKeys=self.list_page_keys,
+                        **getattr(self.fs, "req_kw", {}),
+                        **markers,
+                    )
             except Exception as exc:
                 raise translate(exc, pattern, "listing") from exc
             found = []
@@ -162,20 +186,21 @@ class S3Store(FsspecStore):
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return
-            markers, page = {"ContinuationToken": token}, None
+            page = None
 
-    def _list_early(
-        self, bucket: str, prefix: str, sent: asyncio.Event
-    ) -> asyncio.Task[dict[str, Any] | None] | None:
-        """The glob's first page, listed without the client where the options allow
-        (:mod:`streamrec.storage.s3_list`; None: not listed early)."""
-        listing = self._early_listing
-        if listing is None or self._session_ready or getattr(self.fs, "req_kw", None):
+    async def _direct_page(
+        self, pattern: str, bucket: str, prefix: str, token: str | None
+    ) -> dict[str, Any] | None:
+        """A listing page without the client (None: the client lists it)."""
+        direct = self._direct_reads()
+        if direct is None:
             return None
-        tls = start_tls_context(self.fs) if listing.tls else None
-        future = None if tls is None else tls[1]
-        page = list_first_page(listing, future, bucket, prefix, self.list_page_keys, sent)
-        return asyncio.ensure_future(page)
+        try:
+            warm = bucket if token is None else None  # the first GET's connection
+            return await direct.list_page(bucket, prefix, self.list_page_keys, token, warm)
+        except Exception:  # refused, cut, stalled, not a page...: the client's listing says
+            self._use_client()
+            return None
 
     def version_of(self, info: dict[str, Any]) -> str | None:
         etag = info.get("ETag") or info.get("etag")
@@ -185,6 +210,18 @@ class S3Store(FsspecStore):
         bucket, key, version_id = self.fs.split_path(url)
         if not key or version_id:
             return None
+        direct = self._direct_reads()
+        if direct is not None:
+            try:
+                head = await direct.head(bucket, key, length, url)
+                if head is None:
+                    return None  # an empty object: looked up through the client
+                size, etag, got = head
+                return ObjectInfo(url, size, etag), first_bytes(got, length)
+            except UseClient:
+                self._use_client()  # (an empty object among others: the client says)
+            except Exception as exc:
+                raise translate(exc, url, "reading its first bytes") from exc
         client = await self.client()
         try:
             response = await client.get_object(
@@ -208,9 +245,17 @@ class S3Store(FsspecStore):
         return ObjectInfo(url, size, str(etag) if etag else None), first_bytes(pieces, length)
 
     async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
-        client = await self.client()
         bucket, key, _ = self.fs.split_path(obj.url)
         action = f"reading bytes {start}-{end - 1}"
+        direct = self._direct_reads()
+        if direct is not None:
+            try:
+                return await direct.get(bucket, key, start, end, obj.version, obj.url)
+            except UseClient:
+                self._use_client()
+            except Exception as exc:
+                raise translate(exc, obj.url, action) from exc
+        client = await self.client()
         if self._getter.serves(client, bucket):  # a fraction of get_object's CPU
             try:
                 return await self._getter.get(client, bucket, key, start, end, obj.version, obj.url)
@@ -279,6 +324,11 @@ class S3Store(FsspecStore):
     async def close(self) -> None:
         self._heads.clear()
         await self._getter.aclose()
+        direct, self._direct = self._direct, None
+        if direct is not None:
+            opening = direct.opening()
+            direct.close()
+            await cancel_and_wait(opening)
         if self._session_ready:
             self._session_ready = False
             client = self.fs._s3

@@ -31,6 +31,7 @@ from concurrent.futures import Future
 from typing import Any, overload
 
 from streamrec.storage import warmup
+from streamrec.storage.s3_list import EarlyListing, early_listing
 
 __all__ = ["prewarm", "share_loader", "shared_loader", "start_tls_context", "use_tls_context"]
 
@@ -263,6 +264,9 @@ def prewarm(storage_options: dict[str, Any] | None) -> None:
         return
     if options.get("session") is not None:
         return  # the user's own session (and loader)
+    direct = _direct_listing(options)
+    if direct is not None and not direct.tls:
+        return  # no client, no TLS: nothing to warm (storage/s3_direct.py)
     # as _verify_of resolves it, the session's ca_bundle read from the environment alone (a
     # config file's ca_bundle is then not warmed: the client builds its context as usual)
     verify = (options.get("client_kwargs") or {}).get("verify")
@@ -270,8 +274,9 @@ def prewarm(storage_options: dict[str, Any] | None) -> None:
         verify = os.environ.get("AWS_CA_BUNDLE") or os.environ.get("REQUESTS_CA_BUNDLE", True)
     claimed = _claim_tls(verify) if verify else None
     tls = claimed[0] if claimed is not None and claimed[1] else None
-    with _lock:
-        load, _models_loaded = not _models_loaded, True
+    with _lock:  # (the direct requests need no models: those are the client's)
+        load = not _models_loaded and direct is None
+        _models_loaded = _models_loaded or load
 
     def job() -> None:
         # one thread started here (each start costs the caller a GIL hand-over); the TLS
@@ -292,6 +297,19 @@ def prewarm(storage_options: dict[str, Any] | None) -> None:
             if tls is not None:
                 _abandon_tls(verify, tls, exc)
             raise
+
+
+def _direct_listing(options: dict[str, Any]) -> EarlyListing | None:
+    """The settings of the requests a store of ``options`` sends without its client, as the
+    store resolves them (fsspec's configured defaults with the caller's options); None: it
+    makes the client."""
+    try:
+        import s3fs
+        from fsspec.config import apply_config
+
+        return early_listing(apply_config(s3fs.S3FileSystem, dict(options)), os.environ)
+    except Exception:  # an optimisation only
+        return None
 
 
 def _load_models(session: Any) -> None:

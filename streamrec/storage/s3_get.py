@@ -55,7 +55,14 @@ from streamrec.storage.http_range import BadAnswer, BodyTooLong, RangeClient, Un
 from streamrec.storage.sigv4 import SigV4Signer
 from streamrec.storage.translate import from_error_code
 
-__all__ = ["ERROR_BODY_BYTES", "MAX_URLS", "RangeGetter", "UseGetObject"]
+__all__ = [
+    "ERROR_BODY_BYTES",
+    "MAX_URLS",
+    "RangeGetter",
+    "UseGetObject",
+    "check_range",
+    "error_code",
+]
 
 MAX_URLS = 4096
 """Most objects' urls kept (all dropped when full: a url costs one presign to make again)."""
@@ -187,7 +194,7 @@ class RangeGetter:
             else:
                 status, body = answer.status, answer.pieces
                 if status in (200, 206):
-                    _check_range(status, answer.headers.get("content-length"), start, end, name)
+                    check_range(status, answer.headers.get("content-length"), start, end, name)
                     return body
                 return self._refused(status, b"".join(body), bucket, key, name, action)
         response = await client._endpoint.http_session.send(_prepared(url, signed))
@@ -195,7 +202,7 @@ class RangeGetter:
         try:
             status = response.status_code
             if status in (200, 206):
-                _check_range(status, response.headers.get("Content-Length"), start, end, name)
+                check_range(status, response.headers.get("Content-Length"), start, end, name)
                 pieces = await read_pieces(raw.content, limit=end - start, what=f"{name}: {action}")
                 raw.release()
                 return pieces
@@ -209,13 +216,10 @@ class RangeGetter:
     ) -> list[bytes]:
         """Raise the error for an error answer (``status``, the start of its ``body``)."""
         self.forget(bucket, key)
-        code = _CODE.search(body)
-        code_text = code.group(1).decode("utf-8", "replace") if code else ""
+        code_text, detail = error_code(body)
         if status in (301, 307) or code_text in _ELSEWHERE_CODES:
             self._elsewhere.add(bucket)
             raise UseGetObject(bucket)
-        message = _MESSAGE.search(body)
-        detail = message.group(1).decode("utf-8", "replace") if message else ""
         raise from_error_code(code_text, status, name, action, detail)
 
     async def _range_client(self, client: Any, url: str) -> RangeClient | None:
@@ -265,7 +269,17 @@ class RangeGetter:
         await cancel_and_wait(opening)
 
 
-def _check_range(status: int, length: str | None, start: int, end: int, name: str) -> None:
+def error_code(body: bytes) -> tuple[str, str]:
+    """The ``Code`` and ``Message`` of an S3 error answer's ``body`` (``""`` where absent)."""
+    code = _CODE.search(body)
+    message = _MESSAGE.search(body)
+    return (
+        code.group(1).decode("utf-8", "replace") if code else "",
+        message.group(1).decode("utf-8", "replace") if message else "",
+    )
+
+
+def check_range(status: int, length: str | None, start: int, end: int, name: str) -> None:
     """A 200 is the range only when the range is the whole object (a server that ignored
     ``Range`` sent the whole object instead)."""
     if status == 200 and (start != 0 or (length is not None and int(length) != end)):

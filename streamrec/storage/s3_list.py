@@ -1,67 +1,45 @@
-"""The first page of an S3 glob's listing, sent without waiting for the aiobotocore client.
+"""When an S3 store may send its requests without the aiobotocore client, and the pieces of
+a listing page it sends then: its url, as botocore sends it, and its answer, parsed as
+botocore parses it (the requests themselves: :mod:`streamrec.storage.s3_direct`).
 
-Why: in a fresh process the client costs ~30-60 ms of CPU before its first request (imports,
-botocore's models, the client itself: :mod:`streamrec.storage.s3_client`), and a glob's first
-record waits for a LIST and then a GET. Where the store's options name everything the LIST
-needs, its first page is sent at once, on a connection of its own, signed here
-(:mod:`streamrec.storage.sigv4`), and the client is created during its round trip.
+When (:func:`early_listing`): the filesystem's options (the caller's, with fsspec's configured
+defaults) name an explicit ``endpoint_url`` (botocore addresses every bucket path-style on
+one, so a url is known without its endpoint rules), credentials (the options, the
+environment's ``AWS_ACCESS_KEY_ID``...) or ``anon``, and nothing a request would have to
+follow: proxies, requester pays, addressing, signing or client settings, a session or
+profile, options not known here; nor does the environment or the AWS config file
+(virtual-hosted, accelerated, FIPS or dual-stack addressing, a CA bundle). Requests wait no
+longer than the client's would (its connect timeout; its read timeout, checked every half
+of it). They are signed with the credentials the client would use (the options', else the
+environment's: botocore's chain looks there first).
 
-When: the filesystem's options (the caller's, with fsspec's configured defaults) name an
-explicit ``endpoint_url`` (botocore addresses every bucket path-style on one, so the url is
-known without its endpoint rules), credentials (the options, the environment's
-``AWS_ACCESS_KEY_ID``...) or ``anon``, and nothing this request would have to follow: proxies,
-requester pays, addressing, signing or client settings, a session or profile, options not
-known here; nor does the environment or the AWS config file (virtual-hosted, accelerated,
-FIPS or dual-stack addressing, a CA bundle): :func:`early_listing` says. The request waits
-no longer than the client's would (its connect timeout; its read timeout, checked every half
-of it).
-
-What it can change: nothing but the time. Only a well-formed ``200`` page of the bucket and
-prefix asked for is used; anything else (an error status, a redirect, a chunked or oversized
-body, XML that is not ``ListObjectsV2``'s, a failed connection, a timeout) is dropped and the
-page is listed through the client as before, whose errors the caller sees. It is signed
-with the credentials the client would use (the options', else the environment's: botocore's
-chain looks there first); a 200 page is the listing whichever region signed it. The page is
-parsed as botocore parses it (UTF-8; keys url-decoded when the answer says ``EncodingType``
-``url``, as botocore's handler does; a field twice, which botocore makes a list of, refused).
+A page (:func:`parse_page`) is used only when it is a well-formed page of the bucket and
+prefix asked for, parsed as botocore parses it (UTF-8; keys url-decoded when the answer says
+``EncodingType`` ``url``, as botocore's handler does; a field twice, which botocore makes a
+list of, refused); anything else is listed through the client, whose errors the caller sees.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import re
-import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote_plus, urlsplit
 from xml.etree import ElementTree
 
-from streamrec._portal import cancel_and_wait
-from streamrec.storage.http_range import RangeClient
-from streamrec.storage.sigv4 import SigV4Signer
-
 __all__ = [
     "EarlyListing",
     "early_listing",
-    "list_first_page",
     "list_url",
     "parse_page",
-    "wait_sent",
 ]
 
 PAGE_BYTES = 16 << 20
 """Most bytes of a page's body (1,000 keys of at most 1,024 bytes, url-encoded: ~10 MB)."""
-_CONFIG_BYTES = 1 << 20  # a longer AWS config file is not looked into: no early page
+_CONFIG_BYTES = 1 << 20  # a longer AWS config file is not looked into: the client
 _CONFIG_WORDS = (b"addressing_style", b"accelerate", b"fips", b"dualstack", b"ca_bundle")
-SEND_WAIT_S = 0.25
-"""Longest the caller waits for the early page to go out before it makes its client: the
-client's creation (CPU, in the loop's thread) would hold back the request's write, and a
-connection that takes longer to open leaves time enough for it (one that never opens, to a
-blackholed endpoint, costs this much)."""
-
 _OPTIONS = frozenset(
     {
         "key",
@@ -83,7 +61,7 @@ _OPTIONS = frozenset(
         "asynchronous",
     }
 )
-"""The store options the early page knows it follows (any other: no early page)."""
+"""The store options the direct requests know they follow (any other: the client)."""
 _CLIENT_OPTIONS = frozenset(
     {"endpoint_url", "region_name", "verify"}
     | {"aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
@@ -95,7 +73,7 @@ _LISTS = frozenset({"Contents", "CommonPrefixes"})  # the elements a page repeat
 
 @dataclass(frozen=True)
 class EarlyListing:
-    """What the early page's request needs: the endpoint (``scheme://host[:port]``), the
+    """What the direct requests need: the endpoint (``scheme://host[:port]``), the
     signing region and credentials (None: anonymous), the timeouts."""
 
     endpoint: str
@@ -114,7 +92,7 @@ def early_listing(
     environ: Mapping[str, str],
     default_timeouts_s: tuple[float, float] = (5.0, 15.0),
 ) -> EarlyListing | None:
-    """The early page's request for a filesystem of ``options`` (an ``S3FileSystem``'s
+    """The direct requests' settings for a filesystem of ``options`` (an ``S3FileSystem``'s
     ``storage_options``: the caller's with fsspec's configured defaults), or None when they
     or the environment ask for anything it does not follow (see the module docstring).
     ``default_timeouts_s``: the client's connect and read timeouts where ``config_kwargs``
@@ -220,11 +198,20 @@ def _seconds(value: Any, default_s: float) -> float:
     return default_s
 
 
-def list_url(endpoint: str, bucket: str, prefix: str, delimiter: str, max_keys: int) -> str:
-    """The url of a ``ListObjectsV2`` page as botocore sends it for an explicit endpoint."""
+def list_url(
+    endpoint: str,
+    bucket: str,
+    prefix: str,
+    delimiter: str,
+    max_keys: int,
+    token: str | None = None,
+) -> str:
+    """The url of a ``ListObjectsV2`` page as botocore sends it for an explicit endpoint
+    (``token``: the previous page's ``NextContinuationToken``)."""
+    after = "" if token is None else f"&continuation-token={_encode(token)}"
     query = (
         f"list-type=2&prefix={_encode(prefix)}&delimiter={_encode(delimiter)}"
-        f"&max-keys={max_keys}&encoding-type=url"
+        f"&max-keys={max_keys}{after}&encoding-type=url"
     )
     return f"{endpoint}/{_encode(bucket)}?{query}"
 
@@ -299,51 +286,3 @@ def _tag(element: ElementTree.Element) -> str:
 
 def _same(text: str) -> str:
     return text
-
-
-async def wait_sent(sent: asyncio.Event) -> None:
-    """Wait until ``sent`` is set, :data:`SEND_WAIT_S` at most."""
-    waiter = asyncio.ensure_future(sent.wait())
-    try:
-        await asyncio.wait([waiter], timeout=SEND_WAIT_S)
-    finally:
-        await cancel_and_wait([waiter])
-
-
-async def list_first_page(
-    listing: EarlyListing,
-    tls: asyncio.Future[ssl.SSLContext] | None,
-    bucket: str,
-    prefix: str,
-    max_keys: int,
-    sent: asyncio.Event,
-) -> dict[str, Any] | None:
-    """The first page of ``bucket/prefix*`` (``/`` as delimiter), or None when it is to be
-    listed through the client (see the module docstring). ``tls``: the context the client
-    will use, for an https endpoint; ``sent`` is set once the request is written (or once
-    this ends without writing it)."""
-    try:
-        with contextlib.suppress(Exception):
-            context = None
-            if listing.tls:
-                if tls is None:
-                    return None
-                context = await tls
-            url = list_url(listing.endpoint, bucket, prefix, "/", max_keys)
-            headers: dict[str, str] = {}
-            if listing.credentials is not None:
-                signer = SigV4Signer(listing.region, "s3")
-                headers = signer.sign_get(url, {}, *listing.credentials)
-            # its read timeout is checked every half of the client's, so that a stall is
-            # given up on within the client's (http_range checks every read_timeout_s)
-            client = RangeClient(context, listing.connect_timeout_s, listing.read_timeout_s / 2)
-            try:
-                answer = await client.get(url, headers, PAGE_BYTES, 0, sent.set)
-            finally:
-                client.close()
-            if answer.status != 200:
-                return None
-            return parse_page(b"".join(answer.pieces), bucket, prefix, max_keys)
-        return None
-    finally:
-        sent.set()

@@ -584,7 +584,8 @@ def s3_options(fake: Fake) -> dict[str, Any]:
 
 async def test_s3_falls_back_to_the_session_for_a_chunked_answer() -> None:
     async with Fake(*[s3_range(chunked=True)] * 3) as fake:
-        store = S3Store(s3_options(fake))
+        # (a setting the direct requests do not follow: the store makes its client)
+        store = S3Store({**s3_options(fake), "config_kwargs": {"signature_version": "s3v4"}})
         try:
             assert store._getter.direct
             with guard():
@@ -598,6 +599,24 @@ async def test_s3_falls_back_to_the_session_for_a_chunked_answer() -> None:
             await store.close()
     assert len(fake.requests) == 3  # direct (refused), session, session: no direct retry
     assert all(b"/bucket/dir/shard-1.bin " in head for _, head in fake.requests)
+    assert all(b"AWS4-HMAC-SHA256" in head for _, head in fake.requests)
+
+
+async def test_s3_without_its_client_goes_back_to_it_for_a_chunked_answer() -> None:
+    async with Fake(*[s3_range(chunked=True)] * 4) as fake:
+        store = S3Store(s3_options(fake))
+        try:
+            with guard():
+                first = await store.read_range_pieces(OBJECT, 1000, 2_600_000)
+            assert b"".join(first) == OBJECT_BYTES[1000:2_600_000]
+            assert store._direct_reads() is None and store._getter.direct is False
+            with guard():
+                later = await store.read_range_pieces(OBJECT, 5, 70_000)
+            assert b"".join(later) == OBJECT_BYTES[5:70_000]
+        finally:
+            await store.close()
+    # without the client (refused), the client's own connections (refused), its session x2
+    assert len(fake.requests) == 4
     assert all(b"AWS4-HMAC-SHA256" in head for _, head in fake.requests)
 
 

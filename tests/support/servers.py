@@ -235,6 +235,13 @@ class MotoS3Server:
             "client_kwargs": {"endpoint_url": self.endpoint_url},
         }
 
+    @property
+    def client_storage_options(self) -> dict[str, Any]:
+        """:attr:`storage_options` with a setting the store's direct requests do not follow
+        (``signature_version``), so that it makes its aiobotocore client: the path of every
+        store without an explicit endpoint and credentials (storage/s3_direct.py)."""
+        return {**self.storage_options, "config_kwargs": {"signature_version": "s3v4"}}
+
     def reset(self) -> None:
         """Drop every bucket and object (moto's POST /moto-api/reset)."""
         _ok(http_request("POST", f"{self.endpoint_url}/moto-api/reset"), "moto reset")

@@ -186,7 +186,7 @@ def test_the_early_tls_context_verifies_as_the_client_does(
 ) -> None:
     """AWS_CA_BUNDLE (or a config file's ca_bundle) is the client's ``verify``; the early
     page's context is built for ``verify=True`` (fs.session is still None when
-    S3Store._list_early resolves it): the system/certifi CAs, not the bundle the user pinned."""
+    the store's direct requests resolve it): the system/certifi CAs, not the bundle the user pinned."""
     import certifi
 
     import streamrec.storage.s3 as s3
@@ -206,9 +206,15 @@ def test_the_early_tls_context_verifies_as_the_client_does(
 
     async def run() -> None:
         store = s3.S3Store({**BASE, "client_kwargs": {"endpoint_url": "https://127.0.0.1:9"}})
-        early = store._list_early("b", "d/", asyncio.Event())
-        assert early is not None
-        await cancel_and_wait([early])
+        try:
+            pages = store.glob_pages("s3://b/d/*")
+            assert pages is not None
+            await pages.aclose()  # (never started: no request)
+            listing = asyncio.ensure_future(store._direct_page("s3://b/d/*", "b", "d/", None))
+            await asyncio.sleep(0)  # (its TLS context asked for: the request waits for it)
+            await cancel_and_wait([listing])
+        finally:
+            await store.close()
 
     asyncio.run(run())
     assert seen and seen[0] is not None
