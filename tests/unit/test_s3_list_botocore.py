@@ -184,9 +184,9 @@ def test_a_config_file_addressing_style_is_followed(
 def test_the_early_tls_context_verifies_as_the_client_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """AWS_CA_BUNDLE (or a config file's ca_bundle) is the client's ``verify``; the early
-    page's context is built for ``verify=True`` (fs.session is still None when
-    the store's direct requests resolve it): the system/certifi CAs, not the bundle the user pinned."""
+    """AWS_CA_BUNDLE (or a config file's ca_bundle) is the client's ``verify``; the direct
+    requests' context was built for ``verify=True`` (fs.session is still None when they
+    resolve it): the system/certifi CAs, not the bundle the user pinned."""
     import certifi
 
     import streamrec.storage.s3 as s3
