@@ -17,7 +17,7 @@ from streamrec.pipeline.engine import ReadEngine
 from streamrec.pipeline.events import Piece
 from streamrec.pipeline.indexed import IndexedEngine
 from streamrec.pipeline.lookup import Indices, RecordLookup
-from streamrec.pipeline.options import ReadOptions
+from streamrec.pipeline.options import FOR_CHUNK_BYTES, ReadOptions
 from streamrec.pipeline.shards import seeded_random
 from streamrec.pipeline.state import (
     CycleState,
@@ -233,7 +233,8 @@ class Dataset(Chainable[bytes]):
             indexed = IndexedEngine(self.urls, self.options, self.epoch, self._stats)
             pieces = indexed.pieces(resume, on_planned=self._planned)
         else:
-            engine = ReadEngine(self.urls, self.options, self.epoch, self._stats)
+            options = self.options if timed else replace(self.options, chunk_bytes=FOR_CHUNK_BYTES)
+            engine = ReadEngine(self.urls, options, self.epoch, self._stats)
             pieces = engine.pieces(resume, timed=timed, on_planned=self._planned)
         async with aclosing(pieces) as ordered:
             async for piece in ordered:
@@ -342,9 +343,8 @@ class Dataset(Chainable[bytes]):
     def _record_lists(self) -> Generator[Iterator[bytes], None, None]:
         """The iterators over each piece's records (see :class:`_Records`)."""
         cursor, resume = self._begin()
-        # one piece decoded ahead, while the consumer has the last: two record lists, as the
-        # README's memory bound counts. Not an indexed read's: its chunks are a third of the
-        # budget each (one more in hand: +33 % memory), and few (the hand-over's cost is moot)
+        # one piece ahead of the consumer's: two record lists, as the README's memory bound
+        # counts; not an indexed read's (its chunks are a third of the budget each: +33 %)
         iterate = iterate_blocking if self.options.indexed else iterate_ahead
         pieces = iterate(lambda: self._pieces(resume, timed=False), self._add_wait)
         for records, events in pieces:

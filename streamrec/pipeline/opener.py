@@ -173,6 +173,7 @@ class ShardOpener:
             stats=self.stats,
             start_offset=(offset or 0) if seeks else 0,
             start_index=records if seeks else 0,
+            group_bytes=options.chunk_bytes,
         )
         if seeks:
             chunks = _starting_a_record(chunks, ordinal, offset or 0)

@@ -15,7 +15,7 @@ from streamrec.format.framing import OnCorrupt
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import is_per_scheme
 
-__all__ = ["CONFIG_KEYS", "ReadOptions"]
+__all__ = ["CONFIG_KEYS", "FOR_CHUNK_BYTES", "ReadOptions"]
 
 #: The settings a resume state must agree on (the order of records depends on them).
 CONFIG_KEYS = (
@@ -37,6 +37,12 @@ CONFIG_KEYS = (
 _MIN_STREAM_SHARE = 64 << 10  # a smaller share would mean tiny range reads
 READ_AHEAD_PART = 4
 """A shard read ahead of its turn is kept ``1 / READ_AHEAD_PART`` of a share."""
+
+
+FOR_CHUNK_BYTES = 2 << 20
+"""``chunk_bytes`` of a blocking ``for``: each chunk crosses from the loop's thread to the
+consumer's, a hand-over of ~65 us of CPU (thread switches) that ``async for`` does not pay;
+2 MiB chunks halve their number for 2 MiB more of record lists (benchmarks/README.md)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,9 @@ class ReadOptions:
     window_records: int | None = None
     cache_dir: str | None = None
     cache_bytes: int | None = None
+    chunk_bytes: int = 1 << 20
+    """Most bytes of arrived pieces decoded into one chunk of records (not an
+    ``open_dataset`` setting: the blocking ``for`` asks for larger chunks, see dataset.py)."""
 
     def __post_init__(self) -> None:
         if self.cache_dir is not None:

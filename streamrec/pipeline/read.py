@@ -20,7 +20,8 @@ from streamrec.storage.records import min_record_bytes
 __all__ = ["GROUP_BYTES", "read_shard"]
 
 GROUP_BYTES = 1 << 20
-"""Most bytes of arrived pieces decoded into one chunk of records (see decode_blocks)."""
+"""Most bytes of arrived pieces decoded into one chunk of records by default (see
+decode_blocks)."""
 
 logger = logging.getLogger("streamrec")
 
@@ -34,8 +35,10 @@ async def read_shard(
     stats: Stats,
     start_offset: int = 0,
     start_index: int = 0,
+    group_bytes: int = GROUP_BYTES,
 ) -> AsyncGenerator[list[bytes], None]:
-    """The payloads of one shard, in file order, as chunks (lists) of records.
+    """The payloads of one shard, in file order, as chunks (lists) of records (of at most
+    ``group_bytes`` of an uncompressed shard's arrived pieces each: see decode_blocks).
 
     Records before any damage are always yielded before the error is raised; with
     ``on_corrupt="skip"`` damage is logged and counted in ``stats`` instead. A compressed
@@ -92,7 +95,8 @@ async def read_shard(
         max_piece_bytes=min(reader.block_bytes, DEFAULT_PIECE_BYTES),
     )
     reported = 0
-    async with aclosing(decode_blocks(reader, decoder, count_bytes, first)) as chunks:
+    blocks = decode_blocks(reader, decoder, count_bytes, first, group_bytes)
+    async with aclosing(blocks) as chunks:
         async for records in chunks:
             stats.records_read += len(records)
             reported = _report_drops(decoder.dropped, reported, stats)
@@ -105,6 +109,7 @@ async def decode_blocks(
     decoder: ShardDecoder,
     on_block: Callable[[int], None] | None = None,
     first: bytes | None = None,
+    group_bytes: int = GROUP_BYTES,
 ) -> AsyncGenerator[list[bytes], None]:
     """Drive ``decoder`` with ``reader``'s blocks: the records of each inflated piece as soon
     as they are framed, those before any damage always before the error. ``on_block(size)``
@@ -112,7 +117,7 @@ async def decode_blocks(
     before the others). The reader is closed however this generator ends.
 
     The pieces of an uncompressed shard that have already arrived are decoded together, up
-    to :data:`GROUP_BYTES`, and their records handed on as one chunk: bodies arrive in
+    to ``group_bytes``, and their records handed on as one chunk: bodies arrive in
     chunks of up to 256 KiB, and every chunk handed up the pipeline (and across to a
     blocking consumer's thread) costs more than framing it.
 
@@ -123,7 +128,7 @@ async def decode_blocks(
         async for head in _after(first, reader):
             gathered: list[list[bytes]] = []
             try:
-                for block in [head, *reader.take_ready(GROUP_BYTES - len(head))]:
+                for block in [head, *reader.take_ready(group_bytes - len(head))]:
                     if on_block is not None:
                         on_block(len(block))
                     for records in decoder.stream(block):  # raises after those before damage
