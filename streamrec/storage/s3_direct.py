@@ -34,7 +34,7 @@ from urllib.parse import quote
 from streamrec.errors import StorageError, TransientStorageError
 from streamrec.storage.body import parse_content_range
 from streamrec.storage.http_range import BadAnswer, BodyTooLong, RangeClient, Unsupported
-from streamrec.storage.s3_get import ERROR_BODY_BYTES, check_range, error_code
+from streamrec.storage.s3_get import ERROR_BODY_BYTES, check_range, error_code, range_headers
 from streamrec.storage.s3_list import PAGE_BYTES, EarlyListing, list_url, parse_page
 from streamrec.storage.sigv4 import SigV4Signer
 from streamrec.storage.translate import from_error_code
@@ -183,9 +183,7 @@ class DirectS3:
     ) -> tuple[list[bytes], dict[str, str]]:
         action = f"reading bytes {start}-{end - 1}"
         url = object_url(self._listing.endpoint, bucket, key)
-        headers = {"Range": f"bytes={start}-{end - 1}"}
-        if version:
-            headers["If-Match"] = version
+        headers = range_headers(start, end, version)
         client = await self._connections()
         try:
             answer = await client.get(

@@ -62,6 +62,7 @@ __all__ = [
     "UseGetObject",
     "check_range",
     "error_code",
+    "range_headers",
 ]
 
 MAX_URLS = 4096
@@ -176,9 +177,7 @@ class RangeGetter:
         exceptions for the transport, streamrec errors for error answers, and
         :class:`UseGetObject` when the bucket is to be read with ``get_object``."""
         action = f"reading bytes {start}-{end - 1}"
-        headers = {"Range": f"bytes={start}-{end - 1}"}
-        if version:
-            headers["If-Match"] = version
+        headers = range_headers(start, end, version)
         url = await self.url(client, bucket, key)
         signed = await _signed(client, url, headers, self._signer(client))
         direct = await self._range_client(client, url) if self.direct else None
@@ -267,6 +266,14 @@ class RangeGetter:
             opening += made.opening()
         self.close()
         await cancel_and_wait(opening)
+
+
+def range_headers(start: int, end: int, version: str | None) -> dict[str, str]:
+    """The headers of a GET of bytes ``start:end``, pinned to ``version`` (an ETag) if given."""
+    headers = {"Range": f"bytes={start}-{end - 1}"}
+    if version:
+        headers["If-Match"] = version
+    return headers
 
 
 def error_code(body: bytes) -> tuple[str, str]:
