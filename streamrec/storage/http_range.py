@@ -499,7 +499,7 @@ class RangeClient:
 
     def _put(self, key: tuple[str, str, int], conn: _Connection) -> None:
         conns = self._idle.setdefault(key, [])
-        if len(conns) >= MAX_IDLE:
+        if len(conns) >= MAX_IDLE or self._closed:  # (an answer read after close: not kept)
             conn.close()
         else:
             conns.append(conn)

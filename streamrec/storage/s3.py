@@ -39,7 +39,7 @@ from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, has_glob, 
 from streamrec.storage.body import parse_content_range, read_pieces_within, too_long
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.s3_client import share_loader, start_tls_context, use_tls_context
-from streamrec.storage.s3_direct import DirectS3, UseClient
+from streamrec.storage.s3_direct import DirectClosed, DirectS3, UseClient
 from streamrec.storage.s3_get import RangeGetter, UseGetObject
 from streamrec.storage.s3_list import early_listing
 from streamrec.storage.translate import translate
@@ -198,6 +198,8 @@ class S3Store(FsspecStore):
         try:
             warm = bucket if token is None else None  # the first GET's connection
             return await direct.list_page(bucket, prefix, self.list_page_keys, token, warm)
+        except DirectClosed:
+            raise
         except Exception:  # refused, cut, stalled, not a page...: the client's listing says
             self._use_client()
             return None

@@ -39,7 +39,7 @@ from streamrec.storage.s3_list import PAGE_BYTES, EarlyListing, list_url, parse_
 from streamrec.storage.sigv4 import SigV4Signer
 from streamrec.storage.translate import from_error_code
 
-__all__ = ["CLIENT_CODES", "DirectS3", "UseClient", "object_url"]
+__all__ = ["CLIENT_CODES", "DirectClosed", "DirectS3", "UseClient", "object_url"]
 
 CLIENT_CODES = frozenset(
     {
@@ -67,6 +67,10 @@ class UseClient(Exception):
     """This request (and every later one of the store) is to go through the client."""
 
 
+class DirectClosed(StorageError):
+    """A request of a :class:`DirectS3` that was closed (the store was closed under it)."""
+
+
 class _EmptyObject(Exception):
     """The first bytes of an empty object were asked for (S3: 416 InvalidRange)."""
 
@@ -89,16 +93,24 @@ class DirectS3:
         self._client: RangeClient | None = None
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def _connections(self) -> RangeClient:
+        if self._closed:
+            raise DirectClosed("the store was closed")
         if self._client is None:
             context = None
             if self._listing.tls:
                 if self._tls is None:
                     raise UseClient("no TLS context")
-                context = await self._tls
+                # shielded: a request cancelled while it waits must not cancel the context
+                # every later request waits for
+                context = await asyncio.shield(self._tls)
+            if self._closed:
+                raise DirectClosed("the store was closed")
             if self._client is None:
-                if self._closed:
-                    raise UseClient("closed")
                 # the read timeout checked every half of the client's: a stall is given up
                 # on within the client's (http_range notices one within twice its timeout)
                 listing = self._listing
@@ -156,7 +168,8 @@ class DirectS3:
         """The object's size, ETag and first ``length`` bytes (fewer if it is shorter), in one
         request; None for an empty object (no byte to ask for: looked up instead)."""
         try:
-            pieces, headers = await self._get(bucket, key, 0, length, None, name, whole_ok=True)
+            action = "reading its first bytes"  # (as the client's path names it)
+            pieces, headers = await self._get(bucket, key, 0, length, None, name, action)
         except _EmptyObject:
             return None
         content_range = parse_content_range(headers.get("content-range"))
@@ -179,9 +192,12 @@ class DirectS3:
         end: int,
         version: str | None,
         name: str,
-        whole_ok: bool = False,
+        head: str | None = None,
     ) -> tuple[list[bytes], dict[str, str]]:
-        action = f"reading bytes {start}-{end - 1}"
+        """A GET's pieces and headers; ``head``: the first bytes of an object are asked for
+        (named so in errors): an empty object, or one answered whole, is looked up instead."""
+        whole_ok = head is not None
+        action = head or f"reading bytes {start}-{end - 1}"
         url = object_url(self._listing.endpoint, bucket, key)
         headers = range_headers(start, end, version)
         client = await self._connections()
