@@ -20,9 +20,8 @@ Client set-up, sized for streaming unless ``storage_options`` say otherwise:
 * where the options name everything a request needs (an explicit endpoint and credentials:
   :func:`~streamrec.storage.s3_list.early_listing`), listing pages, range GETs and first
   bytes go without the client (:mod:`streamrec.storage.s3_direct`), which is made only if an
-  answer sends the store back to it; otherwise a glob's first listing page still goes out
-  before the client is made (:mod:`streamrec.storage.s3_list`), its creation hidden in the
-  page's round trip.
+  answer sends the store back to it (or for what the direct requests do not do: multipart
+  uploads, listing uploads, a HEAD of an empty object).
 """
 
 from __future__ import annotations
@@ -221,7 +220,7 @@ class S3Store(FsspecStore):
                 size, etag, got = head
                 return ObjectInfo(url, size, etag), first_bytes(got, length)
             except UseClient:
-                self._use_client()  # (an empty object among others: the client says)
+                self._use_client()
             except Exception as exc:
                 raise translate(exc, url, "reading its first bytes") from exc
         client = await self.client()
