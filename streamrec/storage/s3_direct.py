@@ -93,10 +93,6 @@ class DirectS3:
         self._client: RangeClient | None = None
         self._closed = False
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     async def _connections(self) -> RangeClient:
         if self._closed:
             raise DirectClosed("the store was closed")
