@@ -11,7 +11,8 @@ profile, options not known here; nor does the environment or the AWS config file
 (virtual-hosted, accelerated, FIPS or dual-stack addressing, a CA bundle). Requests wait no
 longer than the client's would (its connect timeout; its read timeout, checked every half
 of it). They are signed with the credentials the client would use (the options', else the
-environment's: botocore's chain looks there first).
+environment's: botocore's chain looks there first) for the region it resolves (its
+``region_name``, ``AWS_DEFAULT_REGION``, the config file's profile, ``us-east-1``).
 
 A page (:func:`parse_page`) is used only when it is a well-formed page of the bucket and
 prefix asked for, parsed as botocore parses it (UTF-8; keys url-decoded when the answer says
@@ -21,6 +22,7 @@ list of, refused); anything else is listed through the client, whose errors the 
 
 from __future__ import annotations
 
+import configparser
 import os
 import re
 from collections.abc import Mapping
@@ -124,13 +126,18 @@ def early_listing(
         or split.fragment
         or "s3-accelerate" in split.hostname  # botocore: virtual-hosted on these
         or _proxied(endpoint, environ)
-        or _addressed_elsewhere(environ)
     ):
+        return None
+    config_file = _config_text(environ)
+    if config_file is None or _addressed_elsewhere(environ, config_file):
         return None
     credentials = _credentials(options, client, environ)
     if credentials is None and not options.get("anon"):
         return None  # botocore's chain finds them (profiles, SSO, instance roles...)
-    region = client.get("region_name") or environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    region = client.get("region_name") or environ.get("AWS_DEFAULT_REGION")
+    region = region or _profile_region(config_file, environ)
+    if region is None:
+        return None  # a config file botocore reads and we could not
     del port  # (read for its check: a port that is not a number raises)
     connect_s, read_s = default_timeouts_s
     return EarlyListing(
@@ -163,25 +170,49 @@ def _first(*values: Any) -> Any:
     return next((value for value in values if value is not None), None)
 
 
-def _addressed_elsewhere(environ: Mapping[str, str]) -> bool:
+def _config_text(environ: Mapping[str, str]) -> bytes | None:
+    """The AWS config file's text (``b""``: there is none; None: it cannot be read, or is
+    longer than :data:`_CONFIG_BYTES`: as if it asked for what the requests do not follow)."""
+    path = environ.get("AWS_CONFIG_FILE") or os.path.join("~", ".aws", "config")
+    try:
+        with open(os.path.expanduser(path), "rb") as file:
+            text = file.read(_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        return b""
+    except OSError:
+        return None
+    return None if len(text) > _CONFIG_BYTES else text
+
+
+def _addressed_elsewhere(environ: Mapping[str, str], config: bytes) -> bool:
     """Settings of the environment or the AWS config file that change botocore's url or its
     TLS trust for an explicit endpoint (virtual-hosted or accelerated addressing, FIPS or
     dual-stack endpoints, a CA bundle): looked for by name in the file's text, whichever
-    profile they are in (a file that cannot be read: as if it said so)."""
+    profile they are in."""
     if any(
         environ.get(name, "").lower() in ("true", "1")
         for name in ("AWS_USE_FIPS_ENDPOINT", "AWS_USE_DUALSTACK_ENDPOINT")
     ):
         return True
-    path = environ.get("AWS_CONFIG_FILE") or os.path.join("~", ".aws", "config")
+    text = config.lower()
+    return any(word in text for word in _CONFIG_WORDS)
+
+
+def _profile_region(config: bytes, environ: Mapping[str, str]) -> str | None:
+    """The ``region`` of the profile botocore reads (``AWS_PROFILE``, else
+    ``AWS_DEFAULT_PROFILE``, else ``default``) in the config file, ``us-east-1`` where it
+    names none (botocore's default for S3 on an explicit endpoint); None: the file could
+    not be parsed as botocore parses it."""
+    parser = configparser.RawConfigParser()
     try:
-        with open(os.path.expanduser(path), "rb") as file:
-            text = file.read(_CONFIG_BYTES + 1).lower()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    return len(text) > _CONFIG_BYTES or any(word in text for word in _CONFIG_WORDS)
+        parser.read_string(config.decode("utf-8"))
+    except (UnicodeDecodeError, configparser.Error):
+        return None
+    profile = environ.get("AWS_PROFILE") or environ.get("AWS_DEFAULT_PROFILE") or "default"
+    section = "default" if profile == "default" else f"profile {profile}"
+    if parser.has_option(section, "region"):
+        return parser.get(section, "region").strip() or "us-east-1"
+    return "us-east-1"
 
 
 def _proxied(endpoint: str, environ: Mapping[str, str]) -> bool:

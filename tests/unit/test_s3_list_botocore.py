@@ -247,3 +247,48 @@ def test_fsspec_config_options_are_seen(
         assert listing is None or listing.credentials is None
     else:
         assert listing is None
+
+
+@pytest.mark.parametrize(
+    ("config", "environ", "client_region"),
+    [
+        ("", {}, None),
+        ("[default]\nregion = eu-west-1\n", {}, None),
+        (
+            "[default]\nregion = eu-west-1\n[profile other]\nregion = ap-south-1\n",
+            {"AWS_PROFILE": "other"},
+            None,
+        ),
+        ("[profile other]\nregion = ap-south-1\n", {"AWS_DEFAULT_PROFILE": "other"}, None),
+        ("[default]\nregion = eu-west-1\n", {"AWS_DEFAULT_REGION": "us-west-2"}, None),
+        ("[default]\nregion = eu-west-1\n", {}, "ca-central-1"),
+    ],
+)
+def test_the_signing_region_is_the_clients(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    config: str,
+    environ: dict[str, str],
+    client_region: str | None,
+) -> None:
+    """The region the direct requests sign with is the one botocore's client resolves: the
+    client's ``region_name``, ``AWS_DEFAULT_REGION``, the config file's profile, us-east-1
+    (the review of s3_direct: the profile's region was not read)."""
+    import botocore.session
+
+    path = tmp_path / "config"
+    path.write_text(config)
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(path))
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    client_kwargs: dict[str, Any] = {"endpoint_url": ENDPOINT}
+    if client_region is not None:
+        client_kwargs["region_name"] = client_region
+    client = botocore.session.Session().create_client(
+        "s3", aws_access_key_id="k", aws_secret_access_key="s", **client_kwargs
+    )
+    listing = early_listing({**BASE, "client_kwargs": client_kwargs}, os.environ)
+    assert listing is not None
+    assert listing.region == client.meta.region_name
