@@ -461,6 +461,8 @@ async def test_proxy_stall_times_out_the_client_and_stop_is_prompt(
         fault = proxy.stall(60, path="data.bin")
         with pytest.raises(asyncio.TimeoutError):
             await fetch(proxy.url + data_url, sock_read=0.3)
+        # (the client may give up before the proxy's thread has got to its request)
+        assert proxy.wait_until(lambda records: any(r.fault == "stall" for r in records))
         assert fault.fired == 1
         assert proxy.records[0].status is None  # nothing was sent
     finally:

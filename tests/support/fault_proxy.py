@@ -59,7 +59,7 @@ import re
 import socket
 import struct
 import threading
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from types import TracebackType
@@ -425,7 +425,7 @@ class FaultProxy:
         self.idle_timeout = idle_timeout
         self.stop_timeout = stop_timeout
         self.port = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # notified when a record changes (wait_until)
         self._faults: list[Fault] = []
         self._records: list[ProxyRecord] = []
         self._errors: list[BaseException] = []
@@ -709,6 +709,16 @@ class FaultProxy:
                 record.status = status
             if fault is not None:
                 record.fault = fault.kind
+            self._lock.notify_all()
+
+    def wait_until(
+        self, seen: Callable[[builtins.list[ProxyRecord]], bool], timeout_s: float = 10.0
+    ) -> bool:
+        """Wait until ``seen(records)`` holds (checked whenever a record changes); False if it
+        does not within ``timeout_s`` (a bound, not a pace: the proxy runs in its own thread,
+        so a client that gave up may have done so before the proxy got to its request)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: seen(self._records), timeout_s)
 
     def _finish(self, record: ProxyRecord) -> None:
         with self._lock:
