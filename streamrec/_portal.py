@@ -10,22 +10,39 @@ Records cross the thread boundary in chunks, so the hand-over costs nothing per 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import os
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+)
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
 __all__ = [
     "EventLoopThread",
+    "Owned",
     "cancel_and_wait",
     "iterate_ahead",
     "iterate_blocking",
+    "owned",
+    "owned_generator",
+    "owning",
     "run_all",
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 
 class EventLoopThread:
@@ -344,6 +361,132 @@ async def _aclose(items: AsyncIterator[T]) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # structured concurrency inside the loop: every task started is awaited or cancelled
+
+
+class Owned(AsyncGenerator[T, None]):
+    """An async generator closed by the code that made it (``aclosing``), never by the loop.
+
+    asyncio tracks every async generator a loop steps (``sys.set_asyncgen_hooks``) and, when
+    ``asyncio.run`` ends, closes the ones still open all at once (``shutdown_asyncgens``). A
+    pipeline's generators nest, each closing the one it reads in its ``finally``: a user who
+    returns from inside ``async for`` left them all open, and the loop's close of an inner
+    generator collided with its owner's ("aclose(): asynchronous generator is already
+    running", "async generator ignored GeneratorExit", an aiohttp session never closed). So
+    only the generator the user iterates is the loop's to close; the ones inside it are
+    wrapped in ``Owned`` and closed by their owners, innermost last. A generator takes the
+    thread's hooks on its first step (``asend``, ``athrow`` or ``aclose``), so that step is
+    begun with none set: synchronously, nothing else runs on the thread meanwhile.
+    """
+
+    __slots__ = ("_agen", "_fresh")
+
+    def __init__(self, agen: AsyncGenerator[T, None]) -> None:
+        self._agen = agen
+        self._fresh = True
+
+    def __aiter__(self) -> Owned[T]:
+        return self
+
+    def __anext__(self) -> Coroutine[Any, Any, T]:
+        if self._fresh:
+            return self._unhooked(self._agen.__anext__)
+        return self._agen.__anext__()
+
+    def asend(self, value: None) -> Coroutine[Any, Any, T]:
+        if self._fresh:
+            return self._unhooked(functools.partial(self._agen.asend, value))
+        return self._agen.asend(value)
+
+    def athrow(self, *args: Any) -> Coroutine[Any, Any, T]:
+        if self._fresh:
+            return self._unhooked(functools.partial(self._agen.athrow, *args))
+        return self._agen.athrow(*args)
+
+    def aclose(self) -> Coroutine[Any, Any, None]:
+        if self._fresh:
+            return self._unhooked(self._agen.aclose)
+        return self._agen.aclose()
+
+    @property
+    def ag_running(self) -> bool:
+        """Whether the generator is running (stepped by someone, now)."""
+        return bool(getattr(self._agen, "ag_running", False))
+
+    def _unhooked(self, step: Callable[[], R]) -> R:
+        self._fresh = False
+        hooks = sys.get_asyncgen_hooks()
+        sys.set_asyncgen_hooks(firstiter=None, finalizer=None)
+        try:
+            return step()
+        finally:
+            sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=hooks.finalizer)
+
+    def __repr__(self) -> str:
+        return f"Owned({self._agen!r})"
+
+
+@overload
+def owned(items: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]: ...
+@overload
+def owned(items: AsyncIterator[T]) -> AsyncIterator[T]: ...
+def owned(items: AsyncIterator[T]) -> AsyncIterator[T]:
+    """``items`` as :class:`Owned` if it is an async generator (else as it is): for a public
+    generator (``record_chunks``) that streamrec itself reads and closes."""
+    if inspect.isasyncgen(items):
+        return Owned(cast(AsyncGenerator[T, None], items))
+    return items
+
+
+class owning(Generic[T]):
+    """``async with owning(items) as it``: ``aclosing`` for the generator a public generator
+    (one a user iterates: ``async for``, ``record_chunks``) reads.
+
+    ``items`` becomes :class:`Owned`, and its close runs to the end in a task of its own,
+    waited for through a cancellation or a ``GeneratorExit`` (raised once it is closed). A
+    user who returns from inside ``async for`` under ``asyncio.run`` leaves the public
+    generator to the loop: its close task is cancelled before it starts, and that first
+    step throws ``CancelledError`` in, then ``GeneratorExit`` into whatever the close is
+    awaiting; a close awaited in place would be torn apart half-way (every task, connection
+    and byte reservation below it left open).
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: AsyncIterator[T]) -> None:
+        self._items = owned(items)
+
+    async def __aenter__(self) -> AsyncIterator[T]:
+        return self._items
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        aclose = getattr(self._items, "aclose", None)
+        if aclose is None:
+            return
+        closing: asyncio.Future[None] = asyncio.ensure_future(aclose())
+        interrupted: BaseException | None = None
+        while not closing.done():
+            try:
+                await asyncio.wait([closing])
+            except (asyncio.CancelledError, GeneratorExit) as exc:
+                interrupted = exc
+        if interrupted is not None:
+            if not closing.cancelled():
+                closing.exception()  # retrieved: the interruption is what is raised
+            raise interrupted
+        closing.result()
+
+
+def owned_generator(
+    make: Callable[P, AsyncGenerator[T, None]],
+) -> Callable[P, AsyncGenerator[T, None]]:
+    """Decorates an async generator function whose generators only streamrec reads (and
+    closes): each is made :class:`Owned`."""
+
+    @functools.wraps(make)
+    def owned_made(*args: P.args, **kwargs: P.kwargs) -> AsyncGenerator[T, None]:
+        return Owned(make(*args, **kwargs))
+
+    return owned_made
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:

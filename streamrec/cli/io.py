@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, TypeVar
 
+from streamrec._portal import owned_generator
 from streamrec.format.codecs import Compression, resolve_compression
 from streamrec.format.framing import FOOTER_BYTES, HEADER_BYTES, OnCorrupt
 from streamrec.format.shard import ShardDecoder
@@ -102,6 +103,7 @@ class ShardReader:
         self.on_bytes = on_bytes
         self.records = 0
 
+    @owned_generator
     async def chunks(self) -> AsyncGenerator[list[bytes], None]:
         """The shard's payloads in order, as chunks; damage raises (or is dropped, in skip)."""
         reader = ObjectReader(
@@ -120,6 +122,7 @@ class ShardReader:
         return self.records
 
 
+@owned_generator
 async def iter_records(
     stores: Stores, shards: Sequence[ObjectInfo], *, compression: str | None
 ) -> AsyncGenerator[Located, None]:

@@ -9,7 +9,7 @@ from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, Literal, cast
 
-from streamrec._portal import EventLoopThread, iterate_ahead, iterate_blocking
+from streamrec._portal import EventLoopThread, iterate_ahead, iterate_blocking, owned, owning
 from streamrec.format.accel import log_fallback_once
 from streamrec.format.framing import OnCorrupt
 from streamrec.pipeline.counts import RecordCounts, ShardCounts, count_for, counts_key, list_counts
@@ -19,13 +19,7 @@ from streamrec.pipeline.indexed import IndexedEngine
 from streamrec.pipeline.lookup import Indices, RecordLookup
 from streamrec.pipeline.options import FOR_CHUNK_BYTES, ReadOptions
 from streamrec.pipeline.shards import seeded_random
-from streamrec.pipeline.state import (
-    CycleState,
-    DatasetState,
-    IndexedState,
-    ReadyState,
-    parse_state,
-)
+from streamrec.pipeline.state import CycleState, DatasetState, IndexedState, ReadyState, parse_state
 from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.trackers import (
     Cursor,
@@ -274,7 +268,7 @@ class Dataset(Chainable[bytes]):
         self._in_hand: Piece | None = None
         self._left = _Remaining(0)
         self._source_done = False
-        async with aclosing(self._pieces(resume)) as pieces:
+        async with owning(self._pieces(resume)) as pieces:
             async for records, events in pieces:
                 if auto_consume:
                     cursor.take(records, events)
@@ -329,7 +323,7 @@ class Dataset(Chainable[bytes]):
 
     async def __aiter__(self) -> AsyncGenerator[bytes, None]:
         cursor, resume = self._begin()
-        async with aclosing(self._pieces(resume)) as pieces:
+        async with owning(self._pieces(resume)) as pieces:
             async for records, events in pieces:
                 it = iter(records)
                 cursor.take(records, events, it)
@@ -346,7 +340,7 @@ class Dataset(Chainable[bytes]):
         # one piece ahead of the consumer's: two record lists, as the README's memory bound
         # counts; not an indexed read's (its chunks are a third of the budget each: +33 %)
         iterate = iterate_blocking if self.options.indexed else iterate_ahead
-        pieces = iterate(lambda: self._pieces(resume, timed=False), self._add_wait)
+        pieces = iterate(lambda: owned(self._pieces(resume, timed=False)), self._add_wait)
         for records, events in pieces:
             it = iter(records)
             cursor.take(records, events, it)

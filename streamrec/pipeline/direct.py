@@ -36,7 +36,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamrec._portal import cancel_and_wait
+from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.errors import StorageError
 from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.pipeline.prefetch import ObjectReader
@@ -113,6 +113,7 @@ class DirectRead:
         self._walk_ended = False  # no more walking: the end, or a handoff at _offset
         self._walk_handoff = False
 
+    @owned_generator
     async def chunks(self) -> AsyncGenerator[list[bytes], None]:
         """The records read directly, a group (a list) at a time, in file order."""
         stop = Stop()

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 
+from streamrec._portal import owned_generator
 from streamrec.errors import StateError
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.events import Event, Open, Piece, take_event
@@ -146,6 +147,7 @@ class ReadEngine:
 
         return open_cache
 
+    @owned_generator
     async def pieces(
         self,
         resume: DatasetState | None,
@@ -275,6 +277,7 @@ class ReadEngine:
         jobs += [(ordinal, 0, 0) for ordinal in range(num_shards) if ordinal not in started]
         return interleave_first_ready(jobs, opener.chunks, self.options.cycle_length)
 
+    @owned_generator
     async def _sequential(
         self, opener: ShardOpener, start: CycleState | None, early: ObjectReader | None = None
     ) -> AsyncGenerator[Piece, None]:

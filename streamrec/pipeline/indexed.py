@@ -33,7 +33,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 
-from streamrec._portal import cancel_and_wait
+from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.errors import StateError
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.events import Advance, Begin, Event, Piece
@@ -142,6 +142,7 @@ class IndexedEngine:
         begin = Begin(records, consumers, consumer, tuple(pool), taken)
         return _Plan(order, part, pool, begin, mean)
 
+    @owned_generator
     async def pieces(
         self,
         resume: DatasetState | None,
@@ -185,6 +186,7 @@ class IndexedEngine:
         first = plan.begin.taken
         return [(a, min(a + size, plan.part.length)) for a in range(first, plan.part.length, size)]
 
+    @owned_generator
     async def _read(
         self, table: RecordTable, plan: _Plan, stores: StoreSet, budget: ByteBudget
     ) -> AsyncGenerator[Piece, None]:

@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 
-from streamrec._portal import cancel_and_wait
+from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.pipeline.events import Event, Open, Piece, rounds_event, take_event
 from streamrec.pipeline.state import CycleState
@@ -66,6 +66,7 @@ class _Slot:
         return out
 
 
+@owned_generator
 async def interleave_deterministic(
     num_shards: int,
     open_shard: OpenShard,
@@ -184,6 +185,7 @@ def _whole_rounds(
     return merged, rounds_event(order, block_length, rounds, nbytes)
 
 
+@owned_generator
 async def interleave_first_ready(
     jobs: Sequence[tuple[int, int, int | None]],
     open_shard: OpenShard,

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterator
-from contextlib import aclosing
 from typing import Any, Protocol, TypeVar, cast
 
-from streamrec._portal import iterate_blocking
+from streamrec._portal import iterate_blocking, owned, owning
 
 __all__ = ["Handout", "Ledger", "Piece", "handed_out_async", "handed_out_blocking"]
 
@@ -173,10 +172,12 @@ async def handed_out_async(source: _Counted[T]) -> AsyncGenerator[T, None]:
     ``auto_consume=False``, each item counted consumed once it is handed out (a
     :class:`Handout`), so ``state_dict()`` is exact between any two items."""
     handout = Handout(source.mark_consumed)
-    chunks = source.record_chunks(
-        auto_consume=False, report_consumed=handout.flush, handed_out=handout.total
+    chunks = owned(
+        source.record_chunks(
+            auto_consume=False, report_consumed=handout.flush, handed_out=handout.total
+        )
     )
-    async with aclosing(chunks) as pieces:
+    async with owning(chunks) as pieces:
         try:
             async for items in pieces:
                 it = iter(items)
@@ -194,8 +195,10 @@ def handed_out_blocking(source: _Counted[T]) -> Iterator[T]:
     handout = Handout(source.mark_consumed)
 
     def chunks() -> AsyncGenerator[list[T], None]:
-        return source.record_chunks(
-            auto_consume=False, report_consumed=handout.flush, handed_out=handout.total
+        return owned(
+            source.record_chunks(
+                auto_consume=False, report_consumed=handout.flush, handed_out=handout.total
+            )
         )
 
     lists = cast(Any, iterate_blocking(chunks))

@@ -24,7 +24,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Any, Literal
 
-from streamrec._portal import cancel_and_wait
+from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.pipeline.ledger import Piece
 
 __all__ = ["WorkerType", "apply_all", "check_picklable", "map_in_workers"]
@@ -66,6 +66,7 @@ def _make_pool(num_workers: int, worker_type: WorkerType, mp_context: str | None
     return ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context(mp_context))
 
 
+@owned_generator
 async def map_in_workers(
     chunks: AsyncGenerator[list[Any], None],
     fn: Callable[[Any], Any],

@@ -37,14 +37,13 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Literal
 
 import numpy as np
 
-from streamrec._portal import run_all
+from streamrec._portal import owned, owned_generator, owning, run_all
 from streamrec.pipeline.dataset import Dataset
 from streamrec.pipeline.ledger import handed_out_async, handed_out_blocking
 from streamrec.pipeline.mix_order import (
@@ -102,8 +101,8 @@ class _Source:
         if self.done:
             return False
         if self._chunks is None:
-            self._chunks = self.dataset.record_chunks(
-                auto_consume=False, report_consumed=self._report
+            self._chunks = owned(
+                self.dataset.record_chunks(auto_consume=False, report_consumed=self._report)
             )
         try:
             self._chunk = await anext(self._chunks)
@@ -312,7 +311,7 @@ class MixedDataset(Chainable[bytes]):
         self._handed_out = None if auto_consume else handed_out
         if start is None:
             return
-        async with aclosing(self._draw(start)) as chunks:
+        async with owning(self._draw(start)) as chunks:
             async for chunk in chunks:
                 if auto_consume:
                     self.mark_consumed(len(chunk))
@@ -347,6 +346,7 @@ class MixedDataset(Chainable[bytes]):
         if self._report_consumed is not None:
             self._report_consumed()
 
+    @owned_generator
     async def _draw(self, start: _Position) -> AsyncGenerator[list[bytes], None]:
         """The runs of records of the draws from ``start`` on, until ``stop`` says so."""
         key = mix_key(self.seed, self.epoch)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from streamrec._portal import run_all
+from streamrec._portal import owned_generator, run_all
 from streamrec.errors import FormatError, StateError
 from streamrec.format.codecs import compression_from_name, normalize_compression, sniff
 from streamrec.format.framing import HEADER_BYTES, OVERHEAD_BYTES
@@ -328,6 +328,7 @@ class _ClosingReader(AsyncGenerator[list[bytes], None]):
             await self._reader.aclose()
 
 
+@owned_generator
 async def _starting_a_record(chunks: Chunks, ordinal: int, offset: int) -> Chunks:
     """``chunks`` of a shard resumed at byte ``offset``; a record that does not frame right at
     that very offset means the state's offset is wrong, not the shard: StateError."""
@@ -346,6 +347,7 @@ async def _starting_a_record(chunks: Chunks, ordinal: int, offset: int) -> Chunk
             raise
 
 
+@owned_generator
 async def every_nth(chunks: Chunks, stride: int, offset: int) -> Chunks:
     """The records whose index in their shard is ``offset`` modulo ``stride``."""
     index = 0  # index in the shard of the chunk's first record
@@ -358,6 +360,7 @@ async def every_nth(chunks: Chunks, stride: int, offset: int) -> Chunks:
                 yield kept
 
 
+@owned_generator
 async def _drop_first(chunks: Chunks, count: int) -> Chunks:
     """All but the first ``count`` records."""
     async with aclosing(chunks) as source:

@@ -14,6 +14,7 @@ from contextlib import aclosing
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
+from streamrec._portal import owned_generator
 from streamrec.errors import StateError, StreamrecError
 from streamrec.pipeline.ledger import Piece
 
@@ -34,6 +35,7 @@ __all__ = [
 Chunks = AsyncGenerator[list[Any], None]
 
 
+@owned_generator
 async def parse_pieces(
     chunks: Chunks, spec: Mapping[str, FeatureSpec]
 ) -> AsyncGenerator[Piece, None]:
@@ -53,6 +55,7 @@ async def parse_pieces(
             yield split_batch(decoded, len(chunk)), None, 0
 
 
+@owned_generator
 async def batch_pieces(
     chunks: Chunks, n: int, drop_remainder: bool, finish: Callable[[list[Any]], Any]
 ) -> AsyncGenerator[Piece, None]:
@@ -86,6 +89,7 @@ async def batch_pieces(
             yield [finish(pending)], [len(pending)], 0
 
 
+@owned_generator
 async def map_pieces(chunks: Chunks, fn: Callable[[Any], Any]) -> AsyncGenerator[Piece, None]:
     """``fn`` on every item, inline; an exception comes after the items mapped before it."""
     async with aclosing(chunks) as source:
@@ -100,6 +104,7 @@ async def map_pieces(chunks: Chunks, fn: Callable[[Any], Any]) -> AsyncGenerator
             yield out, None, 0
 
 
+@owned_generator
 async def filter_pieces(
     chunks: Chunks, predicate: Callable[[Any], Any]
 ) -> AsyncGenerator[Piece, None]:
@@ -129,6 +134,7 @@ async def filter_pieces(
         yield [], None, carry
 
 
+@owned_generator
 async def take_pieces(chunks: Chunks, left: int) -> AsyncGenerator[Piece, None]:
     """The first ``left`` items; the source is closed (its reads cancelled) right after."""
     async with aclosing(chunks) as source:
@@ -142,6 +148,7 @@ async def take_pieces(chunks: Chunks, left: int) -> AsyncGenerator[Piece, None]:
             yield chunk, None, 0
 
 
+@owned_generator
 async def skip_pieces(chunks: Chunks, left: int) -> AsyncGenerator[Piece, None]:
     """All but the first ``left`` items (consumed, without an item, as they are dropped)."""
     async with aclosing(chunks) as source:
@@ -154,6 +161,7 @@ async def skip_pieces(chunks: Chunks, left: int) -> AsyncGenerator[Piece, None]:
             left = 0
 
 
+@owned_generator
 async def unbatch_pieces(chunks: Chunks, drop_first: int) -> AsyncGenerator[Piece, None]:
     """The items of each batch; a batch counts as consumed with its last item (an empty one
     with the item before it). The first ``drop_first`` items of the first batch were handed

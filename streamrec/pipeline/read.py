@@ -7,6 +7,7 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from itertools import chain
 
+from streamrec._portal import owned_generator
 from streamrec.errors import FormatError
 from streamrec.format.codecs import compression_from_name, normalize_compression
 from streamrec.format.framing import HEADER_BYTES, OVERHEAD_BYTES, OnCorrupt
@@ -26,6 +27,7 @@ decode_blocks)."""
 logger = logging.getLogger("streamrec")
 
 
+@owned_generator
 async def read_shard(
     reader: ObjectReader,
     *,
@@ -104,6 +106,7 @@ async def read_shard(
     _report_drops(decoder.dropped, reported, stats)
 
 
+@owned_generator
 async def decode_blocks(
     reader: ObjectReader,
     decoder: ShardDecoder,
@@ -170,6 +173,7 @@ def _joined(lists: list[list[bytes]]) -> list[bytes]:
     return list(chain.from_iterable(lists))
 
 
+@owned_generator
 async def _after(first: bytes | None, reader: ObjectReader) -> AsyncGenerator[bytes, None]:
     if first is not None:
         yield first

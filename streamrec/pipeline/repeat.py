@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncGenerator
-from contextlib import aclosing
 from typing import Any, TypeVar
 
+from streamrec._portal import owning
 from streamrec.pipeline.ledger import Ledger
 from streamrec.pipeline.pieces import skip_pieces
 from streamrec.pipeline.stage import Stage, check_count
@@ -147,7 +147,7 @@ class RepeatStage(Stage[T]):
             self._pass, self._skip_base = pass_, skip
             ledger = self._ledger = Ledger()
             got = 0
-            async with aclosing(skip_pieces(self._open_source(), skip)) as pieces:
+            async with owning(skip_pieces(self._open_source(), skip)) as pieces:
                 async for items, sizes, skipped in pieces:
                     consumed = ledger.add(len(items), sizes, skipped)
                     if auto_consume:

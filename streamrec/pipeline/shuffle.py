@@ -10,11 +10,13 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncGenerator, AsyncIterator
 
+from streamrec._portal import owned_generator
 from streamrec.pipeline.events import Drain, Event, Piece, ShuffleIn
 
 __all__ = ["shuffle_pieces"]
 
 
+@owned_generator
 async def shuffle_pieces(
     pieces: AsyncIterator[Piece],
     buffer_size: int,

@@ -20,9 +20,9 @@ the background loop waits, never while it advances the source.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterator
-from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+from streamrec._portal import owned, owning
 from streamrec.errors import StateError
 from streamrec.pipeline.ledger import Ledger, Piece, handed_out_async, handed_out_blocking
 
@@ -82,7 +82,7 @@ class Stage(Generic[T]):
         ledger = self._ledger = Ledger(self._base.get("in_batch", 0))
         self._report = None if auto_consume else report_consumed
         self._handed = None if auto_consume else handed_out
-        async with aclosing(self._pieces(self._open_source())) as pieces:
+        async with owning(self._pieces(self._open_source())) as pieces:
             async for items, sizes, skipped in pieces:
                 consumed = ledger.add(len(items), sizes, skipped)
                 if auto_consume:
@@ -95,11 +95,13 @@ class Stage(Generic[T]):
     def _open_source(self) -> AsyncGenerator[list[Any], None]:
         source = self.source
         if not hasattr(source, "mark_consumed"):  # iteration works; state_dict() is refused
-            return cast(AsyncGenerator[list[Any], None], source.record_chunks())
+            return cast(AsyncGenerator[list[Any], None], owned(source.record_chunks()))
         return cast(
             AsyncGenerator[list[Any], None],
-            source.record_chunks(
-                auto_consume=False, report_consumed=self._report_down, handed_out=self._peek
+            owned(
+                source.record_chunks(
+                    auto_consume=False, report_consumed=self._report_down, handed_out=self._peek
+                )
             ),
         )
 

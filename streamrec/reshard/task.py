@@ -19,6 +19,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from streamrec._portal import owned
 from streamrec.errors import FormatError
 from streamrec.manifest.core import ManifestEntry
 from streamrec.pipeline.dataset import open_dataset
@@ -107,7 +108,7 @@ async def run_task(
     records = 0
     reported = 0
     try:
-        async with aclosing(dataset.record_chunks()) as chunks:
+        async with aclosing(owned(dataset.record_chunks())) as chunks:
             async for chunk in chunks:
                 _check_count(spec, records + len(chunk), final=False)
                 await _deal(writers, chunk, records)

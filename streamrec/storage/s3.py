@@ -31,7 +31,7 @@ import re
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
-from streamrec._portal import cancel_and_wait
+from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.errors import ObjectNotFoundError, StorageError
 from streamrec.storage import warmup
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, has_glob, split_scheme
@@ -142,6 +142,7 @@ class S3Store(FsspecStore):
             return None
         return self._glob_pages(pattern, path, head, last)
 
+    @owned_generator
     async def _glob_pages(
         self, pattern: str, path: str, head: str, last: str
     ) -> AsyncGenerator[list[ObjectInfo], None]:
