@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from streamrec._portal import cancel_and_wait, owned_generator
@@ -173,8 +174,11 @@ class IndexedEngine:
                 start = resume.read if resume is not None else None
                 assert start is None or isinstance(start, IndexedState)
                 plan = self._plan(table, start)
-                async for piece in self._read(table, plan, stores, budget):
-                    yield piece
+                # closed here, before the stores: an Owned generator dropped open is closed
+                # by the garbage collector, synchronously ("ignored GeneratorExit")
+                async with aclosing(self._read(table, plan, stores, budget)) as pieces:
+                    async for piece in pieces:
+                        yield piece
             finally:
                 self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
 
