@@ -462,13 +462,29 @@ class owning(Generic[T]):
         aclose = getattr(self._items, "aclose", None)
         if aclose is None:
             return
-        closing: asyncio.Future[None] = asyncio.ensure_future(aclose())
+        started = False
+
+        async def close() -> None:
+            nonlocal started
+            started = True
+            await aclose()
+
         interrupted: BaseException | None = None
-        while not closing.done():
-            try:
-                await asyncio.wait([closing])
-            except (asyncio.CancelledError, GeneratorExit) as exc:
-                interrupted = exc
+        while True:
+            # The close is begun inside the task, not handed to it as ``aclose()``: a task
+            # cancelled before its first step (asyncio.run's shutdown cancels every task it
+            # finds, this one too if it was made just before the loop stopped) would throw
+            # CancelledError into an aclose() awaitable not started yet, which then throws
+            # GeneratorExit into the close half-way on its next step (3.10-3.12). Cancelled
+            # before it began, the close is begun again in a new task.
+            closing: asyncio.Future[None] = asyncio.ensure_future(close())
+            while not closing.done():
+                try:
+                    await asyncio.wait([closing])
+                except (asyncio.CancelledError, GeneratorExit) as exc:
+                    interrupted = exc
+            if started or not closing.cancelled():
+                break
         if interrupted is not None:
             if not closing.cancelled():
                 closing.exception()  # retrieved: the interruption is what is raised

@@ -104,6 +104,17 @@ def run_patterns(urls: list[str], options: dict[str, Any] | None, patterns: list
     assert got == {pattern: "1" for pattern in patterns}
 
 
+def test_s3_close_begun_before_shutdown(s3_server: MotoS3Server, s3_bucket: str) -> None:
+    """The loop's close of the iterator began (GeneratorExit) just before asyncio.run's
+    shutdown cancelled every task, owning's close task among them before its first step:
+    its aclose() then took CancelledError and GeneratorExit half-way, _sequential was left
+    open and collected ("async generator ignored GeneratorExit")."""
+    options = s3_server.storage_options
+    urls = [f"s3://{s3_bucket}/shard-{i}.tfrecord" for i in range(3)]
+    write_shards(urls, options)
+    run_patterns(urls, options, ["sleep1", "cancel-outside", "sleep0", "sleep3", "wait-for"])
+
+
 @pytest.mark.xfail(
     reason="not fixed: KeyboardInterrupt raised inside the loop body under "
     "asyncio.run stops the loop before the iterator's close task exists; asyncio.run's "
