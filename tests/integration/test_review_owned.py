@@ -68,6 +68,11 @@ async def body(pattern):
             n += 1
             if n == 700:
                 return 1
+    if pattern == "kept":  # the iterator outlives main: shutdown_asyncgens closes it
+        global KEPT
+        KEPT = dataset().__aiter__()
+        await anext(KEPT)
+        return 1
     if pattern == "kbi":  # raised by the user's code (not Ctrl-C: asyncio.run cancels then)
         async for _ in dataset():
             raise KeyboardInterrupt
@@ -112,7 +117,9 @@ def test_s3_close_begun_before_shutdown(s3_server: MotoS3Server, s3_bucket: str)
     options = s3_server.storage_options
     urls = [f"s3://{s3_bucket}/shard-{i}.tfrecord" for i in range(3)]
     write_shards(urls, options)
-    run_patterns(urls, options, ["sleep1", "cancel-outside", "sleep0", "sleep3", "wait-for"])
+    run_patterns(
+        urls, options, ["sleep1", "cancel-outside", "sleep0", "sleep3", "wait-for", "kept"]
+    )
 
 
 @pytest.mark.xfail(
@@ -275,4 +282,27 @@ async def test_only_the_outer_generator_is_the_loops_in_every_shape(
     gc.collect()
     assert len(seen) == 1, seen
     assert unraisable == []
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+
+
+async def test_timeout_around_a_stalled_read(
+    s3_server: MotoS3Server, s3_bucket: str, fault_proxy: Any
+) -> None:
+    """asyncio.timeout around ``async for`` waiting on a stalled server: TimeoutError promptly,
+    everything closed (owning waits for the close through the cancellation)."""
+    import time
+
+    options = s3_server.storage_options
+    urls = [f"s3://{s3_bucket}/shard-{i}.tfrecord" for i in range(3)]
+    write_shards(urls, options)
+    proxy = fault_proxy(s3_server.endpoint_url)
+    proxy.stall(30, method="GET", range_only=True)
+    via = {**options, "client_kwargs": {"endpoint_url": proxy.url}}
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.5):
+            async for _ in streamrec.open_dataset(urls, storage_options=via):
+                pass
+    assert time.monotonic() - started < 3
+    gc.collect()
     assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
