@@ -95,15 +95,26 @@ EVERY_PATTERN = list(EXPECTED)
 REMOTE_PATTERNS = ["records", "first-ready", "transforms", "break"]
 
 
-def write_shards(urls: list[str], options: dict[str, Any] | None = None) -> None:
+def write_shards(
+    urls: list[str], options: dict[str, Any] | None = None, *, index: bool = False
+) -> None:
     for shard, url in enumerate(urls):
-        with streamrec.sync.open_writer(url, storage_options=options) as w:
+        with streamrec.sync.open_writer(url, storage_options=options, index=index) as w:
             w.write_many(b"r%06d" % (shard * RECORDS_PER_SHARD + i) * 40 for i in range(500))
 
 
-def run_patterns(urls: list[str], options: dict[str, Any] | None, patterns: list[str]) -> None:
+def run_patterns(
+    urls: list[str],
+    options: dict[str, Any] | None,
+    patterns: list[str],
+    *,
+    script: str = SCRIPT,
+    expected: dict[str, Any] = EXPECTED,
+) -> None:
+    """Run ``script`` with each of ``patterns``: its stderr holds the markers only, and each
+    pattern printed what ``expected`` says."""
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, json.dumps([urls, options, patterns])],
+        [sys.executable, "-c", script, json.dumps([urls, options, patterns])],
         capture_output=True,
         text=True,
         timeout=120,
@@ -113,7 +124,7 @@ def run_patterns(urls: list[str], options: dict[str, Any] | None, patterns: list
     markers = "".join(f"== {pattern}\n" for pattern in patterns)
     assert proc.stderr == markers, proc.stderr
     got = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
-    assert got == {pattern: str(EXPECTED[pattern]) for pattern in patterns}
+    assert got == {pattern: str(expected[pattern]) for pattern in patterns}
 
 
 def test_local(tmp_path: Path) -> None:

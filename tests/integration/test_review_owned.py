@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
-import subprocess
 import sys
 from contextlib import aclosing
 from pathlib import Path
@@ -14,10 +12,12 @@ from typing import Any
 import pytest
 
 import streamrec
+from integration.test_async_shutdown import run_patterns as run_shutdown
+from integration.test_async_shutdown import tracked_while
+from integration.test_async_shutdown import write_shards as write_indexed
 from support.servers import MotoS3Server
 
 REPO = Path(__file__).resolve().parents[2]
-RECORDS_PER_SHARD = 500
 
 SCRIPT = r"""
 import asyncio, gc, json, sys
@@ -82,25 +82,13 @@ for pattern in patterns:
 """
 
 
-def write_shards(urls: list[str], options: dict[str, Any] | None = None) -> None:
-    for shard, url in enumerate(urls):
-        with streamrec.sync.open_writer(url, storage_options=options, index=True) as w:
-            w.write_many(b"r%06d" % (shard * RECORDS_PER_SHARD + i) * 40 for i in range(500))
-
-
 def run_patterns(urls: list[str], options: dict[str, Any] | None, patterns: list[str]) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, json.dumps([urls, options, patterns])],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stderr
-    markers = "".join(f"== {pattern}\n" for pattern in patterns)
-    assert proc.stderr == markers, proc.stderr
-    got = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
-    assert got == {pattern: "1" for pattern in patterns}
+    run_review = {pattern: 1 for pattern in patterns}
+    run_shutdown(urls, options, patterns, script=SCRIPT, expected=run_review)
+
+
+def write_shards(urls: list[str], options: dict[str, Any] | None = None) -> None:
+    write_indexed(urls, options, index=True)
 
 
 def test_s3_close_begun_before_shutdown(s3_server: MotoS3Server, s3_bucket: str) -> None:
@@ -200,26 +188,6 @@ def test_every_internal_async_generator_is_owned() -> None:
         if n not in PUBLIC_GENERATORS and "owned_generator" not in decs
     ]
     assert unowned == []
-
-
-async def tracked_while(consume: Any) -> list[str]:
-    """The streamrec async generators the running loop's hooks saw while ``consume()`` ran
-    (as in test_async_shutdown)."""
-    hooks = sys.get_asyncgen_hooks()
-    seen: list[str] = []
-
-    def firstiter(agen: Any) -> None:
-        if agen.ag_code.co_filename.startswith(str(REPO / "streamrec")):
-            seen.append(agen.__qualname__)
-        if hooks.firstiter is not None:
-            hooks.firstiter(agen)
-
-    sys.set_asyncgen_hooks(firstiter=firstiter, finalizer=hooks.finalizer)
-    try:
-        await consume()
-    finally:
-        sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=hooks.finalizer)
-    return seen
 
 
 SHAPES: dict[str, Any] = {
