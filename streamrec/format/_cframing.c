@@ -456,6 +456,27 @@ static PyObject *py_masked_crc32c(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLong(c);
 }
 
+/* framed_bytes(records): the bytes the records take framed (payload + 16 each), for a list
+ * of bytes objects in C (a Take event per chunk: sum(map(len, ...)) was ~20 ns a record). */
+static PyObject *py_framed_bytes(PyObject *self, PyObject *records) {
+    (void)self;
+    PyObject *seq = PySequence_Fast(records, "framed_bytes() needs a sequence of payloads");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), total = 16 * n;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = items[i];
+        Py_ssize_t size = PyBytes_CheckExact(item) ? PyBytes_GET_SIZE(item) : PyObject_Size(item);
+        if (size < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        total += size;
+    }
+    Py_DECREF(seq);
+    return PyLong_FromSsize_t(total);
+}
+
 static PyObject *py_has_hardware_crc(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
@@ -468,6 +489,7 @@ static PyMethodDef methods[] = {
     {"new_payload", py_new_payload, METH_O, "An uninitialised bytes object for fill()."},
     {"fill", py_fill, METH_VARARGS, "Copy into a new payload, CRC32C fused with the copy."},
     {"masked_crc32c", py_masked_crc32c, METH_O, "TFRecord's masked CRC32C of a buffer."},
+    {"framed_bytes", py_framed_bytes, METH_O, "Bytes the payloads take framed (16 more each)."},
     {"has_hardware_crc", py_has_hardware_crc, METH_NOARGS, "True when SSE4.2 CRC32 is used."},
     {NULL, NULL, 0, NULL},
 };

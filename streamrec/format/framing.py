@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 import crc32c as _crc32c_package
@@ -34,6 +34,7 @@ from streamrec.format.framing_python import BAD_LENGTH_CRC as _BAD_LENGTH_CRC
 from streamrec.format.framing_python import NEED_MORE as _NEED_MORE
 from streamrec.format.framing_python import ScanResult
 from streamrec.format.framing_python import fill as _fill_python
+from streamrec.format.framing_python import framed_bytes as _framed_bytes_python
 from streamrec.format.framing_python import mask as _mask
 from streamrec.format.framing_python import new_payload as _new_payload_python
 from streamrec.format.framing_python import scan as _scan_python
@@ -46,6 +47,7 @@ __all__ = [
     "RecordDecoder",
     "RecordEncoder",
     "accelerated",
+    "framed_bytes",
 ]
 
 HEADER_BYTES = 12
@@ -85,6 +87,10 @@ def _bytes_as_is(payload: bytes | bytearray) -> bytes:
 _cframing = load_accelerator("_cframing")
 _scan: ScanFunction = _scan_python if _cframing is None else _cframing.scan
 accelerated = _cframing is not None
+# framed_bytes(records): what a sequence of payloads takes framed (the Take events' counts)
+framed_bytes: Callable[[Sequence[BytesLike]], int] = (
+    _framed_bytes_python if _cframing is None else _cframing.framed_bytes
+)
 _new_payload: Callable[[int], bytes | bytearray]
 _fill: Callable[[bytes | bytearray, int, BytesLike, int, bool], int]
 _finish: Callable[[bytes | bytearray], bytes]

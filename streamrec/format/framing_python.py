@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import struct
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import crc32c as _crc32c_package
 
 from streamrec.format.crc import BytesLike
 
-__all__ = ["fill", "mask", "new_payload", "scan"]
+__all__ = ["fill", "framed_bytes", "mask", "new_payload", "scan"]
 
 HEADER_BYTES = 12
 FOOTER_BYTES = 4
@@ -93,6 +94,11 @@ def fill(payload: bytearray, at: int, data: BytesLike, crc: int, verify: bool) -
         raise ValueError("fill() past the end of the payload")
     payload[at : at + view.nbytes] = view
     return _crc32c_package.crc32c(view, crc) if verify else crc
+
+
+def framed_bytes(records: Sequence[BytesLike]) -> int:
+    """The bytes ``records`` take framed: each payload plus its 16 bytes of header and CRCs."""
+    return sum(map(len, records)) + 16 * len(records)
 
 
 def mask(crc: int) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
-from streamrec.format.framing import OVERHEAD_BYTES
+from streamrec.format.framing import framed_bytes
 
 __all__ = [
     "Advance",
@@ -103,7 +103,7 @@ def take_event(slot: int, records: Sequence[bytes], ended: bool) -> Take:
     """The :class:`Take` event of ``records``, all from the shard in ``slot``. (Counted where
     the records were just made: in the consumer's thread, reading every record's length again
     costs more than decoding them did.)"""
-    return Take(slot, len(records), ended, sum(map(len, records)) + OVERHEAD_BYTES * len(records))
+    return Take(slot, len(records), ended, framed_bytes(records))
 
 
 def rounds_event(

@@ -21,7 +21,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 
 from streamrec._portal import cancel_and_wait, owned_generator
-from streamrec.format.framing import OVERHEAD_BYTES
+from streamrec.format.framing import framed_bytes
 from streamrec.pipeline.events import Event, Open, Piece, rounds_event, take_event
 from streamrec.pipeline.state import CycleState
 
@@ -180,7 +180,7 @@ def _whole_rounds(
         # slot k's j-th record of round r goes to r * step + k * block_length + j
         for j in range(block_length):
             merged[k * block_length + j :: step] = part[j::block_length]
-        nbytes.append(sum(map(len, part)) + OVERHEAD_BYTES * count)
+        nbytes.append(framed_bytes(part))
     order = [n for n, _ in turns]
     return merged, rounds_event(order, block_length, rounds, nbytes)
 

@@ -17,7 +17,7 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
-from streamrec.format.framing import OVERHEAD_BYTES
+from streamrec.format.framing import OVERHEAD_BYTES, framed_bytes
 from streamrec.pipeline.events import (
     Advance,
     Begin,
@@ -92,7 +92,7 @@ class _ReadTracker:
                     position = self.at(slot)
                     position.records += taken
                     if partial:
-                        nbytes = sum(map(len, records[pos : pos + taken])) + OVERHEAD_BYTES * taken
+                        nbytes = framed_bytes(records[pos : pos + taken])
                     position.offset += nbytes
                 if partial:
                     self.partial_turn(taken)

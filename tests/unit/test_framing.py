@@ -463,3 +463,23 @@ def test_fused_copy_and_crc_c_and_python_agree(data: bytes, cuts: list[int], sta
 def test_the_c_crc_agrees_with_the_package_around_its_lanes(size: int) -> None:
     data = bytes(random.Random(size).getrandbits(8) for _ in range(size))
     assert framing._cframing.masked_crc32c(data) == masked_crc32c(data)
+
+
+@given(st.lists(st.binary(max_size=300), max_size=50))
+def test_framed_bytes_is_what_the_records_take_in_the_stream(payloads: list[bytes]) -> None:
+    """The Take events' byte counts: what the payloads take framed, the encoder's own bytes
+    (C and pure Python, lists, tuples and slices, other buffers by their length)."""
+    from streamrec.format.framing_python import framed_bytes as framed_bytes_python
+
+    stream = b"".join(RecordEncoder().encode(p) for p in payloads)
+    assert framing.framed_bytes(payloads) == len(stream)
+    assert framing.framed_bytes(tuple(payloads)) == len(stream)
+    assert framed_bytes_python(payloads) == len(stream)
+    assert framing.framed_bytes([bytearray(p) for p in payloads[1:]]) == framing.framed_bytes(
+        payloads[1:]
+    )
+
+
+def test_framed_bytes_refuses_what_has_no_length() -> None:
+    with pytest.raises(TypeError):
+        framing.framed_bytes([b"ab", 3])  # type: ignore[list-item]
