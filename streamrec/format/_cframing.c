@@ -120,11 +120,14 @@ static uint32_t shift_bytes(size_t n) {
 }
 
 /* Lanes of the three-stream hardware CRC: long ones for large payloads, short ones for
- * records of a few hundred bytes and more, and for each the shift past one lane as four
- * byte tables (the operator is linear: shifting a CRC is four lookups, not a multiply). */
+ * records of a few hundred bytes and more, tiny ones for what is left of them (a 1 KiB
+ * record: 3 short lanes, 3 tiny, 64 bytes on one stream, not 256: 202 -> ~165 cycles), and
+ * for each the shift past one lane as four byte tables (the operator is linear: shifting a
+ * CRC is four lookups, not a multiply). */
 #define LANE_BYTES 8192
 #define SHORT_LANE_BYTES 256
-static uint32_t long_shift[4][256], short_shift[4][256];
+#define TINY_LANE_BYTES 64
+static uint32_t long_shift[4][256], short_shift[4][256], tiny_shift[4][256];
 
 static void init_shift(uint32_t table[4][256], size_t lane_bytes) {
     uint32_t op = shift_bytes(lane_bytes);
@@ -163,6 +166,7 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_hw3(uint32_t crc, const
                                                              size_t n) {
     CRC_LANES(LANE_BYTES, long_shift)
     CRC_LANES(SHORT_LANE_BYTES, short_shift)
+    CRC_LANES(TINY_LANE_BYTES, tiny_shift)
     return crc32c_hw(crc, p, n);
 }
 #endif
@@ -510,6 +514,7 @@ PyMODINIT_FUNC PyInit__cframing(void) {
     init_x2n();
     init_shift(long_shift, LANE_BYTES);
     init_shift(short_shift, SHORT_LANE_BYTES);
+    init_shift(tiny_shift, TINY_LANE_BYTES);
 #ifdef HAVE_HW_CRC
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) crc32c_impl = crc32c_hw3;
