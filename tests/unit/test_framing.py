@@ -459,8 +459,29 @@ def test_fused_copy_and_crc_c_and_python_agree(data: bytes, cuts: list[int], sta
     "size",
     # around the three-lane CRC's steps: 3 tiny lanes (192), 3 short lanes (768), 3 long
     # lanes (24576) and all three
-    [0, 1, 8, 191, 192, 193, 255, 767, 768, 769, 959, 960, 961, 1023, 1024, 1535, 1536]
-    + [24575, 24576, 24577, 24576 + 768 + 192 + 5],
+    [
+        0,
+        1,
+        8,
+        191,
+        192,
+        193,
+        255,
+        767,
+        768,
+        769,
+        959,
+        960,
+        961,
+        1023,
+        1024,
+        1535,
+        1536,
+        24575,
+        24576,
+        24577,
+        24576 + 768 + 192 + 5,
+    ],
 )
 def test_the_c_crc_agrees_with_the_package_around_its_lanes(size: int) -> None:
     data = bytes(random.Random(size).getrandbits(8) for _ in range(size))
