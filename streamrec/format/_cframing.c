@@ -466,16 +466,23 @@ static PyObject *py_framed_bytes(PyObject *self, PyObject *records) {
     (void)self;
     PyObject *seq = PySequence_Fast(records, "framed_bytes() needs a sequence of payloads");
     if (seq == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), total = 16 * n;
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = items[i];
-        Py_ssize_t size = PyBytes_CheckExact(item) ? PyBytes_GET_SIZE(item) : PyObject_Size(item);
-        if (size < 0) {
-            Py_DECREF(seq);
-            return NULL;
+    Py_ssize_t total = 0;
+    /* the size and items read again each step: another object's __len__ may change a list */
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        Py_ssize_t size;
+        if (PyBytes_CheckExact(item)) {
+            size = PyBytes_GET_SIZE(item);
+        } else {
+            Py_INCREF(item);
+            size = PyObject_Size(item);
+            Py_DECREF(item);
+            if (size < 0) {
+                Py_DECREF(seq);
+                return NULL;
+            }
         }
-        total += size;
+        total += size + 16;
     }
     Py_DECREF(seq);
     return PyLong_FromSsize_t(total);
