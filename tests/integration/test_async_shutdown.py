@@ -69,6 +69,9 @@ async def first_items(pattern):
             n += 1
             if n == 10:
                 return n
+    if pattern == "raise":  # an exception out of the loop body, out of asyncio.run
+        async for _ in dataset():
+            raise LookupError("raised")
     if pattern == "break":
         records = dataset().__aiter__()
         async for _ in records:
@@ -79,7 +82,10 @@ async def first_items(pattern):
 
 for pattern in patterns:
     print("==", pattern, file=sys.stderr, flush=True)
-    print(pattern, asyncio.run(first_items(pattern)), flush=True)
+    try:
+        print(pattern, asyncio.run(first_items(pattern)), flush=True)
+    except LookupError as error:
+        print(pattern, error, flush=True)
 """
 
 EXPECTED = {
@@ -89,10 +95,11 @@ EXPECTED = {
     "transforms": 4,
     "repeat": 10,
     "mix": 10,
+    "raise": "raised",
     "break": 1,
 }
 EVERY_PATTERN = list(EXPECTED)
-REMOTE_PATTERNS = ["records", "first-ready", "transforms", "break"]
+REMOTE_PATTERNS = ["records", "first-ready", "transforms", "raise", "break"]
 
 
 def write_shards(
