@@ -172,12 +172,10 @@ async def handed_out_async(source: _Counted[T]) -> AsyncGenerator[T, None]:
     ``auto_consume=False``, each item counted consumed once it is handed out (a
     :class:`Handout`), so ``state_dict()`` is exact between any two items."""
     handout = Handout(source.mark_consumed)
-    chunks = owned(
-        source.record_chunks(
-            auto_consume=False, report_consumed=handout.flush, handed_out=handout.total
-        )
+    chunks = source.record_chunks(
+        auto_consume=False, report_consumed=handout.flush, handed_out=handout.total
     )
-    async with owning(chunks) as pieces:
+    async with owning(chunks) as pieces:  # (owning makes it Owned)
         try:
             async for items in pieces:
                 it = iter(items)

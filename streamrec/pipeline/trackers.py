@@ -129,7 +129,7 @@ class _ReadTracker:
             if n:
                 position = self.at(slot)
                 position.records += n
-                position.offset += sum(sum(map(len, m)) for m in mine) + OVERHEAD_BYTES * n
+                position.offset += sum(map(framed_bytes, mine))
         whole, within = divmod(taken % step, block_length)
         if whole:
             self.end_turn(order[whole - 1], False)
