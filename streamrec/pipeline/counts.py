@@ -79,7 +79,9 @@ async def list_counts(urls: Sequence[str], options: ReadOptions, stats: Stats) -
     why they are not all known (``unknown``)."""
     key = counts_key(urls, options)
     engine = ReadEngine(urls, options, 0, stats)
-    async with StoreSet(options.storage_options) as stores:
+    async with StoreSet(
+        options.storage_options, lookup_reads_first_bytes=options.cache_dir is None
+    ) as stores:
         shards = await engine.list_shards(stores)
         try:
             found = await record_counts(

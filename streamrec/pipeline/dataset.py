@@ -89,7 +89,10 @@ class Dataset(Chainable[bytes]):
     async def shards(self) -> list[ObjectInfo]:
         """Every shard to read, in reading order, with its size and version."""
         engine = ReadEngine(self.urls, self.options, self.epoch, self._stats)
-        async with StoreSet(self.options.storage_options) as stores:
+        async with StoreSet(
+            self.options.storage_options,
+            lookup_reads_first_bytes=self.options.cache_dir is None,
+        ) as stores:
             return await engine.list_shards(stores)
 
     # The settings a DDP launcher or the user may change between iterations (the PyTorch

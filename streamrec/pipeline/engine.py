@@ -164,7 +164,11 @@ class ReadEngine:
         budget = ByteBudget(options.prefetch_bytes)
         closers: list[Callable[[], Awaitable[None]]] = []
         connections = options.max_concurrency * (options.cycle_length + 1)
-        async with StoreSet(options.storage_options, connections) as stores:
+        async with StoreSet(
+            options.storage_options,
+            connections,
+            lookup_reads_first_bytes=options.cache_dir is None,
+        ) as stores:
             early = _EarlyStart(lambda shard: self._reader(stores, shard, budget))
             closers.append(early.aclose)
             try:

@@ -98,6 +98,12 @@ class ObjectStore(abc.ABC):
     """True when the store reads records straight into their final objects (local files:
     ``LocalStore.open_file``); see :mod:`streamrec.pipeline.direct`."""
 
+    lookup_reads_first_bytes: bool = True
+    """Whether :meth:`expand` looks a single object up by reading its first bytes (one GET
+    that also serves the reader's first block) where the store can, rather than by a HEAD. A
+    run that reads through a local cache sets it False (see :class:`StoreSet`): the cache, not
+    the object, serves those bytes, so a warm cache costs no GET of a shard."""
+
     @abc.abstractmethod
     async def expand(self, pattern: str) -> list[ObjectInfo]:
         """Objects matching a url or glob, sorted by name; ObjectNotFoundError if none."""

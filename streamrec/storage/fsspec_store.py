@@ -62,7 +62,7 @@ class FsspecStore(ObjectStore):
         return None
 
     async def expand(self, pattern: str) -> list[ObjectInfo]:
-        if not has_glob(pattern):
+        if not has_glob(pattern) and self.lookup_reads_first_bytes:
             room = self.head_cache_bytes - self._head_bytes
             head = await self._read_head(pattern, max(1, min(HEAD_BYTES, room)))
             if head is not None:

@@ -154,13 +154,20 @@ class StoreSet:
     and closed with it (``async with StoreSet(options) as stores: stores.get(url)``).
 
     ``max_connections``: what the run may have in flight at once (see :func:`open_store`).
+    ``lookup_reads_first_bytes``: see :attr:`ObjectStore.lookup_reads_first_bytes` (False for
+    a run that reads through a local cache).
     """
 
     def __init__(
-        self, storage_options: dict[str, Any] | None, max_connections: int | None = None
+        self,
+        storage_options: dict[str, Any] | None,
+        max_connections: int | None = None,
+        *,
+        lookup_reads_first_bytes: bool = True,
     ) -> None:
         self.storage_options = storage_options
         self._max_connections = max_connections
+        self._lookup_reads_first_bytes = lookup_reads_first_bytes
         self._stores: dict[str, ObjectStore] = {}
 
     def get(self, url: str) -> ObjectStore:
@@ -171,6 +178,7 @@ class StoreSet:
             store = self._stores[key] = open_store(
                 url, self.storage_options, max_connections=self._max_connections
             )
+            store.lookup_reads_first_bytes = self._lookup_reads_first_bytes
         return store
 
     async def __aenter__(self: _S) -> _S:

@@ -422,3 +422,43 @@ def test_two_processes_share_one_cache(
     for data, _ in made.values():  # no torn copy: every entry is a whole shard
         assert any(p.read_bytes() == data for p in cache.glob("*.shard"))
     assert not downloads(cache)
+
+
+@pytest.mark.parametrize("kind", ["s3", "gs"])
+def test_a_warm_cache_costs_no_get_of_a_shard_named_by_url(
+    kind: str, request: pytest.FixtureRequest, fault_proxy: Any, tmp_path: Path
+) -> None:
+    """Shards named one by one are looked up by a HEAD when the cache serves them (the
+    lookup's GET of the first 256 KiB would download from the store every epoch)."""
+    server = request.getfixturevalue(f"{'s3' if kind == 's3' else 'gcs'}_server")
+    bucket = request.getfixturevalue(f"{'s3' if kind == 's3' else 'gcs'}_bucket")
+    proxy = fault_proxy(server.endpoint_url)
+    if kind == "s3":
+        storage = options(proxy)
+    else:
+        storage = {**server.storage_options, "endpoint_url": proxy.url}
+    urls, expected = [], []
+    for shard in range(6):
+        records = payloads(shard, 3000)  # ~350 KB: more than one lookup's 256 KiB
+        server.put(bucket, f"warm/shard-{shard}.tfrecord", RecordEncoder().encode_many(records))
+        urls.append(f"{kind}://{bucket}/warm/shard-{shard}.tfrecord")
+        expected += records
+    settings: dict[str, Any] = {"cache_dir": str(tmp_path), "cache_bytes": 64 << 20}
+
+    def shard_gets() -> list[str]:
+        return [
+            r.target
+            for r in proxy.records
+            if r.method == "GET" and r.range and ".tfrecord" in r.target.split("?")[0]
+        ]
+
+    ds = streamrec.open_dataset(urls, storage_options=storage, **settings)
+    assert list(ds) == expected
+    proxy.clear_records()
+    ds.set_epoch(1)
+    assert list(ds) == expected
+    assert shard_gets() == []
+    assert ds.stats.cache_hits == 6
+    fresh = streamrec.open_dataset(urls, storage_options=storage, **settings)
+    assert list(fresh) == expected
+    assert shard_gets() == []
