@@ -35,7 +35,13 @@ dies, the kernel releases its lock and the reader takes over. ``.part`` files of
 processes (their lock free) are removed whenever space is reserved.
 
 A cache directory is storage like any other: entries are checked against the object's size
-when opened, and the reader checks every record's CRCs as for a remote read.
+when opened, and the reader checks every record's CRCs as for a remote read. It is also
+private: this process makes it (and every file in it) readable by its user only (0700 /
+0600: the copies are of private buckets), and uses a directory or an entry only if it
+belongs to this user and nobody else may write it (a planted copy with valid CRCs would
+otherwise be served as the object); else it warns once and reads without the cache. Every
+wait is bounded: a directory lock held past ``stall_s``, or another process's download that
+stalls or crawls, makes this run give the cache up (one warning, no waiting per shard).
 """
 
 from __future__ import annotations
@@ -67,6 +73,10 @@ DIR_LOCK = "streamrec-cache.lock"
 ENTRY, PART, LOCK = ".shard", ".part", ".lock"
 _POLL_FIRST_S = 0.005  # waiting for another process's download: first poll, doubling up to
 _POLL_MAX_S = 0.1  # this (a published entry is seen within 0.1 s)
+_SLOWEST_FILL_BYTES_PER_S = 1 << 20  # another process's download slower than this (on
+# average, after stall_s) is not waited for: a holder that only touches its .part would
+# otherwise keep a reader waiting without end
+DIRECTORY_MODE, FILE_MODE = 0o700, 0o600
 _filling: set[str] = set()  # entry paths this process is downloading (see ShardCache.open)
 
 
@@ -166,8 +176,17 @@ class CacheHit:
 class CacheFill:
     """This reader's download of one object into the cache (see the module docstring)."""
 
-    def __init__(self, path: str, size: int, part: _Handle, lock: int, stall_s: float) -> None:
+    def __init__(
+        self,
+        path: str,
+        size: int,
+        part: _Handle,
+        lock: int,
+        stall_s: float,
+        give_up: Callable[[str], None],
+    ) -> None:
         self.path = path
+        self._give_up = give_up
         self._stall_s = stall_s
         self.size = size
         self._part = part
@@ -199,6 +218,10 @@ class CacheFill:
             return False
         try:
             await self._part.run(_publish, self.part_path, self.path, self._stall_s)
+        except DirectoryLockStalled as exc:
+            self._give_up(str(exc))
+            await self.abort()
+            return False
         except OSError as exc:  # a cache that cannot be written is no reason to fail the read
             logger.warning("not caching %s: %s", self.path, exc)
             await self.abort()
@@ -229,6 +252,24 @@ class CacheFill:
 
 
 _BUSY = object()  # another process holds the object's lock
+_STALLED = object()  # the directory lock stayed held past stall_s
+
+
+class DirectoryLockStalled(OSError):
+    """The directory lock stayed held past ``stall_s`` (a stopped or hostile process)."""
+
+
+class UntrustedCache(OSError):
+    """The cache directory or an entry is not this user's own, or others may write it."""
+
+
+def _check_private(found: os.stat_result, path: str) -> None:
+    if found.st_uid != os.getuid():
+        raise UntrustedCache(f"{path} belongs to user {found.st_uid}, not to this user")
+    if found.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UntrustedCache(
+            f"{path} may be written by other users (mode {stat.S_IMODE(found.st_mode):o})"
+        )
 
 
 class ShardCache:
@@ -243,6 +284,14 @@ class ShardCache:
         self.directory = os.path.abspath(directory)
         self.capacity_bytes = capacity_bytes
         self.stall_s = stall_s
+        self.given_up: str | None = None
+        """Why this run reads without the cache from now on (None: it uses the cache)."""
+
+    def give_up(self, why: str) -> None:
+        """Read without the cache for the rest of this run (warned once)."""
+        if self.given_up is None:
+            self.given_up = why
+            logger.warning("not using the cache %s for this run: %s", self.directory, why)
 
     def entry_path(self, obj: ObjectInfo, namespace: str = "") -> str:
         """The entry of ``obj``: the hash of everything that identifies its bytes (the full
@@ -260,6 +309,8 @@ class ShardCache:
         (read without the cache)."""
         if obj.version is None or obj.size > self.capacity_bytes or obj.size == 0:
             return None  # no version: a replaced object could not be told from the copy
+        if self.given_up is not None:
+            return None
         path = self.entry_path(obj, namespace)
         # claimed before anything: another reader of this process (a list naming the shard
         # twice, read side by side) must not wait for a download its own consumer paces
@@ -276,11 +327,18 @@ class ShardCache:
 
     async def _open(self, path: str, obj: ObjectInfo, fill: bool, wait: bool) -> object:
         delay, progress, since = _POLL_FIRST_S, None, time.monotonic()
+        deadline = since + self.stall_s + obj.size / _SLOWEST_FILL_BYTES_PER_S
         while True:
             try:
                 found = await _off_loop(self._try_open, path, obj.size, fill)
+            except UntrustedCache as exc:
+                self.give_up(str(exc))
+                return None
             except OSError as exc:  # a full or read-only disk must not stop the training
                 logger.warning("not using the cache %s for %s: %s", self.directory, obj.url, exc)
+                return None
+            if found is _STALLED:
+                self.give_up(f"{DIR_LOCK} stays locked for more than {self.stall_s:g} s")
                 return None
             if found is not _BUSY:
                 return found
@@ -290,16 +348,18 @@ class ShardCache:
             seen = _mtime_ns(path[: -len(ENTRY)] + PART)
             if seen != progress:
                 progress, since = seen, now
-            elif now - since > self.stall_s:
-                return None  # the holder is alive but stopped: read without the cache
+            if now - since > self.stall_s or now > deadline:
+                # the holder is alive but stopped, or crawls: read without the cache
+                self.give_up(f"another process's download of {obj.url} stalls")
+                return None
             await asyncio.sleep(delay)
             delay = min(delay * 2, _POLL_MAX_S)
 
     def _try_open(self, path: str, size: int, fill: bool) -> object:
+        self._check_directory(create=fill)
         hit = self._open_entry(path, size)
         if hit is not None or not fill:
             return hit
-        os.makedirs(self.directory, exist_ok=True)
         lock_path = path[: -len(ENTRY)] + LOCK
         lock = _try_lock(lock_path)
         if lock is None:
@@ -316,10 +376,24 @@ class ShardCache:
         except BaseException:
             _unlock(lock, lock_path)
             raise
-        if fd is None:
+        if fd is None or fd is _STALLED:
             _unlock(lock, lock_path)
-            return None
-        return CacheFill(path, size, _Handle(fd), lock, self.stall_s)
+            return fd
+        assert isinstance(fd, int)
+        return CacheFill(path, size, _Handle(fd), lock, self.stall_s, self.give_up)
+
+    def _check_directory(self, create: bool) -> None:
+        """Make the directory (0700) if ``create``; raise UntrustedCache if it is not this
+        user's own or others may write it (its entries could be planted)."""
+        if create:
+            os.makedirs(self.directory, mode=DIRECTORY_MODE, exist_ok=True)
+        try:
+            found = os.stat(self.directory)
+        except FileNotFoundError:
+            return  # nothing cached yet (and nothing to fill: not made)
+        if not stat.S_ISDIR(found.st_mode):
+            raise UntrustedCache(f"{self.directory} is not a directory")
+        _check_private(found, self.directory)
 
     def _open_entry(self, path: str, size: int) -> CacheHit | None:
         try:  # (O_NONBLOCK: a FIFO planted under the name must not wait for a writer)
@@ -327,6 +401,11 @@ class ShardCache:
         except FileNotFoundError:
             return None
         found = os.fstat(fd)
+        try:
+            _check_private(found, path)
+        except UntrustedCache:
+            os.close(fd)
+            raise
         if not stat.S_ISREG(found.st_mode) or found.st_size != size:
             with contextlib.suppress(OSError):  # not what a publish leaves: drop it
                 _unlink_if_same(fd, path)
@@ -338,14 +417,13 @@ class ShardCache:
         handle = _Handle(fd)
         return CacheHit(path, ObjectInfo(path, size), _EntryStore(handle), handle)
 
-    def _reserve(self, part: str, size: int) -> int | None:
+    def _reserve(self, part: str, size: int) -> int | object | None:
         """Under the directory lock: free room for ``size`` bytes (dead downloads, then the
         least recently used entries) and allocate ``part`` at that size; None if it cannot
         fit beside the downloads in progress."""
         with _directory_lock(self.directory, self.stall_s) as locked:
             if not locked:
-                logger.warning("not caching %s: %s stays locked", part, DIR_LOCK)
-                return None
+                return _STALLED
             used, entries = self._scan()
             free = self.capacity_bytes - used
             for _, entry, entry_size in sorted(entries):
@@ -358,7 +436,7 @@ class ShardCache:
             if free < size:
                 return None
             # (the stale one removed: a name planted meanwhile, a link especially, is not ours)
-            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
             try:
                 _allocate(fd, size)
             except OSError:  # the disk is full: no copy, read on
@@ -421,7 +499,7 @@ def _try_lock(path: str, create: bool = True) -> int | None:
     while True:
         try:
             flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
-            fd = os.open(path, flags, 0o644)
+            fd = os.open(path, flags, FILE_MODE)
         except FileNotFoundError:
             return None
         try:
@@ -510,7 +588,8 @@ def _directory_lock(directory: str, stall_s: float) -> Iterator[bool]:
     """The directory lock, held for the block if it could be taken within ``stall_s`` (held
     for a scan: milliseconds; held longer, by a stopped or hostile process, the caller goes
     on without the cache rather than wait forever). Yields whether it is held."""
-    fd = os.open(os.path.join(directory, DIR_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    fd = os.open(os.path.join(directory, DIR_LOCK), flags, FILE_MODE)
     try:
         yield _flock_within(fd, stall_s)
     finally:
@@ -524,7 +603,7 @@ def _publish(fd: int, part: str, path: str, stall_s: float) -> None:
     # and a reservation would then count its bytes as free.
     with _directory_lock(os.path.dirname(path), stall_s) as locked:
         if not locked:
-            raise OSError(f"{DIR_LOCK} stays locked")
+            raise DirectoryLockStalled(f"{DIR_LOCK} stays locked for more than {stall_s:g} s")
         os.rename(part, path)  # atomic: readers see the whole copy or none
     with contextlib.suppress(OSError):  # make the rename durable too (best effort)
         directory = os.open(os.path.dirname(path), os.O_RDONLY)

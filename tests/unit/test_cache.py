@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import stat
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -241,6 +244,91 @@ async def test_a_directory_lock_held_forever_is_not_waited_for_forever(tmp_path:
     finally:
         os.close(holder)
     assert {p.name for p in tmp_path.iterdir()} == {"streamrec-cache.lock"}
-    route = await cache.open(obj("a"))  # free again: cached as usual
+    assert cache.given_up is not None
+    assert await cache.open(obj("b")) is None  # given up for the run: no wait per shard
+    route = await ShardCache(str(tmp_path), 1000).open(obj("a"))  # the next run caches again
     assert isinstance(route, CacheFill)
     await route.abort()
+
+
+async def test_the_directory_and_its_files_are_private(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    cache = ShardCache(str(directory), 1000)
+    entry = await fill(cache, obj("a"))
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(entry).st_mode) == 0o600
+    assert stat.S_IMODE((directory / "streamrec-cache.lock").stat().st_mode) == 0o600
+    route = await cache.open(obj("b"))
+    assert isinstance(route, CacheFill)
+    assert stat.S_IMODE(os.stat(route.part_path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(route.path[: -len(".shard")] + ".lock").st_mode) == 0o600
+    await route.abort()
+
+
+async def test_a_directory_others_may_write_is_not_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = tmp_path / "shared"
+    directory.mkdir()
+    directory.chmod(0o777)  # anyone could plant an entry with valid CRCs here
+    cache = ShardCache(str(directory), 1000)
+    assert await cache.open(obj("a")) is None  # read without the cache
+    assert list(directory.iterdir()) == []
+    assert "may be written by other users (mode 777)" in caplog.text
+    assert str(directory) in caplog.text
+
+
+async def test_an_entry_others_may_write_is_not_served(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), 1000)
+    entry = await fill(cache, obj("a"))
+    os.chmod(entry, 0o666)
+    assert await cache.open(obj("a")) is None
+    assert cache.given_up is not None and "may be written by other users" in cache.given_up
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="planting another user's file needs root")
+async def test_an_entry_of_another_user_is_not_served(tmp_path: Path) -> None:
+    cache = ShardCache(str(tmp_path), 1000)
+    entry = await fill(cache, obj("a"))
+    os.chown(entry, 4321, 4321)
+    assert await cache.open(obj("a")) is None
+    assert cache.given_up == f"{entry} belongs to user 4321, not to this user"
+
+
+async def test_a_linked_directory_lock_is_never_followed(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"keep")
+    directory = tmp_path / "cache"
+    directory.mkdir(mode=0o700)
+    (directory / "streamrec-cache.lock").symlink_to(target)
+    cache = ShardCache(str(directory), 1000)
+    assert await cache.open(obj("a")) is None
+    assert target.read_bytes() == b"keep"
+
+
+async def test_a_holder_that_only_touches_its_part_is_not_waited_for(tmp_path: Path) -> None:
+    # a hostile (or broken) process holds an entry's lock and keeps its .part "in progress"
+    cache = ShardCache(str(tmp_path), 1000, stall_s=0.05)
+    info = obj("a")
+    base = cache.entry_path(info)[: -len(".shard")]
+    holder = os.open(base + ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    Path(base + ".part").write_bytes(b"x" * info.size)
+    stop = threading.Event()
+
+    def touch() -> None:
+        while not stop.is_set():  # the adversary's behaviour, not a synchronisation
+            now = time.time_ns()
+            os.utime(base + ".part", ns=(now, now))
+            stop.wait(0.005)
+
+    toucher = threading.Thread(target=touch)
+    toucher.start()
+    try:
+        assert await cache.open(info) is None
+        assert cache.given_up is not None and "stalls" in cache.given_up
+        assert await cache.open(obj("b")) is None  # no second wait in this run
+    finally:
+        stop.set()
+        toucher.join()
+        os.close(holder)
