@@ -79,6 +79,7 @@ async def manifest_shards(
             entry.bytes,
             entry.version,
             entry.records,
+            crc32c=entry.crc32c,
             # a sidecar the manifest lists is known; one added later (`streamrec index`) is
             # looked up (and checked against the shard before it is used)
             index=(

@@ -42,6 +42,9 @@ class ObjectInfo:
     version: str | None = None
     records: int | None = None
     """How many records the object holds, where known without reading it (a manifest)."""
+    crc32c: int | None = None
+    """The CRC-32C (unmasked) of the object's bytes, where known without reading it (a
+    manifest): a local copy (the cache) is checked against it before it is served."""
     index: ObjectInfo | None = None
     """The shard's record index sidecar (``<url>.idx``, see :mod:`streamrec.format.index`),
     where the listing that found the shard also returned it."""

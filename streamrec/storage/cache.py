@@ -59,6 +59,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, cast
 
+import crc32c as _crc32c
+
 from streamrec.errors import StorageError
 from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.stores import options_for, store_key
@@ -330,7 +332,7 @@ class ShardCache:
         deadline = since + self.stall_s + obj.size / _SLOWEST_FILL_BYTES_PER_S
         while True:
             try:
-                found = await _off_loop(self._try_open, path, obj.size, fill)
+                found = await _off_loop(self._try_open, path, obj, fill)
             except UntrustedCache as exc:
                 self.give_up(str(exc))
                 return None
@@ -355,9 +357,10 @@ class ShardCache:
             await asyncio.sleep(delay)
             delay = min(delay * 2, _POLL_MAX_S)
 
-    def _try_open(self, path: str, size: int, fill: bool) -> object:
+    def _try_open(self, path: str, obj: ObjectInfo, fill: bool) -> object:
+        size = obj.size
         self._check_directory(create=fill)
-        hit = self._open_entry(path, size)
+        hit = self._open_entry(path, obj)
         if hit is not None or not fill:
             return hit
         lock_path = path[: -len(ENTRY)] + LOCK
@@ -365,7 +368,7 @@ class ShardCache:
         if lock is None:
             return _BUSY
         try:
-            hit = self._open_entry(path, size)  # published while we took the lock
+            hit = self._open_entry(path, obj)  # published while we took the lock
             if hit is not None:
                 _unlock(lock, lock_path)
                 return hit
@@ -395,18 +398,28 @@ class ShardCache:
             raise UntrustedCache(f"{self.directory} is not a directory")
         _check_private(found, self.directory)
 
-    def _open_entry(self, path: str, size: int) -> CacheHit | None:
+    def _open_entry(self, path: str, obj: ObjectInfo) -> CacheHit | None:
         try:  # (O_NONBLOCK: a FIFO planted under the name must not wait for a writer)
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
-        found = os.fstat(fd)
         try:
+            found = os.fstat(fd)
             _check_private(found, path)
-        except UntrustedCache:
+            usable = stat.S_ISREG(found.st_mode) and found.st_size == obj.size
+            if usable and obj.crc32c is not None:  # (a planted copy may have valid CRCs)
+                usable = _file_crc32c(fd, obj.size) == obj.crc32c
+        except BaseException:
             os.close(fd)
             raise
-        if not stat.S_ISREG(found.st_mode) or found.st_size != size:
+        if not usable:
+            if stat.S_ISREG(found.st_mode) and found.st_size == obj.size:
+                logger.warning(
+                    "the cached copy %s of %s does not match the CRC-32C its manifest lists: "
+                    "removed, the shard is read again",
+                    path,
+                    obj.url,
+                )
             with contextlib.suppress(OSError):  # not what a publish leaves: drop it
                 _unlink_if_same(fd, path)
             os.close(fd)
@@ -415,7 +428,7 @@ class ShardCache:
         with contextlib.suppress(OSError):
             os.utime(path, ns=(now, now))  # used now (eviction is least recently used)
         handle = _Handle(fd)
-        return CacheHit(path, ObjectInfo(path, size), _EntryStore(handle), handle)
+        return CacheHit(path, ObjectInfo(path, obj.size), _EntryStore(handle), handle)
 
     def _reserve(self, part: str, size: int) -> int | object | None:
         """Under the directory lock: free room for ``size`` bytes (dead downloads, then the
@@ -570,6 +583,18 @@ def _allocate(fd: int, size: int) -> None:
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise
         os.ftruncate(fd, size)  # file systems without fallocate: the size at least
+
+
+def _file_crc32c(fd: int, size: int, step: int = 1 << 20) -> int:
+    """The CRC-32C of the first ``size`` bytes of the file ``fd`` (read a step at a time)."""
+    crc, offset = 0, 0
+    while offset < size:
+        data = os.pread(fd, min(step, size - offset), offset)
+        if not data:
+            break
+        crc = _crc32c.crc32c(data, crc)
+        offset += len(data)
+    return int(crc)
 
 
 def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> int:

@@ -462,3 +462,27 @@ def test_a_warm_cache_costs_no_get_of_a_shard_named_by_url(
     fresh = streamrec.open_dataset(urls, storage_options=storage, **settings)
     assert list(fresh) == expected
     assert shard_gets() == []
+
+
+def test_a_planted_copy_with_valid_crcs_is_not_served_for_a_manifest_shard(
+    s3_server: MotoS3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    # the manifest lists each shard's CRC-32C: a copy in the cache that is not the shard
+    # (planted, or written by a bug) is found out although every record's CRCs are valid
+    url = f"s3://{s3_bucket}/planted"
+    storage = {"client_kwargs": {"endpoint_url": s3_server.endpoint_url}}
+    with streamrec.sync.open_writer(
+        url + "/part-{index:05d}.tfrecord", max_records=50, storage_options=storage
+    ) as writer:
+        for record in payloads(1, 50):
+            writer.write(record)
+    cache = tmp_path / "cache"
+    settings: dict[str, Any] = {"cache_dir": str(cache), "cache_bytes": 1 << 20}
+    assert list(streamrec.open_dataset(url, storage_options=storage, **settings)) == payloads(1, 50)
+    (entry,) = cache.glob("*.shard")
+    planted = RecordEncoder().encode_many(payloads(2, 50))  # the same size, valid CRCs
+    assert len(planted) == entry.stat().st_size
+    entry.write_bytes(planted)
+    again = streamrec.open_dataset(url, storage_options=storage, **settings)
+    assert list(again) == payloads(1, 50)
+    assert again.stats.cache_hits == 0

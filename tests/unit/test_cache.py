@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from streamrec.format.crc import crc32c
 from streamrec.pipeline.options import ReadOptions
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.cache import CacheFill, CacheHit, ShardCache, cache_namespace, is_cacheable
@@ -332,3 +333,24 @@ async def test_a_holder_that_only_touches_its_part_is_not_waited_for(tmp_path: P
         stop.set()
         toucher.join()
         os.close(holder)
+
+
+async def test_a_copy_that_does_not_match_the_manifests_crc32c_is_not_served(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    plain = obj("a")
+    data = (plain.url.encode() * plain.size)[: plain.size]  # what fill() writes
+    known = ObjectInfo(plain.url, plain.size, plain.version, crc32c=crc32c(data))
+    cache = ShardCache(str(tmp_path), 1000)
+    entry = await fill(cache, known)
+    hit = await cache.open(known)
+    assert isinstance(hit, CacheHit)  # it matches
+    await hit.close()
+    planted = bytearray(data)
+    planted[7] ^= 1  # the same size, owner and mode: only the CRC tells
+    Path(entry).write_bytes(bytes(planted))
+    route = await cache.open(known)
+    assert isinstance(route, CacheFill)  # not served: downloaded again
+    assert not os.path.exists(entry)
+    assert "does not match the CRC-32C its manifest lists" in caplog.text
+    await route.abort()
