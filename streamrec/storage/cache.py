@@ -48,21 +48,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import fcntl
 import hashlib
 import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, cast
 
-import crc32c as _crc32c
-
 from streamrec.errors import StorageError
 from streamrec.storage.base import ObjectInfo, ObjectStore
+from streamrec.storage.cache_files import (
+    DIR_LOCK,
+    ENTRY,
+    FILE_MODE,
+    LOCK,
+    PART,
+    POLL_FIRST_S,
+    POLL_MAX_S,
+    DirectoryLockStalled,
+    UntrustedCache,
+    allocate,
+    check_private,
+    directory_lock,
+    file_crc32c,
+    mtime_ns,
+    publish,
+    pwrite_all,
+    remove_if_dead,
+    remove_lock_file,
+    try_lock,
+    unlink_if_same,
+    unlock,
+)
 from streamrec.storage.stores import options_for, store_key
 from streamrec.storage.translate import translate
 
@@ -71,14 +90,10 @@ __all__ = ["CacheFill", "CacheHit", "ShardCache", "cache_namespace", "is_cacheab
 T = TypeVar("T")
 logger = logging.getLogger("streamrec")
 
-DIR_LOCK = "streamrec-cache.lock"
-ENTRY, PART, LOCK = ".shard", ".part", ".lock"
-_POLL_FIRST_S = 0.005  # waiting for another process's download: first poll, doubling up to
-_POLL_MAX_S = 0.1  # this (a published entry is seen within 0.1 s)
 _SLOWEST_FILL_BYTES_PER_S = 1 << 20  # another process's download slower than this (on
 # average, after stall_s) is not waited for: a holder that only touches its .part would
 # otherwise keep a reader waiting without end
-DIRECTORY_MODE, FILE_MODE = 0o700, 0o600
+DIRECTORY_MODE = 0o700
 _filling: set[str] = set()  # entry paths this process is downloading (see ShardCache.open)
 
 
@@ -172,7 +187,7 @@ class CacheHit:
         """Remove the entry (its contents turned out damaged): the next read downloads the
         object again. A newer entry under the same name (another process's) is kept."""
         with contextlib.suppress(OSError):  # best effort: the caller raises what it found
-            await self._handle.run(_unlink_if_same, self.path)
+            await self._handle.run(unlink_if_same, self.path)
 
 
 class CacheFill:
@@ -205,7 +220,7 @@ class CacheFill:
         if offset < 0 or offset + sum(map(len, pieces)) > self.size:
             raise ValueError(f"{self.path}: a write beyond the object's {self.size} bytes")
         try:
-            written = await self._part.run(_pwrite_all, pieces, offset)
+            written = await self._part.run(pwrite_all, pieces, offset)
         except OSError:  # a cache that cannot be written is no reason to fail the read
             written = -1 - self.size  # never complete: publish aborts
         self._written += written  # (after the await: writes run concurrently)
@@ -219,7 +234,7 @@ class CacheFill:
             await self.abort()
             return False
         try:
-            await self._part.run(_publish, self.part_path, self.path, self._stall_s)
+            await self._part.run(publish, self.part_path, self.path, self._stall_s)
         except DirectoryLockStalled as exc:
             self._give_up(str(exc))
             await self.abort()
@@ -232,7 +247,7 @@ class CacheFill:
             await self.abort()
             raise
         await self._part.close()
-        self._unlock()
+        self._release_lock()
         return True
 
     async def abort(self) -> None:
@@ -244,34 +259,17 @@ class CacheFill:
         finally:  # (cancelled meanwhile: the fd closes when they end; the rest goes now)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.part_path)
-            self._unlock()
+            self._release_lock()
 
-    def _unlock(self) -> None:
+    def _release_lock(self) -> None:
         lock, self._lock = self._lock, None
         if lock is not None:
             _filling.discard(self.path)
-            _unlock(lock, self.path[: -len(ENTRY)] + LOCK)
+            unlock(lock, self.path[: -len(ENTRY)] + LOCK)
 
 
 _BUSY = object()  # another process holds the object's lock
 _STALLED = object()  # the directory lock stayed held past stall_s
-
-
-class DirectoryLockStalled(OSError):
-    """The directory lock stayed held past ``stall_s`` (a stopped or hostile process)."""
-
-
-class UntrustedCache(OSError):
-    """The cache directory or an entry is not this user's own, or others may write it."""
-
-
-def _check_private(found: os.stat_result, path: str) -> None:
-    if found.st_uid != os.getuid():
-        raise UntrustedCache(f"{path} belongs to user {found.st_uid}, not to this user")
-    if found.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UntrustedCache(
-            f"{path} may be written by other users (mode {stat.S_IMODE(found.st_mode):o})"
-        )
 
 
 class ShardCache:
@@ -328,7 +326,7 @@ class ShardCache:
                 _filling.discard(path)
 
     async def _open(self, path: str, obj: ObjectInfo, fill: bool, wait: bool) -> object:
-        delay, progress, since = _POLL_FIRST_S, None, time.monotonic()
+        delay, progress, since = POLL_FIRST_S, None, time.monotonic()
         deadline = since + self.stall_s + obj.size / _SLOWEST_FILL_BYTES_PER_S
         while True:
             try:
@@ -347,7 +345,7 @@ class ShardCache:
             if not wait:
                 return None
             now = time.monotonic()
-            seen = _mtime_ns(path[: -len(ENTRY)] + PART)
+            seen = mtime_ns(path[: -len(ENTRY)] + PART)
             if seen != progress:
                 progress, since = seen, now
             if now - since > self.stall_s or now > deadline:
@@ -355,7 +353,7 @@ class ShardCache:
                 self.give_up(f"another process's download of {obj.url} stalls")
                 return None
             await asyncio.sleep(delay)
-            delay = min(delay * 2, _POLL_MAX_S)
+            delay = min(delay * 2, POLL_MAX_S)
 
     def _try_open(self, path: str, obj: ObjectInfo, fill: bool) -> object:
         size = obj.size
@@ -364,23 +362,23 @@ class ShardCache:
         if hit is not None or not fill:
             return hit
         lock_path = path[: -len(ENTRY)] + LOCK
-        lock = _try_lock(lock_path)
+        lock = try_lock(lock_path)
         if lock is None:
             return _BUSY
         try:
             hit = self._open_entry(path, obj)  # published while we took the lock
             if hit is not None:
-                _unlock(lock, lock_path)
+                unlock(lock, lock_path)
                 return hit
             part = path[: -len(ENTRY)] + PART
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(part)  # a dead holder's (we hold the lock: nobody else writes it)
             fd = self._reserve(part, size)
         except BaseException:
-            _unlock(lock, lock_path)
+            unlock(lock, lock_path)
             raise
         if fd is None or fd is _STALLED:
-            _unlock(lock, lock_path)
+            unlock(lock, lock_path)
             return fd
         assert isinstance(fd, int)
         return CacheFill(path, size, _Handle(fd), lock, self.stall_s, self.give_up)
@@ -396,7 +394,7 @@ class ShardCache:
             return  # nothing cached yet (and nothing to fill: not made)
         if not stat.S_ISDIR(found.st_mode):
             raise UntrustedCache(f"{self.directory} is not a directory")
-        _check_private(found, self.directory)
+        check_private(found, self.directory)
 
     def _open_entry(self, path: str, obj: ObjectInfo) -> CacheHit | None:
         try:  # (O_NONBLOCK: a FIFO planted under the name must not wait for a writer)
@@ -405,10 +403,10 @@ class ShardCache:
             return None
         try:
             found = os.fstat(fd)
-            _check_private(found, path)
+            check_private(found, path)
             usable = stat.S_ISREG(found.st_mode) and found.st_size == obj.size
             if usable and obj.crc32c is not None:  # (a planted copy may have valid CRCs)
-                usable = _file_crc32c(fd, obj.size) == obj.crc32c
+                usable = file_crc32c(fd, obj.size) == obj.crc32c
         except BaseException:
             os.close(fd)
             raise
@@ -421,7 +419,7 @@ class ShardCache:
                     obj.url,
                 )
             with contextlib.suppress(OSError):  # not what a publish leaves: drop it
-                _unlink_if_same(fd, path)
+                unlink_if_same(fd, path)
             os.close(fd)
             return None
         now = time.time_ns()  # (not the kernel's coarse clock: uses a few ms apart still order)
@@ -434,7 +432,7 @@ class ShardCache:
         """Under the directory lock: free room for ``size`` bytes (dead downloads, then the
         least recently used entries) and allocate ``part`` at that size; None if it cannot
         fit beside the downloads in progress."""
-        with _directory_lock(self.directory, self.stall_s) as locked:
+        with directory_lock(self.directory, self.stall_s) as locked:
             if not locked:
                 return _STALLED
             used, entries = self._scan()
@@ -445,13 +443,13 @@ class ShardCache:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry)
                     free += entry_size
-                _remove_lock_file(entry[: -len(ENTRY)] + LOCK)
+                remove_lock_file(entry[: -len(ENTRY)] + LOCK)
             if free < size:
                 return None
             # (the stale one removed: a name planted meanwhile, a link especially, is not ours)
             fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
             try:
-                _allocate(fd, size)
+                allocate(fd, size)
             except OSError:  # the disk is full: no copy, read on
                 os.close(fd)
                 os.unlink(part)
@@ -472,7 +470,7 @@ class ShardCache:
                     info = item.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                if item.name.endswith(PART) and _remove_if_dead(item.path):
+                if item.name.endswith(PART) and remove_if_dead(item.path):
                     continue
                 used += info.st_size
                 if item.name.endswith(ENTRY):
@@ -502,150 +500,4 @@ def _release(found: object) -> None:
         os.close(found._part.fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(found.part_path)
-        found._unlock()
-
-
-def _try_lock(path: str, create: bool = True) -> int | None:
-    """The flock of ``path`` if free now, else None. A lock file may be removed by whoever
-    holds it (see _remove_lock_file): a lock taken on a file no longer at ``path`` is retried
-    on the new one."""
-    while True:
-        try:
-            flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
-            fd = os.open(path, flags, FILE_MODE)
-        except FileNotFoundError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            return fd
-        os.close(fd)
-        if not create:
-            return None
-
-
-def _flock_within(fd: int, seconds: float) -> bool:
-    """Take the flock of ``fd``, waiting at most ``seconds`` (polling: a blocked flock cannot
-    be given up). False if it stayed held."""
-    deadline = time.monotonic() + seconds
-    delay = _POLL_FIRST_S / 5
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, _POLL_MAX_S)
-
-
-def _unlock(fd: int, path: str) -> None:
-    """Remove the lock file ``path`` we hold as ``fd`` (safe while held: see _try_lock), then
-    release it: a waiting process goes on."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    os.close(fd)
-
-
-def _remove_lock_file(path: str) -> None:
-    """Remove a lock file nobody holds (entries come and go; their lock files with them)."""
-    fd = _try_lock(path, create=False)
-    if fd is not None:
-        _unlock(fd, path)
-
-
-def _remove_if_dead(part: str) -> bool:
-    """Remove ``part`` if the process that wrote it is gone (its lock is free)."""
-    lock_path = part[: -len(PART)] + LOCK
-    fd = _try_lock(lock_path, create=False)
-    if fd is None and os.path.exists(lock_path):
-        return False  # held: a download in progress
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(part)
-    if fd is not None:
-        _unlock(fd, lock_path)
-    return True
-
-
-def _allocate(fd: int, size: int) -> None:
-    try:
-        os.posix_fallocate(fd, 0, size)  # the blocks themselves: no ENOSPC half-way
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-            raise
-        os.ftruncate(fd, size)  # file systems without fallocate: the size at least
-
-
-def _file_crc32c(fd: int, size: int, step: int = 1 << 20) -> int:
-    """The CRC-32C of the first ``size`` bytes of the file ``fd`` (read a step at a time)."""
-    crc, offset = 0, 0
-    while offset < size:
-        data = os.pread(fd, min(step, size - offset), offset)
-        if not data:
-            break
-        crc = _crc32c.crc32c(data, crc)
-        offset += len(data)
-    return int(crc)
-
-
-def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> int:
-    total = 0
-    for piece in pieces:
-        view = memoryview(piece)
-        while view:
-            written = os.pwrite(fd, view, offset + total)
-            total += written
-            view = view[written:]
-    return total
-
-
-@contextlib.contextmanager
-def _directory_lock(directory: str, stall_s: float) -> Iterator[bool]:
-    """The directory lock, held for the block if it could be taken within ``stall_s`` (held
-    for a scan: milliseconds; held longer, by a stopped or hostile process, the caller goes
-    on without the cache rather than wait forever). Yields whether it is held."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-    fd = os.open(os.path.join(directory, DIR_LOCK), flags, FILE_MODE)
-    try:
-        yield _flock_within(fd, stall_s)
-    finally:
-        os.close(fd)
-
-
-def _publish(fd: int, part: str, path: str, stall_s: float) -> None:
-    os.fsync(fd)
-    # Under the directory lock: a scan that reads the directory while an entry is renamed
-    # may miss it under both names (readdir promises only entries left alone meanwhile),
-    # and a reservation would then count its bytes as free.
-    with _directory_lock(os.path.dirname(path), stall_s) as locked:
-        if not locked:
-            raise DirectoryLockStalled(f"{DIR_LOCK} stays locked for more than {stall_s:g} s")
-        os.rename(part, path)  # atomic: readers see the whole copy or none
-    with contextlib.suppress(OSError):  # make the rename durable too (best effort)
-        directory = os.open(os.path.dirname(path), os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-
-
-def _unlink_if_same(fd: int, path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        if os.stat(path).st_ino == os.fstat(fd).st_ino:
-            os.unlink(path)
-
-
-def _mtime_ns(path: str) -> int | None:
-    try:
-        return os.stat(path).st_mtime_ns
-    except FileNotFoundError:
-        return None
+        found._release_lock()
