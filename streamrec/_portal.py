@@ -5,6 +5,9 @@ Everything in streamrec is async underneath. Plain ``for`` loops and ``with`` bl
 through :class:`EventLoopThread`: one loop in one daemon thread per dataset or writer, started
 on first use and joined on close, so nothing (threads, tasks, open files) outlives its owner.
 Records cross the thread boundary in chunks, so the hand-over costs nothing per record.
+
+An iterator left open is closed at exit, while its loop's thread still runs; a loop that
+cannot run any more (the interpreter finalising, a forked child) is never waited for.
 """
 
 from __future__ import annotations
@@ -16,14 +19,15 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
     Awaitable,
     Callable,
     Coroutine,
+    Generator,
     Iterable,
-    Iterator,
 )
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
@@ -86,9 +90,13 @@ class EventLoopThread:
 
         If the waiting thread is interrupted (KeyboardInterrupt), the work is cancelled and
         waited for before the interrupt propagates: nothing keeps running behind the caller.
+        RuntimeError if the loop cannot run it (closed, its thread gone, the interpreter
+        shutting down, or called from the loop's own thread): never a wait that cannot end.
         """
-        if self._closed:
-            raise RuntimeError("the event loop thread is closed")
+        if not self.running or self.is_current():
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()  # never to run: no "was never awaited" warning
+            raise RuntimeError("the event loop thread is closed (or stopped, or the caller)")
         done = threading.Event()
         outcome: dict[str, Any] = {}
 
@@ -102,15 +110,22 @@ class EventLoopThread:
 
         future = asyncio.run_coroutine_threadsafe(runner(), self._loop)
         try:
-            done.wait()
+            self._wait(done)
         except BaseException:
             future.cancel()
-            done.wait()
+            self._wait(done)
             raise
         if "error" in outcome:
             error = outcome.pop("error")
             raise error
         return outcome["value"]  # type: ignore[no-any-return]
+
+    def _wait(self, done: threading.Event) -> None:
+        # for as long as the loop's thread can still set it: checked in slices, not against
+        # a deadline (a call may rightly take long; a thread that stopped never sets it)
+        while not done.wait(0.25):
+            if not self._can_run():
+                raise RuntimeError("the event loop thread stopped before the call ended")
 
     async def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Await ``coroutine`` run in this loop, from another event loop: the caller's loop
@@ -135,11 +150,24 @@ class EventLoopThread:
         """True once :meth:`close` was called."""
         return self._closed
 
+    @property
+    def running(self) -> bool:
+        """Whether :meth:`call` can work: not closed, the thread alive, the interpreter on."""
+        return not self._closed and self._can_run()
+
+    def _can_run(self) -> bool:
+        # Once the interpreter finalises, a daemon thread never runs Python code again (and
+        # still counts as alive); a forked child has the thread object but not the thread.
+        return self._thread.is_alive() and not sys.is_finalizing()
+
     def close(self) -> None:
-        """Stop the loop (cancelling what still runs in it) and join the thread."""
+        """Stop the loop (cancelling what still runs in it) and join the thread; if the
+        thread can no longer run (see :attr:`running`), only mark this closed."""
         if self._closed:
             return
         self._closed = True
+        if not self._can_run() or self.is_current():
+            return  # nothing to join: it would never end (or is this very thread)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         if self._thread.native_id is not None:
@@ -171,45 +199,74 @@ def _wait_until_gone(thread_ids: list[int], timeout_s: float = 1.0) -> None:
             time.sleep(0.0005)
 
 
+def _closed_at_exit(
+    make: Callable[P, Generator[T, None, None]],
+) -> Callable[P, Generator[T, None, None]]:
+    """Decorates a blocking iterator's generator function: its generators still open at
+    interpreter exit are closed then (``weakref.finalize``: at ``atexit``, loops running).
+
+    Left to the interpreter's shutdown (``next(iter(ds))`` at a script's top level), one is
+    finalised only once daemon threads, its loop's among them, have stopped for good.
+    """
+
+    @functools.wraps(make)
+    def made(*args: P.args, **kwargs: P.kwargs) -> Generator[T, None, None]:
+        iterator = make(*args, **kwargs)
+        weakref.finalize(iterator, _close_left_open, weakref.ref(iterator), os.getpid())
+        return iterator
+
+    return made
+
+
+def _close_left_open(ref: weakref.ref[Generator[Any, None, None]], pid: int) -> None:
+    iterator = ref()
+    # a forked child's copy belongs to its parent's thread; one running in another thread
+    # (a daemon thread blocked in it) cannot be closed from here, and ends with its thread
+    if iterator is None or pid != os.getpid():
+        return
+    if inspect.getgeneratorstate(iterator) != inspect.GEN_RUNNING:
+        iterator.close()
+
+
+@_closed_at_exit
 def iterate_blocking(
     make_items: Callable[[], AsyncIterator[T]],
     on_wait: Callable[[float], None] | None = None,
-) -> Iterator[T]:
+) -> Generator[T, None, None]:
     """Iterate, blocking, over what an async generator yields (one item per hand-over).
 
     The generator runs in its own background loop; closing this iterator (break, exception,
-    garbage collection, KeyboardInterrupt) closes the generator and joins the thread.
+    garbage collection, KeyboardInterrupt, exit) closes the generator and joins the thread.
 
     ``on_wait(seconds)`` is called, in the consuming thread, with the time it spent blocked
     waiting for each item (and for the end): the consumer's whole wait, hand-over between the
     threads included, which the generator cannot see from inside the loop.
     """
     portal = EventLoopThread()
+    items: AsyncIterator[T] | None = None
     try:
         items = portal.call(_make(make_items))
-        try:
-            while True:
-                started = time.perf_counter()
-                try:
-                    item = portal.call(_next_item(items))
-                except StopAsyncIteration:
-                    return
-                finally:
-                    if on_wait is not None:
-                        on_wait(time.perf_counter() - started)
-                yield item
-                del item
-        finally:
-            portal.call(_aclose(items))
+        while True:
+            started = time.perf_counter()
+            try:
+                item = portal.call(_next_item(items))
+            except StopAsyncIteration:
+                return
+            finally:
+                if on_wait is not None:
+                    on_wait(time.perf_counter() - started)
+            yield item
+            del item
     finally:
-        portal.close()
+        _shut_down(portal, None if items is None else functools.partial(_aclose, items))
 
 
+@_closed_at_exit
 def iterate_ahead(
     make_items: Callable[[], AsyncIterator[T]],
     on_wait: Callable[[float], None] | None = None,
     max_waiting: int = 1,
-) -> Iterator[T]:
+) -> Generator[T, None, None]:
     """:func:`iterate_blocking` with the generator running ahead of the consumer.
 
     A task in the background loop pulls items and leaves them for the consumer's thread,
@@ -224,23 +281,36 @@ def iterate_ahead(
     they now run while it does. Closing is as for :func:`iterate_blocking`.
     """
     portal = EventLoopThread()
+    handover: _Handover[T] = _Handover(portal, max_waiting)
     try:
-        handover: _Handover[T] = _Handover(portal, max_waiting)
         portal.call(handover.start(make_items))
-        try:
-            while True:
-                started = time.perf_counter()
-                try:
-                    batch = handover.take()
-                finally:
-                    if on_wait is not None:
-                        on_wait(time.perf_counter() - started)
-                if batch is None:
-                    return
-                yield from batch
-                del batch
-        finally:
-            portal.call(handover.stop())
+        while True:
+            started = time.perf_counter()
+            try:
+                batch = handover.take()
+            finally:
+                if on_wait is not None:
+                    on_wait(time.perf_counter() - started)
+            if batch is None:
+                return
+            yield from batch
+            del batch
+    finally:
+        _shut_down(portal, handover.stop)  # (nothing to stop if start failed: harmless)
+
+
+def _shut_down(portal: EventLoopThread, last: Callable[[], Awaitable[None]] | None) -> None:
+    """A blocking iterator's end: ``last()`` run in its loop, then the loop closed; by
+    another thread if called from the loop's own (a garbage collection ran there). A loop
+    that can no longer run (the interpreter finalising, a forked child) is not waited for."""
+    if portal.is_current():
+        threading.Thread(
+            target=_shut_down, args=(portal, last), name="streamrec-close", daemon=True
+        ).start()
+        return
+    try:
+        if last is not None and portal.running:
+            portal.call(last())
     finally:
         portal.close()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 import threading
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from streamrec._portal import EventLoopThread, _Handover, iterate_ahead
+from streamrec._portal import EventLoopThread, _Handover, iterate_ahead, iterate_blocking
 
 
 def new_threads(before: set[threading.Thread]) -> set[threading.Thread]:
@@ -249,3 +250,62 @@ def test_a_generator_that_loses_its_cancellation_does_not_hang_the_close() -> No
     assert not outcome["hung"]
     assert "error" not in outcome
     assert made == [1]  # it ended at its next item
+
+
+def test_a_call_from_the_loops_own_thread_raises_instead_of_waiting_for_itself() -> None:
+    portal = EventLoopThread()
+
+    async def calls_back() -> None:
+        portal.call(asyncio.sleep(0))  # the loop would wait for itself: forever
+
+    outcome = run_with_deadline(lambda: portal.call(calls_back()))
+    assert not outcome["hung"]  # (a hung loop is left behind: closing it would hang too)
+    portal.close()
+    assert type(outcome.get("error")) is RuntimeError
+
+
+class Holder:
+    """What keeps an iterator in a reference cycle (only the cycle collector frees it)."""
+
+    it: Any
+    me: Holder
+
+
+@pytest.mark.parametrize("iterate", [iterate_ahead, iterate_blocking])
+def test_an_iterator_collected_in_its_own_loop_thread_is_closed(
+    iterate: Callable[..., Any],
+) -> None:
+    # A garbage collection runs in whichever thread allocates: here the iterator's own loop
+    # thread (a task still running there, as a pipeline's read-ahead does), which finalises
+    # the iterator a consumer left in a cycle. Closing it waited for that very loop.
+    dropped, closed = threading.Event(), threading.Event()
+    background: list[asyncio.Task[None]] = []
+
+    async def collect_once_dropped() -> None:
+        await asyncio.to_thread(dropped.wait)
+        gc.collect()
+
+    async def items() -> AsyncIterator[int]:
+        background.append(asyncio.create_task(collect_once_dropped()))
+        try:
+            i = 0
+            while True:
+                yield i
+                i += 1
+        finally:
+            closed.set()
+
+    before = set(threading.enumerate())
+    gc.disable()  # only the loop thread's collection may find the cycle
+    try:
+        holder = Holder()
+        holder.me, holder.it = holder, iterate(items)
+        assert next(holder.it) == 0
+        del holder
+        dropped.set()
+        assert closed.wait(30), "the iterator's close never ran"
+        for thread in new_threads(before):
+            thread.join(30)
+    finally:
+        gc.enable()
+    assert new_threads(before) == set()
