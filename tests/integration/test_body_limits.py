@@ -9,6 +9,7 @@ stores are streamrec's own (http, gs, az; s3's range reads: test_s3_get_faults.p
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -142,3 +143,58 @@ def test_a_probe_answered_with_more_than_it_asked_gives_up(scheme: str) -> None:
         assert asyncio.run(run()) is None
     else:
         assert _serving(longer, scheme, probe) is None
+
+
+ERROR_BODY = 64 << 20  # what the server would send, generated as it goes
+ERROR_BODY_SEEN = 4 << 20  # the most it may send before the client drops the connection
+
+
+@pytest.mark.parametrize("scheme", ["http", "gs"])
+@pytest.mark.parametrize("path", ["probe", "range"])
+def test_a_huge_error_body_is_not_read(scheme: str, path: str) -> None:
+    """An error answer's body is quoted from its first few KiB: the rest is never read, the
+    connection is dropped (a 500 may come with any body; the server counts what it sent)."""
+    sent: list[int] = []
+    done: asyncio.Future[None] | None = None
+
+    async def huge_error(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        count = 0
+        try:
+            writer.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10
+            )
+            writer.transport.set_write_buffer_limits(high=64 << 10)
+            await reader.readuntil(b"\r\n\r\n")
+            head = (
+                f"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n"
+                f"Content-Length: {ERROR_BODY}\r\n\r\n"
+            )
+            writer.write(head.encode())
+            chunk = b"internal error, " * 4096  # 64 KiB
+            while count < ERROR_BODY:
+                writer.write(chunk)
+                await writer.drain()
+                count += len(chunk)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            sent.append(count)
+            writer.close()
+            if done is not None and not done.done():
+                done.set_result(None)
+
+    async def job(store: ObjectStore, url: str) -> None:
+        nonlocal done
+        done = asyncio.get_running_loop().create_future()
+        with pytest.raises(TransientStorageError) as caught:
+            if path == "probe":
+                await store.expand(url)
+            else:
+                await store.read_range_pieces(ObjectInfo(url, SIZE, None), 100, 200)
+        message = str(caught.value)
+        assert "shard-1" in message and "HTTP 500" in message, message
+        assert "internal error" in message  # the excerpt of its start
+        await asyncio.wait_for(done, 30)  # (the server saw the connection end)
+
+    _serving(huge_error, scheme, job)
+    assert sent and sent[0] <= ERROR_BODY_SEEN, sent
