@@ -41,6 +41,7 @@ from streamrec.storage.s3_client import share_loader, start_tls_context, use_tls
 from streamrec.storage.s3_direct import DirectClosed, DirectS3, UseClient
 from streamrec.storage.s3_get import RangeGetter, UseGetObject
 from streamrec.storage.s3_list import early_listing
+from streamrec.storage.s3_params import RequestParams, extra_params
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
@@ -81,8 +82,10 @@ class S3Store(FsspecStore):
         timeouts = (float(fs.connect_timeout), float(fs.read_timeout))
         self._early_listing = early_listing(fs.storage_options, os.environ, timeouts)
         self.early_pages = 0  # first pages listed without the client (for tests)
+        # requester pays, SSE-C...: on every request sent here too (storage/s3_params.py)
+        self._params = RequestParams(extra_params(fs))
         self._direct: DirectS3 | None = None  # requests without the client (s3_direct.py)
-        self._direct_off = self._early_listing is None or bool(getattr(fs, "req_kw", None))
+        self._direct_off = self._early_listing is None or bool(self._params)
         super().__init__(fs)
         self._session_ready = False
         self._getter = RangeGetter()  # signed range GETs (storage/s3_get.py)
@@ -99,6 +102,12 @@ class S3Store(FsspecStore):
                 await use_tls_context(self.fs._s3, *tls)
             self._session_ready = True
         return self.fs._s3
+
+    def request_params(self, client: Any, method: str) -> dict[str, Any]:
+        """The parameters the caller asked every request to carry (``requester_pays``,
+        ``s3_additional_kwargs``: SSE-C...) that ``client.<method>`` accepts, for sinks and
+        tools that send their own requests."""
+        return self._params.for_call(client, method)
 
     async def _connect(self) -> None:
         await self.client()
@@ -171,7 +180,7 @@ class S3Store(FsspecStore):
                         Prefix=prefix,
                         Delimiter="/",
                         MaxKeys=self.list_page_keys,
-                        **getattr(self.fs, "req_kw", {}),
+                        **self._params.for_call(client, "list_objects_v2"),
                         **markers,
                     )
             except Exception as exc:
@@ -227,7 +236,10 @@ class S3Store(FsspecStore):
         client = await self.client()
         try:
             response = await client.get_object(
-                Bucket=bucket, Key=key, Range=f"bytes=0-{length - 1}"
+                Bucket=bucket,
+                Key=key,
+                Range=f"bytes=0-{length - 1}",
+                **self._params.for_call(client, "get_object"),
             )
             pieces = await _body_pieces_within(response["Body"], length)
         except Exception as exc:
@@ -258,14 +270,19 @@ class S3Store(FsspecStore):
             except Exception as exc:
                 raise translate(exc, obj.url, action) from exc
         client = await self.client()
-        if self._getter.serves(client, bucket):  # a fraction of get_object's CPU
+        headers = self._params.get_headers(client)  # (None: get_object sends them)
+        if headers is not None and self._getter.serves(client, bucket):  # a fraction of its CPU
             try:
-                return await self._getter.get(client, bucket, key, start, end, obj.version, obj.url)
+                return await self._getter.get(
+                    client, bucket, key, start, end, obj.version, obj.url, headers
+                )
             except UseGetObject:
                 pass  # the bucket is elsewhere: get_object's region redirector follows it
             except Exception as exc:
                 raise translate(exc, obj.url, action) from exc
-        extra = {"IfMatch": obj.version} if obj.version else {}
+        extra = self._params.for_call(client, "get_object")
+        if obj.version:
+            extra["IfMatch"] = obj.version
         try:
             response = await client.get_object(
                 Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra
@@ -293,7 +310,10 @@ class S3Store(FsspecStore):
         while True:
             try:
                 page = await client.list_multipart_uploads(
-                    Bucket=bucket, Prefix=key_prefix, **markers
+                    Bucket=bucket,
+                    Prefix=key_prefix,
+                    **self._params.for_call(client, "list_multipart_uploads"),
+                    **markers,
                 )
             except Exception as exc:
                 raise translate(exc, prefix, "listing open multipart uploads") from exc
@@ -317,7 +337,12 @@ class S3Store(FsspecStore):
         client = await self.client()
         bucket, key = _bucket_key(leftover.url)
         try:
-            await client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=leftover.handle)
+            await client.abort_multipart_upload(
+                Bucket=bucket,
+                Key=key,
+                UploadId=leftover.handle,
+                **self._params.for_call(client, "abort_multipart_upload"),
+            )
         except Exception as exc:
             error = translate(exc, leftover.url, "aborting a multipart upload")
             if not isinstance(error, ObjectNotFoundError):  # gone meanwhile: the goal holds

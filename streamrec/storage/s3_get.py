@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import re
 import socket
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -171,13 +172,16 @@ class RangeGetter:
         end: int,
         version: str | None,
         name: str,
+        extra: Mapping[str, str] | None = None,
     ) -> list[bytes]:
         """Bytes ``start:end`` of ``bucket/key`` (named ``name`` in errors) as pieces, the
-        read pinned to ``version`` (an ETag) when given. Raises botocore's and aiohttp's
+        read pinned to ``version`` (an ETag) when given, with the ``extra`` headers (requester
+        pays, SSE-C: signed with the rest). Raises botocore's and aiohttp's
         exceptions for the transport, streamrec errors for error answers, and
         :class:`UseGetObject` when the bucket is to be read with ``get_object``."""
         action = f"reading bytes {start}-{end - 1}"
         headers = range_headers(start, end, version)
+        headers.update(extra or {})
         url = await self.url(client, bucket, key)
         signed = await _signed(client, url, headers, self._signer(client))
         direct = await self._range_client(client, url) if self.direct else None
