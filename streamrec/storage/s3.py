@@ -69,8 +69,12 @@ class S3Store(FsspecStore):
     ) -> None:
         import s3fs
 
+        from streamrec.storage.s3_session import NoRedirectSession
+
         options = dict(storage_options or {})
         config = dict(options.pop("config_kwargs", None) or {})
+        # no redirect followed: credentials would go along to any host (s3_session.py)
+        config.setdefault("http_session_cls", NoRedirectSession)
         # botocore: total_max_attempts counts the first try (its max_attempts counts retries)
         config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
         pool = DEFAULT_MAX_CONNECTIONS if max_connections is None else max(10, max_connections)
@@ -80,7 +84,7 @@ class S3Store(FsspecStore):
         fs.retries = 1  # listing too: the retry policy is ours
         # (from the filesystem's options: the caller's with fsspec's configured defaults)
         timeouts = (float(fs.connect_timeout), float(fs.read_timeout))
-        self._early_listing = early_listing(fs.storage_options, os.environ, timeouts)
+        self._early_listing = early_listing(_as_given(fs.storage_options), os.environ, timeouts)
         self.early_pages = 0  # first pages listed without the client (for tests)
         # requester pays, SSE-C...: on every request sent here too (storage/s3_params.py)
         self._params = RequestParams(extra_params(fs))
@@ -361,6 +365,17 @@ class S3Store(FsspecStore):
             client = self.fs._s3
             if client is not None:
                 await client.__aexit__(None, None, None)
+
+
+def _as_given(storage_options: dict[str, Any]) -> dict[str, Any]:
+    """The filesystem's options without the HTTP session class the store chose (the direct
+    requests follow no redirect either: storage/http_range.py)."""
+    from streamrec.storage.s3_session import NoRedirectSession
+
+    config = dict(storage_options.get("config_kwargs") or {})
+    if config.get("http_session_cls") is NoRedirectSession:
+        del config["http_session_cls"]
+    return {**storage_options, "config_kwargs": config}
 
 
 async def _body_pieces(body: Any, limit: int | None = None, what: str = "") -> list[bytes]:
