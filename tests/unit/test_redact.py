@@ -69,3 +69,17 @@ def test_a_state_fingerprint_is_the_same_for_freshly_signed_urls() -> None:
     assert shards_digest([ObjectInfo(PRESIGNED, 10, "e")]) != shards_digest(
         [ObjectInfo(fresh, 11, "e")]
     )
+
+
+def test_options_that_hold_storage_options_show_none_of_them() -> None:
+    from streamrec.pipeline.options import ReadOptions
+    from streamrec.reshard.task import TaskOptions
+
+    secret = {"key": "AKID", "secret": "S3SECRETKEY", "token": "S3TOKEN"}
+    for options in (
+        ReadOptions(storage_options=secret),
+        TaskOptions(
+            "s3://b/o-{index}", None, src_storage_options=secret, dst_storage_options=secret
+        ),
+    ):
+        assert "S3SECRETKEY" not in repr(options) and "S3TOKEN" not in repr(options), repr(options)
