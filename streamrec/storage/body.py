@@ -21,6 +21,7 @@ from streamrec.storage.translate import from_status, translate
 __all__ = [
     "ERROR_DETAIL_BYTES",
     "error_detail",
+    "read_at_most",
     "parse_content_range",
     "ranges_ignored",
     "read_pieces",
@@ -38,6 +39,11 @@ async def error_detail(content: Any, limit: int = ERROR_DETAIL_BYTES) -> str:
     """The start of an error answer's body, off an ``aiohttp.StreamReader``: at most
     ``limit`` bytes are read, never the rest (a 500 may come with any body: the connection
     is dropped with the response, as aiohttp drops one whose body was not read to its end)."""
+    return (await read_at_most(content, limit)).decode("utf-8", "replace")
+
+
+async def read_at_most(content: Any, limit: int) -> bytes:
+    """The first ``limit`` bytes of an ``aiohttp.StreamReader`` (all of a shorter body)."""
     pieces: list[bytes] = []
     left = limit
     while left > 0:
@@ -46,7 +52,7 @@ async def error_detail(content: Any, limit: int = ERROR_DETAIL_BYTES) -> str:
             break
         pieces.append(piece)
         left -= len(piece)
-    return b"".join(pieces).decode("utf-8", "replace")
+    return b"".join(pieces)
 
 
 async def read_pieces(
