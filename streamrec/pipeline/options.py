@@ -56,7 +56,8 @@ class ReadOptions:
     block_bytes: int = 4 << 20
     max_concurrency: int = 16
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    storage_options: dict[str, Any] | None = None
+    # (credentials: never in the repr)
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)
     cycle_length: int = 1
     block_length: int = 1
     deterministic: bool = True

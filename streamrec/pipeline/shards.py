@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from streamrec.redact import redact
 from streamrec.storage.base import ObjectInfo
 
 __all__ = [
@@ -36,8 +37,11 @@ __all__ = [
 
 def shards_digest(shards: Sequence[ObjectInfo], *extra: object) -> str:
     """A short fingerprint of ``shards`` (names, sizes, versions) and of ``extra`` (how they
-    are read): a resume state names it, so that it is never loaded over other shards."""
-    described = [[[s.url, s.size, s.version] for s in shards], *extra]
+    are read): a resume state names it, so that it is never loaded over other shards.
+    Names without their credentials (:func:`~streamrec.redact.redact`), as the state's
+    configuration holds them: a state taken through signed urls resumes through freshly
+    signed ones of the same objects (the size and version still pin each object)."""
+    described = [[[redact(s.url), s.size, s.version] for s in shards], *extra]
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
 

@@ -48,8 +48,9 @@ class TaskOptions:
     max_records: int | None = None
     max_bytes: int | None = None
     shuffle_buffer: int = 0
-    src_storage_options: dict[str, Any] | None = None
-    dst_storage_options: dict[str, Any] | None = None
+    # (credentials: never in the repr, which Dask shows)
+    src_storage_options: dict[str, Any] | None = field(default=None, repr=False)
+    dst_storage_options: dict[str, Any] | None = field(default=None, repr=False)
     prefetch_bytes: int = 64 << 20
     part_bytes: int = 16 << 20
     index: bool = False

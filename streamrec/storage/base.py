@@ -8,6 +8,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from streamrec.redact import redact
+
 if TYPE_CHECKING:
     from streamrec.storage.sinks import ObjectSink, SinkContext
 
@@ -28,7 +30,7 @@ PIECE_BYTES = 64 << 10
 joined until they make this size (see ObjectStore.read_range_pieces)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ObjectInfo:
     """One object: its url (scheme as the user spelled it), size in bytes, and version.
 
@@ -52,6 +54,14 @@ class ObjectInfo:
     """True when that listing would have returned the sidecar had there been one (a directory
     listing, a glob that also matches it): ``index`` None then means the shard has none,
     without a lookup. False: unknown, look it up."""
+
+    def __repr__(self) -> str:
+        # a signed url's signature and token stay out of reprs (tracebacks, logs)
+        return (
+            f"ObjectInfo(url={redact(self.url)!r}, size={self.size!r}, "
+            f"version={self.version!r}, records={self.records!r}, index={self.index!r}, "
+            f"index_known={self.index_known!r})"
+        )
 
 
 @dataclass(frozen=True)

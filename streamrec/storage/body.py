@@ -19,6 +19,9 @@ from streamrec.storage.base import PIECE_BYTES, ObjectInfo
 from streamrec.storage.translate import from_status, translate
 
 __all__ = [
+    "ERROR_DETAIL_BYTES",
+    "error_detail",
+    "read_at_most",
     "parse_content_range",
     "ranges_ignored",
     "read_pieces",
@@ -27,6 +30,29 @@ __all__ = [
 ]
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+
+ERROR_DETAIL_BYTES = 4 << 10
+"""Most bytes of an error answer's body read (for the excerpt its error quotes)."""
+
+
+async def error_detail(content: Any, limit: int = ERROR_DETAIL_BYTES) -> str:
+    """The start of an error answer's body, off an ``aiohttp.StreamReader``: at most
+    ``limit`` bytes are read, never the rest (a 500 may come with any body: the connection
+    is dropped with the response, as aiohttp drops one whose body was not read to its end)."""
+    return (await read_at_most(content, limit)).decode("utf-8", "replace")
+
+
+async def read_at_most(content: Any, limit: int) -> bytes:
+    """The first ``limit`` bytes of an ``aiohttp.StreamReader`` (all of a shorter body)."""
+    pieces: list[bytes] = []
+    left = limit
+    while left > 0:
+        piece = await content.read(left)
+        if not piece:
+            break
+        pieces.append(piece)
+        left -= len(piece)
+    return b"".join(pieces)
 
 
 async def read_pieces(
@@ -141,8 +167,7 @@ async def probe_first_bytes(
             status = response.status
             version = response.headers.get(version_header)
             if status not in PROBE_STATUSES:
-                detail = (await response.read())[:200].decode("utf-8", "replace")
-                raise from_status(status, url, action, detail)
+                raise from_status(status, url, action, await error_detail(response.content))
             size = probed_size(
                 status, response.headers.get("Content-Range"), response.content_length, length
             )

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import ObjectChangedError, StorageError
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.body import probe_first_bytes, ranges_ignored, read_pieces
+from streamrec.storage.body import (
+    error_detail,
+    probe_first_bytes,
+    ranges_ignored,
+    read_pieces,
+)
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import from_status, translate
 
@@ -79,7 +84,7 @@ class GCSStore(FsspecStore):
                 status = response.status
                 generation = response.headers.get("X-Goog-Generation")
                 if status not in (200, 206):
-                    detail = (await response.read())[:200].decode("utf-8", "replace")
+                    detail = await error_detail(response.content)  # never the whole body
                     raise from_status(status, obj.url, action, detail)
                 # Also compare the generation served: not every server honours
                 # ifGenerationMatch.

@@ -32,17 +32,20 @@ from urllib.parse import quote
 
 from streamrec._portal import cancel_and_wait
 from streamrec.errors import StorageError, TransientStorageError
+from streamrec.storage.body import ERROR_DETAIL_BYTES, read_at_most
 from streamrec.storage.sinks import ObjectSink, SinkContext, bucket_and_key
 from streamrec.storage.translate import from_status, translate
 
 if TYPE_CHECKING:
     from streamrec.storage.gcs import GCSStore
 
-__all__ = ["CHUNK_ALIGN", "GCSResumableSink", "chunk_size", "next_offset"]
+__all__ = ["ANSWER_BYTES", "CHUNK_ALIGN", "GCSResumableSink", "chunk_size", "next_offset"]
 
 logger = logging.getLogger("streamrec")
 
 CHUNK_ALIGN = 256 << 10  # every chunk but the last must be a multiple of this
+ANSWER_BYTES = 1 << 20
+"""Most bytes of a success answer read (an object's metadata: a few hundred bytes)."""
 _RANGE = re.compile(r"bytes=(\d+)-(\d+)")
 
 
@@ -94,7 +97,9 @@ class GCSResumableSink(ObjectSink):
             async with session.request(
                 method, url, data=data, headers=self._headers(headers or {}), allow_redirects=False
             ) as response:
-                body: bytes = await response.read()
+                # never a whole answer of any size: an error's start, a success's metadata
+                limit = ANSWER_BYTES if response.status < 300 else ERROR_DETAIL_BYTES
+                body = await read_at_most(response.content, limit)
                 return response.status, response.headers, body
         except Exception as exc:
             raise translate(exc, self.url, action) from exc

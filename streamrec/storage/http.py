@@ -18,7 +18,12 @@ from typing import Any
 
 from streamrec.errors import ObjectChangedError, StorageError
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.body import probe_first_bytes, ranges_ignored, read_pieces
+from streamrec.storage.body import (
+    error_detail,
+    probe_first_bytes,
+    ranges_ignored,
+    read_pieces,
+)
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import from_status, translate
 
@@ -65,7 +70,7 @@ class HTTPStore(FsspecStore):
             async with session.get(obj.url, headers=headers) as response:
                 status, etag = response.status, response.headers.get("ETag")
                 if status not in (200, 206):
-                    raise from_status(status, obj.url, action)
+                    raise from_status(status, obj.url, action, await error_detail(response.content))
                 if obj.version and etag and etag != obj.version:
                     raise ObjectChangedError(
                         f"{obj.url}: the object changed while it was being read"

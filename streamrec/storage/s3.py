@@ -41,6 +41,7 @@ from streamrec.storage.s3_client import share_loader, start_tls_context, use_tls
 from streamrec.storage.s3_direct import DirectClosed, DirectS3, UseClient
 from streamrec.storage.s3_get import RangeGetter, UseGetObject
 from streamrec.storage.s3_list import early_listing
+from streamrec.storage.s3_params import RequestParams, extra_params
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
@@ -68,8 +69,12 @@ class S3Store(FsspecStore):
     ) -> None:
         import s3fs
 
+        from streamrec.storage.s3_session import NoRedirectSession
+
         options = dict(storage_options or {})
         config = dict(options.pop("config_kwargs", None) or {})
+        # no redirect followed: credentials would go along to any host (s3_session.py)
+        config.setdefault("http_session_cls", NoRedirectSession)
         # botocore: total_max_attempts counts the first try (its max_attempts counts retries)
         config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
         pool = DEFAULT_MAX_CONNECTIONS if max_connections is None else max(10, max_connections)
@@ -79,10 +84,12 @@ class S3Store(FsspecStore):
         fs.retries = 1  # listing too: the retry policy is ours
         # (from the filesystem's options: the caller's with fsspec's configured defaults)
         timeouts = (float(fs.connect_timeout), float(fs.read_timeout))
-        self._early_listing = early_listing(fs.storage_options, os.environ, timeouts)
+        self._early_listing = early_listing(_as_given(fs.storage_options), os.environ, timeouts)
         self.early_pages = 0  # first pages listed without the client (for tests)
+        # requester pays, SSE-C...: on every request sent here too (storage/s3_params.py)
+        self._params = RequestParams(extra_params(fs))
         self._direct: DirectS3 | None = None  # requests without the client (s3_direct.py)
-        self._direct_off = self._early_listing is None or bool(getattr(fs, "req_kw", None))
+        self._direct_off = self._early_listing is None or bool(self._params)
         super().__init__(fs)
         self._session_ready = False
         self._getter = RangeGetter()  # signed range GETs (storage/s3_get.py)
@@ -99,6 +106,12 @@ class S3Store(FsspecStore):
                 await use_tls_context(self.fs._s3, *tls)
             self._session_ready = True
         return self.fs._s3
+
+    def request_params(self, client: Any, method: str) -> dict[str, Any]:
+        """The parameters the caller asked every request to carry (``requester_pays``,
+        ``s3_additional_kwargs``: SSE-C...) that ``client.<method>`` accepts, for sinks and
+        tools that send their own requests."""
+        return self._params.for_call(client, method)
 
     async def _connect(self) -> None:
         await self.client()
@@ -171,7 +184,7 @@ class S3Store(FsspecStore):
                         Prefix=prefix,
                         Delimiter="/",
                         MaxKeys=self.list_page_keys,
-                        **getattr(self.fs, "req_kw", {}),
+                        **self._params.for_call(client, "list_objects_v2"),
                         **markers,
                     )
             except Exception as exc:
@@ -227,7 +240,10 @@ class S3Store(FsspecStore):
         client = await self.client()
         try:
             response = await client.get_object(
-                Bucket=bucket, Key=key, Range=f"bytes=0-{length - 1}"
+                Bucket=bucket,
+                Key=key,
+                Range=f"bytes=0-{length - 1}",
+                **self._params.for_call(client, "get_object"),
             )
             pieces = await _body_pieces_within(response["Body"], length)
         except Exception as exc:
@@ -258,14 +274,19 @@ class S3Store(FsspecStore):
             except Exception as exc:
                 raise translate(exc, obj.url, action) from exc
         client = await self.client()
-        if self._getter.serves(client, bucket):  # a fraction of get_object's CPU
+        headers = self._params.get_headers(client)  # (None: get_object sends them)
+        if headers is not None and self._getter.serves(client, bucket):  # a fraction of its CPU
             try:
-                return await self._getter.get(client, bucket, key, start, end, obj.version, obj.url)
+                return await self._getter.get(
+                    client, bucket, key, start, end, obj.version, obj.url, headers
+                )
             except UseGetObject:
                 pass  # the bucket is elsewhere: get_object's region redirector follows it
             except Exception as exc:
                 raise translate(exc, obj.url, action) from exc
-        extra = {"IfMatch": obj.version} if obj.version else {}
+        extra = self._params.for_call(client, "get_object")
+        if obj.version:
+            extra["IfMatch"] = obj.version
         try:
             response = await client.get_object(
                 Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra
@@ -293,7 +314,10 @@ class S3Store(FsspecStore):
         while True:
             try:
                 page = await client.list_multipart_uploads(
-                    Bucket=bucket, Prefix=key_prefix, **markers
+                    Bucket=bucket,
+                    Prefix=key_prefix,
+                    **self._params.for_call(client, "list_multipart_uploads"),
+                    **markers,
                 )
             except Exception as exc:
                 raise translate(exc, prefix, "listing open multipart uploads") from exc
@@ -317,7 +341,12 @@ class S3Store(FsspecStore):
         client = await self.client()
         bucket, key = _bucket_key(leftover.url)
         try:
-            await client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=leftover.handle)
+            await client.abort_multipart_upload(
+                Bucket=bucket,
+                Key=key,
+                UploadId=leftover.handle,
+                **self._params.for_call(client, "abort_multipart_upload"),
+            )
         except Exception as exc:
             error = translate(exc, leftover.url, "aborting a multipart upload")
             if not isinstance(error, ObjectNotFoundError):  # gone meanwhile: the goal holds
@@ -336,6 +365,17 @@ class S3Store(FsspecStore):
             client = self.fs._s3
             if client is not None:
                 await client.__aexit__(None, None, None)
+
+
+def _as_given(storage_options: dict[str, Any]) -> dict[str, Any]:
+    """The filesystem's options without the HTTP session class the store chose (the direct
+    requests follow no redirect either: storage/http_range.py)."""
+    from streamrec.storage.s3_session import NoRedirectSession
+
+    config = dict(storage_options.get("config_kwargs") or {})
+    if config.get("http_session_cls") is NoRedirectSession:
+        del config["http_session_cls"]
+    return {**storage_options, "config_kwargs": config}
 
 
 async def _body_pieces(body: Any, limit: int | None = None, what: str = "") -> list[bytes]:

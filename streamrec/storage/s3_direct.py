@@ -37,7 +37,7 @@ from streamrec.storage.http_range import BadAnswer, BodyTooLong, RangeClient, Un
 from streamrec.storage.s3_get import ERROR_BODY_BYTES, check_range, error_code, range_headers
 from streamrec.storage.s3_list import PAGE_BYTES, EarlyListing, list_url, parse_page
 from streamrec.storage.sigv4 import SigV4Signer
-from streamrec.storage.translate import from_error_code
+from streamrec.storage.translate import REDIRECT_STATUSES, from_error_code
 
 __all__ = ["CLIENT_CODES", "DirectClosed", "DirectS3", "UseClient", "object_url"]
 
@@ -214,7 +214,7 @@ class DirectS3:
             if whole_ok and answer.status == 416 and code == "InvalidRange":
                 raise _EmptyObject()
             if (
-                answer.status in (301, 307, 400)
+                answer.status in (*REDIRECT_STATUSES, 400)  # (a redirect: never followed)
                 or code in CLIENT_CODES
                 or (not code and answer.status < 500)
             ):

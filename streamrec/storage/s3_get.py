@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import re
 import socket
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -53,7 +54,7 @@ from streamrec.errors import StorageError, TransientStorageError
 from streamrec.storage.body import read_pieces
 from streamrec.storage.http_range import BadAnswer, BodyTooLong, RangeClient, Unsupported
 from streamrec.storage.sigv4 import SigV4Signer
-from streamrec.storage.translate import from_error_code
+from streamrec.storage.translate import REDIRECT_STATUSES, from_error_code, redirected
 
 __all__ = [
     "ERROR_BODY_BYTES",
@@ -171,13 +172,16 @@ class RangeGetter:
         end: int,
         version: str | None,
         name: str,
+        extra: Mapping[str, str] | None = None,
     ) -> list[bytes]:
         """Bytes ``start:end`` of ``bucket/key`` (named ``name`` in errors) as pieces, the
-        read pinned to ``version`` (an ETag) when given. Raises botocore's and aiohttp's
+        read pinned to ``version`` (an ETag) when given, with the ``extra`` headers (requester
+        pays, SSE-C: signed with the rest). Raises botocore's and aiohttp's
         exceptions for the transport, streamrec errors for error answers, and
         :class:`UseGetObject` when the bucket is to be read with ``get_object``."""
         action = f"reading bytes {start}-{end - 1}"
         headers = range_headers(start, end, version)
+        headers.update(extra or {})
         url = await self.url(client, bucket, key)
         signed = await _signed(client, url, headers, self._signer(client))
         direct = await self._range_client(client, url) if self.direct else None
@@ -195,7 +199,8 @@ class RangeGetter:
                 if status in (200, 206):
                     check_range(status, answer.headers.get("content-length"), start, end, name)
                     return body
-                return self._refused(status, b"".join(body), bucket, key, name, action)
+                location = answer.headers.get("location")
+                return self._refused(status, b"".join(body), bucket, key, name, action, location)
         response = await client._endpoint.http_session.send(_prepared(url, signed))
         raw = response.raw
         try:
@@ -206,19 +211,30 @@ class RangeGetter:
                 raw.release()
                 return pieces
             error_body: bytes = await raw.content.read(ERROR_BODY_BYTES)
+            location = response.headers.get("location")
         finally:
             raw.close()  # no-op once released; drops a connection left mid-body
-        return self._refused(status, error_body, bucket, key, name, action)
+        return self._refused(status, error_body, bucket, key, name, action, location)
 
     def _refused(
-        self, status: int, body: bytes, bucket: str, key: str, name: str, action: str
+        self,
+        status: int,
+        body: bytes,
+        bucket: str,
+        key: str,
+        name: str,
+        action: str,
+        location: str | None = None,
     ) -> list[bytes]:
-        """Raise the error for an error answer (``status``, the start of its ``body``)."""
+        """Raise the error for an error answer (``status``, the start of its ``body``, its
+        ``Location`` header)."""
         self.forget(bucket, key)
         code_text, detail = error_code(body)
         if status in (301, 307) or code_text in _ELSEWHERE_CODES:
             self._elsewhere.add(bucket)
-            raise UseGetObject(bucket)
+            raise UseGetObject(bucket)  # (botocore's region redirector, or the error below)
+        if status in REDIRECT_STATUSES:
+            raise redirected(status, location, name, action)  # never followed
         raise from_error_code(code_text, status, name, action, detail)
 
     async def _range_client(self, client: Any, url: str) -> RangeClient | None:

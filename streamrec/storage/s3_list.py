@@ -26,7 +26,7 @@ import configparser
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, unquote_plus, urlsplit
 from xml.etree import ElementTree
@@ -76,11 +76,11 @@ _LISTS = frozenset({"Contents", "CommonPrefixes"})  # the elements a page repeat
 @dataclass(frozen=True)
 class EarlyListing:
     """What the direct requests need: the endpoint (``scheme://host[:port]``), the
-    signing region and credentials (None: anonymous), the timeouts."""
+    signing region and credentials (None: anonymous; never in its repr), the timeouts."""
 
     endpoint: str
     region: str
-    credentials: tuple[str, str, str | None] | None
+    credentials: tuple[str, str, str | None] | None = field(repr=False)
     connect_timeout_s: float
     read_timeout_s: float
 

@@ -76,7 +76,11 @@ class S3MultipartSink(ObjectSink):
                 body.seek(0)  # a retry sends the whole body again
                 kwargs["Body"] = body
             try:
-                return await getattr(client, method)(Bucket=self.bucket, Key=self.key, **kwargs)
+                # (requester pays, SSE-C...: what the caller asked every request to carry)
+                extra = self._store.request_params(client, method)
+                return await getattr(client, method)(
+                    Bucket=self.bucket, Key=self.key, **{**extra, **kwargs}
+                )
             except Exception as exc:
                 raise translate(exc, self.url, action) from exc
 

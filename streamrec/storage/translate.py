@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import html
 import re
+from urllib.parse import urlsplit
 
 from streamrec.errors import (
     ObjectChangedError,
@@ -19,7 +20,15 @@ from streamrec.errors import (
     TransientStorageError,
 )
 
-__all__ = ["DETAIL_CHARS", "excerpt", "from_error_code", "from_status", "translate"]
+__all__ = [
+    "DETAIL_CHARS",
+    "REDIRECT_STATUSES",
+    "excerpt",
+    "from_error_code",
+    "from_status",
+    "redirected",
+    "translate",
+]
 
 DETAIL_CHARS = 120
 """Most characters of a server's error body kept in a message."""
@@ -53,6 +62,8 @@ _DENIED_CODES = frozenset(
     }
 )
 _CHANGED_CODES = frozenset({"PreconditionFailed", "412"})
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+"""The statuses of an answer that sends the request elsewhere (never followed for S3)."""
 
 
 def excerpt(body: str, limit: int = DETAIL_CHARS) -> str:
@@ -78,10 +89,39 @@ def from_status(status: int, url: str, action: str, detail: str = "") -> Storage
     return StorageError(message)
 
 
+def redirected(status: int, location: str | None, url: str, action: str) -> StorageError:
+    """The error for an S3 answer that redirected ``action`` on ``url`` (HTTP ``status``) to
+    ``location`` (its ``Location`` header, or the ``Endpoint`` an S3 error names): never
+    followed (the request's credentials would go along to that host), named by its host."""
+    where = "another location"
+    if location:
+        try:
+            parts = urlsplit(location if "//" in location else f"//{location}")
+            host = parts.hostname
+            port = parts.port
+        except ValueError:
+            host, port = None, None
+        if host:
+            where = host if port is None else f"{host}:{port}"
+    return StorageError(
+        f"{url}: {action}: the server redirected the request to {where} (HTTP {status}); "
+        "streamrec follows no redirect of an S3 request (its credentials would go along): "
+        "point endpoint_url (or region_name) at where the bucket is"
+    )
+
+
 def translate(exc: BaseException, url: str, action: str) -> StorageError:
     """The streamrec error for ``exc``, raised while doing ``action`` on ``url``."""
     if isinstance(exc, StorageError):
         return exc
+    cause = exc.__cause__  # (s3fs raises its own error from botocore's)
+    if (
+        cause is not None
+        and not _is_botocore_client_error(exc)
+        and _is_botocore_client_error(cause)
+        and _redirect_status(cause) is not None
+    ):
+        exc = cause
     error = _translate(exc, url, action)
     error.__cause__ = exc
     return error
@@ -133,10 +173,20 @@ def _is_botocore_client_error(exc: BaseException) -> bool:
     return isinstance(exc, ClientError)
 
 
+def _redirect_status(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", {}) or {}
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status if status in REDIRECT_STATUSES else None
+
+
 def _from_botocore(exc: BaseException, url: str, action: str) -> StorageError:
     response = getattr(exc, "response", {}) or {}
     code = str(response.get("Error", {}).get("Code", ""))
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if status in REDIRECT_STATUSES:
+        headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}) or {}
+        location = headers.get("location") or response.get("Error", {}).get("Endpoint")
+        return redirected(status, location, url, action)
     detail = response.get("Error", {}).get("Message", "")
     return from_error_code(code, status, url, action, detail)
 

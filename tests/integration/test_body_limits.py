@@ -9,6 +9,7 @@ stores are streamrec's own (http, gs, az; s3's range reads: test_s3_get_faults.p
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,6 +17,8 @@ import pytest
 
 from streamrec.errors import StorageError, TransientStorageError
 from streamrec.storage.base import ObjectInfo, ObjectStore
+from streamrec.storage.retry import RetryPolicy
+from streamrec.storage.sinks import SinkContext
 from streamrec.storage.stores import open_store
 from support.azurite import AzuriteServer
 
@@ -142,3 +145,64 @@ def test_a_probe_answered_with_more_than_it_asked_gives_up(scheme: str) -> None:
         assert asyncio.run(run()) is None
     else:
         assert _serving(longer, scheme, probe) is None
+
+
+ERROR_BODY = 64 << 20  # what the server would send, generated as it goes
+ERROR_BODY_SEEN = 4 << 20  # the most it may send before the client drops the connection
+
+
+@pytest.mark.parametrize(
+    ("scheme", "path"),
+    [("http", "probe"), ("http", "range"), ("gs", "probe"), ("gs", "range"), ("gs", "upload")],
+)
+def test_a_huge_error_body_is_not_read(scheme: str, path: str) -> None:
+    """An error answer's body is quoted from its first few KiB: the rest is never read, the
+    connection is dropped (a 500 may come with any body; the server counts what it sent)."""
+    sent: list[int] = []
+    done: asyncio.Future[None] | None = None
+
+    async def huge_error(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        count = 0
+        try:
+            writer.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10
+            )
+            writer.transport.set_write_buffer_limits(high=64 << 10)
+            await reader.readuntil(b"\r\n\r\n")
+            head = (
+                f"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n"
+                f"Content-Length: {ERROR_BODY}\r\n\r\n"
+            )
+            writer.write(head.encode())
+            chunk = b"internal error, " * 4096  # 64 KiB
+            while count < ERROR_BODY:
+                writer.write(chunk)
+                await writer.drain()
+                count += len(chunk)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            sent.append(count)
+            writer.close()
+            if done is not None and not done.done():
+                done.set_result(None)
+
+    async def job(store: ObjectStore, url: str) -> None:
+        nonlocal done
+        done = asyncio.get_running_loop().create_future()
+        with pytest.raises(StorageError) as caught:
+            if path == "probe":
+                await store.expand(url)
+            elif path == "range":
+                await store.read_range_pieces(ObjectInfo(url, SIZE, None), 100, 200)
+            else:
+                sink = store.open_sink(url, SinkContext(retry=RetryPolicy(max_attempts=1)))
+                await sink.write(b"data")
+                await sink.commit()
+        message = str(caught.value)
+        assert "shard-1" in message and "HTTP 500" in message, message
+        assert "internal error" in message  # the excerpt of its start
+        await asyncio.wait_for(done, 30)  # (the server saw the connection end)
+
+    _serving(huge_error, scheme, job)
+    assert sent and sent[0] <= ERROR_BODY_SEEN, sent

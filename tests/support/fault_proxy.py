@@ -39,8 +39,9 @@ while the proxy runs.
 the chunk framing). ``Location`` headers that point at the upstream are rewritten to point at
 the proxy, so follow-up requests (e.g. GCS resumable upload sessions) also go through it.
 
-``proxy.records`` lists every request (method, target, Range, status sent, fault applied) in
-order of arrival, ``proxy.count(method, path)`` counts them (e.g. a client's retries), and
+``proxy.records`` lists every request (method, target, Range, headers, status sent, fault
+applied) in order of arrival, ``proxy.count(method, path)`` counts them (e.g. a client's
+retries), and
 ``proxy.errors`` holds unexpected exceptions inside the proxy itself (should stay empty).
 
 Every wait is bounded: upstream reads and client writes time out, idle client connections are
@@ -155,6 +156,7 @@ class ProxyRecord:
     status: int | None = None  # the status sent to the client
     fault: FaultKind | None = None  # the fault applied to this request, if any
     done: bool = False
+    headers: dict[str, str] = field(default_factory=dict)  # the request's (names lower-cased)
 
 
 # --------------------------------------------------------------------------------------------
@@ -701,6 +703,7 @@ class FaultProxy:
 
     def _record(self, request: _Request) -> ProxyRecord:
         record = ProxyRecord(request.method, request.target, _range_of(request.message))
+        record.headers = {key.lower(): value for key, value in request.message.headers}
         with self._lock:
             self._records.append(record)
         return record
