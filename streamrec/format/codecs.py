@@ -4,7 +4,8 @@ Sans-I/O, like the framing: a decompressor is fed the bytes as stored and return
 pieces; ``close()`` says whether the stream ended cleanly. Output is produced in pieces of at most
 ``max_piece_bytes``, and :meth:`Decompressor.stream` inflates the next piece only when the one
 before it has been taken, so a small, highly compressed input (a gzip bomb) never costs more
-than one piece at a time.
+than one piece at a time. Damage is raised after every byte that inflated before it, naming the
+compressed byte where zlib failed (see :class:`_Inflater`).
 
 GZIP streams may hold several concatenated members (``cat a.gz b.gz``); all are read, as
 TensorFlow does. ``compression="auto"`` picks the codec from the file name (``.gz``/``.gzip``,
@@ -42,6 +43,9 @@ Compression = Literal["gzip", "zlib"] | None
 _GZIP_WBITS = 31  # zlib container: gzip header and trailer
 _ZLIB_WBITS = 15
 _MAX_PIECE_BYTES = 4 << 20
+# Input steps of the calls that find where a failed call's damage is (see _Inflater): from a
+# 4 MiB block, ~256 + 64 + 256 calls to the damaged byte.
+_REPLAY_STEPS = (1 << 14, 1 << 8, 1)
 
 _SUFFIXES: dict[str, Compression] = {
     ".gz": "gzip",
@@ -161,7 +165,16 @@ class _Passthrough:
 
 
 class _Inflater:
-    """zlib / gzip decompression with bounded output pieces and multi-member gzip."""
+    """zlib / gzip decompression with bounded output pieces and multi-member gzip.
+
+    Damage is reported where zlib finds it, to the byte, after everything inflated before it:
+    each call into zlib starts from a copy of the state before it (a copy costs about a
+    microsecond), and a call that fails (Python's zlib then drops the call's output) is made
+    again from that copy over the same input in smaller and smaller steps
+    (:data:`_REPLAY_STEPS`), down to one byte: the output before the damaged byte is handed
+    on, and the error names the compressed byte that failed and the uncompressed bytes
+    before it.
+    """
 
     def __init__(self, wbits: int, url: str | None, max_piece_bytes: int) -> None:
         self._wbits = wbits
@@ -188,38 +201,57 @@ class _Inflater:
     def stream(self, data: BytesLike) -> Iterator[bytes]:
         if self._error is not None:
             raise self._error
-        pending = data if isinstance(data, bytes) else bytes(data)
+        # a copy of anything but bytes: the caller may change its buffer while we inflate
+        stored = data if isinstance(data, bytes) else bytes(data)
+        return self._inflated(memoryview(stored), None)
+
+    def _inflated(self, data: memoryview, step: int | None) -> Iterator[bytes]:
+        """Inflate ``data``, giving zlib at most ``step`` bytes a call (None: all of it)."""
+        at = 0  # bytes of data that zlib has consumed
         more_output = False  # the last call filled a whole piece: zlib may hold more
-        while pending or more_output:
+        while at < len(data) or more_output:
             if self._stream_done:
-                self._fail(f"{len(pending)} trailing bytes after the zlib stream", None)
+                self._fail(f"{len(data) - at} trailing bytes after the zlib stream")
             self._member_open = True
+            fed = data[at:] if step is None else data[at : at + step]
+            before = self._inflate.copy()
             try:
-                piece = self._inflate.decompress(pending, self._max_piece)
+                piece = self._inflate.decompress(fed, self._max_piece)
             except zlib.error as exc:
-                if not self._produced and not self._member_started(pending):
-                    seen = looks_like(pending)
-                    hint = f"looks like {seen}" if seen else "unknown data"
-                    if seen == "an uncompressed TFRecord file":
-                        hint += ": read it with compression=None"
-                    self._fail(f"the file is not {self._kind} data ({hint})", exc)
-                self._fail(f"cannot inflate: {exc}", exc, len(pending))
+                self._inflate = before
+                yield from self._failed_call(fed, step, exc)
+                return  # not reached: _failed_call raises
             if self._inflate.eof:
-                rest = self._inflate.unused_data
-                self._consumed += len(pending) - len(rest)
-                pending, more_output = rest, False
+                used = len(fed) - len(self._inflate.unused_data)
+                more_output = False
                 self._member_open = False
                 # gzip: another member may follow (``cat a.gz b.gz``); zlib: one stream only
                 self._stream_done = self._wbits != _GZIP_WBITS
                 self._inflate = zlib.decompressobj(self._wbits)
             else:
-                tail = self._inflate.unconsumed_tail
-                self._consumed += len(pending) - len(tail)
-                pending, more_output = tail, len(piece) == self._max_piece
+                used = len(fed) - len(self._inflate.unconsumed_tail)
+                more_output = len(piece) == self._max_piece
+            at += used
+            self._consumed += used
             if piece:
                 self._produced += len(piece)
                 yield piece
                 del piece  # the consumer holds it now, or nobody does
+
+    def _failed_call(self, fed: memoryview, step: int | None, exc: zlib.error) -> Iterator[bytes]:
+        """zlib failed somewhere in ``fed`` (the state is back to before the call): yield what
+        inflates before the damaged byte, then raise, naming that byte."""
+        if step is None and not self._produced and not self._member_started(fed):
+            seen = looks_like(fed)
+            hint = f"looks like {seen}" if seen else "unknown data"
+            if seen == "an uncompressed TFRecord file":
+                hint += ": read it with compression=None"
+            self._fail(f"the file is not {self._kind} data ({hint})", exc)
+        finer = [s for s in _REPLAY_STEPS if s < (len(fed) if step is None else step)]
+        if finer:  # the same input again, in smaller calls: the finest one raises
+            yield from self._inflated(fed, finer[0])
+        # one byte fed (or zlib was not deterministic): the damage is at the next byte
+        self._fail(f"cannot inflate: {exc}", exc, exact=True)
 
     def close(self) -> list[bytes]:
         if self._error is not None:
@@ -230,18 +262,20 @@ class _Inflater:
         self._error = self._make_error("compressed stream ends early (no end-of-stream marker)")
         raise self._error
 
-    def _member_started(self, data: bytes) -> bool:
+    def _member_started(self, data: BytesLike) -> bool:
         """True when ``data``, the start of the stream, begins like this codec's streams."""
         if self._wbits == _GZIP_WBITS:
-            return data[:2] == b"\x1f\x8b" or self._consumed > 0
+            return bytes(data[:2]) == b"\x1f\x8b" or self._consumed > 0
         return looks_like(data) == "zlib data" or self._consumed > 0
 
-    def _fail(self, problem: str, cause: BaseException | None, span: int = 0) -> NoReturn:
+    def _fail(
+        self, problem: str, cause: BaseException | None = None, *, exact: bool = False
+    ) -> NoReturn:
         """Damage: raised now (after the pieces before it) and again on every later call.
 
-        ``span``: the damage is somewhere in the next ``span`` compressed bytes (zlib does
-        not say where)."""
-        self._error = self._make_error(problem, span)
+        ``exact``: zlib failed on the next compressed byte (not merely somewhere after the
+        bytes fed so far)."""
+        self._error = self._make_error(problem, exact=exact)
         self._error.__cause__ = cause
         raise self._error
 
@@ -249,10 +283,12 @@ class _Inflater:
     def _kind(self) -> str:
         return "gzip" if self._wbits == _GZIP_WBITS else "zlib"
 
-    def _make_error(self, problem: str, span: int = 0) -> CompressionError:
+    def _make_error(self, problem: str, *, exact: bool = False) -> CompressionError:
         where = ""
-        if span:
-            where = f" (in compressed bytes {self._consumed}-{self._consumed + span - 1})"
+        if exact:
+            where = (
+                f" (at compressed byte {self._consumed}, after {self._produced} uncompressed bytes)"
+            )
         elif self._consumed or self._produced:
             where = f" (after {self._consumed} compressed and {self._produced} uncompressed bytes)"
         return CompressionError(f"{self._kind}: {problem}{where}", url=self._url)

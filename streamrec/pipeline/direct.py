@@ -229,6 +229,7 @@ def _walk(
                 max_records=_WALK_RECORDS,
                 max_bytes=max_bytes,
             )
+            file.check()  # headers read from a file changed in place are not walked
     except StorageError:
         return _Walk(offset=offset, handoff=True)  # the block path retries or raises it
     return _Walk(plans, offset, ended=status == END, handoff=status == HANDOFF)
@@ -240,6 +241,8 @@ def _read_group(
     """(Worker thread.) The payloads of ``plans``, with how many were clean."""
     try:
         with store.open_file(obj) as file:
-            return read_records(file, plans, verify, stop)
+            read = read_records(file, plans, verify, stop)
+            file.check()  # records read from a file changed in place are not handed on
+            return read
     except StorageError:
         return [], 0  # the block path retries or raises it

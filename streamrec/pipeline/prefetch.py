@@ -131,6 +131,7 @@ class ObjectReader:
         self._handed = False  # a piece was handed on
         self._paused = False  # no block requests: records are read directly
         self._ramp_held: int | None = None  # see hold_ramp: the concurrency to go back to
+        self._pinned = False  # the store was asked to pin the object (first request on)
         if open_cache is not None:
             # until the cache answers, as few reads as a local copy wants (more preads at once
             # only compete with decoding for the cores: measured 10-30 % slower second
@@ -253,6 +254,9 @@ class ObjectReader:
         return min(self._block, self.obj.size - self._next)
 
     def _request(self, length: int) -> None:
+        if not self._pinned:  # every read of the object as it is now (see ObjectStore.pin)
+            self._pinned = True
+            self.store.pin(self.obj)
         start = self._next
         self._next += length
         self._hold(length)
@@ -330,6 +334,9 @@ class ObjectReader:
         ready, self._ready = self._ready, deque()
         await cancel_and_wait(task for _, task in inflight)
         self.budget.release(sum(length for length, _ in inflight) + sum(map(len, ready)))
+        if self._pinned:
+            self._pinned = False
+            self.store.unpin(self.obj)
         routing, self._routing = self._routing, None
         if routing is not None:
             await cancel_and_wait([routing])

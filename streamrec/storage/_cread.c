@@ -7,7 +7,8 @@
  *   (status 1: `offset` == end), at a header that is not a clean large record (status 2: its
  *   length CRC fails, it is shorter than min_record_bytes with framing, it claims more than
  *   the object holds, or the file is short), after max_records records or once max_bytes
- *   are listed (status 0). An OSError is raised for a failed read.
+ *   are listed (status 0). An OSError is raised for a failed read; MemoryError when the
+ *   plans of max_records records (as many as fit between offset and end) cannot be held.
  *
  * read(fd, offset, payloads, verify, step, stop) -> (complete: int, clean: int)
  *   `payloads` are fresh bytes objects (streamrec.format._cframing.new_payload) of the
@@ -79,6 +80,15 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                           &max_bytes))
         return NULL;
     if (max_records < 1) max_records = 1;
+    /* No more records fit between offset and end than records of the smallest size listed:
+     * plans for more would never be filled. */
+    long long smallest = min_record_bytes > HEADER_BYTES + FOOTER_BYTES
+                             ? min_record_bytes
+                             : HEADER_BYTES + FOOTER_BYTES;
+    long long fit = offset >= 0 && end > offset ? (end - offset) / smallest + 1 : 1;
+    if ((long long)max_records > fit) max_records = (Py_ssize_t)fit;
+    /* 16 bytes of plan per record must not overflow (as index_text checks its rows) */
+    if (max_records > PY_SSIZE_T_MAX / (Py_ssize_t)(2 * sizeof(int64_t))) return PyErr_NoMemory();
     int64_t *plans = PyMem_Malloc((size_t)max_records * 2 * sizeof(int64_t));
     if (plans == NULL) return PyErr_NoMemory();
     Py_ssize_t count = 0;

@@ -142,6 +142,15 @@ class ObjectStore(abc.ABC):
         """
         return [await self.read_range(obj, start, end)]
 
+    def pin(self, obj: ObjectInfo) -> None:  # noqa: B027 - optional hook
+        """Keep every read of ``obj`` on the object as it is now, until :meth:`unpin` (one
+        call each): a reader pins the object it reads, so that an object replaced meanwhile
+        is never spliced. Stores that pin each read to ``obj.version`` (an ObjectChangedError
+        when it changed) need nothing more; local files keep a descriptor open."""
+
+    def unpin(self, obj: ObjectInfo) -> None:  # noqa: B027 - optional hook
+        """Undo one :meth:`pin` of ``obj``."""
+
     def read_range_cached(self, obj: ObjectInfo, start: int, end: int) -> list[bytes] | None:
         """Bytes ``start:end`` as pieces when the store already holds them (the first bytes
         of an object it looked up by reading them), else None; never does I/O."""

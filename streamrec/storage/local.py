@@ -1,4 +1,12 @@
-"""Local files (plain paths and ``file://`` urls), read and written off the event loop."""
+"""Local files (plain paths and ``file://`` urls), read and written off the event loop.
+
+A local file has no version to pin reads to (remote stores pin each read to the ETag or
+generation listed), so a reader *pins* the file instead (:meth:`LocalStore.pin`): its reads all
+go through one descriptor, opened by the first, so a file replaced meanwhile (an atomic rename
+by a writer or a reshard) is read to its end as it was, never spliced with its successor; a
+file changed in place (written, truncated: its size or mtime differ from when it was first
+read) is an :class:`~streamrec.errors.ObjectChangedError`, as a replaced remote object is.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +14,9 @@ import asyncio
 import glob
 import os
 import sys
+import threading
 
-from streamrec.errors import ObjectNotFoundError, StorageError
+from streamrec.errors import ObjectChangedError, ObjectNotFoundError, StorageError
 from streamrec.storage.base import Leftover, ObjectInfo, ObjectStore, has_glob
 from streamrec.storage.sinks import TEMP_NAME, AtomicLocalSink, SinkContext
 from streamrec.storage.translate import translate
@@ -21,6 +30,9 @@ class LocalStore(ObjectStore):
 
     scheme = "file"
     concurrency_limit = 4  # preads in threads: more in flight only holds more memory
+
+    def __init__(self) -> None:
+        self._pins: dict[tuple[str, int], _Pinned] = {}  # (url, size) -> its pinned file
 
     @staticmethod
     def path(url: str) -> str:
@@ -50,10 +62,42 @@ class LocalStore(ObjectStore):
     async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
         if not _allocator_settled:
             _settle_allocator()
+        pinned = self._pins.get((obj.url, obj.size))
         try:
+            if pinned is not None:
+                return await asyncio.to_thread(_pread_pinned, pinned, start, end)
             return await asyncio.to_thread(_pread, self.path(obj.url), start, end)
+        except StorageError:
+            raise
         except OSError as exc:
             raise translate(exc, obj.url, f"reading bytes {start}-{end - 1}") from exc
+
+    def pin(self, obj: ObjectInfo) -> None:
+        """Read ``obj`` from one descriptor until :meth:`unpin` (see the module docstring).
+
+        Pins of the same url and size share the descriptor; it is opened by the first read
+        and closed by the last unpin (a read still running keeps its own duplicate)."""
+        key = (obj.url, obj.size)
+        pinned = self._pins.get(key)
+        if pinned is None:
+            pinned = self._pins[key] = _Pinned(obj.url, self.path(obj.url), obj.size)
+        pinned.pins += 1
+
+    def unpin(self, obj: ObjectInfo) -> None:
+        """Undo one :meth:`pin`; the last closes the descriptor."""
+        key = (obj.url, obj.size)
+        pinned = self._pins.get(key)
+        if pinned is None:
+            return
+        pinned.pins -= 1
+        if pinned.pins <= 0:
+            del self._pins[key]
+            pinned.close()
+
+    async def close(self) -> None:
+        pins, self._pins = self._pins, {}
+        for pinned in pins.values():
+            pinned.close()
 
     direct_reads = True
     """Records can be read straight into their final objects (:meth:`open_file`, used by
@@ -64,7 +108,7 @@ class LocalStore(ObjectStore):
         from a worker thread, like :meth:`LocalFile.read_into`)."""
         if not _allocator_settled:
             _settle_allocator()
-        return LocalFile(obj.url, self.path(obj.url))
+        return LocalFile(obj.url, self.path(obj.url), self._pins.get((obj.url, obj.size)))
 
     async def delete(self, url: str) -> None:
         try:
@@ -125,14 +169,26 @@ class LocalFile:
     Blocking: every method runs in a worker thread. ``os.preadv`` releases the GIL while the
     kernel copies out of the page cache, and positional reads share no file offset, so one
     file object may be read by several threads at once. Close it once no read is running.
+    A file ``pinned`` by a reader is the pinned one (a duplicate of its descriptor); call
+    :meth:`check` after reading to know that what was read is what was pinned.
     """
 
-    def __init__(self, url: str, path: str) -> None:
+    def __init__(self, url: str, path: str, pinned: _Pinned | None = None) -> None:
         self.url = url
+        self._pinned = pinned
+        if pinned is not None:
+            self._fd = pinned.open()
+            return
         try:
             self._fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
             raise translate(exc, url, "opening it") from exc
+
+    def check(self) -> None:
+        """Raise ObjectChangedError if the pinned file was changed in place since it was
+        pinned (the bytes read may be spliced); nothing to check for a file not pinned."""
+        if self._pinned is not None and self._fd >= 0:
+            self._pinned.check(self._fd)
 
     def read_into(self, buffers: list[memoryview], offset: int) -> int:
         """Fill ``buffers`` in order from byte ``offset``; how many bytes were read (fewer
@@ -200,6 +256,86 @@ def _pread(path: str, start: int, end: int) -> bytes:
         return os.pread(fd, end - start, start)
     finally:
         os.close(fd)
+
+
+def _pread_pinned(pinned: _Pinned, start: int, end: int) -> bytes:
+    """(Worker thread.) Bytes ``start:end`` of the pinned file, checked unchanged after."""
+    fd = pinned.open()
+    try:
+        data = os.pread(fd, end - start, start)
+        pinned.check(fd)
+        return data
+    finally:
+        os.close(fd)
+
+
+class _Pinned:
+    """One local file held open for its readers (:meth:`LocalStore.pin`).
+
+    ``pins`` is counted on the event loop's thread; :meth:`open` (worker threads) opens the
+    file at the first read and hands every read a duplicate of the descriptor, so
+    :meth:`close` never pulls one from under a read still running in a thread (a cancelled
+    read's thread runs to its end)."""
+
+    def __init__(self, url: str, path: str, size: int) -> None:
+        self.url = url
+        self.path = path
+        self.size = size  # as listed
+        self.pins = 0
+        self._lock = threading.Lock()
+        self._fd = -1
+        self._closed = False
+        self._seen: tuple[int, int] = (0, 0)  # (size, mtime in ns) when opened
+
+    def open(self) -> int:
+        """(Worker thread.) A new descriptor of the pinned file: the caller closes it."""
+        with self._lock:
+            if self._closed:
+                raise StorageError(f"{self.url}: read after its reader was closed")
+            if self._fd < 0:
+                try:
+                    fd = os.open(self.path, os.O_RDONLY)
+                except OSError as exc:
+                    raise translate(exc, self.url, "opening it") from exc
+                try:
+                    seen = _identity(fd)
+                except OSError as exc:
+                    os.close(fd)
+                    raise translate(exc, self.url, "opening it") from exc
+                if seen[0] < self.size:
+                    os.close(fd)
+                    raise ObjectChangedError(
+                        f"{self.url}: the file has {seen[0]} bytes, fewer than the "
+                        f"{self.size} it had when listed: it changed since"
+                    )
+                self._fd, self._seen = fd, seen
+            return os.dup(self._fd)
+
+    def check(self, fd: int) -> None:
+        """Raise ObjectChangedError if the file behind ``fd`` (a duplicate of the pinned
+        descriptor) was written or truncated since it was opened."""
+        try:
+            now = _identity(fd)
+        except OSError as exc:
+            raise translate(exc, self.url, "checking it") from exc
+        if now != self._seen:
+            raise ObjectChangedError(
+                f"{self.url}: the file changed while it was being read (written or truncated "
+                f"in place: {self._seen[0]} bytes when the read began, {now[0]} now)"
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    """What tells a changed file: its size and modification time (ns)."""
+    stat = os.fstat(fd)
+    return stat.st_size, stat.st_mtime_ns
 
 
 def _local_temp_files(prefix: str) -> list[Leftover]:

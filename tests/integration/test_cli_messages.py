@@ -103,7 +103,8 @@ def test_verify_reports_a_bad_gzip_trailer_once_and_where(tmp_path: Path) -> Non
     assert lines[0].endswith(f"good records, 1 problem  {path}")
     assert len(lines) == 3  # the shard, its one problem, the summary
     assert "incorrect data check" in lines[1]
-    assert f"(in compressed bytes 0-{len(data) - 1})" in lines[1]
+    # zlib checks the CRC32 once its last byte (data[-5]) is in, and says so there
+    assert f"(at compressed byte {len(data) - 5}, after 1200 uncompressed bytes)" in lines[1]
     assert lines[2].startswith("DAMAGED: 1 problem in 1 of 1 shard")
 
 

@@ -117,6 +117,20 @@ def test_gzip_stream_that_fails_to_inflate_raises_after_good_records() -> None:
     assert "bad.gz" in str(info.value)
 
 
+def test_damage_in_a_later_gzip_member_is_located_to_the_byte() -> None:
+    first = gzip.compress(RecordEncoder().encode_many([b"one", b"two"]))
+    second = bytearray(gzip.compress(RecordEncoder().encode(b"three")))
+    second[0] ^= 0xFF  # the second member's magic: zlib checks it once both bytes are in
+    decoder = ShardDecoder(url="m.gz")
+    assert decoder.feed(first + bytes(second)) == [b"one", b"two"]
+    with pytest.raises(CompressionError) as info:
+        decoder.raise_pending()
+    assert info.value.record_index == 2
+    assert info.value.offset == 38
+    assert "incorrect header check" in str(info.value)
+    assert f"(at compressed byte {len(first) + 1}, after 38 uncompressed bytes)" in str(info.value)
+
+
 def test_inflate_output_comes_in_bounded_pieces() -> None:
     bomb = zlib.compress(b"\0" * (64 << 20), 9)  # 64 MiB from ~64 KiB
     inflater = make_decompressor("zlib", max_piece_bytes=1 << 20)
