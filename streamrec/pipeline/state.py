@@ -348,7 +348,9 @@ def _even_mode(even: object) -> Literal["drop", "pad"] | None:
     """The configuration's ``even`` as what it does (as ``ReadOptions.even_mode``)."""
     if even is True:
         return "pad"
-    return even if even in ("drop", "pad") else None  # type: ignore[return-value]
+    if even == "drop" or even == "pad":
+        return even
+    return None
 
 
 def _indexed(read: dict[str, Any], even: Literal["drop", "pad"] | None = None) -> IndexedState:
