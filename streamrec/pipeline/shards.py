@@ -27,6 +27,7 @@ from streamrec.storage.base import ObjectInfo
 __all__ = [
     "ShardPlan",
     "dataloader_worker",
+    "indexed_digest_v1",
     "plan_shards",
     "planned_records",
     "seeded_random",
@@ -38,6 +39,14 @@ def shards_digest(shards: Sequence[ObjectInfo], *extra: object) -> str:
     """A short fingerprint of ``shards`` (names, sizes, versions) and of ``extra`` (how they
     are read): a resume state names it, so that it is never loaded over other shards."""
     described = [[[s.url, s.size, s.version] for s in shards], *extra]
+    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+
+
+def indexed_digest_v1(shards: Sequence[ObjectInfo], counts: Sequence[int]) -> str:
+    """The digest the indexed engine's states named their shards by until 2026-11-24 03:51
+    (``[[url, size, version, records], ...]``), before it became :func:`shards_digest` of
+    ``(shards, counts)``: still accepted on resume, so that those states still load."""
+    described = [[s.url, s.size, s.version, n] for s, n in zip(shards, counts, strict=True)]
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
 
