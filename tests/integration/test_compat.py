@@ -60,8 +60,8 @@ def build(spec: dict[str, Any]) -> Any:
         parts = [build(part) for part in spec["mix"]]
         return streamrec.mix(parts, spec["weights"], seed=spec["seed"], stop=spec["stop"])
     ds = streamrec.open_dataset(spec["url"], **spec.get("kwargs", {}))
-    for name, arg in spec.get("then", []):
-        ds = getattr(ds, name)(arg)
+    for name, *args in spec.get("then", []):
+        ds = getattr(ds, name)(*args)
     return ds
 
 

@@ -86,8 +86,8 @@ def build(spec: dict[str, Any]) -> Any:
         parts = [build(part) for part in spec["mix"]]
         return streamrec.mix(parts, spec["weights"], seed=spec["seed"], stop=spec["stop"])
     ds = streamrec.open_dataset(spec["url"], **spec.get("kwargs", {}))
-    for name, arg in spec.get("then", []):
-        ds = getattr(ds, name)(arg)
+    for name, *args in spec.get("then", []):
+        ds = getattr(ds, name)(*args)
     return ds
 
 
@@ -106,6 +106,8 @@ def states(indexed: bool) -> dict[str, dict[str, Any]]:
         "host-split": {"url": plain, "kwargs": {"num_hosts": 2, "host_index": 1}},
         "gzip": {"url": "gzip/part-*.tfrecord.gz", "kwargs": {"shuffle_buffer": 5, "seed": 2}},
         "batch": {"url": plain, "then": [["batch", 4]], "take": 3},
+        "skip-take": {"url": plain, "then": [["skip", 3], ["take", 30]]},
+        "unbatch": {"url": plain, "then": [["batch", 3], ["unbatch"]], "take": 13},
         "repeat": {
             "url": plain,
             "kwargs": {"shuffle_shards": True},
