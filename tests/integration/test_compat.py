@@ -196,3 +196,48 @@ def test_a_cache_entry_is_served(old: Path) -> None:
             await hit.close()
 
     assert asyncio.run(served()) == (old / entry["source"]).read_bytes()
+
+
+def shape(value: Any) -> Any:
+    """The structure of a JSON value: keys and types, and every "version" and "kind"."""
+    if isinstance(value, dict):
+        return {
+            k: (v if k in ("version", "kind", "format") else shape(v)) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return sorted({json.dumps(shape(v), sort_keys=True) for v in value})
+    return type(value).__name__
+
+
+@pytest.mark.parametrize("old", VERSIONS[-1:], indirect=True)
+def test_todays_writers_write_what_the_latest_files_hold(old: Path, tmp_path: Path) -> None:
+    """A persisted format changes only with a version bump: today's code writes the same
+    manifests, sidecars and state shapes as the newest directory here. When this fails on
+    purpose, bump the format's version (keeping the old reader) and add a directory written
+    by the new code (README.md)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compat_generate", ROOT / "generate.py")
+    assert spec is not None and spec.loader is not None
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    for subset, compression in (("plain", None), ("gzip", "gzip")):
+        assert generate.write_set(f"new-{subset}", compression, index=True)
+        for path in sorted((old / subset).iterdir()):
+            new = old / f"new-{subset}" / path.name
+            if path.suffix == ".json":
+                written, kept = json.loads(new.read_text()), json.loads(path.read_text())
+                for document in (written, kept):
+                    del document["writer"]
+                    for shard in document["shards"]:
+                        shard["url"] = shard["url"].replace("new-", "")
+                    document["template"] = document["template"].replace("new-", "")
+                assert written == kept, path.name
+            else:
+                assert new.read_bytes() == path.read_bytes(), path.name
+    for path in sorted((old / "states").glob("*.json")):
+        saved = json.loads(path.read_text())
+        if "state" not in saved:
+            continue
+        _, state = generate.take(build(saved["dataset"]), saved["stop"])
+        assert shape(state) == shape(saved["state"]), path.name
