@@ -8,7 +8,7 @@ cancelled writer leaves no manifest.
 Schema (version 1)::
 
     {
-      "format": "streamrec.manifest.core",       // constant
+      "format": "streamrec.manifest.core",  // constant; "streamrec.manifest" read too
       "version": 1,                         // readers refuse a version they do not know
       "writer": "streamrec 0.1.0",
       "compression": null,                  // null | "gzip" | "zlib" (every shard alike)
@@ -66,6 +66,7 @@ import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from streamrec.errors import FormatError, StorageError
 from streamrec.storage.base import split_scheme
@@ -77,6 +78,7 @@ __all__ = [
     "RECORD_INDEX",
     "is_manifest_url",
     "FORMAT",
+    "READ_FORMATS",
     "VERSION",
     "Manifest",
     "ManifestEntry",
@@ -91,6 +93,14 @@ MANIFEST_NAME = "_manifest.json"
 """The name writers give their manifest beside the shards (and directories are read by)."""
 
 FORMAT = "streamrec.manifest.core"
+"""The ``"format"`` marker this version writes. A frozen literal, never derived from a module
+name: a persisted marker changes only with :data:`VERSION`, and the readers of every marker
+ever written stay (:data:`READ_FORMATS`)."""
+READ_FORMATS = ("streamrec.manifest.core", "streamrec.manifest")
+"""Every ``"format"`` marker streamrec has written, all read: ``"streamrec.manifest"`` by the
+writers of 2026-11-21 to 2026-11-23 (before the package refactor renamed the module, and the
+marker with it, by accident), ``"streamrec.manifest.core"`` since; the documents are alike.
+tests/data/compat/ holds manifests of both."""
 VERSION = 1
 RECORD_INDEX = "record_index"
 """A shard's key for its record index sidecar (``{"name": ..., "bytes": ...}``)."""
@@ -163,15 +173,57 @@ def relative_name(shard_url: str, manifest_url: str) -> str | None:
     return name if _bad_name(name) is None else None
 
 
+_MOST_DECODES = 3  # a name still percent-encoded after this many rounds is refused
+
+
+def _decoded(text: str) -> str | None:
+    """``text`` with percent-encoding undone until nothing changes (an http client or server
+    decodes once, a proxy or a store maybe again); None when it is still encoded after
+    :data:`_MOST_DECODES` rounds."""
+    for _ in range(_MOST_DECODES + 1):
+        decoded = unquote(text)
+        if decoded == text:
+            return text
+        text = decoded
+    return None
+
+
 def _bad_name(name: str) -> str | None:
-    """What is wrong with a relative shard name, or None."""
+    """What is wrong with a relative shard name, or None. The name is checked as written and
+    as the store may read it (percent-decoded, maybe more than once): ``%2e%2e/`` is ``../``
+    to an http client."""
     if not name:
         return "it is empty"
-    if _is_absolute(name):
-        return "it is absolute"
-    if ".." in name.split("/") or "\\" in name:
-        return "it climbs out of the manifest's directory (..)"
+    decoded = _decoded(name)
+    if decoded is None:
+        return f"it is still percent-encoded after {_MOST_DECODES} decodings"
+    for form in dict.fromkeys((name, decoded)):
+        if _is_absolute(form):
+            return "it is absolute" if form is name else "it is absolute once percent-decoded"
+        if "\\" in form:
+            return "it has a backslash (a path separator to some servers)"
+        if ".." in form.split("/"):
+            return "it climbs out of the manifest's directory (..)"
+        if any(ord(c) < 0x20 or c == "\x7f" for c in form):
+            return "it has control characters"
     return None
+
+
+def _path_inside(url: str, directory: str) -> bool:
+    """True when ``url``, percent-decoded and normalised as a store or server would, is below
+    ``directory`` (same scheme, host and bucket): the last check of a resolved name."""
+    scheme, rest = split_scheme(url)
+    home_scheme, home_rest = split_scheme(directory)
+    if _SCHEME_ALIASES.get(scheme, scheme) != _SCHEME_ALIASES.get(home_scheme, home_scheme):
+        return False
+    path, home = _decoded(rest), _decoded(home_rest)
+    if path is None or home is None:
+        return False
+    path = posixpath.normpath(path)
+    home = posixpath.normpath(home) if home else ""
+    if home in ("", "."):  # a manifest in the working directory: anything not above it
+        return not (path == ".." or path.startswith(("../", "/")))
+    return path.startswith(home.rstrip("/") + "/")
 
 
 def resolve_name(name: str, manifest_url: str, *, allow_absolute_urls: bool = False) -> str:
@@ -194,7 +246,10 @@ def resolve_name(name: str, manifest_url: str, *, allow_absolute_urls: bool = Fa
     if problem is not None:
         raise ValueError(f"{name!r} is not a name relative to the manifest: {problem}")
     directory = _directory(manifest_url)
-    return f"{directory.rstrip('/')}/{name}" if directory else name
+    url = f"{directory.rstrip('/')}/{name}" if directory else name
+    if not _path_inside(url, directory):  # (not reached by a name _bad_name passes)
+        raise ValueError(f"{name!r} resolves to {url}, outside the manifest's directory")
+    return url
 
 
 def dumps(manifest: Manifest, manifest_url: str, *, allow_absolute_urls: bool = False) -> bytes:
@@ -245,19 +300,31 @@ def dumps(manifest: Manifest, manifest_url: str, *, allow_absolute_urls: bool = 
     return (json.dumps(document, indent=1) + "\n").encode("utf-8")
 
 
-def loads(data: bytes | str, manifest_url: str, *, allow_absolute_urls: bool = False) -> Manifest:
-    """Parse and check a manifest; shard names are resolved against ``manifest_url`` (see
-    :func:`resolve_name` for ``allow_absolute_urls``)."""
+def loads(
+    data: bytes | str,
+    manifest_url: str,
+    *,
+    allow_absolute_urls: bool = False,
+    directory: str | None = None,
+) -> Manifest:
+    """Parse and check a manifest; shard names are resolved against ``manifest_url``'s
+    directory, or ``directory`` where given ("": the working directory; for a reshard's task
+    manifests, which list shards by url as the job spelled them), see :func:`resolve_name`
+    for ``allow_absolute_urls``."""
 
     def bad(problem: str) -> FormatError:
         return FormatError(f"not a valid streamrec manifest: {problem}", url=manifest_url)
+
+    names_at = manifest_url  # a url whose directory the names are relative to
+    if directory is not None:
+        names_at = f"{directory.rstrip('/')}/{MANIFEST_NAME}" if directory else MANIFEST_NAME
 
     try:
         document = json.loads(data)
     except ValueError as exc:
         raise bad(f"not JSON ({exc})") from exc
-    if not isinstance(document, dict) or document.get("format") != FORMAT:
-        raise bad(f'"format" is not "{FORMAT}"')
+    if not isinstance(document, dict) or document.get("format") not in READ_FORMATS:
+        raise bad('"format" is not ' + " or ".join(f'"{marker}"' for marker in READ_FORMATS))
     version = document.get("version")
     if not isinstance(version, int) or version < 1:
         raise bad('"version" is missing')
@@ -274,12 +341,12 @@ def loads(data: bytes | str, manifest_url: str, *, allow_absolute_urls: bool = F
                 raise TypeError(f"name {name!r} is not a string")
             if shard_version is not None and not isinstance(shard_version, str):
                 raise TypeError(f"version {shard_version!r} is not a string")
-            url = resolve_name(name, manifest_url, allow_absolute_urls=allow_absolute_urls)
+            url = resolve_name(name, names_at, allow_absolute_urls=allow_absolute_urls)
             written = item.get("url")
             if not isinstance(written, str) or _canonical(written) != _canonical(url):
                 shard_version = None  # moved or copied since: its versions are of elsewhere
             index_url, index_bytes = _record_index(
-                item.get(RECORD_INDEX), manifest_url, allow_absolute_urls
+                item.get(RECORD_INDEX), names_at, allow_absolute_urls
             )
             entries.append(
                 ManifestEntry(

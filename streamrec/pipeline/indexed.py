@@ -42,7 +42,7 @@ from streamrec.pipeline.lookup import build_table
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.order import EpochOrder, Intervals, Part, part_of
 from streamrec.pipeline.random_access import RecordTable, read_records
-from streamrec.pipeline.shards import dataloader_worker, shards_digest
+from streamrec.pipeline.shards import dataloader_worker, indexed_digest_v1, shards_digest
 from streamrec.pipeline.sources import list_sources
 from streamrec.pipeline.state import DatasetState, IndexedState
 from streamrec.pipeline.stats import Stats
@@ -164,7 +164,8 @@ class IndexedEngine:
                 )
                 table = await build_table(self.urls, options, self.stats, stores, shards)
                 digest = shards_digest(table.shards, table.counts())
-                if resume is not None and resume.shards not in (None, digest):
+                known = (None, digest, indexed_digest_v1(table.shards, table.counts()))
+                if resume is not None and resume.shards not in known:
                     raise StateError(
                         "the state was saved over different shards (other files, sizes or "
                         "versions); it cannot resume here"

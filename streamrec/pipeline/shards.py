@@ -28,6 +28,7 @@ from streamrec.storage.base import ObjectInfo
 __all__ = [
     "ShardPlan",
     "dataloader_worker",
+    "indexed_digest_v1",
     "plan_shards",
     "planned_records",
     "seeded_random",
@@ -42,6 +43,14 @@ def shards_digest(shards: Sequence[ObjectInfo], *extra: object) -> str:
     configuration holds them: a state taken through signed urls resumes through freshly
     signed ones of the same objects (the size and version still pin each object)."""
     described = [[[redact(s.url), s.size, s.version] for s in shards], *extra]
+    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+
+
+def indexed_digest_v1(shards: Sequence[ObjectInfo], counts: Sequence[int]) -> str:
+    """The digest the indexed engine's states named their shards by until 2026-11-24 03:51
+    (``[[url, size, version, records], ...]``), before it became :func:`shards_digest` of
+    ``(shards, counts)``: still accepted on resume, so that those states still load."""
+    described = [[s.url, s.size, s.version, n] for s, n in zip(shards, counts, strict=True)]
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
 

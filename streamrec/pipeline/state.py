@@ -39,11 +39,11 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from streamrec.errors import StateError
 from streamrec.pipeline.buffer_codec import decode_buffer, encode_buffer
-from streamrec.pipeline.order import remaining_after
+from streamrec.pipeline.order import part_of, remaining_after
 
 __all__ = [
     "STATE_VERSION",
@@ -267,7 +267,8 @@ def parse_state(raw: object, config: Mapping[str, Any]) -> DatasetState:
     if config.get("shuffle") in ("global", "block") or config.get("even"):  # indexed reading
         if shuffle_raw is not None:
             raise _bad("shuffle", shuffle_raw, "a shuffle buffer state, but reading is indexed")
-        indexed = None if read_raw is None else _indexed(_dict(read_raw, "read"))
+        even = _even_mode(theirs.get("even"))
+        indexed = None if read_raw is None else _indexed(_dict(read_raw, "read"), even)
         return DatasetState(epoch, dict(theirs), digest, finished, indexed, None)
     if shuffle_buffer == 0 and shuffle_raw is not None:
         raise _bad("shuffle", shuffle_raw, "a shuffle buffer state, but shuffle_buffer is 0")
@@ -343,7 +344,16 @@ def _ready(read: dict[str, Any]) -> ReadyState:
 _MOST_INTERVALS = 1 << 16  # a state of this many intervals is far beyond any real job's
 
 
-def _indexed(read: dict[str, Any]) -> IndexedState:
+def _even_mode(even: object) -> Literal["drop", "pad"] | None:
+    """The configuration's ``even`` as what it does (as ``ReadOptions.even_mode``)."""
+    if even is True:
+        return "pad"
+    if even == "drop" or even == "pad":
+        return even
+    return None
+
+
+def _indexed(read: dict[str, Any], even: Literal["drop", "pad"] | None = None) -> IndexedState:
     if read.get("kind") != "indexed":
         raise _bad("read.kind", read.get("kind"), "not 'indexed' (shuffle global/block, even)")
     records = _int(_key(read, "records", "read"), "read.records")
@@ -360,9 +370,20 @@ def _indexed(read: dict[str, Any]) -> IndexedState:
         b = _int(entries[1], f"{where}[1]", a + 1, records)
         remaining.append((a, b))
         end = b
-    held = sum(b - a for a, b in remaining)
-    taken = _int(_key(read, "taken", "read"), "read.taken", 0, held if consumers else 0)
-    return IndexedState(records, consumers, consumer, remaining, taken)
+    taken = _key(read, "taken", "read")
+    if not consumers:  # merged: no consumer of the new generation has started
+        return IndexedState(records, 0, 0, remaining, _int(taken, "read.taken", 0, 0))
+    # this consumer's own part, not all that remains: a count past it would resume at the
+    # part's end and silently read nothing
+    part = part_of(remaining, consumers, consumer, even).length
+    if not isinstance(taken, bool) and isinstance(taken, int) and taken > part:
+        raise _bad(
+            "read.taken",
+            taken,
+            f"consumer {consumer} of {consumers} has {part} positions of the "
+            f"{sum(b - a for a, b in remaining)} remaining to take, not more",
+        )
+    return IndexedState(records, consumers, consumer, remaining, _int(taken, "read.taken"))
 
 
 _MAX_CONSUMERS = 1 << 20
@@ -439,7 +460,10 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for k, raw in enumerate(states):
         if not isinstance(raw, Mapping) or not isinstance(raw.get("config"), dict):
             raise StateError(f"state {k} is not a streamrec dataset state")
-        parsed.append(parse_state(dict(raw), raw["config"]))
+        try:
+            parsed.append(parse_state(dict(raw), raw["config"]))
+        except StateError as exc:
+            raise StateError(f"state {k}: {exc}") from None
     first = parsed[0]
     for k, state in enumerate(parsed[1:], start=1):
         if (state.config, state.epoch, state.shards) != (first.config, first.epoch, first.shards):
@@ -472,11 +496,17 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if p.consumer in seen:
             raise StateError(f"two states of consumer {p.consumer}")
         seen.add(p.consumer)
-        taken[p.consumer] = p.taken
+        # (even="pad": positions past the part's own wrap around to records of others,
+        # read again: the part itself is consumed)
+        part = part_of(generation.remaining, generation.consumers, p.consumer)
+        taken[p.consumer] = min(p.taken, sum(b - a for a, b in part.intervals))
     if len(seen) != generation.consumers:
         missing = sorted(set(range(generation.consumers)) - seen)
         raise StateError(f"missing the states of consumers {missing} of {generation.consumers}")
-    remaining = remaining_after(generation.remaining, generation.consumers, taken)
+    try:
+        remaining = remaining_after(generation.remaining, generation.consumers, taken)
+    except ValueError as exc:  # parse_state checked every count: not reached by a state
+        raise StateError(f"resume state field read.taken: {exc}") from None
     merged = DatasetState(
         first.epoch,
         first.config,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import posixpath
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ from streamrec.errors import FormatError, ObjectNotFoundError, StorageError
 from streamrec.format.index import index_url
 from streamrec.manifest.check import invalidate_manifest
 from streamrec.manifest.core import Manifest, ManifestEntry, dumps, loads, manifest_for
-from streamrec.reshard.plan import Naming, Plan, TaskSpec
+from streamrec.reshard.plan import PLAN_VERSION, Naming, Plan, TaskSpec
 from streamrec.storage.base import ObjectInfo, ObjectStore, split_scheme
 from streamrec.storage.leftovers import find_leftovers, remove_leftover
 from streamrec.storage.retry import RetryPolicy
@@ -97,6 +98,7 @@ async def load_done_tasks(
         try:
             found = await policy.run(lambda: store.expand(pattern), describe=f"listing {pattern}")
         except ObjectNotFoundError:
+            await _report_other_jobs(store, plan)
             return {}
         by_url = {same_url(info.url): info for info in found}
         checks = asyncio.Semaphore(_CHECKS_AT_ONCE)
@@ -115,6 +117,27 @@ async def load_done_tasks(
         for (task, _), entries in zip(candidates, results, strict=True)
         if entries
     }
+
+
+async def _report_other_jobs(store: ObjectStore, plan: Plan) -> None:
+    """Say why the task manifests of another job in the destination are not reused (an
+    interrupted run with other inputs or arguments, or by a streamrec whose plan version
+    differs: its tasks may be cut or named otherwise). Best effort: a failure is ignored."""
+    pattern = plan.naming.scratch_glob("*")
+    try:
+        found = await store.expand(pattern)
+    except (StorageError, ValueError):
+        return
+    jobs = sorted({posixpath.dirname(info.url) for info in found})
+    for job in jobs:
+        logger.warning(
+            "%s: task manifests of another reshard job (other inputs or arguments, or an "
+            "earlier streamrec's plan, version %s now), not reused: every task of this job "
+            "(%s) runs; remove that directory once it is not needed",
+            job,
+            PLAN_VERSION,
+            plan.fingerprint,
+        )
 
 
 async def _check_task(
@@ -137,8 +160,10 @@ async def _check_task(
     if len(data) != info.size:
         return None
     try:
-        # names outside its directory are expected here: _matches checks each against the plan
-        manifest = loads(data, url, allow_absolute_urls=True)
+        # a task manifest lists its shards by url as the job spelled them (they are never
+        # below it): a relative one is relative to the working directory, not to the
+        # manifest; _matches checks each against the plan
+        manifest = loads(data, url, allow_absolute_urls=True, directory="")
     except FormatError as exc:
         logger.warning("%s: redoing the task: %s", url, exc)
         return None

@@ -3,6 +3,7 @@ on local files, S3 and GCS, plain and through the PyTorch adapter."""
 
 from __future__ import annotations
 
+import copy
 import json
 import pickle
 import random
@@ -229,3 +230,32 @@ def test_torch_workers_two_to_none(data: str) -> None:
     for batch in loader(0, merged):
         seen += [ident(r) for r in batch]
     assert Counter(seen) == Counter(range(RECORDS))
+
+
+def test_a_state_past_its_consumers_part_is_refused(data: str) -> None:
+    """``read.taken`` is checked against this consumer's part, not all that remains: a state
+    past its part is a StateError naming the field, never a consumer that silently reads
+    nothing; merge_states says the same (not a bare ValueError)."""
+    mode: dict[str, Any] = {"shuffle": "global", "num_hosts": 2}
+    _, state = read(data, stop=5, host_index=0, **mode)
+    _, other = read(data, stop=5, host_index=1, **mode)
+    crafted = copy.deepcopy(state)
+    crafted["read"]["taken"] = RECORDS // 2 + 1  # the part holds RECORDS // 2; all: RECORDS
+    ds = streamrec.open_dataset(data, host_index=0, **mode)
+    with pytest.raises(StateError, match=r"read\.taken = 301: consumer 0 of 2 has 300 "):
+        ds.load_state_dict(crafted)
+        list(ds)
+    with pytest.raises(StateError, match=r"state 0: .*read\.taken = 301"):
+        streamrec.merge_states([crafted, other])
+    crafted["read"]["taken"] = RECORDS // 2  # the whole part: loads and reads nothing more
+    assert read(data, crafted, host_index=0, **mode)[0] == []
+
+
+def test_merge_states_after_padded_parts_read_whole(data: str) -> None:
+    """even="pad": a consumer that read its whole part, padding included, took more positions
+    than its part holds; merging counts its part as consumed (nothing left to read)."""
+    mode: dict[str, Any] = {"even": "pad", "shuffle": "global", "num_hosts": 7}
+    runs = [read(data, host_index=h, **mode) for h in range(7)]
+    assert {len(got) for got, _ in runs} == {-(-RECORDS // 7)}
+    merged = streamrec.merge_states([state for _, state in runs])
+    assert merged["finished"] and merged["read"]["remaining"] == []

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +18,8 @@ import streamrec
 from streamrec.errors import FormatError, ObjectChangedError, ObjectNotFoundError
 from streamrec.manifest.core import loads
 from streamrec.storage.retry import RetryPolicy
-from support.servers import FakeGcsServer, MotoS3Server
+from support.server_fixtures import HttpDir
+from support.servers import FakeGcsServer, MotoS3Server, RangeHTTPServer
 
 FAST = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=10)
 
@@ -230,3 +233,87 @@ def test_the_writer_refuses_a_manifest_its_readers_would_refuse(tmp_path: Path) 
     names = [s["name"] for s in json.loads((tmp_path / "m.json").read_text())["shards"]]
     assert names == ["a/p-0", "a/p-1"]
     assert list(streamrec.open_dataset(str(tmp_path / "m.json"))) == [b"1", b"2"]
+
+
+# --- names that climb out once percent-decoded (issue 29 B.10) ------------------------------
+
+ENCODED_ESCAPES = [
+    "%2e%2e/secret.tfrecord",
+    "%2E%2E/secret.tfrecord",
+    ".%2e/secret.tfrecord",
+    "%2e./secret.tfrecord",
+    "sub/%2e%2e/%2e%2e/secret.tfrecord",
+    "..%2fsecret.tfrecord",
+    "%2e%2e%2fsecret.tfrecord",
+    "%252e%252e/secret.tfrecord",  # decoded twice (a proxy, then the server)
+    "%25252e%25252e/secret.tfrecord",
+    "..\\secret.tfrecord",
+    "%2e%2e%5csecret.tfrecord",
+    "%2Fetc%2Fpasswd",
+    "%2F%2F169.254.169.254/latest/meta-data",
+    "http%3A%2F%2F169.254.169.254/latest",
+    "a%00b.tfrecord",
+]
+
+
+@pytest.mark.parametrize("name", ENCODED_ESCAPES)
+def test_percent_encoded_names_cannot_climb_out(name: str) -> None:
+    with pytest.raises(FormatError, match="shard 0") as caught:
+        loads(_document(name), "https://host/data/set/_manifest.json")
+    assert "not a name relative to the manifest" in str(caught.value)
+    # a sidecar's name is checked the same way
+    document = json.loads(_document("part-0.tfrecord"))
+    document["shards"][0]["record_index"] = {"name": name, "bytes": 0}
+    with pytest.raises(FormatError, match="shard 0"):
+        loads(json.dumps(document), "https://host/data/set/_manifest.json")
+
+
+def test_names_that_only_look_encoded_still_read() -> None:
+    names = ["50%-sample.tfrecord", "a%20b.tfrecord", "sub/./c.tfrecord", "...x", "x..y"]
+    manifest = loads(_document(*names), "gs://bucket/data/_manifest.json")
+    assert [e.url for e in manifest.shards] == [f"gs://bucket/data/{n}" for n in names]
+
+
+def _outside(path: str, home: str) -> bool:
+    """True when a request path, decoded as often as it decodes and normalised, is not below
+    ``home``."""
+    previous = None
+    while previous != path:
+        previous, path = path, urllib.parse.unquote(path)
+    path = posixpath.normpath(path.split("?", 1)[0].replace("\\", "/"))
+    return not path.startswith(home.rstrip("/") + "/")
+
+
+@pytest.mark.parametrize("name", [*ENCODED_ESCAPES[:11], "%2F{dir}/secret.tfrecord"])
+@pytest.mark.parametrize("sidecar", [False, True], ids=["shard", "sidecar"])
+def test_no_request_leaves_the_manifests_directory(
+    http_server: RangeHTTPServer, http_dir: HttpDir, name: str, sidecar: bool
+) -> None:
+    """Over a real HTTP server (which decodes and resolves ``..``): a hostile manifest's
+    names, shard or sidecar, are refused before any request outside its directory."""
+    secret = _shard_bytes([b"secret"])
+    http_dir.write("secret.tfrecord", secret)
+    http_dir.write("set/secret.tfrecord", secret)  # (so that "sub/../../" reaches a file)
+    home = urllib_path(http_dir.url) + "/set"
+    name = name.replace("{dir}", urllib_path(http_dir.url).lstrip("/"))
+    good = _shard_bytes([b"good"])
+    http_dir.write("set/part-0.tfrecord", good)
+    shard = {"index": 0, "name": name, "records": 1, "bytes": len(secret), "crc32c": 0}
+    if sidecar:
+        shard.update(name="part-0.tfrecord", bytes=len(good))
+        shard["record_index"] = {"name": name, "bytes": 0}
+    document = {"format": "streamrec.manifest.core", "version": 1, "shards": [shard]}
+    http_dir.write("set/_manifest.json", json.dumps(document).encode())
+    http_server.clear_requests()
+    with pytest.raises(FormatError, match="not a name relative to the manifest"):
+        list(
+            streamrec.open_dataset(
+                f"{http_dir.url}/set/_manifest.json", retry=FAST, verify_crc=False
+            )
+        )
+    paths = [r.path for r in http_server.requests]
+    assert paths and not [p for p in paths if _outside(p, home)], paths
+
+
+def urllib_path(url: str) -> str:
+    return urllib.parse.urlsplit(url).path
