@@ -14,7 +14,8 @@ untrusted: every record must frame exactly where and as long as the index says
 (:class:`~streamrec.errors.IndexMismatchError`, a ``FormatError``, naming the shard and the
 offset otherwise; a bad CRC is a ``CorruptRecordError`` as in any read),
 and it never inflates more than the index's records need (what a span costs in memory is
-known before it is read).
+known before it is read), :data:`PIECE_BYTES` at a time: each piece is framed (and a record
+that does not match the index refused) before the next is inflated.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
-from streamrec.errors import CompressionError, IndexMismatchError
+from streamrec.errors import CompressionError, FormatError, IndexMismatchError
 from streamrec.format.codecs import Compression
 from streamrec.format.crc import BytesLike
 from streamrec.format.framing import OVERHEAD_BYTES, RecordDecoder
 
 __all__ = ["SpanDecoder"]
 
+PIECE_BYTES = 1 << 20
+"""Uncompressed bytes inflated (and framed) at a time."""
 _WBITS = {"gzip": 31, "zlib": 15}
 _RAW_DEFLATE = -15
 
@@ -56,8 +59,14 @@ class SpanDecoder:
     ) -> None:
         self.url = url
         self._lengths = [int(n) for n in lengths]
+        # a header claiming more than the index's longest record here is refused before a
+        # byte is buffered for it
         self._framing = RecordDecoder(
-            url=url, verify_crc=verify_crc, start_offset=offset, start_index=index
+            url=url,
+            verify_crc=verify_crc,
+            start_offset=offset,
+            start_index=index,
+            max_record_bytes=max(self._lengths, default=OVERHEAD_BYTES) - OVERHEAD_BYTES,
         )
         self._inflater: zlib._Decompress | None = None
         if compression is not None:
@@ -88,9 +97,10 @@ class SpanDecoder:
             self._frame(bytes(data))
             return
         pending = bytes(data)
-        while pending and self._wanted > 0:
+        while self._wanted > 0:
             try:
-                out = self._inflater.decompress(pending, self._wanted)
+                # a bounded piece at a time: what the index claims is not trusted to size one
+                out = self._inflater.decompress(pending, min(self._wanted, PIECE_BYTES))
             except zlib.error as exc:
                 raise CompressionError(
                     f"cannot inflate the span at its restart point ({exc}): the index does not "
@@ -98,6 +108,8 @@ class SpanDecoder:
                     url=self.url,
                 ) from exc
             pending = self._inflater.unconsumed_tail
+            if not out and not pending:
+                break  # everything fed is inflated
             self._wanted -= len(out)
             if self._skip:
                 cut = min(self._skip, len(out))
@@ -109,8 +121,18 @@ class SpanDecoder:
 
     def _frame(self, data: bytes) -> None:
         before = len(self._records)
-        records = self._framing.feed(data)
-        self._framing.raise_pending()
+        try:
+            records = self._framing.feed(data)
+            self._framing.raise_pending()
+        except FormatError as exc:
+            if type(exc) is not FormatError:  # a CRC, a truncation: the shard's own damage
+                raise
+            raise IndexMismatchError(
+                f"{exc.problem} (the record index says at most {max(self._lengths)} framed "
+                "bytes): the index does not match the shard",
+                url=self.url,
+                offset=exc.offset,
+            ) from exc
         for k, record in enumerate(records, start=before):
             if k >= len(self._lengths) or len(record) + OVERHEAD_BYTES != self._lengths[k]:
                 expected = self._lengths[k] if k < len(self._lengths) else "no record"

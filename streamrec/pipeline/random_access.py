@@ -135,6 +135,9 @@ class Span:
     last: int
     start: int
     end: int
+    inflated: int = 0
+    """A compressed span's uncompressed bytes, from its restart point to its last record's
+    end (what inflating it produces at most); 0 for an uncompressed one."""
 
 
 def _extents(table: RecordTable, ordinal: int, local: Int64Array) -> tuple[Int64Array, Int64Array]:
@@ -174,25 +177,60 @@ def plan_spans(
     if not len(records):
         return []
     starts, ends = _extents(table, ordinal, records)
+    index = table.indexes[ordinal]
+    if table.compressions[ordinal] is None:
+        return [
+            Span(ordinal, int(records[k]), int(records[j - 1]), int(starts[k]), int(ends[j - 1]))
+            for k, j in coalesce(starts, ends, gap_bytes=gap_bytes, span_bytes=span_bytes)
+        ]
+    # compressed: a span is cut by what it inflates to as well (up to 1032x its stored bytes)
+    assert index.skips is not None
+    points = index.offsets[records] - index.skips[records]
+    record_ends = index.offsets[records] + index.lengths[records]
+    runs = coalesce(
+        starts,
+        ends,
+        gap_bytes=gap_bytes,
+        span_bytes=span_bytes,
+        inflated=(points, record_ends),
+    )
     return [
-        Span(ordinal, int(records[k]), int(records[j - 1]), int(starts[k]), int(ends[j - 1]))
-        for k, j in coalesce(starts, ends, gap_bytes=gap_bytes, span_bytes=span_bytes)
+        Span(
+            ordinal,
+            int(records[k]),
+            int(records[j - 1]),
+            int(starts[k]),
+            int(ends[j - 1]),
+            int(record_ends[j - 1] - points[k]),
+        )
+        for k, j in runs
     ]
 
 
 def coalesce(
-    starts: Int64Array, ends: Int64Array, *, gap_bytes: int, span_bytes: int
+    starts: Int64Array,
+    ends: Int64Array,
+    *,
+    gap_bytes: int,
+    span_bytes: int,
+    inflated: tuple[Int64Array, Int64Array] | None = None,
 ) -> list[tuple[int, int]]:
     """Runs ``(k, j)`` of the byte ranges ``starts[i] .. ends[i]`` (sorted by start, ends
     never going backwards) that one range read each covers: records ``k .. j-1``, cut where
     the gap between neighbours exceeds ``gap_bytes`` or a run would cover more than
-    ``span_bytes`` (a lone range may). Vectorised: a Python step per run, not per range."""
+    ``span_bytes`` (a lone range may); with ``inflated`` (the ranges' uncompressed
+    ``(starts, ends)``, likewise sorted), also more than ``span_bytes`` of those. Vectorised:
+    a Python step per run, not per range."""
     runs: list[tuple[int, int]] = []
     cuts = np.flatnonzero(starts[1:] - ends[:-1] > gap_bytes) + 1
     for low, high in itertools.pairwise([0, *cuts.tolist(), len(starts)]):
         k = low
         while k < high:
             fit = int(np.searchsorted(ends[k:high], starts[k] + span_bytes, side="right"))
+            if inflated is not None:
+                out_starts, out_ends = inflated
+                limit = out_starts[k] + span_bytes
+                fit = min(fit, int(np.searchsorted(out_ends[k:high], limit, side="right")))
             j = k + max(fit, 1)  # ranges k .. j-1 (at least one)
             runs.append((k, j))
             k = j
@@ -278,7 +316,10 @@ async def _read_span(
         verify_crc=verify_crc,
     )
     length = span.end - span.start
-    await budget.reserve(length)  # no overdraft: granted alone when it exceeds the budget
+    # a compressed span also holds what it inflates to (the index's claim, capped when it
+    # was parsed at 1032x the stored bytes; inflated a bounded piece at a time)
+    reserved = length + span.inflated
+    await budget.reserve(reserved)  # no overdraft: granted alone when it exceeds the budget
     try:
         pieces = await read_exact(
             store_of(shard.url), shard, span.start, span.end, policy=policy, on_retry=on_retry
@@ -290,7 +331,7 @@ async def _read_span(
         del pieces
         records = decoder.close()
     finally:
-        budget.release(length)
+        budget.release(reserved)
     if stats is not None:
         stats.bytes_read += length
         stats.records_read += len(records)
