@@ -3,6 +3,7 @@ package and DALI write, the extended format for compressed shards, and hostile i
 
 from __future__ import annotations
 
+import itertools
 import tracemalloc
 
 import numpy as np
@@ -240,7 +241,7 @@ def test_parsed_in_pieces_as_parsed_whole() -> None:
     for piece in (1, 7, 1000, 1 << 20):
         parser = IndexParser(source="x", stored_size=size, compressed=False)
         cuts = [*range(0, min(len(data), 1000 * piece), piece), len(data)]
-        for start, stop in zip(cuts, cuts[1:], strict=False):  # the rest in one piece
+        for start, stop in itertools.pairwise(cuts):  # the rest in one piece
             parser.feed(data[start:stop])
         parser.finish()
         again = parser.index()
