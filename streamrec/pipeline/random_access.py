@@ -117,6 +117,21 @@ class RecordTable:
             )
         return np.where(indices < 0, indices + total, indices)
 
+    def lengths_of(self, records: Int64Array) -> Int64Array:
+        """The framed length of each of ``records`` (global numbers, in range): one gather
+        per shard they fall in, no table of every record's length."""
+        ordinals = np.searchsorted(self.starts, records, side="right") - 1
+        order = np.argsort(ordinals, kind="stable")
+        grouped = ordinals[order]
+        cuts = np.flatnonzero(np.diff(grouped)) + 1
+        out = np.empty(len(records), dtype=np.int64)
+        for low, high in itertools.pairwise([0, *cuts.tolist(), len(records)]):
+            ordinal = int(grouped[low])
+            chosen = order[low:high]
+            local = records[chosen] - self.starts[ordinal]
+            out[chosen] = self.indexes[ordinal].lengths[local]
+        return out
+
     def locate(self, indices: Int64Array) -> tuple[Int64Array, Int64Array]:
         """``(ordinals, local)``: each global index's shard and its record number there;
         IndexError naming the first index out of range."""
