@@ -20,18 +20,23 @@ that does not match the index refused) before the next is inflated.
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
 
 from streamrec.errors import CompressionError, FormatError, IndexMismatchError
 from streamrec.format.codecs import Compression
 from streamrec.format.crc import BytesLike
 from streamrec.format.framing import OVERHEAD_BYTES, RecordDecoder
 
-__all__ = ["SpanDecoder"]
+__all__ = ["SpanDecoder", "coalesce"]
 
 PIECE_BYTES = 1 << 20
 """Uncompressed bytes inflated (and framed) at a time."""
+Int64Array = npt.NDArray[np.int64]
 _WBITS = {"gzip": 31, "zlib": 15}
 _RAW_DEFLATE = -15
 
@@ -154,3 +159,33 @@ class SpanDecoder:
                 offset=self._framing.offset,
             )
         return self._records
+
+
+def coalesce(
+    starts: Int64Array,
+    ends: Int64Array,
+    *,
+    gap_bytes: int,
+    span_bytes: int,
+    inflated: tuple[Int64Array, Int64Array] | None = None,
+) -> list[tuple[int, int]]:
+    """Runs ``(k, j)`` of the byte ranges ``starts[i] .. ends[i]`` (sorted by start, ends
+    never going backwards) that one range read each covers: records ``k .. j-1``, cut where
+    the gap between neighbours exceeds ``gap_bytes`` or a run would cover more than
+    ``span_bytes`` (a lone range may); with ``inflated`` (the ranges' uncompressed
+    ``(starts, ends)``, likewise sorted), also more than ``span_bytes`` of those. Vectorised:
+    a Python step per run, not per range."""
+    runs: list[tuple[int, int]] = []
+    cuts = np.flatnonzero(starts[1:] - ends[:-1] > gap_bytes) + 1
+    for low, high in itertools.pairwise([0, *cuts.tolist(), len(starts)]):
+        k = low
+        while k < high:
+            fit = int(np.searchsorted(ends[k:high], starts[k] + span_bytes, side="right"))
+            if inflated is not None:
+                out_starts, out_ends = inflated
+                limit = out_starts[k] + span_bytes
+                fit = min(fit, int(np.searchsorted(out_ends[k:high], limit, side="right")))
+            j = k + max(fit, 1)  # ranges k .. j-1 (at least one)
+            runs.append((k, j))
+            k = j
+    return runs

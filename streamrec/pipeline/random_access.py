@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -25,10 +25,16 @@ from streamrec._portal import run_all
 from streamrec.errors import RandomAccessUnavailableError, TransientStorageError
 from streamrec.format.codecs import Compression
 from streamrec.format.index import ShardIndex
-from streamrec.format.span import SpanDecoder
+from streamrec.format.span import SpanDecoder, coalesce
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.prefetch import read_exact
 from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.trust import (
+    BoundaryTrust,
+    budgeted_reader,
+    verify_compressed,
+    verify_plain,
+)
 from streamrec.redact import redact
 from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.retry import RetryPolicy
@@ -82,6 +88,8 @@ class RecordTable:
     indexes: Sequence[ShardIndex]
     compressions: Sequence[Compression]
     starts: Int64Array  # global index of each shard's first record; then the total
+    trust: BoundaryTrust = field(default_factory=BoundaryTrust, repr=False)
+    """Which entries of each index are verified against the shard (pipeline/trust.py)."""
 
     @classmethod
     def build(
@@ -222,36 +230,6 @@ def plan_spans(
     ]
 
 
-def coalesce(
-    starts: Int64Array,
-    ends: Int64Array,
-    *,
-    gap_bytes: int,
-    span_bytes: int,
-    inflated: tuple[Int64Array, Int64Array] | None = None,
-) -> list[tuple[int, int]]:
-    """Runs ``(k, j)`` of the byte ranges ``starts[i] .. ends[i]`` (sorted by start, ends
-    never going backwards) that one range read each covers: records ``k .. j-1``, cut where
-    the gap between neighbours exceeds ``gap_bytes`` or a run would cover more than
-    ``span_bytes`` (a lone range may); with ``inflated`` (the ranges' uncompressed
-    ``(starts, ends)``, likewise sorted), also more than ``span_bytes`` of those. Vectorised:
-    a Python step per run, not per range."""
-    runs: list[tuple[int, int]] = []
-    cuts = np.flatnonzero(starts[1:] - ends[:-1] > gap_bytes) + 1
-    for low, high in itertools.pairwise([0, *cuts.tolist(), len(starts)]):
-        k = low
-        while k < high:
-            fit = int(np.searchsorted(ends[k:high], starts[k] + span_bytes, side="right"))
-            if inflated is not None:
-                out_starts, out_ends = inflated
-                limit = out_starts[k] + span_bytes
-                fit = min(fit, int(np.searchsorted(out_ends[k:high], limit, side="right")))
-            j = k + max(fit, 1)  # ranges k .. j-1 (at least one)
-            runs.append((k, j))
-            k = j
-    return runs
-
-
 async def read_records(
     table: RecordTable,
     indices: Sequence[int] | Int64Array,
@@ -288,13 +266,22 @@ async def read_records(
     got: list[bytes] = [b""] * len(unique)
     queue = iter(range(len(spans)))
     slots = gate or asyncio.Semaphore(max_concurrency)
+    checks = max(1, max_concurrency)  # a boundary check's reads in flight
 
     async def worker() -> None:
         for k in queue:
+            span = spans[k]
+            # its first record must start at a verified boundary (checked without a slot:
+            # the check's reads are reserved in the budget like any)
+            await _trust(
+                table, span, store_of, budget, policy, on_retry, gap_bytes, span_bytes, checks
+            )
             async with slots:
                 records = await _read_span(
-                    table, spans[k], store_of, budget, policy, verify_crc, stats, on_retry
+                    table, span, store_of, budget, policy, verify_crc, stats, on_retry
                 )
+            # framed exactly as the index says from a verified boundary: verified too
+            table.trust.extend(span.ordinal, span.last + 1)
             low, high = bounds[k], bounds[k + 1]
             first = int(firsts[k])
             for at, index in enumerate(unique[low:high].tolist(), start=low):
@@ -302,6 +289,41 @@ async def read_records(
 
     await run_all(worker() for _ in range(min(len(spans), max(1, max_concurrency))))
     return [got[at] for at in inverse.reshape(-1).tolist()]
+
+
+async def _trust(
+    table: RecordTable,
+    span: Span,
+    store_of: Callable[[str], ObjectStore],
+    budget: ByteBudget,
+    policy: RetryPolicy,
+    on_retry: Callable[[TransientStorageError], None] | None,
+    gap_bytes: int,
+    span_bytes: int,
+    concurrency: int,
+) -> None:
+    """Make sure ``span`` starts at a verified boundary (pipeline/trust.py)."""
+    ordinal = span.ordinal
+    shard, index = table.shards[ordinal], table.indexes[ordinal]
+    compression = table.compressions[ordinal]
+    read = budgeted_reader(store_of(shard.url), shard, budget, policy, on_retry)
+
+    async def verify(start: int, upto: int) -> int:
+        if compression is not None:
+            return await verify_compressed(index, compression, shard, read, span_bytes=span_bytes)
+        return await verify_plain(
+            index,
+            start,
+            upto,
+            read,
+            url=shard.url,
+            gap_bytes=gap_bytes,
+            span_bytes=span_bytes,
+            concurrency=concurrency,
+        )
+
+    # compressed: its restart point too (the whole shard is checked at once)
+    await table.trust.ensure(ordinal, span.first + (compression is not None), verify)
 
 
 async def _read_span(

@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
+import pytest
+
+import streamrec
+from streamrec.errors import IndexMismatchError
 from streamrec.format.framing import RecordEncoder
 from streamrec.format.index import IndexBuilder
 from streamrec.sync import open_writer
@@ -82,3 +87,90 @@ def test_random_access_inflates_a_bounded_piece_of_what_an_index_claims(tmp_path
     peak, outcome = peak_of("ds.get([0])", url, prefetch_bytes=MIB)
     assert outcome.startswith("IndexMismatchError"), outcome
     assert peak < 12 * MIB, peak
+
+
+def framed(payload: bytes) -> bytes:
+    return RecordEncoder().encode_many([payload])
+
+
+def smuggling_shard(directory: Path) -> tuple[str, bytes]:
+    """A shard of two records, the first of whose payload holds a framed record (300 KiB of
+    padding either side: range reads do not coalesce them), with an index that cuts that
+    payload into records: [A's header + padding] [the embedded record] [padding + A's CRC]
+    [C]. Its entries add up, start at 0 and end at the shard's size."""
+    smuggled = b"not a record of this shard"
+    pad = 300 << 10
+    outer = b"p" * pad + framed(smuggled) + b"q" * pad
+    shard = framed(outer) + framed(b"C" * 40)
+    lengths = [12 + pad, len(framed(smuggled)), pad + 4, len(framed(b"C" * 40))]
+    assert sum(lengths) == len(shard)
+    url = str(directory / "smuggle.tfrecord")
+    Path(url).write_bytes(shard)
+    builder = IndexBuilder()
+    builder.add_records(lengths)
+    Path(f"{url}.idx").write_bytes(builder.build().to_bytes())
+    return url, smuggled
+
+
+def test_an_index_cannot_make_a_payload_a_record_by_random_access(tmp_path: Path) -> None:
+    """B.8: ``get([1])`` refuses the record the index invents inside record 0's payload."""
+    url, smuggled = smuggling_shard(tmp_path)
+    ds = streamrec.open_dataset(url, block_bytes=256 << 10)
+    with pytest.raises(IndexMismatchError, match="does not follow the shard's records") as caught:
+        ds.get([1])
+    assert caught.value.url == url and caught.value.offset == 0
+    assert caught.value.record_index == 0 and smuggled.decode() not in str(caught.value)
+    with pytest.raises(IndexMismatchError):  # and again: nothing was taken as verified
+        ds.get([3])
+
+
+def test_an_index_cannot_make_a_payload_a_record_in_indexed_reading(tmp_path: Path) -> None:
+    """B.8: the consumer whose part is the invented record (even split over 4 hosts; global
+    shuffle reads through the same spans) gets the error, not the payload's bytes."""
+    url, _ = smuggling_shard(tmp_path)
+    for kind in ({"even": "drop"}, {"shuffle": "global", "seed": 1}):
+        for host in range(4):
+            ds = streamrec.open_dataset(
+                url, num_hosts=4, host_index=host, block_bytes=256 << 10, **kind
+            )
+            with pytest.raises(IndexMismatchError):
+                list(ds)
+
+
+def test_a_compressed_index_cannot_point_a_restart_into_a_payload(tmp_path: Path) -> None:
+    """B.8: a gzip shard (stored blocks) whose one record's payload holds a raw deflate
+    stream of a framed record; the index claims a second record at a "restart point" where
+    that stream starts. Inflating from there gives a well framed record, which is not one of
+    the shard's."""
+    smuggled = b"smuggled through a restart point"
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+    embedded = deflate.compress(framed(smuggled)) + deflate.flush()
+    record = framed(b"a" * 100 + embedded + b"b" * 100)
+    gzip = zlib.compressobj(0, zlib.DEFLATED, 31)  # stored: the payload's bytes as they are
+    stored = gzip.compress(record) + gzip.flush()
+    restart = stored.index(embedded)
+    url = str(tmp_path / "restart.tfrecord.gz")
+    Path(url).write_bytes(stored)
+    Path(f"{url}.idx").write_bytes(
+        b"0 %d 0 0\n%d %d %d 0\n" % (len(record), len(record), len(framed(smuggled)), restart)
+    )
+    ds = streamrec.open_dataset(url)
+    with pytest.raises(IndexMismatchError) as caught:
+        ds.get([1])
+    assert caught.value.url == url
+    # the index's first record is the shard's: the check is of the whole shard, at first use
+    with pytest.raises(IndexMismatchError):
+        ds.get([0])
+
+
+def test_an_honest_compressed_index_is_verified_once(tmp_path: Path) -> None:
+    url = str(tmp_path / "honest.tfrecord.gz")
+    data = [bytes([k % 251]) * (3000 + k) for k in range(400)]
+    with open_writer(url, compression="gzip", index=True) as writer:
+        for payload in data:
+            writer.write(payload)
+    ds = streamrec.open_dataset(url)
+    assert ds.get([399, 0, 200]) == [data[399], data[0], data[200]]
+    before = ds.stats.bytes_read
+    assert ds.get([123]) == [data[123]]
+    assert ds.stats.bytes_read - before < Path(url).stat().st_size  # no second check

@@ -26,7 +26,6 @@ import pytest
 import streamrec
 from streamrec.cli import main
 from streamrec.errors import (
-    FormatError,
     IndexMismatchError,
     ObjectChangedError,
     RandomAccessUnavailableError,
@@ -246,14 +245,19 @@ def test_stale_indexes_name_the_shard(tmp_path: Path) -> None:
     assert f"in {shard}:" in str(info.value) and f"streamrec index --force {shard}" in str(
         info.value
     )
-    # the same size, other records: found when the span is read, at its offset
+    # the same size, other records: found before record 1 is read, at the first entry that
+    # disagrees with the shard's own framing (issue 29, B.8: record 0's, at offset 0)
     shard.write_bytes(RecordEncoder().encode_many([b"b" * 20, b"a" * 10, b"c" * 30]))
     index("--force", str(shard))
     shard.write_bytes(RecordEncoder().encode_many([b"a" * 10, b"b" * 20, b"c" * 30]))
-    with pytest.raises(FormatError) as caught:
+    with pytest.raises(IndexMismatchError) as caught:
         streamrec.open_dataset(str(shard)).get([1])
-    assert caught.value.url == str(shard) and caught.value.offset == 36
-    assert str(shard) in str(caught.value) and "offset 36" in str(caught.value)
+    assert caught.value.url == str(shard) and caught.value.offset == 0
+    assert str(shard) in str(caught.value) and "offset 0" in str(caught.value)
+    # read from record 0 on, the span itself finds it
+    with pytest.raises(IndexMismatchError) as caught:
+        streamrec.open_dataset(str(shard)).get([0])
+    assert caught.value.url == str(shard)
 
 
 def test_a_manifest_count_that_disagrees_with_the_index(tmp_path: Path) -> None:
@@ -466,10 +470,17 @@ def test_neighbours_cost_one_request_and_the_table_none(
     assert span_reads(proxy).count("part-000.tfrecord") == 2
     proxy.clear_records()
     assert ds.get(range(250, 350)) == data[250:350]  # 100 neighbours in one shard
-    assert len(span_reads(proxy)) == len(proxy.records) == 1  # one read, nothing listed
+    # one read, nothing listed; first, one read of the length fields of the shard's records
+    # before them (issue 29, B.8: an entry is a record once those before it are checked)
+    assert len(span_reads(proxy)) == len(proxy.records) == 2
+    assert sorted(str(r.range) for r in proxy.records)[0].startswith("bytes=0-")
+    proxy.clear_records()
+    assert ds.get(range(260, 300)) == data[260:300]  # checked already: one read
+    assert len(span_reads(proxy)) == len(proxy.records) == 1
     proxy.clear_records()
     assert ds.get([599, 200, 399, 201]) == [data[599], data[200], data[399], data[201]]
-    assert len(span_reads(proxy)) == len(proxy.records) == 2  # one per shard
+    # one per shard, and the check of the last shard's records before record 199
+    assert len(span_reads(proxy)) == len(proxy.records) == 3
     proxy.clear_records()
     assert ds.get([0, 590]) == [data[0], data[590]]
     assert len(proxy.records) == 2  # different shards

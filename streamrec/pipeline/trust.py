@@ -1,0 +1,164 @@
+"""Which records of an indexed shard are known to be records: checked before any is read.
+
+An index sidecar is untrusted: entries that add up but cut the shard at other boundaries
+would make random access return bytes of a payload as records
+(:mod:`streamrec.format.index_check`). A span of records is read only from a *verified*
+boundary: the shard's start, or the start of an entry whose predecessors were all checked
+against the shard's own framing. :class:`BoundaryTrust` keeps, per shard, how many leading
+entries are verified, for as long as its record table lives in the process (and in the
+DataLoader workers it is pickled into); the spans read extend it for free (their records are
+framed from a verified boundary). What checking costs, once per shard and process:
+
+* **uncompressed**: the 8-byte length field of every entry before the first record wanted
+  that is not verified yet (:func:`verify_plain`): one range read per run of entries whose
+  length fields lie at most ``gap_bytes`` (256 KiB) apart and together within ``span_bytes``
+  (``block_bytes``, 4 MiB): for records under 256 KiB about the prefix's bytes in 4 MiB reads,
+  for larger ones one 8-byte read each; up to ``max_concurrency`` at once.
+* **GZIP/ZLIB** (an extended index): the whole shard, read in ``span_bytes`` reads and inflated
+  twice, on first use (:func:`verify_compressed`): the stream from its start, and each run
+  from its restart point, compared (a restart point is only one if the bytes from it are the
+  stream's).
+
+Every read is reserved in the caller's byte budget first; its pieces are dropped once
+checked. A failed check raises :class:`~streamrec.errors.IndexMismatchError` and verifies
+nothing: every later read of that shard checks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from streamrec._portal import run_all
+from streamrec.format.codecs import Compression
+from streamrec.format.index import ShardIndex
+from streamrec.format.index_check import CompressedCheck, check_lengths
+from streamrec.format.span import coalesce
+from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.prefetch import read_exact
+from streamrec.storage.base import ObjectInfo, ObjectStore
+from streamrec.storage.retry import RetryPolicy
+
+__all__ = ["BoundaryTrust", "Reader", "verify_compressed", "verify_plain"]
+
+Reader = Callable[[int, int], Awaitable[list[bytes]]]
+"""``read(start, end)``: exactly those stored bytes of the shard, reserved in the budget by
+the caller."""
+
+_LENGTH_BYTES = 8
+
+
+class BoundaryTrust:
+    """How many leading entries of each shard's index are verified (see the module
+    docstring); one per record table, shared by every call that reads through it."""
+
+    def __init__(self) -> None:
+        self.verified: dict[int, int] = {}
+        self._locks: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[int, asyncio.Lock]
+        ] = weakref.WeakKeyDictionary()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"verified": dict(self.verified)}  # locks belong to this process's loops
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+        self.verified.update(state["verified"])
+
+    def trusted(self, ordinal: int) -> int:
+        """Entries of shard ``ordinal`` that start where the shard's framing puts a record."""
+        return self.verified.get(ordinal, 0)
+
+    def extend(self, ordinal: int, upto: int) -> None:
+        """Entries before ``upto`` are verified (records framed from a verified boundary)."""
+        if upto > self.trusted(ordinal):
+            self.verified[ordinal] = upto
+
+    async def ensure(
+        self, ordinal: int, upto: int, verify: Callable[[int, int], Awaitable[int]]
+    ) -> None:
+        """Entry ``upto`` of shard ``ordinal`` starts at a verified boundary: when not known
+        yet, ``verify(start, upto)`` checks entries from the first one not verified and
+        returns how many are verified then. One check per shard at a time (in each loop):
+        others wait for it rather than check the same entries again."""
+        if self.trusted(ordinal) >= upto:
+            return
+        locks = self._locks.setdefault(asyncio.get_running_loop(), {})
+        async with locks.setdefault(ordinal, asyncio.Lock()):
+            start = self.trusted(ordinal)
+            if start < upto:
+                self.extend(ordinal, await verify(start, upto))
+
+
+def budgeted_reader(
+    store: ObjectStore,
+    shard: ObjectInfo,
+    budget: ByteBudget,
+    policy: RetryPolicy,
+    on_retry: Callable[[Any], None] | None,
+) -> Reader:
+    """A :data:`Reader` of ``shard`` whose reads are reserved in ``budget`` while they are in
+    flight (the caller drops their pieces before the next)."""
+
+    async def read(start: int, end: int) -> list[bytes]:
+        await budget.reserve(end - start)
+        try:
+            return await read_exact(store, shard, start, end, policy=policy, on_retry=on_retry)
+        finally:
+            budget.release(end - start)
+
+    return read
+
+
+async def verify_plain(
+    index: ShardIndex,
+    start: int,
+    stop: int,
+    read: Reader,
+    *,
+    url: str,
+    gap_bytes: int,
+    span_bytes: int,
+    concurrency: int,
+) -> int:
+    """Check entries ``start .. stop-1`` of an uncompressed shard's ``index`` against its
+    length fields (``start``: verified already); ``stop``."""
+    if stop <= start:
+        return start
+    offsets = index.offsets[start:stop]
+    runs = coalesce(offsets, offsets + _LENGTH_BYTES, gap_bytes=gap_bytes, span_bytes=span_bytes)
+    queue = iter(runs)
+
+    async def worker() -> None:
+        for k, j in queue:
+            at = int(offsets[k])
+            pieces = await read(at, int(offsets[j - 1]) + _LENGTH_BYTES)
+            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            del pieces
+            check_lengths(data, at, index, start + k, start + j, url)
+
+    await run_all(worker() for _ in range(min(len(runs), max(1, concurrency))))
+    return stop
+
+
+async def verify_compressed(
+    index: ShardIndex,
+    compression: Compression,
+    shard: ObjectInfo,
+    read: Reader,
+    *,
+    span_bytes: int,
+) -> int:
+    """Check a compressed shard's whole extended ``index`` against it (read from its start,
+    ``span_bytes`` at a time); every entry (``len(index)``)."""
+    check = CompressedCheck(
+        url=shard.url, compression=compression, index=index, stored_size=shard.size
+    )
+    step = max(1, span_bytes)
+    for at in range(0, shard.size, step):
+        for piece in await read(at, min(at + step, shard.size)):
+            check.feed(piece)
+    check.close()
+    return len(index)
