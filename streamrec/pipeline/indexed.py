@@ -50,6 +50,7 @@ from streamrec.pipeline.shards import dataloader_worker, shards_digest
 from streamrec.pipeline.sources import list_sources
 from streamrec.pipeline.state import DatasetState, IndexedState
 from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.trust import BoundaryTrust
 from streamrec.storage.stores import StoreSet
 
 __all__ = ["IndexedEngine", "chunk_records", "window_records"]
@@ -101,11 +102,19 @@ def window_records(options: ReadOptions, mean_bytes: float) -> int:
 class IndexedEngine:
     """Reads this consumer's part of an indexed epoch (see the module docstring)."""
 
-    def __init__(self, urls: Sequence[str], options: ReadOptions, epoch: int, stats: Stats):
+    def __init__(
+        self,
+        urls: Sequence[str],
+        options: ReadOptions,
+        epoch: int,
+        stats: Stats,
+        trust: BoundaryTrust | None = None,
+    ):
         self.urls = list(urls)
         self.options = options
         self.epoch = epoch
         self.stats = stats
+        self.trust = trust  # what is verified of the indexes (the dataset's, across epochs)
 
     def _count_retry(self, error: Exception) -> None:
         self.stats.retries += 1
@@ -168,7 +177,9 @@ class IndexedEngine:
                     allow_absolute_urls=options.allow_absolute_urls,
                     on_retry=self._count_retry,
                 )
-                table = await build_table(self.urls, options, self.stats, stores, shards)
+                table = await build_table(
+                    self.urls, options, self.stats, stores, shards, self.trust
+                )
                 digest = shards_digest(table.shards, table.counts())
                 if resume is not None and resume.shards not in (None, digest):
                     raise StateError(

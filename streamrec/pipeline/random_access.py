@@ -31,7 +31,9 @@ from streamrec.pipeline.prefetch import read_exact
 from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.trust import (
     BoundaryTrust,
+    ShardKey,
     budgeted_reader,
+    shard_key,
     verify_compressed,
     verify_plain,
 )
@@ -90,6 +92,14 @@ class RecordTable:
     starts: Int64Array  # global index of each shard's first record; then the total
     trust: BoundaryTrust = field(default_factory=BoundaryTrust, repr=False)
     """Which entries of each index are verified against the shard (pipeline/trust.py)."""
+    _keys: dict[int, ShardKey] = field(default_factory=dict, repr=False)
+
+    def shard_key(self, ordinal: int) -> ShardKey:
+        """Shard ``ordinal`` with its index, as :attr:`trust` knows it (made once)."""
+        key = self._keys.get(ordinal)
+        if key is None:
+            key = self._keys[ordinal] = shard_key(self.shards[ordinal], self.indexes[ordinal])
+        return key
 
     @classmethod
     def build(
@@ -97,11 +107,16 @@ class RecordTable:
         shards: Sequence[ObjectInfo],
         indexes: Sequence[ShardIndex],
         compressions: Sequence[Compression],
+        trust: BoundaryTrust | None = None,
     ) -> RecordTable:
+        """The table; ``trust``: what is verified of the shards' indexes, shared with other
+        tables of the same dataset (a new one by default)."""
         counts = np.fromiter((len(index) for index in indexes), dtype=np.int64, count=len(indexes))
         starts = np.zeros(len(indexes) + 1, dtype=np.int64)
         np.cumsum(counts, out=starts[1:])
-        return cls(list(shards), list(indexes), list(compressions), starts)
+        return cls(
+            list(shards), list(indexes), list(compressions), starts, trust or BoundaryTrust()
+        )
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -281,7 +296,7 @@ async def read_records(
                     table, span, store_of, budget, policy, verify_crc, stats, on_retry
                 )
             # framed exactly as the index says from a verified boundary: verified too
-            table.trust.extend(span.ordinal, span.last + 1)
+            table.trust.extend(table.shard_key(span.ordinal), span.last + 1)
             low, high = bounds[k], bounds[k + 1]
             first = int(firsts[k])
             for at, index in enumerate(unique[low:high].tolist(), start=low):
@@ -323,7 +338,8 @@ async def _trust(
         )
 
     # compressed: its restart point too (the whole shard is checked at once)
-    await table.trust.ensure(ordinal, span.first + (compression is not None), verify)
+    key = table.shard_key(ordinal)
+    await table.trust.ensure(key, span.first + (compression is not None), verify)
 
 
 async def _read_span(

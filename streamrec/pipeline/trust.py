@@ -4,10 +4,10 @@ An index sidecar is untrusted: entries that add up but cut the shard at other bo
 would make random access return bytes of a payload as records
 (:mod:`streamrec.format.index_check`). A span of records is read only from a *verified*
 boundary: the shard's start, or the start of an entry whose predecessors were all checked
-against the shard's own framing. :class:`BoundaryTrust` keeps, per shard, how many leading
-entries are verified, for as long as its record table lives in the process (and in the
-DataLoader workers it is pickled into); the spans read extend it for free (their records are
-framed from a verified boundary). What checking costs, once per shard and process:
+against the shard's own framing. :class:`BoundaryTrust` keeps, per shard (and index), how
+many leading entries are verified, for as long as its dataset lives in the process (and in
+the DataLoader workers it is pickled into); the spans read extend it for free (their records
+are framed from a verified boundary). What checking costs, once per shard and dataset:
 
 * **uncompressed**: the 8-byte length field of every entry before the first record wanted
   that is not verified yet (:func:`verify_plain`): one range read per run of entries whose
@@ -27,9 +27,12 @@ nothing: every later read of that shard checks again.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import numpy as np
 
 from streamrec._portal import run_all
 from streamrec.format.codecs import Compression
@@ -41,7 +44,15 @@ from streamrec.pipeline.prefetch import read_exact
 from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.retry import RetryPolicy
 
-__all__ = ["BoundaryTrust", "Reader", "verify_compressed", "verify_plain"]
+__all__ = [
+    "BoundaryTrust",
+    "Reader",
+    "ShardKey",
+    "budgeted_reader",
+    "shard_key",
+    "verify_compressed",
+    "verify_plain",
+]
 
 Reader = Callable[[int, int], Awaitable[list[bytes]]]
 """``read(start, end)``: exactly those stored bytes of the shard, reserved in the budget by
@@ -50,14 +61,31 @@ the caller."""
 _LENGTH_BYTES = 8
 
 
+ShardKey = tuple[str, int, str | None, bytes]
+"""A shard as its boundaries were verified: url, size, version and a digest of its index."""
+
+
+def shard_key(shard: ObjectInfo, index: ShardIndex) -> ShardKey:
+    """What a verification holds for: this shard (url, size, version) with this index (a
+    BLAKE2b digest of its columns: 8 bytes a number hashed once per table)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for column in (index.offsets, index.lengths, index.restarts, index.skips):
+        if column is not None:
+            digest.update(np.ascontiguousarray(column).data)
+    return (shard.url, shard.size, shard.version, digest.digest())
+
+
 class BoundaryTrust:
     """How many leading entries of each shard's index are verified (see the module
-    docstring); one per record table, shared by every call that reads through it."""
+    docstring): one per dataset, shared by its ``get`` calls and every epoch's indexed
+    reading (each builds its own record table, from the same shards and sidecars), kept in
+    the DataLoader workers it is pickled into. Keyed by :func:`shard_key`: a shard or index
+    that changed is checked again."""
 
     def __init__(self) -> None:
-        self.verified: dict[int, int] = {}
+        self.verified: dict[ShardKey, int] = {}
         self._locks: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, dict[int, asyncio.Lock]
+            asyncio.AbstractEventLoop, dict[ShardKey, asyncio.Lock]
         ] = weakref.WeakKeyDictionary()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -67,29 +95,29 @@ class BoundaryTrust:
         self.__init__()  # type: ignore[misc]
         self.verified.update(state["verified"])
 
-    def trusted(self, ordinal: int) -> int:
-        """Entries of shard ``ordinal`` that start where the shard's framing puts a record."""
-        return self.verified.get(ordinal, 0)
+    def trusted(self, key: ShardKey) -> int:
+        """Entries of the shard that start where its own framing puts a record."""
+        return self.verified.get(key, 0)
 
-    def extend(self, ordinal: int, upto: int) -> None:
+    def extend(self, key: ShardKey, upto: int) -> None:
         """Entries before ``upto`` are verified (records framed from a verified boundary)."""
-        if upto > self.trusted(ordinal):
-            self.verified[ordinal] = upto
+        if upto > self.trusted(key):
+            self.verified[key] = upto
 
     async def ensure(
-        self, ordinal: int, upto: int, verify: Callable[[int, int], Awaitable[int]]
+        self, key: ShardKey, upto: int, verify: Callable[[int, int], Awaitable[int]]
     ) -> None:
-        """Entry ``upto`` of shard ``ordinal`` starts at a verified boundary: when not known
-        yet, ``verify(start, upto)`` checks entries from the first one not verified and
-        returns how many are verified then. One check per shard at a time (in each loop):
-        others wait for it rather than check the same entries again."""
-        if self.trusted(ordinal) >= upto:
+        """Entry ``upto`` of the shard starts at a verified boundary: when not known yet,
+        ``verify(start, upto)`` checks entries from the first one not verified and returns
+        how many are verified then. One check per shard at a time (in each loop): others
+        wait for it rather than check the same entries again."""
+        if self.trusted(key) >= upto:
             return
         locks = self._locks.setdefault(asyncio.get_running_loop(), {})
-        async with locks.setdefault(ordinal, asyncio.Lock()):
-            start = self.trusted(ordinal)
+        async with locks.setdefault(key, asyncio.Lock()):
+            start = self.trusted(key)
             if start < upto:
-                self.extend(ordinal, await verify(start, upto))
+                self.extend(key, await verify(start, upto))
 
 
 def budgeted_reader(

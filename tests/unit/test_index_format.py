@@ -12,6 +12,7 @@ from tfrecord.tools.tfrecord2idx import create_index
 
 from streamrec.errors import FormatError
 from streamrec.format import index as index_module
+from streamrec.format import index_text
 from streamrec.format.framing import RecordEncoder
 from streamrec.format.index import (
     IndexBuilder,
@@ -172,7 +173,7 @@ def test_to_bytes_of_many_records_is_made_in_pieces_that_join_up() -> None:
     assert index.to_bytes() == "".join(f"{o} {n}\n" for o, n in rows).encode()
 
 
-@pytest.mark.skipif(index_module._cframing is None, reason="the C accelerator is not built")
+@pytest.mark.skipif(index_text._cframing is None, reason="the C accelerator is not built")
 def test_c_and_numpy_index_text_agree() -> None:
     """The sidecar's text made in C (``streamrec index``'s hot part) is the numpy twin's, for
     2 and 4 columns, every number size, zeros and the largest int64."""
@@ -181,9 +182,9 @@ def test_c_and_numpy_index_text_agree() -> None:
         for top in (10, 10**4, 10**9, 2**40, 2**63 - 1):
             data = [rng.integers(0, top, 5_000, dtype=np.int64) for _ in range(columns)]
             data[0][:2] = (0, top - 1)
-            assert index_module._c_text(data) == index_module._text(data)
+            assert index_text.c_text(data) == index_text.numpy_text(data)
     with pytest.raises(ValueError, match="equally long"):
-        index_module._c_text([np.zeros(2, np.int64), np.zeros(3, np.int64)])
+        index_text.c_text([np.zeros(2, np.int64), np.zeros(3, np.int64)])
 
 
 # --- hostile sidecars: memory (issue 29, B.6) and the sequential reader's caps (B.7) ---
