@@ -286,17 +286,28 @@ async def read_records(
     async def worker() -> None:
         for k in queue:
             span = spans[k]
-            # its first record must start at a verified boundary (checked without a slot:
-            # the check's reads are reserved in the budget like any)
-            await _trust(
-                table, span, store_of, budget, policy, on_retry, gap_bytes, span_bytes, checks
-            )
-            async with slots:
-                records = await _read_span(
-                    table, span, store_of, budget, policy, verify_crc, stats, on_retry
+            key = table.shard_key(span.ordinal)
+            with table.trust.reading(key, span.first, span.last + 1):
+                # its first record must start at a verified boundary (checked without a
+                # slot: the check's reads are reserved in the budget like any)
+                await _trust(
+                    table,
+                    span,
+                    store_of,
+                    budget,
+                    policy,
+                    on_retry,
+                    stats,
+                    checks,
+                    gap_bytes,
+                    span_bytes,
                 )
-            # framed exactly as the index says from a verified boundary: verified too
-            table.trust.extend(table.shard_key(span.ordinal), span.last + 1)
+                async with slots:
+                    records = await _read_span(
+                        table, span, store_of, budget, policy, verify_crc, stats, on_retry
+                    )
+                # framed exactly as the index says from a verified boundary: verified too
+                table.trust.extend(key, span.last + 1)
             low, high = bounds[k], bounds[k + 1]
             first = int(firsts[k])
             for at, index in enumerate(unique[low:high].tolist(), start=low):
@@ -313,15 +324,17 @@ async def _trust(
     budget: ByteBudget,
     policy: RetryPolicy,
     on_retry: Callable[[TransientStorageError], None] | None,
+    stats: Stats | None,
+    concurrency: int,
     gap_bytes: int,
     span_bytes: int,
-    concurrency: int,
 ) -> None:
-    """Make sure ``span`` starts at a verified boundary (pipeline/trust.py)."""
+    """Make sure ``span`` starts at a verified boundary (pipeline/trust.py), with reads as
+    the spans' (``gap_bytes``, ``span_bytes``), counted in ``stats``."""
     ordinal = span.ordinal
     shard, index = table.shards[ordinal], table.indexes[ordinal]
     compression = table.compressions[ordinal]
-    read = budgeted_reader(store_of(shard.url), shard, budget, policy, on_retry)
+    read = budgeted_reader(store_of(shard.url), shard, budget, policy, on_retry, stats)
 
     async def verify(start: int, upto: int) -> int:
         if compression is not None:
@@ -337,9 +350,11 @@ async def _trust(
             concurrency=concurrency,
         )
 
-    # compressed: its restart point too (the whole shard is checked at once)
     key = table.shard_key(ordinal)
-    await table.trust.ensure(key, span.first + (compression is not None), verify)
+    if compression is None:
+        await table.trust.ensure(key, span.first, verify)
+    else:  # its restart point too: the whole shard is checked at once
+        await table.trust.ensure(key, len(index), verify, wait=False)
 
 
 async def _read_span(

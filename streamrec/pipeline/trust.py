@@ -29,7 +29,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,7 @@ from streamrec.format.index_check import CompressedCheck, check_lengths
 from streamrec.format.span import coalesce
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.prefetch import read_exact
+from streamrec.pipeline.stats import Stats
 from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.retry import RetryPolicy
 
@@ -75,21 +78,36 @@ def shard_key(shard: ObjectInfo, index: ShardIndex) -> ShardKey:
     return (shard.url, shard.size, shard.version, digest.digest())
 
 
+@dataclass(eq=False)
+class _Read:
+    """A span being read: once read, entries ``first .. stop-1`` are verified."""
+
+    first: int
+    stop: int
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class BoundaryTrust:
     """How many leading entries of each shard's index are verified (see the module
     docstring): one per dataset, shared by its ``get`` calls and every epoch's indexed
     reading (each builds its own record table, from the same shards and sidecars), kept in
     the DataLoader workers it is pickled into. Keyed by :func:`shard_key`: a shard or index
-    that changed is checked again."""
+    that changed is checked again.
+
+    A span read from a verified boundary verifies its own records, so a span waits for the
+    spans being read before it (:meth:`reading`) rather than check their entries too: in
+    order, reading costs nothing more; what is checked is only entries no span reads
+    before them (the records between shuffled ones)."""
 
     def __init__(self) -> None:
         self.verified: dict[ShardKey, int] = {}
-        self._locks: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, dict[ShardKey, asyncio.Lock]
-        ] = weakref.WeakKeyDictionary()
+        # per event loop (locks and events belong to one): the checks and the spans read
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"verified": dict(self.verified)}  # locks belong to this process's loops
+        return {"verified": dict(self.verified)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__()  # type: ignore[misc]
@@ -104,20 +122,52 @@ class BoundaryTrust:
         if upto > self.trusted(key):
             self.verified[key] = upto
 
+    def _state(self) -> _LoopState:
+        return self._loops.setdefault(asyncio.get_running_loop(), _LoopState())
+
+    @contextmanager
+    def reading(self, key: ShardKey, first: int, stop: int) -> Iterator[None]:
+        """Entries ``first .. stop-1`` are being read as one span (which :meth:`extend` s
+        the verified entries once read from a verified boundary)."""
+        reads = self._state().reads.setdefault(key, [])
+        read = _Read(first, stop)
+        reads.append(read)
+        try:
+            yield
+        finally:
+            reads.remove(read)
+            read.done.set()
+
     async def ensure(
-        self, key: ShardKey, upto: int, verify: Callable[[int, int], Awaitable[int]]
+        self,
+        key: ShardKey,
+        upto: int,
+        verify: Callable[[int, int], Awaitable[int]],
+        *,
+        wait: bool = True,
     ) -> None:
-        """Entry ``upto`` of the shard starts at a verified boundary: when not known yet,
-        ``verify(start, upto)`` checks entries from the first one not verified and returns
-        how many are verified then. One check per shard at a time (in each loop): others
-        wait for it rather than check the same entries again."""
-        if self.trusted(key) >= upto:
-            return
-        locks = self._locks.setdefault(asyncio.get_running_loop(), {})
-        async with locks.setdefault(key, asyncio.Lock()):
-            start = self.trusted(key)
-            if start < upto:
-                self.extend(key, await verify(start, upto))
+        """Entry ``upto`` of the shard starts at a verified boundary: waits for a span being
+        read from the last verified entry (it verifies its records; not with ``wait=False``:
+        a compressed shard is checked whole, its spans verify nothing), else
+        ``verify(start, stop)`` checks the entries up to the next span being read (or
+        ``upto``) and returns how many are verified then. One check per shard at a time."""
+        state = self._state()
+        while (start := self.trusted(key)) < upto:
+            reads = state.reads.get(key, []) if wait else []
+            covering = next((r for r in reads if r.first <= start < r.stop), None)
+            if covering is not None:
+                await covering.done.wait()
+                continue
+            stop = min((r.first for r in reads if start < r.first < upto), default=upto)
+            async with state.locks.setdefault(key, asyncio.Lock()):
+                if self.trusted(key) == start:
+                    self.extend(key, await verify(start, stop))
+
+
+@dataclass
+class _LoopState:
+    locks: dict[ShardKey, asyncio.Lock] = field(default_factory=dict)
+    reads: dict[ShardKey, list[_Read]] = field(default_factory=dict)
 
 
 def budgeted_reader(
@@ -126,16 +176,20 @@ def budgeted_reader(
     budget: ByteBudget,
     policy: RetryPolicy,
     on_retry: Callable[[Any], None] | None,
+    stats: Stats | None = None,
 ) -> Reader:
     """A :data:`Reader` of ``shard`` whose reads are reserved in ``budget`` while they are in
-    flight (the caller drops their pieces before the next)."""
+    flight (the caller drops their pieces before the next) and counted in ``stats``."""
 
     async def read(start: int, end: int) -> list[bytes]:
         await budget.reserve(end - start)
         try:
-            return await read_exact(store, shard, start, end, policy=policy, on_retry=on_retry)
+            pieces = await read_exact(store, shard, start, end, policy=policy, on_retry=on_retry)
         finally:
             budget.release(end - start)
+        if stats is not None:
+            stats.bytes_read += end - start
+        return pieces
 
     return read
 

@@ -540,3 +540,41 @@ def test_remote_budget_and_concurrency(remote: Remote) -> None:
     roomy = streamrec.open_dataset(url, storage_options=options)
     assert roomy.get(wanted) == [data[i] for i in wanted]
     assert roomy.stats.peak_prefetch_bytes > budget  # the bound above is the budget's doing
+
+
+def ranged_bytes(proxy: FaultProxy) -> int:
+    """Bytes of the shards (not sidecars; nor the first 12 bytes each listing reads to tell
+    the codec) the proxy's range GETs asked for."""
+    total = 0
+    for r in proxy.records:
+        name = urllib.parse.unquote(r.target.partition("?")[0]).rsplit("/", 1)[-1]
+        if r.method == "GET" and r.range not in (None, "bytes=0-11") and not name.endswith(".idx"):
+            first, _, last = r.range.removeprefix("bytes=").partition("-")
+            total += int(last) - int(first) + 1
+    return total
+
+
+@pytest.mark.parametrize("remote", ["s3"], indirect=True)
+def test_boundary_checks_cost_no_second_read_in_order_and_are_kept_across_epochs(
+    remote: Remote, fault_proxy: Callable[[str], FaultProxy]
+) -> None:
+    """Issue 29, B.8: a span is read only from a verified boundary. Read in order, the spans
+    before it verify it (every byte is read once); shuffled, the length fields of records no
+    span read before are read once per dataset, not per epoch."""
+    data = [b"%05d" % k * 200 for k in range(600)]  # 1 KiB records, 3 shards of 200
+    url = write_set(remote.base, data, None, per_shard=200, storage_options=remote.storage_options)
+    stored = sum(len(remote.get(f"part-{k:03d}.tfrecord")) for k in range(3))
+    proxy = fault_proxy(remote.upstream)
+    small = {"storage_options": remote.via(proxy), "prefetch_bytes": 96 << 10}
+    ds = streamrec.open_dataset(url, even="drop", block_bytes=16 << 10, **small)
+    assert list(ds) == data
+    assert ranged_bytes(proxy) == stored
+    proxy.clear_records()
+    ds = streamrec.open_dataset(url, shuffle="global", seed=1, block_bytes=4 << 10, **small)
+    assert sorted(ds) == data
+    first = ranged_bytes(proxy)
+    proxy.clear_records()
+    ds.set_epoch(1)
+    assert sorted(ds) == data
+    second = ranged_bytes(proxy)
+    assert second < first <= 2 * second  # the checks: at most one more pass, in epoch 0
