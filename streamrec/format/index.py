@@ -358,9 +358,14 @@ class IndexParser:
         long = np.flatnonzero(sizes > self._digits)
         if len(long):
             k = int(starts[long[0]])
+            why = (
+                f"larger than any in an index of a shard of {self.stored_size} bytes"
+                if self.compressed or self._digits == _MAX_DIGITS
+                else f"past the shard's {self.stored_size} bytes (a stale index: rebuild it "
+                "with `streamrec index`)"
+            )
             raise self._bad(
-                f"a number of more than {self._digits} digits at byte {base + k} (no valid "
-                f"index of a shard of {self.stored_size} bytes has one)",
+                f"a number of more than {self._digits} digits at byte {base + k}, {why}",
                 first_line + int(np.searchsorted(newlines, k)),
             )
         per_line = np.bincount(np.searchsorted(newlines, starts), minlength=len(newlines))
