@@ -18,14 +18,21 @@ inflate, drop ``skip`` bytes and read the record. A compressed shard whose index
 two plain columns (its offsets are in the decompressed stream) gives record counts, not random
 access.
 
-An index is untrusted input (it comes from storage): :func:`parse_index` accepts only digits
-and whitespace, at most :func:`index_size_limit` bytes, numbers below 10**18, the same number of
+An index is untrusted input (it comes from storage): :func:`parse_index` /
+:class:`IndexParser` accept only digits and whitespace, at most :func:`index_size_limit`
+bytes (the shard's most records times the widest line a valid index of it has), lines no
+wider than that, numbers no longer than the shard's stream can need, the same number of
 columns on every line, records that follow each other without gaps (offset 0 first, each
 record where the previous one ended), framed lengths of at least 16 bytes, an uncompressed
-shard's records ending exactly at its size, and restart points inside the compressed object
-that never go backwards and agree with their records. Anything else is a
-:class:`~streamrec.errors.FormatError` naming the index, the line and what is wrong; an index
-that passes cannot make a reader allocate or seek by numbers the shard does not back.
+shard's records ending exactly at its size, a compressed shard's records within the
+sequential reader's caps (``max_record_bytes``; the stream at most 1032x the stored size,
+and each restart point's records at most 1032x the stored bytes up to the next one), and
+restart points inside the compressed object that never go backwards and agree with their
+records. Anything else is a :class:`~streamrec.errors.FormatError` naming the index, the line
+and what is wrong; an index that passes cannot make a reader allocate or seek by numbers the
+shard does not back. It is parsed a bounded piece at a time (memory: the table kept, 8 bytes
+a number, and a few MiB). Whether its entries are the shard's own records is checked when
+they are read (:mod:`streamrec.format.index_check`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The records of one span of an indexed shard: random access without reading from the start.
+"""The records of one span of an indexed shard: random access without reading from the start;
+which records one range read covers (:func:`coalesce`).
 
 A *span* is a byte range of a shard as stored that holds consecutive records, found with the
 shard's index (:mod:`~streamrec.format.index`):

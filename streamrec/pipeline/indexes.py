@@ -12,8 +12,11 @@ The read side of :mod:`streamrec.format.index`. For each shard:
    name's suffix, else its first 12 bytes, read only when the name does not tell): a
    compressed shard's index may be larger and has its offsets in the uncompressed stream.
 3. **check the sidecar's size** (as listed) against
-   :func:`~streamrec.format.index.index_size_limit` *before* reading it, then read and
-   :func:`~streamrec.format.index.parse_index` it against the shard's size now.
+   :func:`~streamrec.format.index.index_size_limit` *before* reading it, then read it 1 MiB
+   at a time, each piece parsed (:class:`~streamrec.format.index.IndexParser`) against the
+   shard's size now before the next is requested: at most ``concurrency`` pieces in flight
+   and one parse's temporaries, whatever the sidecars hold. A count (:func:`count_index`,
+   ``len(ds)``) keeps no table; an index kept holds 8 bytes a number.
 
 A sidecar that does not fit its shard (too big, or not a valid index of it: stale after the
 shard was rewritten) is an :class:`~streamrec.errors.IndexMismatchError` naming both urls and
@@ -21,7 +24,9 @@ shard was rewritten) is an :class:`~streamrec.errors.IndexMismatchError` naming 
 cancels the rest.
 
 :func:`record_counts` gives each shard's record count where it is known without reading the
-shard: its manifest's count (``ObjectInfo.records``), else its sidecar's length.
+shard: its manifest's count (``ObjectInfo.records``), else its sidecar's length (after the
+sidecar's own checks; whether its entries are the shard's records is checked when they are
+read, :mod:`streamrec.pipeline.trust`: that needs the shard's bytes).
 """
 
 from __future__ import annotations

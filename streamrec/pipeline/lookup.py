@@ -23,6 +23,9 @@ share one range read, reads of up to ``block_bytes`` (and at most ``prefetch_byt
 ``max_concurrency`` in flight, every byte reserved in one ``prefetch_bytes`` budget before it
 is requested, retried per ``retry`` (counted in ``stats.retries``), every CRC checked
 (``verify_crc``; ``on_corrupt`` does not apply: a damaged record is an error, never skipped).
+A record is read only from a boundary verified against the shard's own framing
+(:mod:`streamrec.pipeline.trust`: the first call into a shard reads the length fields of its
+records before the one asked for, or a compressed shard whole; kept per dataset).
 
 **The session.** Calls run in one event-loop thread per dataset and process (an
 :class:`~streamrec._portal.EventLoopThread`), started by the first call and kept, with its

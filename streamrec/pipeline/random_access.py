@@ -9,6 +9,12 @@ every span's bytes reserved in the prefetch budget before it is requested, witho
 with ``span_bytes`` at most the budget, the budget is never exceeded unless one record is
 larger), decodes and CRC-checks them, and returns the records in the order asked, duplicates
 included. Planning is vectorised (numpy): a Python step per span, not per record.
+
+An index is untrusted: a span is read only from a *verified* boundary
+(:mod:`~streamrec.pipeline.trust`: the entries before it checked against the shard's own
+length fields, or a compressed shard checked whole, once per dataset), so an index cannot
+make bytes inside a payload a record. A compressed span is also cut and reserved by what it
+inflates to (``Span.inflated``), and inflated a bounded piece at a time.
 """
 
 from __future__ import annotations
