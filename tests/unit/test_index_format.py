@@ -271,3 +271,12 @@ def test_compressed_index_claims_are_capped_as_the_reader_caps_records(
 
 def test_the_record_cap_is_the_sequential_readers() -> None:
     assert index_module.DEFAULT_MAX_RECORD_BYTES == DEFAULT_MAX_RECORD_BYTES
+
+
+def test_text_past_the_limit_is_refused_as_it_is_fed() -> None:
+    limit = index_size_limit(160, compressed=False)  # 10 records of lines of 10 bytes
+    assert limit == 100
+    parser = IndexParser(source="x.idx", stored_size=160, compressed=False)
+    parser.feed(b"\n" * limit)
+    with pytest.raises(FormatError, match="more than 100 bytes"):
+        parser.feed(b"\n")
