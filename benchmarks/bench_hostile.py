@@ -20,12 +20,22 @@ Cases:
   wrong: every good record first, then the error.
 * ``HTTP ignoring Range``: a 256 MiB shard behind Python's ``http.server`` (which answers every
   range GET with the whole object, status 200).
+* record index sidecars (``_harness/hostile_indexes.py``, issue 29 B.6, B.7, B.9), each read
+  with the call and options its label says: a 103 MB space-padded sidecar of a 64 KiB gzip
+  shard and a valid 2M-record shard's sidecar (``len(ds)``), a gzip bomb whose index claims
+  one 512 MiB record (``ds.get([0])``, ``prefetch_bytes`` 1 MiB), and 100,000 empty records
+  with 48 of 4 MiB (``even=True``, ``shuffle="block"``, ``prefetch_bytes`` 8 MiB). ``vs
+  prefetch`` divides by that case's ``prefetch_bytes``.
+
+``--only bomb,skewed-idx`` runs some cases (keys: bomb, header, damaged, http, padded-idx,
+many-idx, bomb-idx, skewed-idx).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import struct
 import tempfile
@@ -37,7 +47,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from _harness import MIB
+from _harness import MIB, hostile_indexes
 from _harness.procs import print_result, reset_peak_rss, run_script, status_kib
 from _harness.report import command_line, now, publish, replace_section
 
@@ -124,21 +134,17 @@ CASES: dict[str, tuple[str, Callable[[Path], str]]] = {
 
 
 def child(url: str) -> int:
-    """Read ``url`` with the defaults; print what happened as one JSON line."""
+    """Read ``url`` with the defaults (or a sidecar case's spec, JSON: its call and
+    options); print what happened as one JSON line."""
     import streamrec
 
-    ds = streamrec.open_dataset(url)
+    spec = json.loads(url) if url.startswith("{") else {"url": url, "call": "iterate"}
+    ds = streamrec.open_dataset(spec["url"], **spec.get("options", {}))
     base = reset_peak_rss()
     if base is None:
         raise SystemExit("needs Linux (/proc/self/clear_refs)")
     t0 = time.perf_counter()
-    records = 0
-    error = None
-    try:
-        for _ in ds:
-            records += 1
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
+    records, error = hostile_indexes.run(ds, spec["call"])
     result = {
         "records": records,
         "error": error,
@@ -165,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="write the table into this README's section")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--only", help="comma-separated case keys (default: all)")
     args = parser.parse_args(argv)
     if args.child:
         return child(args.child)
@@ -178,16 +185,20 @@ def main(argv: list[str] | None = None) -> int:
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         try:
-            for key, (label, make) in CASES.items():
-                url = make(directory)
+            only = set(args.only.split(",")) if args.only else None
+            for key, (label, make) in {**CASES, **hostile_indexes.CASES}.items():
+                if only is not None and key not in only:
+                    continue
+                made = make(directory)
+                url = made if isinstance(made, str) else made["url"]
                 if key == "http":
                     url = f"http://127.0.0.1:{server.server_address[1]}/{url}"
                 on_disk = sum(
                     f.stat().st_blocks * 512
                     for f in directory.rglob("*")
-                    if f.is_file() and f.name in url
+                    if f.is_file() and f.name.startswith(Path(url).name)
                 )
-                result = run_case(url)
+                result = run_case(url if isinstance(made, str) else json.dumps(made))
                 if result["error"]:
                     result["error"] = result["error"].replace(str(directory), "<dir>")
                 result.update(label=label, on_disk=on_disk)
@@ -197,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{result['records']} records, {_short(result['error'], 100)}",
                     flush=True,
                 )
-                for f in directory.glob("*.tfrecord*"):
+                for f in directory.glob("*.tfrecord*"):  # the shard and its sidecar
                     f.unlink()
         finally:
             server.shutdown()

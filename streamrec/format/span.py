@@ -1,4 +1,5 @@
-"""The records of one span of an indexed shard: random access without reading from the start.
+"""The records of one span of an indexed shard: random access without reading from the start;
+which records one range read covers (:func:`coalesce`).
 
 A *span* is a byte range of a shard as stored that holds consecutive records, found with the
 shard's index (:mod:`~streamrec.format.index`):
@@ -14,21 +15,29 @@ untrusted: every record must frame exactly where and as long as the index says
 (:class:`~streamrec.errors.IndexMismatchError`, a ``FormatError``, naming the shard and the
 offset otherwise; a bad CRC is a ``CorruptRecordError`` as in any read),
 and it never inflates more than the index's records need (what a span costs in memory is
-known before it is read).
+known before it is read), :data:`PIECE_BYTES` at a time: each piece is framed (and a record
+that does not match the index refused) before the next is inflated.
 """
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from collections.abc import Sequence
 
-from streamrec.errors import CompressionError, IndexMismatchError
+import numpy as np
+import numpy.typing as npt
+
+from streamrec.errors import CompressionError, FormatError, IndexMismatchError
 from streamrec.format.codecs import Compression
 from streamrec.format.crc import BytesLike
 from streamrec.format.framing import OVERHEAD_BYTES, RecordDecoder
 
-__all__ = ["SpanDecoder"]
+__all__ = ["SpanDecoder", "coalesce"]
 
+PIECE_BYTES = 1 << 20
+"""Uncompressed bytes inflated (and framed) at a time."""
+Int64Array = npt.NDArray[np.int64]
 _WBITS = {"gzip": 31, "zlib": 15}
 _RAW_DEFLATE = -15
 
@@ -56,8 +65,14 @@ class SpanDecoder:
     ) -> None:
         self.url = url
         self._lengths = [int(n) for n in lengths]
+        # a header claiming more than the index's longest record here is refused before a
+        # byte is buffered for it
         self._framing = RecordDecoder(
-            url=url, verify_crc=verify_crc, start_offset=offset, start_index=index
+            url=url,
+            verify_crc=verify_crc,
+            start_offset=offset,
+            start_index=index,
+            max_record_bytes=max(self._lengths, default=OVERHEAD_BYTES) - OVERHEAD_BYTES,
         )
         self._inflater: zlib._Decompress | None = None
         if compression is not None:
@@ -88,9 +103,10 @@ class SpanDecoder:
             self._frame(bytes(data))
             return
         pending = bytes(data)
-        while pending and self._wanted > 0:
+        while self._wanted > 0:
             try:
-                out = self._inflater.decompress(pending, self._wanted)
+                # a bounded piece at a time: what the index claims is not trusted to size one
+                out = self._inflater.decompress(pending, min(self._wanted, PIECE_BYTES))
             except zlib.error as exc:
                 raise CompressionError(
                     f"cannot inflate the span at its restart point ({exc}): the index does not "
@@ -98,6 +114,8 @@ class SpanDecoder:
                     url=self.url,
                 ) from exc
             pending = self._inflater.unconsumed_tail
+            if not out and not pending:
+                break  # everything fed is inflated
             self._wanted -= len(out)
             if self._skip:
                 cut = min(self._skip, len(out))
@@ -109,8 +127,18 @@ class SpanDecoder:
 
     def _frame(self, data: bytes) -> None:
         before = len(self._records)
-        records = self._framing.feed(data)
-        self._framing.raise_pending()
+        try:
+            records = self._framing.feed(data)
+            self._framing.raise_pending()
+        except FormatError as exc:
+            if type(exc) is not FormatError:  # a CRC, a truncation: the shard's own damage
+                raise
+            raise IndexMismatchError(
+                f"{exc.problem} (the record index says at most {max(self._lengths)} framed "
+                "bytes): the index does not match the shard",
+                url=self.url,
+                offset=exc.offset,
+            ) from exc
         for k, record in enumerate(records, start=before):
             if k >= len(self._lengths) or len(record) + OVERHEAD_BYTES != self._lengths[k]:
                 expected = self._lengths[k] if k < len(self._lengths) else "no record"
@@ -132,3 +160,33 @@ class SpanDecoder:
                 offset=self._framing.offset,
             )
         return self._records
+
+
+def coalesce(
+    starts: Int64Array,
+    ends: Int64Array,
+    *,
+    gap_bytes: int,
+    span_bytes: int,
+    inflated: tuple[Int64Array, Int64Array] | None = None,
+) -> list[tuple[int, int]]:
+    """Runs ``(k, j)`` of the byte ranges ``starts[i] .. ends[i]`` (sorted by start, ends
+    never going backwards) that one range read each covers: records ``k .. j-1``, cut where
+    the gap between neighbours exceeds ``gap_bytes`` or a run would cover more than
+    ``span_bytes`` (a lone range may); with ``inflated`` (the ranges' uncompressed
+    ``(starts, ends)``, likewise sorted), also more than ``span_bytes`` of those. Vectorised:
+    a Python step per run, not per range."""
+    runs: list[tuple[int, int]] = []
+    cuts = np.flatnonzero(starts[1:] - ends[:-1] > gap_bytes) + 1
+    for low, high in itertools.pairwise([0, *cuts.tolist(), len(starts)]):
+        k = low
+        while k < high:
+            fit = int(np.searchsorted(ends[k:high], starts[k] + span_bytes, side="right"))
+            if inflated is not None:
+                out_starts, out_ends = inflated
+                limit = out_starts[k] + span_bytes
+                fit = min(fit, int(np.searchsorted(out_ends[k:high], limit, side="right")))
+            j = k + max(fit, 1)  # ranges k .. j-1 (at least one)
+            runs.append((k, j))
+            k = j
+    return runs

@@ -227,7 +227,9 @@ class Dataset(Chainable[bytes]):
         if self._finished:
             return
         if self.options.indexed:
-            indexed = IndexedEngine(self.urls, self.options, self.epoch, self._stats)
+            # the boundaries verified of the shards' indexes are kept across epochs and get()
+            trust = self._lookup_of().trust
+            indexed = IndexedEngine(self.urls, self.options, self.epoch, self._stats, trust)
             pieces = indexed.pieces(resume, on_planned=self._planned)
         else:
             options = self.options if timed else replace(self.options, chunk_bytes=FOR_CHUNK_BYTES)

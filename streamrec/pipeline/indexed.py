@@ -8,8 +8,9 @@ sidecar: records are read by position). One iteration:
 2. the epoch's order (:class:`~streamrec.pipeline.order.EpochOrder`) and this consumer's part
    of the positions still to read (:func:`~streamrec.pipeline.order.part_of`: hosts x
    DataLoader workers, ``even`` drop/pad), from the resume state or the start;
-3. positions in *chunks* (about a third of ``prefetch_bytes`` of records each; in block
-   mode whole runs of ``mix`` positions, by default also within a third): each chunk's
+3. positions in *chunks* (at most a third of ``prefetch_bytes`` of records each, cut by
+   the index's record lengths, so skewed sizes keep the bound; a record larger than that is
+   a chunk alone; in block mode whole runs of ``mix`` positions where they fit): each chunk's
    records read with :func:`~streamrec.pipeline.random_access.read_records` while the one
    before is consumed. At most three chunks exist at once - the one the consumer has, the
    one awaited and the next - so reads in flight and decoded records stay within
@@ -30,9 +31,12 @@ read must carry many times what a request costs on a cloud link) and at most one
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.errors import StateError
@@ -46,10 +50,13 @@ from streamrec.pipeline.shards import dataloader_worker, indexed_digest_v1, shar
 from streamrec.pipeline.sources import list_sources
 from streamrec.pipeline.state import DatasetState, IndexedState
 from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.trust import BoundaryTrust
 from streamrec.storage.stores import StoreSet
 
 __all__ = ["IndexedEngine", "chunk_records", "window_records"]
 
+Int64Array = npt.NDArray[np.int64]
+_NONE: Int64Array = np.zeros(0, dtype=np.int64)
 _GLOBAL_CONCURRENCY = 64  # single-record GETs in flight (global shuffle): a link's worth
 CHUNK_PART = 3
 """A read chunk holds about ``prefetch_bytes / CHUNK_PART`` of records; three exist at once."""
@@ -95,11 +102,19 @@ def window_records(options: ReadOptions, mean_bytes: float) -> int:
 class IndexedEngine:
     """Reads this consumer's part of an indexed epoch (see the module docstring)."""
 
-    def __init__(self, urls: Sequence[str], options: ReadOptions, epoch: int, stats: Stats):
+    def __init__(
+        self,
+        urls: Sequence[str],
+        options: ReadOptions,
+        epoch: int,
+        stats: Stats,
+        trust: BoundaryTrust | None = None,
+    ):
         self.urls = list(urls)
         self.options = options
         self.epoch = epoch
         self.stats = stats
+        self.trust = trust  # what is verified of the indexes (the dataset's, across epochs)
 
     def _count_retry(self, error: Exception) -> None:
         self.stats.retries += 1
@@ -162,7 +177,9 @@ class IndexedEngine:
                     allow_absolute_urls=options.allow_absolute_urls,
                     on_retry=self._count_retry,
                 )
-                table = await build_table(self.urls, options, self.stats, stores, shards)
+                table = await build_table(
+                    self.urls, options, self.stats, stores, shards, self.trust
+                )
                 digest = shards_digest(table.shards, table.counts())
                 known = (None, digest, indexed_digest_v1(table.shards, table.counts()))
                 if resume is not None and resume.shards not in known:
@@ -183,13 +200,32 @@ class IndexedEngine:
             finally:
                 self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
 
-    def _chunks(self, plan: _Plan) -> list[tuple[int, int]]:
-        """The part's positions still to read, cut into chunks ``(start, stop)``."""
-        size = chunk_records(self.options, plan.mean_bytes)
-        if plan.order.shuffle == "block":
-            size = max(plan.order.mix, size // plan.order.mix * plan.order.mix)
-        first = plan.begin.taken
-        return [(a, min(a + size, plan.part.length)) for a in range(first, plan.part.length, size)]
+    def _chunks(self, table: RecordTable, plan: _Plan) -> Iterator[Int64Array]:
+        """The records at the part's positions still to read, in reading order, cut into
+        chunks of at most ``prefetch_bytes / CHUNK_PART`` framed bytes by the index's lengths
+        (a record larger than that alone): a mean size says nothing of how the sizes are
+        spread. In block mode a chunk is whole runs of ``mix`` positions where they fit.
+        Positions are looked up a mean-sized chunk's worth at a time, and what one chunk
+        did not take starts the next."""
+        limit = max(1, self.options.prefetch_bytes // CHUNK_PART)
+        mix = plan.order.mix if plan.order.shuffle == "block" else 1
+        step = chunk_records(self.options, plan.mean_bytes)
+        if mix > 1:
+            step = max(mix, step // mix * mix)
+        position, end = plan.begin.taken, plan.part.length
+        records, sizes = _NONE, _NONE
+        while position < end or len(records):
+            while int(sizes.sum()) <= limit and position < end:
+                stop = min(position + step, end)
+                more = plan.order.records_at(plan.part.positions(position, stop, plan.pool))
+                records = np.concatenate((records, more))
+                sizes = np.concatenate((sizes, table.lengths_of(more)))
+                position = stop
+            take = max(1, int(np.searchsorted(np.cumsum(sizes), limit, side="right")))
+            if mix < take < len(records):
+                take = take // mix * mix
+            yield records[:take]
+            records, sizes = records[take:], sizes[take:]
 
     @owned_generator
     async def _read(
@@ -201,12 +237,10 @@ class IndexedEngine:
             concurrency = max(concurrency, _GLOBAL_CONCURRENCY)
         gate = asyncio.Semaphore(concurrency)  # shared by the chunks' reads (module docstring)
 
-        async def fetch(start: int, stop: int) -> list[bytes]:
-            positions = plan.part.positions(start, stop, plan.pool)
-            records = plan.order.records_at(positions)
+        async def fetch(records: Int64Array) -> list[bytes]:
             got = await read_records(
                 table,
-                records.tolist(),
+                records,
                 store_of=stores.get,
                 budget=budget,
                 policy=options.retry,
@@ -220,15 +254,17 @@ class IndexedEngine:
             self.stats.bytes_read += sum(map(len, got))
             return got
 
-        chunks = self._chunks(plan)
+        chunks = self._chunks(table, plan)
         events: list[Event] = [plan.begin]
         pending: asyncio.Task[list[bytes]] | None = None
         try:
-            for k, (start, stop) in enumerate(chunks):
-                task = pending or asyncio.ensure_future(fetch(start, stop))
+            chunk = next(chunks, None)
+            while chunk is not None:
+                task = pending or asyncio.ensure_future(fetch(chunk))
                 pending = None
-                if k + 1 < len(chunks):  # the next chunk is read while this one is consumed
-                    pending = asyncio.ensure_future(fetch(*chunks[k + 1]))
+                chunk = next(chunks, None)
+                if chunk is not None:  # the next chunk is read while this one is consumed
+                    pending = asyncio.ensure_future(fetch(chunk))
                 records = await task
                 events.append(Advance(len(records)))
                 yield records, events

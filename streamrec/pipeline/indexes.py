@@ -12,8 +12,11 @@ The read side of :mod:`streamrec.format.index`. For each shard:
    name's suffix, else its first 12 bytes, read only when the name does not tell): a
    compressed shard's index may be larger and has its offsets in the uncompressed stream.
 3. **check the sidecar's size** (as listed) against
-   :func:`~streamrec.format.index.index_size_limit` *before* reading it, then read and
-   :func:`~streamrec.format.index.parse_index` it against the shard's size now.
+   :func:`~streamrec.format.index.index_size_limit` *before* reading it, then read it 1 MiB
+   at a time, each piece parsed (:class:`~streamrec.format.index.IndexParser`) against the
+   shard's size now before the next is requested: at most ``concurrency`` pieces in flight
+   and one parse's temporaries, whatever the sidecars hold. A count (:func:`count_index`,
+   ``len(ds)``) keeps no table; an index kept holds 8 bytes a number.
 
 A sidecar that does not fit its shard (too big, or not a valid index of it: stale after the
 shard was rewritten) is an :class:`~streamrec.errors.IndexMismatchError` naming both urls and
@@ -21,7 +24,9 @@ shard was rewritten) is an :class:`~streamrec.errors.IndexMismatchError` naming 
 cancels the rest.
 
 :func:`record_counts` gives each shard's record count where it is known without reading the
-shard: its manifest's count (``ObjectInfo.records``), else its sidecar's length.
+shard: its manifest's count (``ObjectInfo.records``), else its sidecar's length (after the
+sidecar's own checks; whether its entries are the shard's records is checked when they are
+read, :mod:`streamrec.pipeline.trust`: that needs the shard's bytes).
 """
 
 from __future__ import annotations
@@ -49,10 +54,10 @@ from streamrec.format.codecs import (
 from streamrec.format.framing import HEADER_BYTES
 from streamrec.format.index import (
     INDEX_SUFFIX,
+    IndexParser,
     ShardIndex,
     index_size_limit,
     index_url,
-    parse_index,
 )
 from streamrec.storage.base import GLOB_CHARS, ObjectInfo, ObjectStore
 from streamrec.storage.retry import RetryPolicy
@@ -60,6 +65,7 @@ from streamrec.storage.stores import store_key
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
+    "count_index",
     "find_indexes",
     "load_index",
     "load_indexes_and_codecs",
@@ -168,6 +174,11 @@ def _rebuild(shard: ObjectInfo) -> str:
     return f"rebuild it with `streamrec index --force {shlex.quote(shard.url)}`"
 
 
+_READ_BYTES = 1 << 20
+"""A sidecar is read (and parsed) this many bytes at a time: ``concurrency`` sidecars in
+flight hold at most that many of these, whatever their size."""
+
+
 async def load_index(
     shard: ObjectInfo,
     sidecar: ObjectInfo,
@@ -179,46 +190,98 @@ async def load_index(
 ) -> ShardIndex:
     """The index in ``sidecar`` of ``shard`` (``compressed``: stored with GZIP/ZLIB), its size
     checked before it is read; IndexMismatchError when it does not fit the shard as it is."""
+    parser = await _parse_sidecar(
+        shard, sidecar, store, retry, compressed=compressed, keep=True, on_retry=on_retry
+    )
+    return parser.index()
+
+
+async def count_index(
+    shard: ObjectInfo,
+    sidecar: ObjectInfo,
+    store: ObjectStore,
+    retry: RetryPolicy,
+    *,
+    compressed: bool,
+    on_retry: OnRetry | None = None,
+) -> int:
+    """The record count of ``sidecar``'s index of ``shard``, checked as :func:`load_index`
+    checks it, without keeping its table (memory: one piece of its text at a time)."""
+    parser = await _parse_sidecar(
+        shard, sidecar, store, retry, compressed=compressed, keep=False, on_retry=on_retry
+    )
+    return parser.records
+
+
+async def _parse_sidecar(
+    shard: ObjectInfo,
+    sidecar: ObjectInfo,
+    store: ObjectStore,
+    retry: RetryPolicy,
+    *,
+    compressed: bool,
+    keep: bool,
+    on_retry: OnRetry | None,
+) -> IndexParser:
+    """``sidecar`` read :data:`_READ_BYTES` at a time, each piece parsed before the next is
+    requested; refused before a byte is read when its listed size is more than any index of
+    the shard can have (and, by the parser, as soon as what is read is)."""
     limit = index_size_limit(shard.size, compressed)
     if sidecar.size > limit:
         raise IndexMismatchError(
             f"its record index {sidecar.url} has {sidecar.size} bytes, more than any index of "
-            f"a shard of {shard.size} bytes can have; {_rebuild(shard)}",
+            f"a shard of {shard.size} bytes can have ({limit}); {_rebuild(shard)}",
             url=shard.url,
         )
-
-    async def read() -> bytes:
-        return await store.read_range(sidecar, 0, sidecar.size)
-
-    data = await retry.run(read, describe=f"{sidecar.url}: reading", on_retry=on_retry)
-    if len(data) != sidecar.size:
-        raise StorageError(f"{sidecar.url}: read {len(data)} of its {sidecar.size} bytes")
+    parser = IndexParser(
+        source=sidecar.url, stored_size=shard.size, compressed=compressed, keep=keep
+    )
     try:
-        return parse_index(data, source=sidecar.url, stored_size=shard.size, compressed=compressed)
+        for start in range(0, sidecar.size, _READ_BYTES):
+            stop = min(start + _READ_BYTES, sidecar.size)
+
+            async def read(start: int = start, stop: int = stop) -> bytes:
+                return await store.read_range(sidecar, start, stop)
+
+            data = await retry.run(
+                read, describe=f"{sidecar.url}: reading bytes {start}-{stop}", on_retry=on_retry
+            )
+            if len(data) != stop - start:
+                raise StorageError(
+                    f"{sidecar.url}: read {len(data)} of its bytes {start}-{stop} (of "
+                    f"{sidecar.size})"
+                )
+            parser.feed(data)
+            del data
+        parser.finish()
     except FormatError as exc:
         raise IndexMismatchError(
             f"its record index does not fit it ({shard.size} bytes now): {exc.problem}; "
             f"{_rebuild(shard)}",
             url=shard.url,
         ) from exc
+    return parser
 
 
 async def _each_index(
     shards: Sequence[ObjectInfo],
     store_of: StoreOf,
     retry: RetryPolicy,
-    use: Callable[[ShardIndex | None, Compression], T],
+    use: Callable[[ShardIndex | int | None, Compression], T],
     *,
+    keep: bool,
     compression: str | None,
     concurrency: int,
     on_retry: OnRetry | None,
 ) -> list[T]:
-    """``use(index, codec)`` of each shard's index (None: no sidecar, codec None: not looked
-    at) and codec, ``concurrency`` at a time; each index is dropped once used."""
+    """``use(index, codec)`` of each shard's index (``keep=False``: its record count; None:
+    no sidecar, codec None: not looked at) and codec, ``concurrency`` at a time; each index
+    is dropped once used."""
     sidecars = await find_indexes(
         shards, store_of, retry, concurrency=concurrency, on_retry=on_retry
     )
     gate = asyncio.Semaphore(concurrency)
+    load = load_index if keep else count_index
 
     async def one(shard: ObjectInfo, sidecar: ObjectInfo | None) -> T:
         if sidecar is None:
@@ -226,7 +289,7 @@ async def _each_index(
         async with gate:
             store = store_of(shard.url)
             codec = await shard_compression(shard, store, retry, compression, on_retry=on_retry)
-            index = await load_index(
+            index = await load(
                 shard,
                 sidecar,
                 store_of(sidecar.url),
@@ -252,14 +315,18 @@ async def load_indexes_and_codecs(
     (see the module docstring); ``compression`` is the dataset's setting (``"auto"``, None,
     ``"gzip"``, ``"zlib"``)."""
 
-    def keep(index: ShardIndex | None, codec: Compression) -> tuple[ShardIndex, Compression] | None:
+    def kept(
+        index: ShardIndex | int | None, codec: Compression
+    ) -> tuple[ShardIndex, Compression] | None:
+        assert not isinstance(index, int)
         return None if index is None else (index, codec)
 
     return await _each_index(
         shards,
         store_of,
         retry,
-        keep,
+        kept,
+        keep=True,
         compression=compression,
         concurrency=concurrency,
         on_retry=on_retry,
@@ -283,7 +350,10 @@ async def record_counts(
         [shards[k] for k in todo],
         store_of,
         retry,
-        lambda index, _: None if index is None else len(index),
+        lambda count, _: (
+            None if count is None else len(count) if isinstance(count, ShardIndex) else count
+        ),
+        keep=False,
         compression=compression,
         concurrency=concurrency,
         on_retry=on_retry,

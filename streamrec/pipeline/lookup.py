@@ -23,6 +23,9 @@ share one range read, reads of up to ``block_bytes`` (and at most ``prefetch_byt
 ``max_concurrency`` in flight, every byte reserved in one ``prefetch_bytes`` budget before it
 is requested, retried per ``retry`` (counted in ``stats.retries``), every CRC checked
 (``verify_crc``; ``on_corrupt`` does not apply: a damaged record is an error, never skipped).
+A record is read only from a boundary verified against the shard's own framing
+(:mod:`streamrec.pipeline.trust`: the first call into a shard reads the length fields of its
+records before the one asked for, or a compressed shard whole; kept per dataset).
 
 **The session.** Calls run in one event-loop thread per dataset and process (an
 :class:`~streamrec._portal.EventLoopThread`), started by the first call and kept, with its
@@ -54,6 +57,7 @@ from streamrec.pipeline.indexes import load_indexes_and_codecs
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.random_access import RecordTable, as_indices, read_records
 from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.trust import BoundaryTrust
 from streamrec.redact import redact
 from streamrec.storage.stores import ObjectInfo, StoreSet
 
@@ -73,9 +77,11 @@ async def build_table(
     stats: Stats,
     stores: StoreSet,
     shards: Sequence[ObjectInfo] | None = None,
+    trust: BoundaryTrust | None = None,
 ) -> RecordTable:
     """The record table of the shards ``urls`` stand for (listed unless ``shards`` are
-    given): see the module docstring."""
+    given): see the module docstring. ``trust``: what is verified of the shards' indexes
+    already (the dataset's; pipeline/trust.py)."""
 
     def count_retry(_: Exception) -> None:
         stats.retries += 1
@@ -112,7 +118,7 @@ async def build_table(
             )
         indexes.append(index)
         codecs.append(codec)
-    return RecordTable.build(shards, indexes, codecs)
+    return RecordTable.build(shards, indexes, codecs, trust)
 
 
 class _Session:
@@ -163,6 +169,9 @@ class RecordLookup:
         self.urls = list(urls)
         self.options = options
         self.stats = stats
+        # what is verified of the shards' indexes (pipeline/trust.py): this dataset's, for
+        # get() and every epoch of its indexed reading (Dataset passes it on)
+        self.trust = BoundaryTrust()
         self.key = counts_key(urls, options)
         self.table: RecordTable | None = None
         self._session: _Session | None = None
@@ -207,7 +216,9 @@ class RecordLookup:
                 if table is None:
                     shards = listed.shards if listed is not None and listed.shards else None
                     stores, stats = session.stores, self.stats
-                    table = await build_table(self.urls, self.options, stats, stores, shards)
+                    table = await build_table(
+                        self.urls, self.options, stats, stores, shards, self.trust
+                    )
                     self.table = table
                     on_table(ShardCounts(self.key, table.counts(), shards=tuple(table.shards)))
         options = self.options

@@ -9,6 +9,12 @@ every span's bytes reserved in the prefetch budget before it is requested, witho
 with ``span_bytes`` at most the budget, the budget is never exceeded unless one record is
 larger), decodes and CRC-checks them, and returns the records in the order asked, duplicates
 included. Planning is vectorised (numpy): a Python step per span, not per record.
+
+An index is untrusted: a span is read only from a *verified* boundary
+(:mod:`~streamrec.pipeline.trust`: the entries before it checked against the shard's own
+length fields, or a compressed shard checked whole, once per dataset), so an index cannot
+make bytes inside a payload a record. A compressed span is also cut and reserved by what it
+inflates to (``Span.inflated``), and inflated a bounded piece at a time.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -25,10 +31,18 @@ from streamrec._portal import run_all
 from streamrec.errors import RandomAccessUnavailableError, TransientStorageError
 from streamrec.format.codecs import Compression
 from streamrec.format.index import ShardIndex
-from streamrec.format.span import SpanDecoder
+from streamrec.format.span import SpanDecoder, coalesce
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.prefetch import read_exact
 from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.trust import (
+    BoundaryTrust,
+    ShardKey,
+    budgeted_reader,
+    shard_key,
+    verify_compressed,
+    verify_plain,
+)
 from streamrec.redact import redact
 from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.retry import RetryPolicy
@@ -82,6 +96,16 @@ class RecordTable:
     indexes: Sequence[ShardIndex]
     compressions: Sequence[Compression]
     starts: Int64Array  # global index of each shard's first record; then the total
+    trust: BoundaryTrust = field(default_factory=BoundaryTrust, repr=False)
+    """Which entries of each index are verified against the shard (pipeline/trust.py)."""
+    _keys: dict[int, ShardKey] = field(default_factory=dict, repr=False)
+
+    def shard_key(self, ordinal: int) -> ShardKey:
+        """Shard ``ordinal`` with its index, as :attr:`trust` knows it (made once)."""
+        key = self._keys.get(ordinal)
+        if key is None:
+            key = self._keys[ordinal] = shard_key(self.shards[ordinal], self.indexes[ordinal])
+        return key
 
     @classmethod
     def build(
@@ -89,11 +113,16 @@ class RecordTable:
         shards: Sequence[ObjectInfo],
         indexes: Sequence[ShardIndex],
         compressions: Sequence[Compression],
+        trust: BoundaryTrust | None = None,
     ) -> RecordTable:
+        """The table; ``trust``: what is verified of the shards' indexes, shared with other
+        tables of the same dataset (a new one by default)."""
         counts = np.fromiter((len(index) for index in indexes), dtype=np.int64, count=len(indexes))
         starts = np.zeros(len(indexes) + 1, dtype=np.int64)
         np.cumsum(counts, out=starts[1:])
-        return cls(list(shards), list(indexes), list(compressions), starts)
+        return cls(
+            list(shards), list(indexes), list(compressions), starts, trust or BoundaryTrust()
+        )
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -117,6 +146,21 @@ class RecordTable:
             )
         return np.where(indices < 0, indices + total, indices)
 
+    def lengths_of(self, records: Int64Array) -> Int64Array:
+        """The framed length of each of ``records`` (global numbers, in range): one gather
+        per shard they fall in, no table of every record's length."""
+        ordinals = np.searchsorted(self.starts, records, side="right") - 1
+        order = np.argsort(ordinals, kind="stable")
+        grouped = ordinals[order]
+        cuts = np.flatnonzero(np.diff(grouped)) + 1
+        out = np.empty(len(records), dtype=np.int64)
+        for low, high in itertools.pairwise([0, *cuts.tolist(), len(records)]):
+            ordinal = int(grouped[low])
+            chosen = order[low:high]
+            local = records[chosen] - self.starts[ordinal]
+            out[chosen] = self.indexes[ordinal].lengths[local]
+        return out
+
     def locate(self, indices: Int64Array) -> tuple[Int64Array, Int64Array]:
         """``(ordinals, local)``: each global index's shard and its record number there;
         IndexError naming the first index out of range."""
@@ -135,6 +179,9 @@ class Span:
     last: int
     start: int
     end: int
+    inflated: int = 0
+    """A compressed span's uncompressed bytes, from its restart point to its last record's
+    end (what inflating it produces at most); 0 for an uncompressed one."""
 
 
 def _extents(table: RecordTable, ordinal: int, local: Int64Array) -> tuple[Int64Array, Int64Array]:
@@ -174,29 +221,34 @@ def plan_spans(
     if not len(records):
         return []
     starts, ends = _extents(table, ordinal, records)
+    index = table.indexes[ordinal]
+    if table.compressions[ordinal] is None:
+        return [
+            Span(ordinal, int(records[k]), int(records[j - 1]), int(starts[k]), int(ends[j - 1]))
+            for k, j in coalesce(starts, ends, gap_bytes=gap_bytes, span_bytes=span_bytes)
+        ]
+    # compressed: a span is cut by what it inflates to as well (up to 1032x its stored bytes)
+    assert index.skips is not None
+    points = index.offsets[records] - index.skips[records]
+    record_ends = index.offsets[records] + index.lengths[records]
+    runs = coalesce(
+        starts,
+        ends,
+        gap_bytes=gap_bytes,
+        span_bytes=span_bytes,
+        inflated=(points, record_ends),
+    )
     return [
-        Span(ordinal, int(records[k]), int(records[j - 1]), int(starts[k]), int(ends[j - 1]))
-        for k, j in coalesce(starts, ends, gap_bytes=gap_bytes, span_bytes=span_bytes)
+        Span(
+            ordinal,
+            int(records[k]),
+            int(records[j - 1]),
+            int(starts[k]),
+            int(ends[j - 1]),
+            int(record_ends[j - 1] - points[k]),
+        )
+        for k, j in runs
     ]
-
-
-def coalesce(
-    starts: Int64Array, ends: Int64Array, *, gap_bytes: int, span_bytes: int
-) -> list[tuple[int, int]]:
-    """Runs ``(k, j)`` of the byte ranges ``starts[i] .. ends[i]`` (sorted by start, ends
-    never going backwards) that one range read each covers: records ``k .. j-1``, cut where
-    the gap between neighbours exceeds ``gap_bytes`` or a run would cover more than
-    ``span_bytes`` (a lone range may). Vectorised: a Python step per run, not per range."""
-    runs: list[tuple[int, int]] = []
-    cuts = np.flatnonzero(starts[1:] - ends[:-1] > gap_bytes) + 1
-    for low, high in itertools.pairwise([0, *cuts.tolist(), len(starts)]):
-        k = low
-        while k < high:
-            fit = int(np.searchsorted(ends[k:high], starts[k] + span_bytes, side="right"))
-            j = k + max(fit, 1)  # ranges k .. j-1 (at least one)
-            runs.append((k, j))
-            k = j
-    return runs
 
 
 async def read_records(
@@ -235,13 +287,33 @@ async def read_records(
     got: list[bytes] = [b""] * len(unique)
     queue = iter(range(len(spans)))
     slots = gate or asyncio.Semaphore(max_concurrency)
+    checks = max(1, max_concurrency)  # a boundary check's reads in flight
 
     async def worker() -> None:
         for k in queue:
-            async with slots:
-                records = await _read_span(
-                    table, spans[k], store_of, budget, policy, verify_crc, stats, on_retry
+            span = spans[k]
+            key = table.shard_key(span.ordinal)
+            with table.trust.reading(key, span.first, span.last + 1):
+                # its first record must start at a verified boundary (checked without a
+                # slot: the check's reads are reserved in the budget like any)
+                await _trust(
+                    table,
+                    span,
+                    store_of,
+                    budget,
+                    policy,
+                    on_retry,
+                    stats,
+                    checks,
+                    gap_bytes,
+                    span_bytes,
                 )
+                async with slots:
+                    records = await _read_span(
+                        table, span, store_of, budget, policy, verify_crc, stats, on_retry
+                    )
+                # framed exactly as the index says from a verified boundary: verified too
+                table.trust.extend(key, span.last + 1)
             low, high = bounds[k], bounds[k + 1]
             first = int(firsts[k])
             for at, index in enumerate(unique[low:high].tolist(), start=low):
@@ -249,6 +321,46 @@ async def read_records(
 
     await run_all(worker() for _ in range(min(len(spans), max(1, max_concurrency))))
     return [got[at] for at in inverse.reshape(-1).tolist()]
+
+
+async def _trust(
+    table: RecordTable,
+    span: Span,
+    store_of: Callable[[str], ObjectStore],
+    budget: ByteBudget,
+    policy: RetryPolicy,
+    on_retry: Callable[[TransientStorageError], None] | None,
+    stats: Stats | None,
+    concurrency: int,
+    gap_bytes: int,
+    span_bytes: int,
+) -> None:
+    """Make sure ``span`` starts at a verified boundary (pipeline/trust.py), with reads as
+    the spans' (``gap_bytes``, ``span_bytes``), counted in ``stats``."""
+    ordinal = span.ordinal
+    shard, index = table.shards[ordinal], table.indexes[ordinal]
+    compression = table.compressions[ordinal]
+    read = budgeted_reader(store_of(shard.url), shard, budget, policy, on_retry, stats)
+
+    async def verify(start: int, upto: int) -> int:
+        if compression is not None:
+            return await verify_compressed(index, compression, shard, read, span_bytes=span_bytes)
+        return await verify_plain(
+            index,
+            start,
+            upto,
+            read,
+            url=shard.url,
+            gap_bytes=gap_bytes,
+            span_bytes=span_bytes,
+            concurrency=concurrency,
+        )
+
+    key = table.shard_key(ordinal)
+    if compression is None:
+        await table.trust.ensure(key, span.first, verify)
+    else:  # its restart point too: the whole shard is checked at once
+        await table.trust.ensure(key, len(index), verify, wait=False)
 
 
 async def _read_span(
@@ -278,7 +390,10 @@ async def _read_span(
         verify_crc=verify_crc,
     )
     length = span.end - span.start
-    await budget.reserve(length)  # no overdraft: granted alone when it exceeds the budget
+    # a compressed span also holds what it inflates to (the index's claim, capped when it
+    # was parsed at 1032x the stored bytes; inflated a bounded piece at a time)
+    reserved = length + span.inflated
+    await budget.reserve(reserved)  # no overdraft: granted alone when it exceeds the budget
     try:
         pieces = await read_exact(
             store_of(shard.url), shard, span.start, span.end, policy=policy, on_retry=on_retry
@@ -290,7 +405,7 @@ async def _read_span(
         del pieces
         records = decoder.close()
     finally:
-        budget.release(length)
+        budget.release(reserved)
     if stats is not None:
         stats.bytes_read += length
         stats.records_read += len(records)

@@ -26,7 +26,6 @@ import pytest
 import streamrec
 from streamrec.cli import main
 from streamrec.errors import (
-    FormatError,
     IndexMismatchError,
     ObjectChangedError,
     RandomAccessUnavailableError,
@@ -246,14 +245,19 @@ def test_stale_indexes_name_the_shard(tmp_path: Path) -> None:
     assert f"in {shard}:" in str(info.value) and f"streamrec index --force {shard}" in str(
         info.value
     )
-    # the same size, other records: found when the span is read, at its offset
+    # the same size, other records: found before record 1 is read, at the first entry that
+    # disagrees with the shard's own framing (issue 29, B.8: record 0's, at offset 0)
     shard.write_bytes(RecordEncoder().encode_many([b"b" * 20, b"a" * 10, b"c" * 30]))
     index("--force", str(shard))
     shard.write_bytes(RecordEncoder().encode_many([b"a" * 10, b"b" * 20, b"c" * 30]))
-    with pytest.raises(FormatError) as caught:
+    with pytest.raises(IndexMismatchError) as caught:
         streamrec.open_dataset(str(shard)).get([1])
-    assert caught.value.url == str(shard) and caught.value.offset == 36
-    assert str(shard) in str(caught.value) and "offset 36" in str(caught.value)
+    assert caught.value.url == str(shard) and caught.value.offset == 0
+    assert str(shard) in str(caught.value) and "offset 0" in str(caught.value)
+    # read from record 0 on, the span itself finds it
+    with pytest.raises(IndexMismatchError) as caught:
+        streamrec.open_dataset(str(shard)).get([0])
+    assert caught.value.url == str(shard)
 
 
 def test_a_manifest_count_that_disagrees_with_the_index(tmp_path: Path) -> None:
@@ -466,10 +470,17 @@ def test_neighbours_cost_one_request_and_the_table_none(
     assert span_reads(proxy).count("part-000.tfrecord") == 2
     proxy.clear_records()
     assert ds.get(range(250, 350)) == data[250:350]  # 100 neighbours in one shard
-    assert len(span_reads(proxy)) == len(proxy.records) == 1  # one read, nothing listed
+    # one read, nothing listed; first, one read of the length fields of the shard's records
+    # before them (issue 29, B.8: an entry is a record once those before it are checked)
+    assert len(span_reads(proxy)) == len(proxy.records) == 2
+    assert sorted(str(r.range) for r in proxy.records)[0].startswith("bytes=0-")
+    proxy.clear_records()
+    assert ds.get(range(260, 300)) == data[260:300]  # checked already: one read
+    assert len(span_reads(proxy)) == len(proxy.records) == 1
     proxy.clear_records()
     assert ds.get([599, 200, 399, 201]) == [data[599], data[200], data[399], data[201]]
-    assert len(span_reads(proxy)) == len(proxy.records) == 2  # one per shard
+    # one per shard, and the check of the last shard's records before record 199
+    assert len(span_reads(proxy)) == len(proxy.records) == 3
     proxy.clear_records()
     assert ds.get([0, 590]) == [data[0], data[590]]
     assert len(proxy.records) == 2  # different shards
@@ -529,3 +540,41 @@ def test_remote_budget_and_concurrency(remote: Remote) -> None:
     roomy = streamrec.open_dataset(url, storage_options=options)
     assert roomy.get(wanted) == [data[i] for i in wanted]
     assert roomy.stats.peak_prefetch_bytes > budget  # the bound above is the budget's doing
+
+
+def ranged_bytes(proxy: FaultProxy) -> int:
+    """Bytes of the shards (not sidecars; nor the first 12 bytes each listing reads to tell
+    the codec) the proxy's range GETs asked for."""
+    total = 0
+    for r in proxy.records:
+        name = urllib.parse.unquote(r.target.partition("?")[0]).rsplit("/", 1)[-1]
+        if r.method == "GET" and r.range not in (None, "bytes=0-11") and not name.endswith(".idx"):
+            first, _, last = r.range.removeprefix("bytes=").partition("-")
+            total += int(last) - int(first) + 1
+    return total
+
+
+@pytest.mark.parametrize("remote", ["s3"], indirect=True)
+def test_boundary_checks_cost_no_second_read_in_order_and_are_kept_across_epochs(
+    remote: Remote, fault_proxy: Callable[[str], FaultProxy]
+) -> None:
+    """Issue 29, B.8: a span is read only from a verified boundary. Read in order, the spans
+    before it verify it (every byte is read once); shuffled, the length fields of records no
+    span read before are read once per dataset, not per epoch."""
+    data = [b"%05d" % k * 200 for k in range(600)]  # 1 KiB records, 3 shards of 200
+    url = write_set(remote.base, data, None, per_shard=200, storage_options=remote.storage_options)
+    stored = sum(len(remote.get(f"part-{k:03d}.tfrecord")) for k in range(3))
+    proxy = fault_proxy(remote.upstream)
+    small = {"storage_options": remote.via(proxy), "prefetch_bytes": 96 << 10}
+    ds = streamrec.open_dataset(url, even="drop", block_bytes=16 << 10, **small)
+    assert list(ds) == data
+    assert ranged_bytes(proxy) == stored
+    proxy.clear_records()
+    ds = streamrec.open_dataset(url, shuffle="global", seed=1, block_bytes=4 << 10, **small)
+    assert sorted(ds) == data
+    first = ranged_bytes(proxy)
+    proxy.clear_records()
+    ds.set_epoch(1)
+    assert sorted(ds) == data
+    second = ranged_bytes(proxy)
+    assert second < first <= 2 * second  # the checks: at most one more pass, in epoch 0

@@ -3,14 +3,25 @@ package and DALI write, the extended format for compressed shards, and hostile i
 
 from __future__ import annotations
 
+import itertools
+import tracemalloc
+
 import numpy as np
 import pytest
 from tfrecord.tools.tfrecord2idx import create_index
 
 from streamrec.errors import FormatError
 from streamrec.format import index as index_module
+from streamrec.format import index_text
 from streamrec.format.framing import RecordEncoder
-from streamrec.format.index import IndexBuilder, ShardIndex, index_size_limit, parse_index
+from streamrec.format.index import (
+    IndexBuilder,
+    IndexParser,
+    ShardIndex,
+    index_size_limit,
+    parse_index,
+)
+from streamrec.format.shard import DEFAULT_MAX_RECORD_BYTES
 from support.corpus import CORPUS_DIR
 
 
@@ -162,7 +173,7 @@ def test_to_bytes_of_many_records_is_made_in_pieces_that_join_up() -> None:
     assert index.to_bytes() == "".join(f"{o} {n}\n" for o, n in rows).encode()
 
 
-@pytest.mark.skipif(index_module._cframing is None, reason="the C accelerator is not built")
+@pytest.mark.skipif(index_text._cframing is None, reason="the C accelerator is not built")
 def test_c_and_numpy_index_text_agree() -> None:
     """The sidecar's text made in C (``streamrec index``'s hot part) is the numpy twin's, for
     2 and 4 columns, every number size, zeros and the largest int64."""
@@ -171,6 +182,101 @@ def test_c_and_numpy_index_text_agree() -> None:
         for top in (10, 10**4, 10**9, 2**40, 2**63 - 1):
             data = [rng.integers(0, top, 5_000, dtype=np.int64) for _ in range(columns)]
             data[0][:2] = (0, top - 1)
-            assert index_module._c_text(data) == index_module._text(data)
+            assert index_text.c_text(data) == index_text.numpy_text(data)
     with pytest.raises(ValueError, match="equally long"):
-        index_module._c_text([np.zeros(2, np.int64), np.zeros(3, np.int64)])
+        index_text.c_text([np.zeros(2, np.int64), np.zeros(3, np.int64)])
+
+
+# --- hostile sidecars: memory (issue 29, B.6) and the sequential reader's caps (B.7) ---
+
+
+def test_a_line_padded_past_any_valid_width_is_refused() -> None:
+    # a valid index of a 64 KiB shard, its one line padded with spaces: well inside the
+    # sidecar size an index of such a shard may have, but no valid line is that wide
+    data = b"0" + b" " * 50_000 + b"65536\n"
+    with pytest.raises(FormatError, match="a line of more than 14 bytes"):
+        parse_index(data, source="x.idx", stored_size=65536, compressed=False)
+
+
+def test_padding_is_refused_at_the_first_piece_fed() -> None:
+    parser = IndexParser(source="x.idx", stored_size=64 << 10, compressed=True)
+    with pytest.raises(FormatError, match="a line of more than"):
+        parser.feed(b"0 " + b" " * (1 << 20))  # 1 MiB of one line: refused, not carried
+
+
+def test_size_limit_counts_lines_of_the_widest_valid_numbers() -> None:
+    # a plain shard's records take 16 bytes at least, its numbers at most its size's digits
+    assert index_size_limit(65536, compressed=False) == 4096 * (2 * 6 + 2)
+    assert index_size_limit(65536, compressed=False) < 65536
+    # compressed: up to 1032x as many records, with 4 numbers of the stream's digits
+    assert index_size_limit(65536, compressed=True) == (65536 * 1032 // 16) * (4 * 9 + 2)
+
+
+def test_counting_keeps_no_table_and_little_memory() -> None:
+    builder = IndexBuilder()
+    builder.add_records([116] * 400_000)
+    data = builder.build().to_bytes()  # ~5 MiB of text
+    parser = IndexParser(source="x", stored_size=116 * 400_000, compressed=False, keep=False)
+    tracemalloc.start()
+    try:
+        for start in range(0, len(data), 1 << 20):
+            parser.feed(data[start : start + (1 << 20)])
+        assert parser.finish() == 400_000
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # the 1 MiB pieces fed plus one parse's temporaries; parsing the whole text at once
+    # (the index made 21-33 bytes of Python objects per byte) took ~30x the text
+    assert peak < 12 << 20, peak
+    with pytest.raises(ValueError, match="keep=True"):
+        parser.index()
+
+
+def test_parsed_in_pieces_as_parsed_whole() -> None:
+    rng = np.random.default_rng(5)
+    builder = IndexBuilder()
+    builder.add_records(rng.integers(16, 3000, 50_000).tolist())
+    index = builder.build()
+    data = index.to_bytes()
+    size = index.stream_bytes
+    for piece in (1, 7, 1000, 1 << 20):
+        parser = IndexParser(source="x", stored_size=size, compressed=False)
+        cuts = [*range(0, min(len(data), 1000 * piece), piece), len(data)]
+        for start, stop in itertools.pairwise(cuts):  # the rest in one piece
+            parser.feed(data[start:stop])
+        parser.finish()
+        again = parser.index()
+        assert again.offsets.tolist() == index.offsets.tolist()
+        assert again.lengths.tolist() == index.lengths.tolist()
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        # a record longer than max_record_bytes: the sequential reader would refuse it too
+        (b"0 %d 0 0\n" % ((1 << 30) + 17), "more than a record of this shard can have"),
+        # the records of restart point 0 inflate from 10 stored bytes: 10320 at most
+        (b"0 50000 0 0\n50000 50000 10 0\n", "1032x its 10 stored bytes"),
+        # the last restart point's records, up to the object's end (90 stored bytes)
+        (b"0 20 0 0\n20 95000 10 0\n", "1032x its 90 stored bytes"),
+    ],
+)
+def test_compressed_index_claims_are_capped_as_the_reader_caps_records(
+    data: bytes, problem: str
+) -> None:
+    size = 100 if b"1073741841" not in data else 2 << 20
+    with pytest.raises(FormatError, match=problem):
+        parse_index(data, source="x.idx", stored_size=size, compressed=True)
+
+
+def test_the_record_cap_is_the_sequential_readers() -> None:
+    assert index_module.DEFAULT_MAX_RECORD_BYTES == DEFAULT_MAX_RECORD_BYTES
+
+
+def test_text_past_the_limit_is_refused_as_it_is_fed() -> None:
+    limit = index_size_limit(160, compressed=False)  # 10 records of lines of 10 bytes
+    assert limit == 100
+    parser = IndexParser(source="x.idx", stored_size=160, compressed=False)
+    parser.feed(b"\n" * limit)
+    with pytest.raises(FormatError, match="more than 100 bytes"):
+        parser.feed(b"\n")

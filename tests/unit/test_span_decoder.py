@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamrec.errors import FormatError
+from streamrec.errors import FormatError, IndexMismatchError
 from streamrec.format.framing import RecordEncoder
 from streamrec.format.index import IndexBuilder, ShardIndex
 from streamrec.format.span import SpanDecoder
@@ -131,3 +131,41 @@ def test_a_span_never_inflates_more_than_its_records() -> None:
     )
     decoder.feed(shard)
     assert decoder.close() == [b"x" * 100]
+
+
+def test_a_claimed_length_is_not_inflated_in_one_call() -> None:
+    """Issue 29, B.7: an index claiming one huge record over a gzip bomb of 1 MiB records
+    (within 1032x: it passes the index's checks) is refused after a bounded piece, not
+    after inflating all it claims."""
+    import tracemalloc
+
+    payloads = [bytes(1 << 20)] * 48
+    shard, _ = compressed_shard(payloads, "gzip", restart_every=1 << 40)  # one restart point
+    claimed = 48 * ((1 << 20) + 16)
+    tracemalloc.start()
+    try:
+        decoder = SpanDecoder(
+            url="bomb.gz",
+            compression="gzip",
+            lengths=[claimed],
+            offset=0,
+            index=0,
+            at_stream_start=True,
+        )
+        with pytest.raises(IndexMismatchError, match="does not match"):
+            decoder.feed(shard)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak  # a piece or two; inflating the claim took 48 MiB at once
+
+
+def test_a_header_longer_than_the_index_says_is_refused_before_it_is_buffered() -> None:
+    payloads = [bytes(4 << 20)]
+    shard, _ = compressed_shard(payloads, "zlib", restart_every=1 << 40)
+    decoder = SpanDecoder(
+        url="x.zz", compression="zlib", lengths=[16, 16], offset=0, index=0, at_stream_start=True
+    )
+    with pytest.raises(IndexMismatchError, match="at most 16 framed bytes") as caught:
+        decoder.feed(shard[:100])  # only the header has arrived
+    assert caught.value.offset == 0
