@@ -49,6 +49,8 @@ from _harness.servers import Services, storage_options
 
 START_MARK = "<!-- bench_memory:start -->"
 END_MARK = "<!-- bench_memory:end -->"
+CYCLES_START = "<!-- bench_memory_cycles:start -->"
+CYCLES_END = "<!-- bench_memory_cycles:end -->"
 CONDITIONS = ("quiet", "busy", "starved")
 TARGET = 1.5  # RSS growth vs prefetch_bytes
 
@@ -60,7 +62,10 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     options = storage_options("s3", job["endpoint"])
     if job.get("client"):  # a setting S3 without its client does not follow: the client path
         options["config_kwargs"] = {"signature_version": "s3v4"}
-    ds = streamrec.open_dataset(job["glob"], storage_options=options)
+    settings = {}
+    if job.get("cycle_length"):  # the cycle-length rows: first-ready interleave
+        settings = {"cycle_length": job["cycle_length"], "deterministic": False}
+    ds = streamrec.open_dataset(job["glob"], storage_options=options, **settings)
     base = reset_peak_rss() or 0
     cpu0 = time.process_time()
     t0 = time.perf_counter()
@@ -129,15 +134,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="read through the aiobotocore client (as without an explicit endpoint and "
         "credentials), not S3 without its client",
     )
+    parser.add_argument(
+        "--cycle-lengths",
+        help="instead of the conditions: quiet reads with cycle_length=N, deterministic=False "
+        "for each N of this comma-separated list (e.g. 1,4,16,64)",
+    )
     parser.add_argument("--out", type=Path, help="write the table into this README's section")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker_main(args.worker, {"memory": worker}, PRELOAD)
     started = time.perf_counter()
-    spec = DataSpec("100KiB", 100 * KIB, 2 if args.quick else 8, 64 * MIB)
+    if args.cycle_lengths:  # more shards than the longest cycle: every stream is read
+        spec = DataSpec("100KiB", 100 * KIB, 16 if args.quick else 128, 4 * MIB)
+    else:
+        spec = DataSpec("100KiB", 100 * KIB, 2 if args.quick else 8, 64 * MIB)
     data = ensure_dataset(spec)
     results: dict[str, list[dict[str, Any]]] = {c: [] for c in CONDITIONS}
+    if args.cycle_lengths:
+        return cycles_main(args, argv, spec, data, started)
     with (
         tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp,
         Services(Path(tmp)) as services,
@@ -178,8 +193,73 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def cycles_main(
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+    spec: DataSpec,
+    data: Dataset,
+    started: float,
+) -> int:
+    """The cycle-length rows: quiet reads, first-ready interleave of N shards at a time."""
+    cycles = [int(n) for n in args.cycle_lengths.split(",")]
+    by_cycle: dict[int, list[dict[str, Any]]] = {n: [] for n in cycles}
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp,
+        Services(Path(tmp)) as services,
+    ):
+        services.start()
+        upload_all(__file__, services, [data])
+        store = services.stores["s3-link"]
+        job = {"kind": "memory", "glob": data.glob("s3"), "endpoint": store.endpoint}
+        job["client"] = args.s3_client
+        for r in range(args.rounds):
+            for n in rotated(cycles, r):
+                result = run("quiet", {**job, "cycle_length": n})
+                if result["records"] != data.records:
+                    raise RuntimeError(f"cycle_length={n}: {result['records']} records")
+                by_cycle[n].append(result)
+                growth = (result["hwm"] - result["base"]) / 1024
+                print(f"  round {r + 1} cycle_length={n:<3} +{growth:.0f} MiB", flush=True)
+    section = "\n".join(
+        [
+            f"Command: `{command_line('bench_memory.py', argv)}` ({now()}, {args.rounds} "
+            f"rounds, {time.perf_counter() - started:.0f} s). Source: {source_state()}.",
+            "",
+            f"Data: {spec.shards} x {spec.shard_bytes // MIB} MiB, {data.records:,} records of "
+            "~100 KiB; "
+            "prefetch_bytes 64 MiB, block_bytes 4 MiB, `deterministic=False`, quiet.",
+            "",
+            *cycle_table(by_cycle, data),
+        ]
+    )
+    publish(section, args.out, write_cycles)
+    return 0
+
+
 def write_readme(path: Path, section: str) -> None:
     replace_section(path, START_MARK, END_MARK, section, "")
+
+
+def write_cycles(path: Path, section: str) -> None:
+    replace_section(path, CYCLES_START, CYCLES_END, section, "")
+
+
+def cycle_table(by_cycle: dict[int, list[dict[str, Any]]], data: Dataset) -> list[str]:
+    lines = [
+        "| cycle_length | RSS +MiB (max) | RSS +MiB (median) | vs prefetch (max) | "
+        "budget peak MiB | MB/s median | target <= 1.5x |",
+        "|--:|--:|--:|--:|--:|--:|---|",
+    ]
+    for n, runs in by_cycle.items():
+        growth = [(r["hwm"] - r["base"]) / 1024 for r in runs]
+        ratio = max(growth) * MIB / runs[0]["prefetch_bytes"]
+        mbps = statistics.median(data.nbytes / r["seconds"] / 1e6 for r in runs)
+        lines.append(
+            f"| {n} | {max(growth):.0f} | {statistics.median(growth):.0f} | {ratio:.2f}x | "
+            f"{max(r['peak_prefetch'] for r in runs) / MIB:.0f} | {mbps:.1f} | "
+            f"{'met' if ratio <= TARGET else '**missed**'} |"
+        )
+    return lines
 
 
 if __name__ == "__main__":

@@ -195,7 +195,12 @@ async def interleave_first_ready(
 
     ``jobs`` are ``(ordinal, records, offset)``: the shards to read and where to resume each.
     """
-    ready: asyncio.Queue[tuple[int, list[bytes] | None]] = asyncio.Queue(maxsize=cycle_length)
+    # Each open shard has at most one chunk decoded and not yet handed on: its pump waits
+    # until that chunk is taken before it asks its shard for the next one (whose reader then
+    # gives back the first one's bytes: ObjectReader.settle). A queue of decoded chunks, and
+    # one more chunk in each pump's hands, would wait outside the prefetch budget.
+    ready: asyncio.Queue[tuple[int, list[bytes] | None]] = asyncio.Queue()
+    taken: dict[int, asyncio.Event] = {}  # of the open shards
     inputs = iter(jobs)
     tasks: dict[int, asyncio.Task[None]] = {}
 
@@ -206,12 +211,15 @@ async def interleave_first_ready(
             async for chunk in chunks:
                 if closing:  # a cancellation some library swallowed must not leave us here
                     return
-                await ready.put((ordinal, chunk))
-        await ready.put((ordinal, None))
+                taken[ordinal].clear()
+                ready.put_nowait((ordinal, chunk))
+                await taken[ordinal].wait()
+        ready.put_nowait((ordinal, None))
 
     def start_next() -> None:
         job = next(inputs, None)
         if job is not None:
+            taken[job[0]] = asyncio.Event()
             tasks[job[0]] = asyncio.ensure_future(pump(*job))
 
     try:
@@ -231,8 +239,10 @@ async def interleave_first_ready(
                 continue
             ordinal, chunk = getter.result()
             getter = None
+            taken[ordinal].set()
             if chunk is None:
                 await tasks.pop(ordinal)
+                del taken[ordinal]
                 start_next()
                 yield [], [take_event(ordinal, [], True)]
             elif chunk:
@@ -244,8 +254,8 @@ async def interleave_first_ready(
         for task in tasks.values():
             task.cancel()
         while not all(task.done() for task in tasks.values()):
-            while not ready.empty():  # wake pumps blocked on a full queue
-                ready.get_nowait()
+            for event in taken.values():  # wake pumps waiting for their chunk to be taken
+                event.set()
             running = [task for task in tasks.values() if not task.done()]
             await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
         await cancel_and_wait(tasks.values())  # all ended: collects their outcomes

@@ -8,9 +8,12 @@ mid-way costs only the missing part and no byte is repeated or dropped.
 
 A block arrives as *pieces* (bodies read off the network are kept in the chunks they come in,
 never joined into one more copy), and the reader hands on one piece at a time - or, through
-:meth:`ObjectReader.take_ready`, the pieces that have already arrived, up to a limit -
-releasing their bytes from the budget as it goes: what is held beyond the budget is the
-pieces being decoded, not a whole block and a copy of it.
+:meth:`ObjectReader.take_ready`, the pieces that have already arrived, up to a limit. Their
+bytes stay reserved until the decoder asks for the next piece (:meth:`ObjectReader.settle`,
+at the start of ``__anext__``): the records decoded from them replace them in the budget until
+the consumer has taken those records and the decoder goes on. So what waits decoded between
+the reader and the consumer (one chunk per shard read side by side: an interleave's cycle)
+is inside the budget too, not one more chunk per stream beside it.
 
 With a local cache (:mod:`streamrec.storage.cache`), the reader first asks it for the object
 (``open_cache``): a copy there is read instead of the remote object; otherwise a block is
@@ -111,6 +114,7 @@ class ObjectReader:
         self._block = min(max(first_block_bytes, 1), block_bytes)  # the next block's size
         self._next = start  # first byte not yet requested
         self._held = 0  # bytes reserved by this reader and not yet handed on
+        self._unsettled = 0  # bytes handed on whose records the consumer may not have taken
         self._covered = 0  # the part of its share this reader holds
         self._share: int | None = None
         self._closed = False
@@ -215,7 +219,8 @@ class ObjectReader:
         inflight, self._inflight = self._inflight, deque()
         ready, self._ready = self._ready, deque()
         await cancel_and_wait(task for _, task in inflight)
-        held = sum(length for length, _ in inflight) + sum(map(len, ready))
+        held = sum(length for length, _ in inflight) + sum(map(len, ready)) + self._unsettled
+        self._unsettled = 0
         self._hold(-held)
         self.budget.release(held)
 
@@ -275,9 +280,18 @@ class ObjectReader:
     def __aiter__(self) -> ObjectReader:
         return self
 
+    def settle(self) -> None:
+        """Give back the bytes of the pieces handed on so far: the decoder asks for more, so
+        the consumer has taken their records (see the module docstring)."""
+        n, self._unsettled = self._unsettled, 0
+        if n:
+            self._hold(-n)
+            self.budget.release(n)
+
     async def __anext__(self) -> bytes:
         if self._closed:
             raise StopAsyncIteration
+        self.settle()
         if self._handed:
             self.probing = False
         if not self._ready:
@@ -300,8 +314,7 @@ class ObjectReader:
             self._inflight.popleft()
             self._ready.extend(pieces)
         piece = self._ready.popleft()
-        self._hold(-len(piece))
-        self.budget.release(len(piece))
+        self._unsettled += len(piece)
         self._handed = True
         self._release_ramp()
         self.prime()
@@ -318,10 +331,7 @@ class ObjectReader:
             piece = ready.popleft()
             taken.append(piece)
             size += len(piece)
-        if taken:
-            self._hold(-size)
-            self.budget.release(size)
-            self.prime()
+        self._unsettled += size
         return taken
 
     async def aclose(self) -> None:
@@ -333,7 +343,10 @@ class ObjectReader:
         inflight, self._inflight = self._inflight, deque()
         ready, self._ready = self._ready, deque()
         await cancel_and_wait(task for _, task in inflight)
-        self.budget.release(sum(length for length, _ in inflight) + sum(map(len, ready)))
+        unsettled, self._unsettled = self._unsettled, 0
+        self.budget.release(
+            sum(length for length, _ in inflight) + sum(map(len, ready)) + unsettled
+        )
         if self._pinned:
             self._pinned = False
             self.store.unpin(self.obj)
