@@ -56,6 +56,9 @@ PIECE_BYTES = 1 << 20
 malloc reuses its memory (fresh 4 MiB objects were page faults: +0.15 s of CPU per GB)."""
 HEAD_BYTES = 64 << 10
 """Most bytes of a status line and headers."""
+FIRST_HEAD_BYTES = 4 << 10
+"""What a connection's header buffer starts at (grown up to :data:`HEAD_BYTES` for an answer
+whose headers need it): a read of many shards side by side keeps hundreds of connections."""
 MAX_IDLE = 64
 """Most idle connections kept per host."""
 MAX_KEPT = 96
@@ -120,7 +123,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.received = 0  # bytes received in all (the read timeout's progress)
-        self._head = bytearray(HEAD_BYTES)
+        self._head = bytearray(FIRST_HEAD_BYTES)
         self._head_view = memoryview(self._head)
         self._head_len = 0
         self._waiter: asyncio.Future[Answer] | None = None
@@ -213,6 +216,11 @@ class _Connection(asyncio.BufferedProtocol):
         if end < 0:
             if self._head_len >= HEAD_BYTES:
                 raise BadAnswer(f"the answer's headers are longer than {HEAD_BYTES} bytes")
+            if self._head_len == len(self._head):  # full: room for longer headers (a new
+                # buffer: the transport may still hold a view of this one)
+                grown = bytearray(min(2 * len(self._head), HEAD_BYTES))
+                grown[: self._head_len] = self._head_view[: self._head_len]
+                self._head, self._head_view = grown, memoryview(grown)
             return
         status, headers, keep_alive = _parse_head(bytes(self._head_view[:end]))
         extra = self._head_view[end + 4 : self._head_len]

@@ -659,3 +659,14 @@ async def test_closing_while_warming_leaves_no_connection() -> None:
         made.warm(fake.url)  # closed: nothing
         assert made.opening() == []
     assert fake.requests == []
+
+
+@pytest.mark.parametrize("pad_bytes", [3_000, 5_000, 20_000, HEAD_BYTES - 2_000])
+async def test_long_heads_are_read_whole(client: RangeClient, pad_bytes: int) -> None:
+    # a connection's header buffer starts small and grows, up to HEAD_BYTES
+    pad = "".join(f"X-Pad-{i:05d}: {'p' * 90}\r\n" for i in range(pad_bytes // 105))
+    data = head_of("HTTP/1.1 206 Partial Content", pad, 40_000) + b"b" * 40_000
+    async with Fake(raw(data), answer(b"after")) as fake:
+        assert b"".join((await fetch(client, fake, limit=40_000)).pieces) == b"b" * 40_000
+        assert await body(client, fake) == b"after"
+    assert fake.connections == 1
