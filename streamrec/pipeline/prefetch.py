@@ -115,6 +115,9 @@ class ObjectReader:
         self._next = start  # first byte not yet requested
         self._held = 0  # bytes reserved by this reader and not yet handed on
         self._unsettled = 0  # bytes handed on whose records the consumer may not have taken
+        self.carries: Callable[[], int] | None = None
+        """How many bytes handed on the decoder holds in a record it has not completed (set
+        by the decoder; see :meth:`settle`)."""
         self._covered = 0  # the part of its share this reader holds
         self._share: int | None = None
         self._closed = False
@@ -282,8 +285,11 @@ class ObjectReader:
 
     def settle(self) -> None:
         """Give back the bytes of the pieces handed on so far: the decoder asks for more, so
-        the consumer has taken their records (see the module docstring)."""
-        n, self._unsettled = self._unsettled, 0
+        the consumer has taken their records (see the module docstring), except what the
+        decoder still :attr:`carries` (a record not complete yet: its bytes are held until it
+        is)."""
+        kept = min(self._unsettled, self.carries()) if self.carries is not None else 0
+        n, self._unsettled = self._unsettled - kept, kept
         if n:
             self._hold(-n)
             self.budget.release(n)

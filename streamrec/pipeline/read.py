@@ -127,6 +127,8 @@ async def decode_blocks(
     A reader filling the local cache publishes its copy only once the whole object decoded
     clean; damage found in a copy *from* the cache is raised naming the cache file, and the
     copy is removed (the next read downloads the object again)."""
+    if decoder.compression is None:  # (inflated bytes are not the reader's bytes)
+        reader.carries = lambda: decoder.framing.buffered_bytes
     try:
         async for head in _after(first, reader):
             gathered: list[list[bytes]] = []
