@@ -22,6 +22,9 @@ The tree (catch a branch to catch everything below it)::
         ├── TransientStorageError       a retryable fault: reset, timeout, 5xx, 429, short read
         └── RetriesExhaustedError       transient faults outlasted the attempts or the deadline
 
+    ArgumentError (ValueError,          a bad argument to open_dataset, open_writer, ...: names
+                   TypeError)           the argument (a usage error, so no StreamrecError)
+
 Format errors carry ``url`` (the file or object), ``offset`` (byte offset of the record's 12-byte
 header in the *uncompressed* stream) and ``record_index`` (0-based index of the record in its
 file); all three appear in the message. ``CorruptRecordError`` also says which CRC failed
@@ -42,6 +45,7 @@ from __future__ import annotations
 from streamrec.redact import redact
 
 __all__ = [
+    "ArgumentError",
     "CompressionError",
     "CorruptRecordError",
     "ExampleError",
@@ -64,6 +68,14 @@ __all__ = [
 
 class StreamrecError(Exception):
     """Base class of every error streamrec raises on purpose."""
+
+
+class ArgumentError(ValueError, TypeError):
+    """An argument of ``open_dataset``, ``open_writer`` (or another entry point) has the wrong
+    type or value; the message names the argument. Both a ``ValueError`` and a ``TypeError``
+    (what the builtins raise for a wrong value or type), so either ``except`` catches it. Not
+    a :class:`StreamrecError`: it is a mistake in the calling code, not damaged data or a
+    storage fault (the CLI reports it as a usage error)."""
 
 
 class FormatError(StreamrecError, ValueError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -269,12 +270,14 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``streamrec reshard`` with ``argv`` (the arguments after ``reshard``)."""
+def main(argv: Sequence[str | os.PathLike[str]] | None = None) -> int:
+    """Run ``streamrec reshard`` with ``argv`` (the arguments after ``reshard``; paths may be
+    ``pathlib.Path`` objects)."""
     parser = argparse.ArgumentParser(prog="streamrec")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     register(commands)
-    args = parser.parse_args(["reshard", *(sys.argv[1:] if argv is None else argv)])
+    given = sys.argv[1:] if argv is None else [os.fspath(a) for a in argv]
+    args = parser.parse_args(["reshard", *given])
     code: int = args.run(args)
     return code
 

@@ -30,6 +30,7 @@ that passes cannot make a reader allocate or seek by numbers the shard does not 
 
 from __future__ import annotations
 
+import os
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -61,9 +62,9 @@ _MAX_INFLATE_RATIO = 1032  # deflate's largest ratio: uncompressed bytes per com
 _ALLOWED = b"0123456789 \t\r\n"
 
 
-def index_url(shard_url: str) -> str:
-    """The url of ``shard_url``'s index sidecar."""
-    return shard_url + INDEX_SUFFIX
+def index_url(shard_url: str | os.PathLike[str]) -> str:
+    """The url of ``shard_url``'s index sidecar (a ``pathlib.Path`` gives a ``str`` too)."""
+    return os.fspath(shard_url) + INDEX_SUFFIX
 
 
 def index_size_limit(stored_size: int, compressed: bool) -> int:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator
 from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, Literal, cast
@@ -12,6 +13,7 @@ from typing import Any, Literal, cast
 from streamrec._portal import EventLoopThread, iterate_ahead, iterate_blocking, owned, owning
 from streamrec.format.accel import log_fallback_once
 from streamrec.format.framing import OnCorrupt
+from streamrec.pipeline.arguments import PathOrUrls, check_url, check_urls
 from streamrec.pipeline.counts import RecordCounts, ShardCounts, count_for, counts_key, list_counts
 from streamrec.pipeline.engine import ReadEngine
 from streamrec.pipeline.events import Piece
@@ -50,9 +52,9 @@ class Dataset(Chainable[bytes]):
     :class:`~streamrec.pipeline.transform.Chainable`.
     """
 
-    def __init__(self, urls: str | Sequence[str], options: ReadOptions | None = None) -> None:
+    def __init__(self, urls: PathOrUrls, options: ReadOptions | None = None) -> None:
         log_fallback_once()  # a build without the C accelerators says so, once
-        self.urls = [urls] if isinstance(urls, str) else list(urls)
+        self.urls = check_urls(urls)
         if not self.urls:
             raise ValueError("open_dataset needs at least one path, glob or url")
         for url in self.urls:
@@ -470,7 +472,7 @@ class _Remaining:
 
 
 def open_dataset(
-    urls: str | Sequence[str],
+    urls: PathOrUrls,
     compression: str | None = "auto",
     verify_crc: bool = True,
     on_corrupt: OnCorrupt = "raise",
@@ -492,17 +494,18 @@ def open_dataset(
     shuffle: Literal["global", "block"] | None = None,
     even: bool | Literal["drop", "pad"] | None = None,
     window_records: int | None = None,
-    cache_dir: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
     cache_bytes: int | None = None,
 ) -> Dataset:
     """Open TFRecord shards for reading.
 
     Args:
-        urls: a path, a glob (expanded and sorted by name, like ``tf.io.gfile.glob``; ``**``
-            at any depth; names starting with ``_`` or ``.`` skipped), a writer's manifest (a
-            url ending in ``.json``: its shards, in index order), a directory or prefix (its
-            ``_manifest.json``, else its files), or a list of them (read in the order given);
-            see :mod:`streamrec.pipeline.sources`.
+        urls: a path (``str`` or ``os.PathLike``: ``pathlib.Path``), a glob (expanded and
+            sorted by name, like ``tf.io.gfile.glob``; ``**`` at any depth; names starting
+            with ``_`` or ``.`` skipped), a writer's manifest (a url ending in ``.json``: its
+            shards, in index order), a directory or prefix (its ``_manifest.json``, else its
+            files), or a list of them (read in the order given); see
+            :mod:`streamrec.pipeline.sources`.
         compression: ``"auto"`` (by suffix ``.gz``/``.gzip``/``.zlib``/``.zz``, else by the
             first bytes), ``None``, ``"gzip"`` or ``"zlib"`` (TF's ``"GZIP"``/``"ZLIB"``/``""``
             spellings work too).
@@ -560,6 +563,9 @@ def open_dataset(
             ``cache_bytes``, least recently used evicted), written as they stream; later epochs
             and processes of this host read them (CRCs checked): :mod:`streamrec.storage.cache`.
 
+    Every argument is checked here, by type and range: a bad one is an
+    :class:`~streamrec.errors.ArgumentError` (a ``ValueError`` and a ``TypeError``) naming it.
+
     Urls may be local paths, ``file://``, ``s3://``, ``gs://``, ``http(s)://`` or
     ``memory://``. For ``s3://`` the S3 client's set-up starts now, in the background
     (:mod:`streamrec.storage.warmup`): time spent before the first record hides it.
@@ -590,7 +596,7 @@ def open_dataset(
             shuffle=shuffle,
             even=even,
             window_records=window_records,
-            cache_dir=cache_dir,
+            cache_dir=None if cache_dir is None else check_url(cache_dir, "cache_dir"),
             cache_bytes=cache_bytes,
         ),
     )

@@ -87,6 +87,7 @@ for the same arguments.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -97,6 +98,7 @@ from streamrec._portal import EventLoopThread
 from streamrec.errors import StorageError
 from streamrec.format.codecs import normalize_compression
 from streamrec.manifest.core import ManifestEntry
+from streamrec.pipeline.arguments import PathOrUrls, check_url, check_urls
 from streamrec.pipeline.dataset import open_dataset
 from streamrec.reshard.plan import DEFAULT_SHUFFLE_BUFFER, Naming, Plan, make_plan
 from streamrec.reshard.state import (
@@ -255,8 +257,8 @@ def _check_overlap(plan: Plan) -> None:
 
 
 def reshard(
-    sources: str | Sequence[str],
-    dst_template: str,
+    sources: PathOrUrls,
+    dst_template: str | os.PathLike[str],
     *,
     max_bytes: int | None = None,
     max_records: int | None = None,
@@ -320,6 +322,8 @@ def reshard(
         streamrec.errors.StorageError: a source or the destination cannot be read or written.
     """
     started = time.monotonic()
+    sources = check_urls(sources, "sources")
+    dst_template = check_url(dst_template, "dst_template")
     codec = normalize_compression(compression)
     if codec == "auto":
         raise ValueError("compression of the output must be None, 'gzip' or 'zlib', not 'auto'")

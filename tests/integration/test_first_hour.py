@@ -1,0 +1,162 @@
+"""What a new user hits in the first hour (issue 29, A.5): paths as ``pathlib.Path``, bad
+arguments named up front, the CLI's own spellings and options, messages that say enough."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import streamrec
+from integration.test_cli import write_records
+from streamrec.cli.main import main
+from streamrec.errors import ArgumentError
+from streamrec.format.index import index_url
+
+# ------------------------------------------------------------------ os.PathLike everywhere
+
+
+def test_open_dataset_takes_pathlib_paths_alone_and_in_lists(tmp_path: Path) -> None:
+    first = write_records(tmp_path / "a.tfrecord", [b"a0", b"a1"])
+    second = write_records(tmp_path / "b.tfrecord", [b"b0"])
+    # was: TypeError: 'PosixPath' object is not iterable
+    assert list(streamrec.open_dataset(first)) == [b"a0", b"a1"]
+    assert list(streamrec.open_dataset([second, str(first)])) == [b"b0", b"a0", b"a1"]
+    assert list(streamrec.open_dataset(tmp_path)) == [b"a0", b"a1", b"b0"]  # a directory
+    assert streamrec.open_dataset(first).urls == [str(first)]
+
+
+def test_writers_manifests_and_indexes_take_pathlib_paths(tmp_path: Path) -> None:
+    template = tmp_path / "out" / "part-{index:02d}.tfrecord"
+    (tmp_path / "out").mkdir()
+    with streamrec.sync.open_writer(template, max_records=2, index=True) as w:
+        w.write_many([b"x", b"y", b"z"])
+    assert w.url == str(template)
+
+    async def write_async() -> None:
+        async with streamrec.open_writer(tmp_path / "one.tfrecord") as writer:
+            await writer.write(b"one")
+
+    asyncio.run(write_async())
+    assert list(streamrec.open_dataset(tmp_path / "one.tfrecord")) == [b"one"]
+    manifest = tmp_path / "out" / "_manifest.json"
+    entries = asyncio.run(streamrec.read_manifest(manifest))
+    assert [e.records for e in entries] == [2, 1]
+    assert index_url(tmp_path / "out" / "part-00.tfrecord") == entries[0].index_url
+    assert len(streamrec.open_dataset(manifest)) == 3
+    cache = tmp_path / "cache"
+    ds = streamrec.open_dataset(manifest, cache_dir=cache, cache_bytes=1 << 20)
+    assert ds.options.cache_dir == str(cache)
+
+
+def test_the_cli_entry_points_take_pathlib_paths(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shard = write_records(tmp_path / "a.tfrecord", [b"a0", b"a1"])
+    assert main(["count", shard, "--json"]) == 0
+    assert '"records": 2' in capsys.readouterr().out
+    from streamrec.cli.reshard import main as reshard_main
+
+    out = tmp_path / "re" / "part-{index:02d}.tfrecord"
+    assert reshard_main([shard, out, "--no-progress", "--json"]) == 0
+    assert list(streamrec.open_dataset(tmp_path / "re")) == [b"a0", b"a1"]
+
+
+def test_a_path_of_another_type_names_the_argument() -> None:
+    with pytest.raises(ArgumentError, match=r"^urls must be a path or url .* not bytes"):
+        streamrec.open_dataset(b"/data/x.tfrecord")  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match=r"^urls\[1\] must be a str or os.PathLike .* int"):
+        streamrec.open_dataset(["a.tfrecord", 7])  # type: ignore[list-item]
+    with pytest.raises(ArgumentError, match=r"^template must be a str or os.PathLike"):
+        streamrec.open_writer(None)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ arguments checked up front
+
+BAD_READ_ARGUMENTS: list[tuple[dict[str, Any], str]] = [
+    ({"shuffle_buffer": 1.5}, "shuffle_buffer must be an integer, not float (1.5)"),
+    ({"shuffle_buffer": -1}, "shuffle_buffer must be an integer >= 0, not -1"),
+    ({"shuffle_buffer": True}, "shuffle_buffer must be an integer, not a bool (True)"),
+    ({"cycle_length": "2"}, "cycle_length must be an integer, not str ('2')"),
+    ({"cycle_length": 0}, "cycle_length must be a positive integer, not 0"),
+    ({"block_length": 2.0}, "block_length must be an integer, not float (2.0)"),
+    ({"prefetch_bytes": 0}, "prefetch_bytes must be a positive integer, not 0"),
+    ({"prefetch_bytes": 1e6}, "prefetch_bytes must be an integer, not float (1000000.0)"),
+    ({"block_bytes": None}, "block_bytes must be an integer, not NoneType (None)"),
+    ({"max_concurrency": False}, "max_concurrency must be an integer, not a bool (False)"),
+    ({"seed": 0.5}, "seed must be an integer, not float (0.5)"),
+    ({"num_hosts": 0}, "num_hosts must be a positive integer, not 0"),
+    ({"host_index": -1}, "host_index must be an integer >= 0, not -1"),
+    ({"num_hosts": 2, "host_index": 2}, "host_index must be in [0, 2), not 2"),
+    ({"window_records": 0}, "window_records must be a positive integer, not 0"),
+    ({"cache_dir": "c", "cache_bytes": 1.5}, "cache_bytes must be an integer, not float"),
+    ({"verify_crc": "no"}, "verify_crc must be True or False, not 'no'"),
+    ({"deterministic": 0}, "deterministic must be True or False, not 0"),
+    ({"shuffle_shards": None}, "shuffle_shards must be True or False, not None"),
+    ({"allow_absolute_urls": "yes"}, "allow_absolute_urls must be True or False, not 'yes'"),
+    ({"on_corrupt": "ignore"}, "on_corrupt must be one of 'raise', 'skip', not 'ignore'"),
+    ({"shuffle": "Global"}, "shuffle must be one of None, 'global', 'block', not 'Global'"),
+    ({"shuffle": True}, "shuffle must be one of None, 'global', 'block', not True"),
+    ({"even": "yes"}, "even must be one of None, False, True, 'drop', 'pad', not 'yes'"),
+    ({"even": 1}, "even must be one of None, False, True, 'drop', 'pad', not 1"),
+    ({"compression": "brotli"}, "compression: unknown compression 'brotli'"),
+    ({"compression": 1}, "compression must be 'auto', None, 'gzip' or 'zlib', not 1"),
+    ({"retry": 3}, "retry must be a streamrec RetryPolicy or None, not int"),
+    ({"storage_options": "anon"}, "storage_options must be a mapping (dict) or None, not str"),
+    ({"cache_dir": 3, "cache_bytes": 10}, "cache_dir must be a str or os.PathLike path"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), BAD_READ_ARGUMENTS)
+def test_open_dataset_names_a_bad_argument(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ArgumentError) as caught:
+        streamrec.open_dataset("data/x.tfrecord", **options)
+    assert str(caught.value).startswith(message)
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, TypeError)
+
+
+def test_numpy_integers_are_integers(tmp_path: Path) -> None:
+    shard = write_records(tmp_path / "a.tfrecord", [b"%d" % i for i in range(10)])
+    ds = streamrec.open_dataset(shard, shuffle_buffer=np.int64(4), seed=np.int32(1))
+    assert type(ds.options.shuffle_buffer) is int and ds.options.shuffle_buffer == 4
+    assert sorted(ds) == sorted(b"%d" % i for i in range(10))
+
+
+BAD_WRITE_ARGUMENTS: list[tuple[dict[str, Any], str]] = [
+    ({"max_records": 1.5}, "max_records must be an integer, not float (1.5)"),
+    ({"max_records": True}, "max_records must be an integer, not a bool (True)"),
+    ({"max_bytes": 0}, "max_bytes must be a positive integer, not 0"),
+    ({"num_shards": "4"}, "num_shards must be an integer, not str ('4')"),
+    ({"part_bytes": 0}, "part_bytes must be a positive integer, not 0"),
+    ({"max_concurrency": 2.5}, "max_concurrency must be an integer, not float (2.5)"),
+    ({"flush_bytes": -1}, "flush_bytes must be a positive integer, not -1"),
+    ({"compression_level": 10}, "compression_level must be in [-1, 9], not 10"),
+    ({"compression_level": "9"}, "compression_level must be an integer, not str ('9')"),
+    ({"first_index": -1}, "first_index must be an integer >= 0, not -1"),
+    ({"index": 1}, "index must be True or False, not 1"),
+    ({"order": "sorted"}, "order must be one of 'round_robin', 'contiguous', not 'sorted'"),
+    (
+        {"num_shards": 2, "order": "contiguous", "total_records": 2.0},
+        "total_records must be an integer, not float (2.0)",
+    ),
+    ({"compression": 6}, "compression must be None, 'gzip' or 'zlib', not 6"),
+    ({"manifest": 1}, "manifest must be a str or os.PathLike path or url, not int"),
+    ({"retry": "3"}, "retry must be a streamrec RetryPolicy or None, not str"),
+    ({"storage_options": []}, "storage_options must be a mapping (dict) or None, not list"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), BAD_WRITE_ARGUMENTS)
+def test_open_writer_names_a_bad_argument(
+    tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
+    template = str(tmp_path / "part-{index:02d}.tfrecord")
+    for open_writer in (streamrec.open_writer, streamrec.sync.open_writer):
+        with pytest.raises(ArgumentError) as caught:
+            open_writer(template, **options)
+        assert str(caught.value).startswith(message)
+    assert os.listdir(tmp_path) == []  # refused before anything was written
