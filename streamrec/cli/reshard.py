@@ -14,11 +14,13 @@ import sys
 from collections.abc import Sequence
 
 from streamrec.cli.common import (
+    add_timeout_argument,
     add_verbose_argument,
     error,
     human_bytes,
     json_object,
     positive_int,
+    retry_of,
     source_url,
 )
 
@@ -203,6 +205,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="no progress bar (there is one on stderr only when stderr is a terminal)",
     )
     add_verbose_argument(parser)
+    add_timeout_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -241,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
             task_bytes=args.task_bytes,
             workers=args.workers,
             index=args.index,
+            retry=retry_of(args),
             on_plan=lambda plan: print(f"streamrec reshard: {plan.naming_rule}", file=sys.stderr),
         )
     except StreamrecError as exc:  # damaged data, storage faults: FormatError is a ValueError

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,12 @@ import numpy as np
 import pytest
 
 import streamrec
-from integration.test_cli import write_records
+from integration.test_cli import cli, write_records
 from streamrec.cli.main import main
 from streamrec.errors import ArgumentError
 from streamrec.format.index import index_url
+from support.fault_proxy import FaultProxy
+from support.server_fixtures import HttpDir
 
 # ------------------------------------------------------------------ os.PathLike everywhere
 
@@ -160,3 +163,55 @@ def test_open_writer_names_a_bad_argument(
             open_writer(template, **options)
         assert str(caught.value).startswith(message)
     assert os.listdir(tmp_path) == []  # refused before anything was written
+
+
+# ------------------------------------------------------------------ the CLI's own spellings
+
+PLAIN_AS_GZ = "gzip: the file is not gzip data (looks like an uncompressed TFRecord file: "
+
+
+def test_the_compression_hint_uses_the_cli_spelling(tmp_path: Path) -> None:
+    shard = write_records(tmp_path / "plain.tfrecord.gz", [b"x" * 10])
+    # the library's own spelling, for library users
+    with pytest.raises(streamrec.errors.CompressionError) as caught:
+        list(streamrec.open_dataset(shard))
+    assert f"{PLAIN_AS_GZ}read it with compression=None)" in str(caught.value)
+    # the command line's, for its users: they cannot pass compression=None
+    run = cli("count", str(shard))
+    assert run.rc == 1
+    assert run.err == (
+        f"streamrec: error: record 0 in {shard} at byte offset 0: "
+        f"{PLAIN_AS_GZ}read it with --compression none)\n"
+    )
+    verify = cli("verify", "--json", str(shard))
+    assert f"{PLAIN_AS_GZ}read it with --compression none)" in verify.out
+    assert "compression=None" not in verify.out + verify.err
+    assert cli("count", "--compression", "none", str(shard)).rc == 0  # the hint works
+    gz = tmp_path / "data.tfrecord"
+    gz.write_bytes(write_records(tmp_path / "real.gz", [b"y"], compression="gzip").read_bytes())
+    run = cli("head", "--compression", "none", str(gz))
+    assert "(looks like gzip: try --compression auto or gzip)" in run.err
+    # reshard reads its inputs by suffix (its --compression is the output's)
+    run = cli("reshard", str(shard), str(tmp_path / "out" / "p-{index}.tfrecord"))
+    assert run.rc == 1
+    assert run.err.splitlines()[-1] == (
+        f"streamrec reshard: error: record 0 in {shard} at byte offset 0: {PLAIN_AS_GZ}"
+        "rename it without its .gz/.zz suffix: reshard picks an input's compression by its "
+        "suffix, else by its first bytes)"
+    )
+
+
+def test_reshard_takes_timeout_like_every_command(
+    tmp_path: Path, http_dir: HttpDir, fault_proxy: Callable[..., FaultProxy]
+) -> None:
+    assert "--timeout SECONDS" in cli("reshard", "--help").out
+    url = http_dir.write("data.tfrecord", b"")
+    proxy = fault_proxy(url.split("/dir-")[0])
+    proxy.stall(60, method="GET")  # nothing ever comes back (stop() ends the stall)
+    proxied = proxy.url + "/" + url.split("/", 3)[3]
+    out = str(tmp_path / "out" / "part-{index:02d}.tfrecord")
+    run = cli("reshard", "--timeout", "0.3", "--no-progress", proxied, out)
+    assert run.rc == 1, run.err
+    last = run.err.splitlines()[-1]
+    assert last.startswith(f"streamrec reshard: error: listing {proxied}: gave up after 6 attempt")
+    assert "RetryPolicy timeout_s=0.3 per attempt" in last
