@@ -34,6 +34,8 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
+import numpy as np
+
 from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.errors import StateError
 from streamrec.pipeline.budget import ByteBudget
@@ -200,10 +202,14 @@ class IndexedEngine:
         if plan.order.shuffle == "global":
             concurrency = max(concurrency, _GLOBAL_CONCURRENCY)
         gate = asyncio.Semaphore(concurrency)  # shared by the chunks' reads (module docstring)
+        opened: set[int] = set()  # shards read from in this iteration, for stats.shards_opened
 
         async def fetch(start: int, stop: int) -> list[bytes]:
             positions = plan.part.positions(start, stop, plan.pool)
             records = plan.order.records_at(positions)
+            touched = set(np.unique(table.locate(records)[0]).tolist()) - opened
+            opened.update(touched)
+            self.stats.shards_opened += len(touched)
             got = await read_records(
                 table,
                 records.tolist(),

@@ -215,3 +215,47 @@ def test_reshard_takes_timeout_like_every_command(
     last = run.err.splitlines()[-1]
     assert last.startswith(f"streamrec reshard: error: listing {proxied}: gave up after 6 attempt")
     assert "RetryPolicy timeout_s=0.3 per attempt" in last
+
+
+# ------------------------------------------------------------------ ordinals, stats
+
+
+@pytest.mark.parametrize(
+    ("consumers", "word"), [(2, "2nd"), (3, "3rd"), (4, "4th"), (11, "11th"), (21, "21st")]
+)
+def test_the_split_by_record_warning_says_ordinals(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, consumers: int, word: str
+) -> None:
+    shard = write_records(tmp_path / "one.tfrecord", [b"%d" % i for i in range(30)])
+    with caplog.at_level("WARNING", logger="streamrec"):
+        got = list(streamrec.open_dataset(shard, num_hosts=consumers, host_index=1))
+    assert got == [b"%d" % i for i in range(1, 30, consumers)]
+    assert (
+        f"1 shard(s) for {consumers} consumers (hosts x workers): splitting by record instead "
+        f"(each reads every shard and keeps every {word} record); write more shards to avoid "
+        "the extra reading"
+    ) in caplog.messages
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"cycle_length": 2}, {"shuffle": "global"}, {"shuffle": "block"}, {"even": True}],
+    ids=["sequential", "interleave", "global", "block", "even"],
+)
+def test_a_resumed_read_counts_the_shards_it_opens(tmp_path: Path, options: dict[str, Any]) -> None:
+    template = tmp_path / "part-{index:02d}.tfrecord"
+    with streamrec.sync.open_writer(template, max_records=100, index=True) as w:
+        w.write_many(b"%d" % i for i in range(300))
+    first = streamrec.open_dataset(tmp_path, **options)
+    it = iter(first)
+    taken = [next(it) for _ in range(150)]
+    state = first.state_dict()
+    it.close()
+    assert first.stats.shards_opened >= 2
+    resumed = streamrec.open_dataset(tmp_path, **options)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert sorted(taken + rest) == sorted(b"%d" % i for i in range(300))
+    # was 0 for reads by index: the shards a resumed read opens are counted like any
+    assert resumed.stats.as_dict()["shards_opened"] >= 2
+    assert resumed.stats.shards_opened <= 3
