@@ -4,7 +4,9 @@ arguments named up front, the CLI's own spellings and options, messages that say
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -259,3 +261,40 @@ def test_a_resumed_read_counts_the_shards_it_opens(tmp_path: Path, options: dict
     # was 0 for reads by index: the shards a resumed read opens are counted like any
     assert resumed.stats.as_dict()["shards_opened"] >= 2
     assert resumed.stats.shards_opened <= 3
+
+
+# ------------------------------------------------------------------ cleanup
+
+
+def test_cleanup_says_how_many_it_left_alone_and_why(tmp_path: Path) -> None:
+    young = [tmp_path / ".a.tfrecord.0123456789ab.tmp", tmp_path / ".b.tfrecord.0123456789ac.tmp"]
+    old = tmp_path / ".c.tfrecord.0123456789ad.tmp"
+    for path in [*young, old]:
+        path.write_bytes(b"x")
+    three_hours_ago = os.path.getmtime(old) - 3 * 3600
+    os.utime(old, (three_hours_ago, three_hours_ago))
+    run = cli("cleanup", f"{tmp_path}/")
+    assert run.rc == 0, run.err
+    lines = run.out.splitlines()
+    assert re.fullmatch(
+        rf"removed: temporary file of {tmp_path}/c\.tfrecord \(10,8\d\d s old\)", lines[0]
+    )
+    # was: "1 leftover(s) found, 1 removed", not a word about the two younger ones
+    assert re.fullmatch(
+        r"1 leftover\(s\) found, 1 removed; 2 left alone, begun less than --older-than 1h ago "
+        r"\(the oldest \d+ s ago\): their writers may still be at work \(--older-than 0 "
+        r"removes them too\)",
+        lines[1],
+    ), lines[1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in young)
+    document = json.loads(cli("cleanup", str(tmp_path), "--older-than", "30m", "--json").out)
+    assert document == {
+        "leftovers": [],
+        "removed": 0,
+        "dry_run": False,
+        "left_alone": 2,
+        "older_than_s": 1800.0,
+    }
+    assert cli("cleanup", str(tmp_path), "--older-than", "0").out.splitlines()[-1] == (
+        "2 leftover(s) found, 2 removed"
+    )
