@@ -69,9 +69,12 @@ class BlockingShardWriter:
         """Finish every shard and write the manifest. Idempotent."""
         try:
             if not self._portal.closed:
-                self._portal.call(self._writer.close())
+                self._portal.call(self._close())
         finally:
             self._portal.close()
+
+    async def _close(self) -> None:
+        await self._writer.close()  # (called in the loop's thread: the writer checks)
 
     def abort(self) -> None:
         """Drop every shard not yet committed. Idempotent."""

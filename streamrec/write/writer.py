@@ -86,7 +86,7 @@ import asyncio
 import os
 from collections.abc import Coroutine, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from streamrec._portal import cancel_and_wait
 from streamrec.errors import ArgumentError, ObjectNotFoundError, StorageError
@@ -112,6 +112,7 @@ from streamrec.storage.sinks import (
     run_to_completion,
 )
 from streamrec.storage.stores import open_store, store_key
+from streamrec.write.misuse import ASYNC_WRITER, check_in_loop, unawaited
 from streamrec.write.planner import Order, Planner
 from streamrec.write.template import ShardTemplate
 
@@ -243,6 +244,7 @@ class ShardWriter:
         self._state = "open"  # open -> closed | aborted | failed
         self._failure: BaseException | None = None
         self._invalidated = False  # an earlier manifest at manifest_url is removed
+        self._calls = self._awaited = 0  # write calls made, and those whose coroutine ran
 
     def _manifest_url(self, manifest: str | None) -> str | None:
         if manifest is None:
@@ -282,13 +284,25 @@ class ShardWriter:
         return [self._entries[i] for i in sorted(self._entries)]
 
     # -- writing --------------------------------------------------------------------------
-    async def write(self, payload: BytesLike) -> None:
-        """Append one record (a serialized Example or any bytes)."""
+    def write(self, payload: BytesLike) -> Coroutine[Any, Any, None]:
+        """Append one record (a serialized Example or any bytes): ``await w.write(payload)``."""
+        check_in_loop("write")
+        self._calls += 1
+        return self._write(payload)
+
+    def write_many(self, payloads: Iterable[BytesLike]) -> Coroutine[Any, Any, None]:
+        """Append many records at once (faster than ``write`` in a loop for small records)."""
+        check_in_loop("write_many")
+        self._calls += 1
+        return self._write_many(payloads)
+
+    async def _write(self, payload: BytesLike) -> None:
+        self._awaited += 1
         if self.encode(payload):
             await self.send()
 
-    async def write_many(self, payloads: Iterable[BytesLike]) -> None:
-        """Append many records at once (faster than ``write`` in a loop for small records)."""
+    async def _write_many(self, payloads: Iterable[BytesLike]) -> None:
+        self._awaited += 1
         if self.encode_many(payloads):
             await self.send()
 
@@ -311,13 +325,22 @@ class ShardWriter:
         """Hand what :meth:`encode` made to the uploads; raises an earlier upload failure."""
         await self._drain()
 
-    async def close(self) -> None:
+    def close(self) -> Coroutine[Any, Any, None]:
         """Finish every shard, wait for them to be committed, then write the manifest.
 
-        Idempotent. Raises the first upload failure (everything is aborted then).
+        Idempotent. Raises the first upload failure (everything is aborted then), or a
+        TypeError when some ``write`` was never awaited (aborted too: its records are lost).
         """
+        check_in_loop("close")
+        return self._close()
+
+    async def _close(self) -> None:
         if self._state in ("closed", "aborted"):
             return
+        if self._calls != self._awaited and self._state == "open":
+            error = unawaited(self._calls - self._awaited)
+            await self._fail(error)
+            raise error
         if self._state == "failed":
             raise StorageError(
                 f"{self.template}: the writer failed earlier: {self._failure}"
@@ -460,6 +483,12 @@ class ShardWriter:
 
     async def __aenter__(self) -> ShardWriter:
         return self
+
+    def __enter__(self) -> NoReturn:
+        raise TypeError(f"streamrec.open_writer is async: {ASYNC_WRITER}")
+
+    def __exit__(self, *exc_info: object) -> None:  # (never reached: __enter__ raises)
+        pass
 
     async def __aexit__(
         self,

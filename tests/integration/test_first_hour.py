@@ -298,3 +298,56 @@ def test_cleanup_says_how_many_it_left_alone_and_why(tmp_path: Path) -> None:
     assert cli("cleanup", str(tmp_path), "--older-than", "0").out.splitlines()[-1] == (
         "2 leftover(s) found, 2 removed"
     )
+
+
+# ------------------------------------------------------------------ the async writer misused
+
+ASYNC_WRITER = (
+    "use `async with streamrec.open_writer(...) as w: await w.write(payload)` in async code, "
+    "or `with streamrec.sync.open_writer(...) as w: w.write(payload)` in plain code"
+)
+
+
+def test_the_async_writer_in_plain_code_says_what_to_use(tmp_path: Path) -> None:
+    url = tmp_path / "out.tfrecord"
+    writer = streamrec.open_writer(url)
+    with pytest.raises(TypeError) as caught:
+        writer.write(b"x")  # was: a coroutine never awaited, a warning, no file
+    assert str(caught.value) == (
+        "ShardWriter.write() called outside an event loop: streamrec.open_writer is async and "
+        f"its write() writes nothing unless awaited; {ASYNC_WRITER}"
+    )
+    with pytest.raises(TypeError, match=r"^ShardWriter\.write_many\(\) called outside"):
+        writer.write_many([b"x"])
+    with pytest.raises(TypeError, match=r"^ShardWriter\.close\(\) called outside"):
+        writer.close()
+    with pytest.raises(TypeError) as caught, streamrec.open_writer(url):  # type: ignore[attr-defined]
+        pass
+    assert str(caught.value) == f"streamrec.open_writer is async: {ASYNC_WRITER}"
+    assert not url.exists()
+
+
+def test_a_write_never_awaited_fails_the_close(tmp_path: Path) -> None:
+    url = tmp_path / "part-{index}.tfrecord"
+
+    async def forgets_an_await() -> None:
+        async with streamrec.open_writer(url, max_records=1) as w:
+            await w.write(b"kept?")
+            w.write(b"lost")  # type: ignore[unused-coroutine]  # (no await)
+            await w.write(b"after")
+
+    with pytest.warns(RuntimeWarning, match="never awaited"), pytest.raises(TypeError) as caught:
+        asyncio.run(forgets_an_await())
+    assert str(caught.value) == (
+        "1 write()/write_many() call(s) of this writer were never awaited: their records were "
+        "not written, so the writer is aborted (no manifest; shards not yet committed are "
+        f"dropped); await every call: {ASYNC_WRITER}"
+    )
+    assert not (tmp_path / "_manifest.json").exists()  # never an incomplete set that looks whole
+
+    async def awaits_them_all() -> None:
+        async with streamrec.open_writer(tmp_path / "ok.tfrecord") as w:
+            await asyncio.gather(w.write(b"a"), w.write_many([b"b", b"c"]))
+
+    asyncio.run(awaits_them_all())
+    assert list(streamrec.open_dataset(tmp_path / "ok.tfrecord")) == [b"a", b"b", b"c"]
