@@ -18,6 +18,7 @@ import streamrec
 from integration.test_cli import cli, write_records
 from streamrec.cli.main import main
 from streamrec.errors import ArgumentError
+from streamrec.example import encode
 from streamrec.format.index import index_url
 from support.fault_proxy import FaultProxy
 from support.server_fixtures import HttpDir
@@ -351,3 +352,38 @@ def test_a_write_never_awaited_fails_the_close(tmp_path: Path) -> None:
 
     asyncio.run(awaits_them_all())
     assert list(streamrec.open_dataset(tmp_path / "ok.tfrecord")) == [b"a", b"b", b"c"]
+
+
+# ------------------------------------------------------------------ inspect
+
+
+def test_inspect_says_what_its_sample_covered(tmp_path: Path) -> None:
+    # "extra" is in the first 2,536 records only: a sample of 1,000 sees it everywhere
+    with streamrec.sync.open_writer(tmp_path / "part-{index}.tfrecord", max_records=1000) as w:
+        for i in range(3000):
+            w.write(encode({"id": i, **({"extra": 1} if i < 2536 else {})}))
+    run = cli("inspect", str(tmp_path))
+    assert run.rc == 0, run.err
+    lines = run.out.splitlines()
+    assert (
+        "  extra  int64  1000/1000  1              -            FixedLenFeature(np.int64)" in lines
+    )
+    at = lines.index("suggested spec (from 1,000 sampled records):")
+    assert lines[at - 1] == (
+        "note: the sample is the first 1,000 records only (from 1 of 3 shards), not every "
+        "record: a feature present in all of them may be missing in a later one, where its "
+        "FixedLenFeature fails to parse; sample more with --sample N, or every record with --all"
+    )
+    report = cli("inspect", "--json", "-n", "2000", str(tmp_path)).json()
+    assert (report["records"], report["complete"]) == (2000, False)
+    assert (report["shards_sampled"], report["shards_listed"]) == (2, 3)
+
+    every = cli("inspect", "--all", str(tmp_path))
+    assert every.rc == 0, every.err
+    lines = every.out.splitlines()
+    at = lines.index("suggested spec (from 3,000 sampled records):")
+    assert lines[at - 1] == "note: the sample is every record (3,000 records in 3 shards)"
+    assert "    'extra': VarLenFeature(np.int64)," in lines
+    report = cli("inspect", "--json", "--all", str(tmp_path)).json()
+    assert (report["records"], report["complete"], report["shards_sampled"]) == (3000, True, 3)
+    assert cli("inspect", "-n", "5", "--all", str(tmp_path)).rc == 2  # one or the other
