@@ -179,7 +179,34 @@ class IndexMismatchError(FormatError):
 
 
 class ExampleError(StreamrecError, ValueError):
-    """A payload cannot be decoded as the Example / SequenceExample the caller asked for."""
+    """A payload cannot be decoded as the Example / SequenceExample the caller asked for.
+
+    Raised by a dataset's ``.parse(spec)`` (or ``.parse(spec).batch(n)``), the message starts
+    with the record's place, as a :class:`FormatError`'s does, and ``url``, ``record_index``
+    and ``offset`` say it too (``None`` elsewhere: ``decode_batch`` on a list of payloads says
+    ``record N of the batch``, ``batch_index`` being that N).
+    """
+
+    url: str | None = None
+    record_index: int | None = None
+    offset: int | None = None
+    batch_index: int | None = None
+
+    def located(self, url: str, record_index: int | None, offset: int | None) -> ExampleError:
+        """This error naming the record's shard ``url``, index in it and byte offset (the
+        sans-I/O decoder only knows the payload) instead of its place in a batch."""
+        self.url, self.record_index, self.offset = redact(url), record_index, offset
+        where = [f"in {self.url}"]
+        if record_index is not None:
+            where.insert(0, f"record {record_index}")
+        if offset is not None:
+            where.append(f"at byte offset {offset}")
+        text = str(self.args[0]) if self.args else ""
+        if self.batch_index is not None:
+            batch = f"record {self.batch_index} of the batch"
+            text = text.replace(f"{batch}: ", "", 1).replace(batch, "the record", 1)
+        self.args = (f"{' '.join(where)}: {text}",)
+        return self
 
 
 class FeatureError(ExampleError, KeyError):
@@ -194,7 +221,16 @@ class FeatureError(ExampleError, KeyError):
         return str(self.args[0])
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.feature, self.problem))
+        return (_rebuild_example, (type(self), self.args, self.__dict__.copy()))
+
+
+def _rebuild_example(
+    cls: type[ExampleError], args: tuple[object, ...], state: dict[str, object]
+) -> ExampleError:
+    error = cls.__new__(cls)
+    error.__dict__.update(state)
+    error.args = args
+    return error
 
 
 class StateError(StreamrecError, ValueError):

@@ -20,16 +20,19 @@ from streamrec.pipeline.events import Piece
 from streamrec.pipeline.indexed import IndexedEngine
 from streamrec.pipeline.lookup import Indices, RecordLookup
 from streamrec.pipeline.options import FOR_CHUNK_BYTES, ReadOptions
-from streamrec.pipeline.shards import seeded_random
+from streamrec.pipeline.shards import ShardPlan, seeded_random
 from streamrec.pipeline.state import CycleState, DatasetState, IndexedState, ReadyState, parse_state
 from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.trackers import (
+    Countdown,
     Cursor,
     CycleTracker,
     IndexedTracker,
     ReadyTracker,
     ShuffleTracker,
     Tracker,
+    Where,
+    where_from,
 )
 from streamrec.pipeline.transform import Chainable
 from streamrec.redact import redact
@@ -234,13 +237,20 @@ class Dataset(Chainable[bytes]):
         else:
             options = self.options if timed else replace(self.options, chunk_bytes=FOR_CHUNK_BYTES)
             engine = ReadEngine(self.urls, options, self.epoch, self._stats)
-            pieces = engine.pieces(resume, timed=timed, on_planned=self._planned)
+            planned = lambda digest: self._planned(digest, engine.plan)  # noqa: E731
+            pieces = engine.pieces(resume, timed=timed, on_planned=planned)
         async with aclosing(pieces) as ordered:
             async for piece in ordered:
                 yield piece
 
-    def _planned(self, digest: str) -> None:
+    def _planned(self, digest: str, plan: ShardPlan[ObjectInfo] | None = None) -> None:
         self._shards_digest = digest  # states taken from now on name these shards
+        self._plan = plan  # where each record comes from (see locate)
+
+    def locate(self, payload: object) -> Where | None:
+        """Where a record handed out and not yet consumed (the very object) comes from."""
+        pending, plan = getattr(self, "_pending", ()), getattr(self, "_plan", None)
+        return where_from(self._cursor, pending, plan, payload, self.options.on_corrupt)
 
     # ------------------------------------------------------------------ consumers
 
@@ -271,7 +281,7 @@ class Dataset(Chainable[bytes]):
         self._pending: deque[Piece] = deque()
         self._marked = 0  # records of the pending pieces marked consumed
         self._in_hand: Piece | None = None
-        self._left = _Remaining(0)
+        self._left = Countdown(0)
         self._source_done = False
         async with owning(self._pieces(resume)) as pieces:
             async for records, events in pieces:
@@ -301,7 +311,7 @@ class Dataset(Chainable[bytes]):
             head = pending[0]
             records, events = head
             if self._in_hand is not head:
-                self._left = _Remaining(len(records))
+                self._left = Countdown(len(records))
                 cursor.take(records, events, self._left)
                 self._in_hand = head
             left = len(records) - self._marked
@@ -319,7 +329,7 @@ class Dataset(Chainable[bytes]):
         # pickled into DataLoader workers: configuration and position, never records in hand
         state = dict(self.__dict__)
         state["_report_consumed"] = state["_handed_out"] = None
-        for transient in ("_pending", "_in_hand", "_left", "_marked", "_source_done"):
+        for transient in ("_pending", "_in_hand", "_left", "_marked", "_source_done", "_plan"):
             state.pop(transient, None)
         if self._cursor is not None and not self._finished:
             state["_resume"], state["_cursor"] = self._position(), None
@@ -457,18 +467,6 @@ class _Records(itertools.chain):  # type: ignore[type-arg]
     def close(self) -> None:
         """Stop reading: close the pipeline and join its thread."""
         self._lists.close()
-
-
-class _Remaining:
-    """Stands in for a piece's iterator: how many of its records are not consumed yet."""
-
-    __slots__ = ("n",)
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __length_hint__(self) -> int:
-        return self.n
 
 
 def open_dataset(

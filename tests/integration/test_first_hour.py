@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pickle
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ import streamrec
 from integration.test_cli import cli, write_records
 from streamrec.cli.main import main
 from streamrec.errors import ArgumentError
-from streamrec.example import encode
+from streamrec.example import FixedLenFeature, decode_batch, encode
 from streamrec.format.index import index_url
 from support.fault_proxy import FaultProxy
 from support.server_fixtures import HttpDir
@@ -387,3 +388,79 @@ def test_inspect_says_what_its_sample_covered(tmp_path: Path) -> None:
     report = cli("inspect", "--json", "--all", str(tmp_path)).json()
     assert (report["records"], report["complete"], report["shards_sampled"]) == (3000, True, 3)
     assert cli("inspect", "-n", "5", "--all", str(tmp_path)).rc == 2  # one or the other
+
+
+# ------------------------------------------------------------------ where a bad Example is
+
+SPEC = {"id": FixedLenFeature(np.int64), "extra": FixedLenFeature(np.int64)}
+MISSING = "feature 'extra': missing, and its FixedLenFeature spec has no default"
+
+
+def two_shards_one_bad_record(directory: Path) -> tuple[list[bytes], int]:
+    """600 Examples in two shards of 300; the 450th (record 149 of part-1) lacks "extra";
+    returns the payloads and that record's byte offset in part-1."""
+    payloads = [encode({"id": i, **({"extra": 1} if i != 449 else {})}) for i in range(600)]
+    with streamrec.sync.open_writer(directory / "part-{index}.tfrecord", max_records=300) as w:
+        w.write_many(payloads)
+    return payloads, sum(len(p) + 16 for p in payloads[300:449])
+
+
+@pytest.mark.parametrize(
+    ("options", "batch"),
+    [
+        ({}, None),
+        ({}, 256),
+        ({"shuffle_buffer": 100, "seed": 3}, None),
+        ({"shuffle_buffer": 50}, 64),
+        ({"cycle_length": 2, "block_length": 3}, 100),
+        ({"cycle_length": 2, "deterministic": False}, None),
+    ],
+    ids=["parse", "batch", "shuffle", "shuffle-batch", "interleave", "first-ready"],
+)
+def test_a_parse_error_names_the_shard_record_and_offset(
+    tmp_path: Path, options: dict[str, Any], batch: int | None
+) -> None:
+    _, offset = two_shards_one_bad_record(tmp_path)
+    message = f"record 149 in {tmp_path}/part-1.tfrecord at byte offset {offset}: {MISSING}"
+    ds = streamrec.open_dataset(tmp_path, **options).parse(SPEC)
+    chain = ds if batch is None else ds.batch(batch)
+    with pytest.raises(streamrec.errors.FeatureError) as caught:
+        for _ in chain:
+            pass
+    # was: "feature 'extra': record 193 of the batch: missing, ..." (or no place at all)
+    assert str(caught.value) == message
+    error = caught.value
+    assert (error.url, error.record_index, error.offset) == (
+        f"{tmp_path}/part-1.tfrecord",
+        149,
+        offset,
+    )
+    assert str(pickle.loads(pickle.dumps(error))) == message
+
+    async def read_async() -> None:
+        async for _ in chain:
+            pass
+
+    with pytest.raises(streamrec.errors.FeatureError) as caught:
+        asyncio.run(read_async())
+    assert str(caught.value) == message
+
+
+def test_decode_batch_on_a_list_says_its_place_in_the_batch(tmp_path: Path) -> None:
+    payloads, _ = two_shards_one_bad_record(tmp_path)
+    with pytest.raises(streamrec.errors.FeatureError) as caught:
+        decode_batch(payloads[400:], SPEC)
+    assert str(caught.value) == (
+        "feature 'extra': record 49 of the batch: missing, and its FixedLenFeature spec has "
+        "no default"
+    )
+    assert caught.value.batch_index == 49 and caught.value.url is None
+
+
+def test_a_parse_error_of_records_split_across_hosts_names_the_shard(tmp_path: Path) -> None:
+    two_shards_one_bad_record(tmp_path)
+    # 2 shards, 3 hosts: each reads every 3rd record of every shard (index 449 = 2 mod 3)
+    ds = streamrec.open_dataset(tmp_path, num_hosts=3, host_index=2).parse(SPEC)
+    with pytest.raises(streamrec.errors.FeatureError) as caught:
+        list(ds)
+    assert str(caught.value) == f"in {tmp_path}/part-1.tfrecord: {MISSING}"
