@@ -8,6 +8,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator
 from contextlib import aclosing
 from dataclasses import replace
+from functools import partial
 from typing import Any, Literal, cast
 
 from streamrec._portal import EventLoopThread, iterate_ahead, iterate_blocking, owned, owning
@@ -28,6 +29,7 @@ from streamrec.pipeline.trackers import (
     Cursor,
     CycleTracker,
     IndexedTracker,
+    Locate,
     ReadyTracker,
     ShuffleTracker,
     Tracker,
@@ -222,6 +224,7 @@ class Dataset(Chainable[bytes]):
         """The iteration ran to its end: the epoch is finished."""
         cursor.settle()
         self._finished = True
+        self._plan: ShardPlan[ObjectInfo] | Locate | None = None  # (nothing left to locate)
 
     # ------------------------------------------------------------------ the pipeline
 
@@ -233,19 +236,18 @@ class Dataset(Chainable[bytes]):
             return
         if self.options.indexed:
             indexed = IndexedEngine(self.urls, self.options, self.epoch, self._stats)
-            pieces = indexed.pieces(resume, on_planned=self._planned)
+            pieces = indexed.pieces(resume, on_planned=partial(self._planned, indexed.where))
         else:
             options = self.options if timed else replace(self.options, chunk_bytes=FOR_CHUNK_BYTES)
             engine = ReadEngine(self.urls, options, self.epoch, self._stats)
-            planned = lambda digest: self._planned(digest, engine.plan)  # noqa: E731
-            pieces = engine.pieces(resume, timed=timed, on_planned=planned)
+            pieces = engine.pieces(resume, timed=timed, on_planned=partial(self._planned, engine))
         async with aclosing(pieces) as ordered:
             async for piece in ordered:
                 yield piece
 
-    def _planned(self, digest: str, plan: ShardPlan[ObjectInfo] | None = None) -> None:
+    def _planned(self, plan: ReadEngine | Locate | None, digest: str) -> None:
         self._shards_digest = digest  # states taken from now on name these shards
-        self._plan = plan  # where each record comes from (see locate)
+        self._plan = plan.plan if isinstance(plan, ReadEngine) else plan  # (see locate)
 
     def locate(self, payload: object) -> Where | None:
         """Where a record handed out and not yet consumed (the very object) comes from."""

@@ -30,6 +30,7 @@ read must carry many times what a request costs on a cloud link) and at most one
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -43,11 +44,12 @@ from streamrec.pipeline.events import Advance, Begin, Event, Piece
 from streamrec.pipeline.lookup import build_table
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.order import EpochOrder, Intervals, Part, part_of
-from streamrec.pipeline.random_access import RecordTable, read_records
+from streamrec.pipeline.random_access import Int64Array, RecordTable, read_records
 from streamrec.pipeline.shards import dataloader_worker, indexed_digest_v1, shards_digest
 from streamrec.pipeline.sources import list_sources
 from streamrec.pipeline.state import DatasetState, IndexedState
 from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.trackers import Where
 from streamrec.storage.stores import StoreSet
 
 __all__ = ["IndexedEngine", "chunk_records", "window_records"]
@@ -62,6 +64,7 @@ have carried meanwhile. ``max_concurrency`` reads in flight hide that cost only 
 carries a good part of it: at 1 MiB and 16 reads in flight a 60 ms, 25 MB/s-per-connection
 link stays full (benchmarks/README.md, "Shuffled reading")."""
 _MIX_WINDOWS = 16  # block mode's default run: at most this many windows
+_PIECES_LOCATED = 64  # pieces whose records where() finds (more than are ever pending)
 
 
 @dataclass(frozen=True)
@@ -102,9 +105,31 @@ class IndexedEngine:
         self.options = options
         self.epoch = epoch
         self.stats = stats
+        self._table: RecordTable | None = None
+        # the record ids of the last pieces made, by the id() of their record list (lists
+        # cannot be weakly referenced; a list not made here is never looked up: see where)
+        self._ids: OrderedDict[int, Int64Array] = OrderedDict()
 
     def _count_retry(self, error: Exception) -> None:
         self.stats.retries += 1
+
+    def where(self, pending: Sequence[Piece], payload: object) -> Where | None:
+        """Where ``payload`` (the very object), a record of the ``pending`` pieces this engine
+        made, comes from: its shard's url, index in it and byte offset."""
+        table = self._table
+        if table is None:
+            return None
+        for records, _ in pending:
+            ids = self._ids.get(id(records))
+            if ids is None:
+                continue
+            for k, record in enumerate(records):
+                if record is payload:
+                    ordinals, local = table.locate(ids[k : k + 1])
+                    ordinal, index = int(ordinals[0]), int(local[0])
+                    offset = int(table.indexes[ordinal].offsets[index])
+                    return table.shards[ordinal].url, index, offset
+        return None
 
     def _plan(self, table: RecordTable, resume: IndexedState | None) -> _Plan:
         options = self.options
@@ -164,7 +189,9 @@ class IndexedEngine:
                     allow_absolute_urls=options.allow_absolute_urls,
                     on_retry=self._count_retry,
                 )
-                table = await build_table(self.urls, options, self.stats, stores, shards)
+                table = self._table = await build_table(
+                    self.urls, options, self.stats, stores, shards
+                )
                 digest = shards_digest(table.shards, table.counts())
                 known = (None, digest, indexed_digest_v1(table.shards, table.counts()))
                 if resume is not None and resume.shards not in known:
@@ -224,6 +251,9 @@ class IndexedEngine:
             )
             self.stats.records_read += len(got)
             self.stats.bytes_read += sum(map(len, got))
+            self._ids[id(got)] = records
+            while len(self._ids) > _PIECES_LOCATED:
+                self._ids.popitem(last=False)
             return got
 
         chunks = self._chunks(plan)

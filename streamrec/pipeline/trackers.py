@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import operator
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from streamrec.format.framing import OVERHEAD_BYTES, framed_bytes
@@ -48,6 +48,7 @@ __all__ = [
     "Countdown",
     "Cursor",
     "CycleTracker",
+    "Locate",
     "Place",
     "ReadyTracker",
     "Remaining",
@@ -486,16 +487,22 @@ class Cursor:
 #: they are not exact (records split every n-th across consumers, damage skipped)
 Where = tuple[str, int | None, int | None]
 
+#: ``locate(pending, payload)``: where a record of the pieces not yet consumed comes from
+Locate = Callable[[Sequence[Piece], object], Where | None]
+
 
 def where_from(
     cursor: Cursor | None,
     pending: Sequence[Piece],
-    plan: ShardPlan[ObjectInfo] | None,
+    plan: ShardPlan[ObjectInfo] | Locate | None,
     payload: object,
     on_corrupt: str,
 ) -> Where | None:
     """Where ``payload``, a record of the ``pending`` pieces (not settled yet, the one in hand
-    first) read by ``plan``, comes from; None where that is not known (reads by index)."""
+    first) read by ``plan``, comes from (reads by index: ``plan`` is the engine's
+    :data:`Locate`); None where that is not known."""
+    if callable(plan):
+        return plan(pending, payload)
     place = None if cursor is None or plan is None else cursor.locate(pending, payload)
     if place is None or plan is None:
         return None

@@ -396,32 +396,56 @@ SPEC = {"id": FixedLenFeature(np.int64), "extra": FixedLenFeature(np.int64)}
 MISSING = "feature 'extra': missing, and its FixedLenFeature spec has no default"
 
 
-def two_shards_one_bad_record(directory: Path) -> tuple[list[bytes], int]:
-    """600 Examples in two shards of 300; the 450th (record 149 of part-1) lacks "extra";
-    returns the payloads and that record's byte offset in part-1."""
+def two_shards_one_bad_record(
+    directory: Path, compression: str | None = None
+) -> tuple[list[bytes], int]:
+    """600 Examples in two indexed shards of 300; the 450th (record 149 of part-1) lacks
+    "extra"; returns the payloads and that record's byte offset in part-1 (in its
+    uncompressed stream, as every error says)."""
     payloads = [encode({"id": i, **({"extra": 1} if i != 449 else {})}) for i in range(600)]
-    with streamrec.sync.open_writer(directory / "part-{index}.tfrecord", max_records=300) as w:
+    template = directory / ("part-{index}.tfrecord" + (".gz" if compression else ""))
+    with streamrec.sync.open_writer(
+        template, max_records=300, index=True, compression=compression
+    ) as w:
         w.write_many(payloads)
     return payloads, sum(len(p) + 16 for p in payloads[300:449])
 
 
 @pytest.mark.parametrize(
-    ("options", "batch"),
+    ("options", "batch", "compression"),
     [
-        ({}, None),
-        ({}, 256),
-        ({"shuffle_buffer": 100, "seed": 3}, None),
-        ({"shuffle_buffer": 50}, 64),
-        ({"cycle_length": 2, "block_length": 3}, 100),
-        ({"cycle_length": 2, "deterministic": False}, None),
+        ({}, None, None),
+        ({}, 256, None),
+        ({}, 100, "gzip"),
+        ({"shuffle_buffer": 100, "seed": 3}, None, None),
+        ({"shuffle_buffer": 50}, 64, None),
+        ({"cycle_length": 2, "block_length": 3}, 100, None),
+        ({"cycle_length": 2, "deterministic": False}, None, None),
+        ({"shuffle": "global", "seed": 1}, None, None),
+        ({"shuffle": "global"}, 128, "gzip"),
+        ({"shuffle": "block", "window_records": 16}, 64, None),
+        ({"even": True, "num_hosts": 2, "host_index": 1}, None, None),
     ],
-    ids=["parse", "batch", "shuffle", "shuffle-batch", "interleave", "first-ready"],
+    ids=[
+        "parse",
+        "batch",
+        "gzip-batch",
+        "shuffle",
+        "shuffle-batch",
+        "interleave",
+        "first-ready",
+        "global",
+        "gzip-global-batch",
+        "block-batch",
+        "even",
+    ],
 )
 def test_a_parse_error_names_the_shard_record_and_offset(
-    tmp_path: Path, options: dict[str, Any], batch: int | None
+    tmp_path: Path, options: dict[str, Any], batch: int | None, compression: str | None
 ) -> None:
-    _, offset = two_shards_one_bad_record(tmp_path)
-    message = f"record 149 in {tmp_path}/part-1.tfrecord at byte offset {offset}: {MISSING}"
+    _, offset = two_shards_one_bad_record(tmp_path, compression)
+    shard = f"{tmp_path}/part-1.tfrecord" + (".gz" if compression else "")
+    message = f"record 149 in {shard} at byte offset {offset}: {MISSING}"
     ds = streamrec.open_dataset(tmp_path, **options).parse(SPEC)
     chain = ds if batch is None else ds.batch(batch)
     with pytest.raises(streamrec.errors.FeatureError) as caught:
@@ -430,11 +454,7 @@ def test_a_parse_error_names_the_shard_record_and_offset(
     # was: "feature 'extra': record 193 of the batch: missing, ..." (or no place at all)
     assert str(caught.value) == message
     error = caught.value
-    assert (error.url, error.record_index, error.offset) == (
-        f"{tmp_path}/part-1.tfrecord",
-        149,
-        offset,
-    )
+    assert (error.url, error.record_index, error.offset) == (shard, 149, offset)
     assert str(pickle.loads(pickle.dumps(error))) == message
 
     async def read_async() -> None:
