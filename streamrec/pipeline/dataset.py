@@ -500,12 +500,11 @@ def open_dataset(
     """Open TFRecord shards for reading.
 
     Args:
-        urls: a path (``str`` or ``os.PathLike``: ``pathlib.Path``), a glob (expanded and
-            sorted by name, like ``tf.io.gfile.glob``; ``**`` at any depth; names starting
-            with ``_`` or ``.`` skipped), a writer's manifest (a url ending in ``.json``: its
-            shards, in index order), a directory or prefix (its ``_manifest.json``, else its
-            files), or a list of them (read in the order given); see
-            :mod:`streamrec.pipeline.sources`.
+        urls: a path (``str`` or ``pathlib.Path``), a glob (expanded and sorted by name, like
+            ``tf.io.gfile.glob``; ``**`` at any depth; names starting with ``_`` or ``.``
+            skipped), a writer's manifest (a url ending in ``.json``: its shards, in index
+            order), a directory or prefix (its ``_manifest.json``, else its files), or a list
+            of them (read in the order given); see :mod:`streamrec.pipeline.sources`.
         compression: ``"auto"`` (by suffix ``.gz``/``.gzip``/``.zlib``/``.zz``, else by the
             first bytes), ``None``, ``"gzip"`` or ``"zlib"`` (TF's ``"GZIP"``/``"ZLIB"``/``""``
             spellings work too).
@@ -563,8 +562,7 @@ def open_dataset(
             ``cache_bytes``, least recently used evicted), written as they stream; later epochs
             and processes of this host read them (CRCs checked): :mod:`streamrec.storage.cache`.
 
-    Every argument is checked here, by type and range: a bad one is an
-    :class:`~streamrec.errors.ArgumentError` (a ``ValueError`` and a ``TypeError``) naming it.
+    A bad argument (type or range) is an :class:`~streamrec.errors.ArgumentError` naming it.
 
     Urls may be local paths, ``file://``, ``s3://``, ``gs://``, ``http(s)://`` or
     ``memory://``. For ``s3://`` the S3 client's set-up starts now, in the background
