@@ -484,3 +484,24 @@ def test_a_parse_error_of_records_split_across_hosts_names_the_shard(tmp_path: P
     with pytest.raises(streamrec.errors.FeatureError) as caught:
         list(ds)
     assert str(caught.value) == f"in {tmp_path}/part-1.tfrecord: {MISSING}"
+
+
+@pytest.mark.parametrize("batch", [None, 32])
+def test_a_parse_error_in_a_mix_names_the_shard_record_and_offset(
+    tmp_path: Path, batch: int | None
+) -> None:
+    _, offset = two_shards_one_bad_record(tmp_path / "mixed")
+    good = write_records(
+        tmp_path / "good.tfrecord", [encode({"id": i, "extra": 2}) for i in range(500)]
+    )
+    mixed = streamrec.mix(
+        [streamrec.open_dataset(good), streamrec.open_dataset(tmp_path / "mixed")],
+        weights=[0.5, 0.5],
+        seed=0,
+    ).parse(SPEC)
+    with pytest.raises(streamrec.errors.FeatureError) as caught:
+        for _ in mixed if batch is None else mixed.batch(batch):
+            pass
+    assert str(caught.value) == (
+        f"record 149 in {tmp_path}/mixed/part-1.tfrecord at byte offset {offset}: {MISSING}"
+    )
