@@ -7,7 +7,13 @@ import asyncio
 import re
 import time
 
-from streamrec.cli.common import EXIT_OK, add_command, add_common_arguments, print_json
+from streamrec.cli.common import (
+    EXIT_OK,
+    add_command,
+    add_common_arguments,
+    print_json,
+    retry_of,
+)
 from streamrec.storage.leftovers import Leftover, find_leftovers, remove_leftover
 from streamrec.storage.stores import open_store
 
@@ -77,16 +83,22 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 async def _cleanup(args: argparse.Namespace) -> tuple[list[Leftover], list[Leftover], int]:
     """The leftovers old enough to touch, those left alone (younger), and how many removed."""
-    store = open_store(args.prefix, args.storage_options)
+    store, policy = open_store(args.prefix, args.storage_options), retry_of(args)  # --timeout
     try:
-        everything = await find_leftovers(store, args.prefix)
+        everything = await policy.run(
+            lambda: find_leftovers(store, args.prefix),
+            describe=f"listing the unfinished writes under {args.prefix}",
+        )
         cutoff = time.time() - args.older_than
         found = [f for f in everything if f.started <= cutoff]
         younger = [f for f in everything if f.started > cutoff]
         removed = 0
         if not args.dry_run:
             for leftover in found:
-                await remove_leftover(store, leftover)
+                await policy.run(
+                    lambda: remove_leftover(store, leftover),  # noqa: B023 (awaited here)
+                    describe=f"{leftover.url}: removing its {leftover.kind}",
+                )
                 removed += 1
         return found, younger, removed
     finally:

@@ -23,6 +23,7 @@ from streamrec.example import FixedLenFeature, decode_batch, encode
 from streamrec.format.index import index_url
 from support.fault_proxy import FaultProxy
 from support.server_fixtures import HttpDir
+from support.servers import MotoS3Server
 
 # ------------------------------------------------------------------ os.PathLike everywhere
 
@@ -505,3 +506,19 @@ def test_a_parse_error_in_a_mix_names_the_shard_record_and_offset(
     assert str(caught.value) == (
         f"record 149 in {tmp_path}/mixed/part-1.tfrecord at byte offset {offset}: {MISSING}"
     )
+
+
+def test_cleanup_takes_timeout_like_every_command(
+    s3_server: MotoS3Server, s3_bucket: str, fault_proxy: Callable[..., FaultProxy]
+) -> None:
+    proxy = fault_proxy(s3_server.endpoint_url)
+    proxy.stall(60, method="GET")  # the listing of open uploads never comes back
+    options = {**s3_server.storage_options, "client_kwargs": {"endpoint_url": proxy.url}}
+    prefix = f"s3://{s3_bucket}/out/"
+    run = cli("cleanup", prefix, "--timeout", "0.3", "--storage-options", json.dumps(options))
+    assert run.rc == 1, run.err
+    last = run.err.splitlines()[-1]
+    assert last.startswith(
+        f"streamrec: error: listing the unfinished writes under {prefix}: gave up after 6 "
+    ), last
+    assert "RetryPolicy timeout_s=0.3 per attempt" in last
