@@ -217,11 +217,16 @@ def print_json(document: object, out: TextIO | None = None) -> None:
 #: The library's hints, spelled as the commands' options (a user of the CLI cannot pass
 #: ``compression=None``). ``streamrec reshard`` reads its inputs with compression "auto" (by
 #: suffix, else by the first bytes): it has no option for them.
+_ABSOLUTE_NAMES = (
+    "pass allow_absolute_urls=True to trust this manifest",
+    "the command line never follows such names: give the shards' urls instead",
+)
 _CLI_SPELLINGS = {
     "streamrec": (
         ("read it with compression=None", "read it with --compression none"),
         ("try compression='auto' or 'gzip'", "try --compression auto or gzip"),
         ("try compression='auto' or 'zlib'", "try --compression auto or zlib"),
+        _ABSOLUTE_NAMES,
     ),
     "streamrec reshard": (
         (
@@ -231,6 +236,7 @@ _CLI_SPELLINGS = {
         ),
         ("try compression='auto' or 'gzip'", "rename it with a .gz suffix"),
         ("try compression='auto' or 'zlib'", "rename it with a .zz suffix"),
+        _ABSOLUTE_NAMES,
     ),
 }
 

@@ -522,3 +522,26 @@ def test_cleanup_takes_timeout_like_every_command(
         f"streamrec: error: listing the unfinished writes under {prefix}: gave up after 6 "
     ), last
     assert "RetryPolicy timeout_s=0.3 per attempt" in last
+
+
+def test_a_manifest_naming_outside_shards_gets_a_hint_the_cli_can_follow(tmp_path: Path) -> None:
+    with streamrec.sync.open_writer(tmp_path / "set" / "part-{index}.tfrecord", max_records=2) as w:
+        w.write_many([b"a", b"b", b"c"])
+    outside = write_records(tmp_path / "elsewhere.tfrecord", [b"c"])
+    manifest = tmp_path / "set" / "_manifest.json"
+    document = json.loads(manifest.read_text())
+    document["shards"][1]["name"] = str(outside)
+    manifest.write_text(json.dumps(document))
+    problem = (
+        f"in {manifest}: not a valid streamrec manifest: shard 1: '{outside}' is an absolute "
+        "url outside the manifest's directory; names must be relative to it ("
+    )
+    with pytest.raises(streamrec.errors.FormatError) as caught:
+        list(streamrec.open_dataset(manifest))
+    assert str(caught.value) == f"{problem}pass allow_absolute_urls=True to trust this manifest)"
+    run = cli("count", str(manifest))
+    assert run.rc == 1
+    assert run.err == (
+        f"streamrec: error: {problem}the command line never follows such names: give the "
+        "shards' urls instead)\n"
+    )
