@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from streamrec.errors import ArgumentError
@@ -50,10 +50,10 @@ def check_url(value: object, name: str = "url") -> str:
 
 
 def check_urls(value: object, name: str = "urls") -> list[str]:
-    """One path or url, or a sequence of them, as a list of ``str``."""
+    """One path or url, or any iterable of them (read in its order), as a list of ``str``."""
     if isinstance(value, (str, os.PathLike)):
         return [check_url(value, name)]
-    if isinstance(value, (bytes, bytearray, memoryview)) or not isinstance(value, Collection):
+    if isinstance(value, (bytes, bytearray, memoryview)) or not isinstance(value, Iterable):
         raise ArgumentError(
             f"{name} must be a path or url (str or os.PathLike) or a list of them, not "
             f"{type(value).__name__} ({_shown(value)})"

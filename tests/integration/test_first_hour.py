@@ -36,6 +36,7 @@ def test_open_dataset_takes_pathlib_paths_alone_and_in_lists(tmp_path: Path) -> 
     assert list(streamrec.open_dataset([second, str(first)])) == [b"b0", b"a0", b"a1"]
     assert list(streamrec.open_dataset(tmp_path)) == [b"a0", b"a1", b"b0"]  # a directory
     assert streamrec.open_dataset(first).urls == [str(first)]
+    assert list(streamrec.open_dataset(p for p in (second, first))) == [b"b0", b"a0", b"a1"]
 
 
 def test_writers_manifests_and_indexes_take_pathlib_paths(tmp_path: Path) -> None:
