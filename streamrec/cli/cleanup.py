@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import re
 import time
 
@@ -83,22 +84,22 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 async def _cleanup(args: argparse.Namespace) -> tuple[list[Leftover], list[Leftover], int]:
     """The leftovers old enough to touch, those left alone (younger), and how many removed."""
-    store, policy = open_store(args.prefix, args.storage_options), retry_of(args)  # --timeout
+    store, policy = open_store(args.prefix, args.storage_options), retry_of(args)
     try:
-        everything = await policy.run(
-            lambda: find_leftovers(store, args.prefix),
-            describe=f"listing the unfinished writes under {args.prefix}",
-        )
+        listing = functools.partial(find_leftovers, store, args.prefix)
+        if args.timeout is None:  # a listing may take many pages: no bound unless asked for
+            everything = await listing()
+        else:  # --timeout bounds the whole listing, each removal too
+            describe = f"listing the unfinished writes under {args.prefix}"
+            everything = await policy.run(listing, describe=describe)
         cutoff = time.time() - args.older_than
         found = [f for f in everything if f.started <= cutoff]
         younger = [f for f in everything if f.started > cutoff]
         removed = 0
         if not args.dry_run:
             for leftover in found:
-                await policy.run(
-                    lambda: remove_leftover(store, leftover),  # noqa: B023 (awaited here)
-                    describe=f"{leftover.url}: removing its {leftover.kind}",
-                )
+                remove = functools.partial(remove_leftover, store, leftover)
+                await policy.run(remove, describe=f"{leftover.url}: removing its {leftover.kind}")
                 removed += 1
         return found, younger, removed
     finally:
