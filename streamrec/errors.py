@@ -22,6 +22,9 @@ The tree (catch a branch to catch everything below it)::
         ├── TransientStorageError       a retryable fault: reset, timeout, 5xx, 429, short read
         └── RetriesExhaustedError       transient faults outlasted the attempts or the deadline
 
+    ArgumentError (ValueError,          a bad argument to open_dataset, open_writer, ...: names
+                   TypeError)           the argument (a usage error, so no StreamrecError)
+
 Format errors carry ``url`` (the file or object), ``offset`` (byte offset of the record's 12-byte
 header in the *uncompressed* stream) and ``record_index`` (0-based index of the record in its
 file); all three appear in the message. ``CorruptRecordError`` also says which CRC failed
@@ -42,6 +45,7 @@ from __future__ import annotations
 from streamrec.redact import redact
 
 __all__ = [
+    "ArgumentError",
     "CompressionError",
     "CorruptRecordError",
     "ExampleError",
@@ -64,6 +68,14 @@ __all__ = [
 
 class StreamrecError(Exception):
     """Base class of every error streamrec raises on purpose."""
+
+
+class ArgumentError(ValueError, TypeError):
+    """An argument of ``open_dataset``, ``open_writer`` (or another entry point) has the wrong
+    type or value; the message names the argument. Both a ``ValueError`` and a ``TypeError``
+    (what the builtins raise for a wrong value or type), so either ``except`` catches it. Not
+    a :class:`StreamrecError`: it is a mistake in the calling code, not damaged data or a
+    storage fault (the CLI reports it as a usage error)."""
 
 
 class FormatError(StreamrecError, ValueError):
@@ -167,7 +179,34 @@ class IndexMismatchError(FormatError):
 
 
 class ExampleError(StreamrecError, ValueError):
-    """A payload cannot be decoded as the Example / SequenceExample the caller asked for."""
+    """A payload cannot be decoded as the Example / SequenceExample the caller asked for.
+
+    Raised by a dataset's ``.parse(spec)`` (or ``.parse(spec).batch(n)``), the message starts
+    with the record's place, as a :class:`FormatError`'s does, and ``url``, ``record_index``
+    and ``offset`` say it too (``None`` elsewhere: ``decode_batch`` on a list of payloads says
+    ``record N of the batch``, ``batch_index`` being that N).
+    """
+
+    url: str | None = None
+    record_index: int | None = None
+    offset: int | None = None
+    batch_index: int | None = None
+
+    def located(self, url: str, record_index: int | None, offset: int | None) -> ExampleError:
+        """This error naming the record's shard ``url``, index in it and byte offset (the
+        sans-I/O decoder only knows the payload) instead of its place in a batch."""
+        self.url, self.record_index, self.offset = redact(url), record_index, offset
+        where = [f"in {self.url}"]
+        if record_index is not None:
+            where.insert(0, f"record {record_index}")
+        if offset is not None:
+            where.append(f"at byte offset {offset}")
+        text = str(self.args[0]) if self.args else ""
+        if self.batch_index is not None:
+            batch = f"record {self.batch_index} of the batch"
+            text = text.replace(f"{batch}: ", "", 1).replace(batch, "the record", 1)
+        self.args = (f"{' '.join(where)}: {text}",)
+        return self
 
 
 class FeatureError(ExampleError, KeyError):
@@ -182,7 +221,16 @@ class FeatureError(ExampleError, KeyError):
         return str(self.args[0])
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.feature, self.problem))
+        return (_rebuild_example, (type(self), self.args, self.__dict__.copy()))
+
+
+def _rebuild_example(
+    cls: type[ExampleError], args: tuple[object, ...], state: dict[str, object]
+) -> ExampleError:
+    error = cls.__new__(cls)
+    error.__dict__.update(state)
+    error.args = args
+    return error
 
 
 class StateError(StreamrecError, ValueError):

@@ -6,6 +6,7 @@ module holds what needs an object of its own: :func:`open_writer`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
@@ -18,7 +19,7 @@ from streamrec.write.writer import open_writer as open_async_writer
 __all__ = ["BlockingShardWriter", "open_writer"]
 
 
-def open_writer(url: str, **options: Any) -> BlockingShardWriter:
+def open_writer(url: str | os.PathLike[str], **options: Any) -> BlockingShardWriter:
     """Blocking twin of :func:`streamrec.open_writer`.
 
     ``with streamrec.sync.open_writer(path) as w: w.write(payload)``
@@ -33,10 +34,10 @@ class BlockingShardWriter:
     blocks (``flush_bytes``) and shard ends cross into the background event loop.
     """
 
-    def __init__(self, template: str, **options: Any) -> None:
+    def __init__(self, template: str | os.PathLike[str], **options: Any) -> None:
         self._writer = open_async_writer(template, **options)  # bad options fail before any thread
         self._portal = EventLoopThread(name="streamrec-writer")
-        self.url = template
+        self.url = self._writer.template
 
     @property
     def records(self) -> int:
@@ -68,9 +69,12 @@ class BlockingShardWriter:
         """Finish every shard and write the manifest. Idempotent."""
         try:
             if not self._portal.closed:
-                self._portal.call(self._writer.close())
+                self._portal.call(self._close())
         finally:
             self._portal.close()
+
+    async def _close(self) -> None:
+        await self._writer.close()  # (called in the loop's thread: the writer checks)
 
     def abort(self) -> None:
         """Drop every shard not yet committed. Idempotent."""

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import re
+import time
 
-from streamrec.cli.common import EXIT_OK, add_command, add_common_arguments, print_json
+from streamrec.cli.common import (
+    EXIT_OK,
+    add_command,
+    add_common_arguments,
+    print_json,
+    retry_of,
+)
 from streamrec.storage.leftovers import Leftover, find_leftovers, remove_leftover
 from streamrec.storage.stores import open_store
 
@@ -29,7 +37,8 @@ examples:
   streamrec cleanup out/ --older-than 0
   streamrec cleanup s3://bucket/ --older-than 2d --json
 
---json: {"leftovers": [{"url", "kind", "age_s", "handle"}], "removed": N, "dry_run": bool}
+--json: {"leftovers": [{"url", "kind", "age_s", "handle"}], "removed": N, "dry_run": bool,
+        "left_alone": N (younger than --older-than), "older_than_s": S}
 exit status: 0 ok; 1 storage failed; 2 usage error
 """
 
@@ -73,32 +82,66 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.set_defaults(run=run)
 
 
-async def _cleanup(args: argparse.Namespace) -> tuple[list[Leftover], int]:
-    store = open_store(args.prefix, args.storage_options)
+async def _cleanup(args: argparse.Namespace) -> tuple[list[Leftover], list[Leftover], int]:
+    """The leftovers old enough to touch, those left alone (younger), and how many removed."""
+    store, policy = open_store(args.prefix, args.storage_options), retry_of(args)
     try:
-        found = await find_leftovers(store, args.prefix, older_than_s=args.older_than)
+        listing = functools.partial(find_leftovers, store, args.prefix)
+        if args.timeout is None:  # a listing may take many pages: no bound unless asked for
+            everything = await listing()
+        else:  # --timeout bounds the whole listing, each removal too
+            describe = f"listing the unfinished writes under {args.prefix}"
+            everything = await policy.run(listing, describe=describe)
+        cutoff = time.time() - args.older_than
+        found = [f for f in everything if f.started <= cutoff]
+        younger = [f for f in everything if f.started > cutoff]
         removed = 0
         if not args.dry_run:
             for leftover in found:
-                await remove_leftover(store, leftover)
+                remove = functools.partial(remove_leftover, store, leftover)
+                await policy.run(remove, describe=f"{leftover.url}: removing its {leftover.kind}")
                 removed += 1
-        return found, removed
+        return found, younger, removed
     finally:
         await store.close()
 
 
+def _duration(seconds: float) -> str:
+    """``3600.0`` -> ``"1h"``: the way ``--older-than`` is written."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def run(args: argparse.Namespace) -> int:
     """List (and unless --dry-run, remove) the leftovers under the prefix."""
-    found, removed = asyncio.run(_cleanup(args))
+    found, younger, removed = asyncio.run(_cleanup(args))
     if args.json:
         leftovers = [
             {"url": f.url, "kind": f.kind, "age_s": round(f.age_s(), 1), "handle": f.handle}
             for f in found
         ]
-        print_json({"leftovers": leftovers, "removed": removed, "dry_run": args.dry_run})
+        print_json(
+            {
+                "leftovers": leftovers,
+                "removed": removed,
+                "dry_run": args.dry_run,
+                "left_alone": len(younger),
+                "older_than_s": args.older_than,
+            }
+        )
         return EXIT_OK
     verb = "would remove" if args.dry_run else "removed"
     for leftover in found:
         print(f"{verb}: {leftover.kind} of {leftover.url} ({leftover.age_s():,.0f} s old)")
-    print(f"{len(found)} leftover(s) found, {removed} removed")
+    summary = f"{len(found)} leftover(s) found, {removed} removed"
+    if younger:
+        oldest = max(0.0, max(f.age_s() for f in younger))
+        summary += (
+            f"; {len(younger)} left alone, begun less than --older-than "
+            f"{_duration(args.older_than)} ago (the oldest {oldest:,.0f} s ago): their writers "
+            "may still be at work (--older-than 0 removes them too)"
+        )
+    print(summary)
     return EXIT_OK

@@ -27,7 +27,9 @@ __all__ = [
     "Progress",
     "add_command",
     "add_common_arguments",
+    "add_timeout_argument",
     "add_verbose_argument",
+    "cli_text",
     "compression_of",
     "display_width",
     "error",
@@ -142,15 +144,7 @@ def add_common_arguments(
         help="no progress bar (there is one on stderr only when stderr is a terminal)",
     )
     add_verbose_argument(parser)
-    parser.add_argument(
-        "--timeout",
-        type=positive_float,
-        metavar="SECONDS",
-        help=(
-            "seconds one storage request attempt may go without an answer before it is "
-            "retried (default: 30; at most 6 attempts per request, each retry logged)"
-        ),
-    )
+    add_timeout_argument(parser)
     if compression:
         parser.add_argument(
             "--compression",
@@ -167,6 +161,19 @@ def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
         "--verbose",
         action="store_true",
         help="log every storage request with its time, retries and the total time on stderr",
+    )
+
+
+def add_timeout_argument(parser: argparse.ArgumentParser) -> None:
+    """``--timeout SECONDS``: the time one storage request attempt may take (every command)."""
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        metavar="SECONDS",
+        help=(
+            "seconds one storage request attempt may go without an answer before it is "
+            "retried (default: 30; at most 6 attempts per request, each retry logged)"
+        ),
     )
 
 
@@ -207,9 +214,45 @@ def print_json(document: object, out: TextIO | None = None) -> None:
     stream.write(json.dumps(document, indent=2) + "\n")
 
 
+#: The library's hints, spelled as the commands' options (a user of the CLI cannot pass
+#: ``compression=None``). ``streamrec reshard`` reads its inputs with compression "auto" (by
+#: suffix, else by the first bytes): it has no option for them.
+_ABSOLUTE_NAMES = (
+    "pass allow_absolute_urls=True to trust this manifest",
+    "the command line never follows such names: give the shards' urls instead",
+)
+_CLI_SPELLINGS = {
+    "streamrec": (
+        ("read it with compression=None", "read it with --compression none"),
+        ("try compression='auto' or 'gzip'", "try --compression auto or gzip"),
+        ("try compression='auto' or 'zlib'", "try --compression auto or zlib"),
+        _ABSOLUTE_NAMES,
+    ),
+    "streamrec reshard": (
+        (
+            "read it with compression=None",
+            "rename it without its .gz/.zz suffix: reshard picks an input's compression by "
+            "its suffix, else by its first bytes",
+        ),
+        ("try compression='auto' or 'gzip'", "rename it with a .gz suffix"),
+        ("try compression='auto' or 'zlib'", "rename it with a .zz suffix"),
+        _ABSOLUTE_NAMES,
+    ),
+}
+
+
+def cli_text(message: object, command: str = "streamrec") -> str:
+    """``message`` (an error) with the library's hints in the command line's spelling."""
+    text = str(message)
+    for library, cli in _CLI_SPELLINGS.get(command, _CLI_SPELLINGS["streamrec"]):
+        text = text.replace(library, cli)
+    return text
+
+
 def error(message: object, command: str = "streamrec") -> None:
-    """One ``streamrec: error: ...`` line on stderr (``command`` names who speaks)."""
-    print(f"{command}: error: {message}", file=sys.stderr)
+    """One ``streamrec: error: ...`` line on stderr (``command`` names who speaks), its
+    hints in the command line's spelling (:func:`cli_text`)."""
+    print(f"{command}: error: {cli_text(message, command)}", file=sys.stderr)
 
 
 def human_bytes(size: int) -> str:

@@ -13,6 +13,7 @@ from streamrec.cli.common import (
     Progress,
     add_command,
     add_common_arguments,
+    cli_text,
     compression_of,
     error,
     positive_int,
@@ -187,7 +188,7 @@ def _count_document(results: list[ShardResult], total: int) -> dict[str, Any]:
             "compression": r.compression,
             "records": r.records,
             "corrupt_skipped": len(r.dropped),
-            "error": None if r.error is None else str(r.error),
+            "error": None if r.error is None else cli_text(r.error),
         }
         for r in results
     ]
@@ -236,9 +237,9 @@ def _problem_document(result: ShardResult, problem: StreamrecError) -> dict[str,
         "record_index": located.record_index if located else None,
         "offset": located.offset if located else None,
         "type": type(problem).__name__,
-        "problem": located.problem if located else str(problem),
+        "problem": cli_text(located.problem if located else problem),
         "rest_unreadable": _rest_unreadable(problem),
-        "message": str(problem),
+        "message": cli_text(problem),
     }
 
 
@@ -277,7 +278,7 @@ def _print_verify(results: list[ShardResult]) -> None:
         print(f"{status}  {result.records:>10,} good records, {found}  {url}")
         for problem in problems:
             rest = "; the rest of the shard cannot be read" if _rest_unreadable(problem) else ""
-            print(f"         {problem}{rest}")
+            print(f"         {cli_text(problem)}{rest}")
     print(_verify_summary(results))
 
 

@@ -14,6 +14,7 @@ from streamrec.cli.common import (
     EXIT_OK,
     add_command,
     add_common_arguments,
+    cli_text,
     compression_of,
     error,
     non_negative_int,
@@ -228,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
             raise
         failure = exc
     if args.json:
-        print_json({"records": found, "error": None if failure is None else str(failure)})
+        print_json({"records": found, "error": None if failure is None else cli_text(failure)})
     if failure is not None:
         error(failure)
         return EXIT_DATA_ERROR

@@ -26,6 +26,7 @@ from streamrec.cli.common import (
     Progress,
     add_command,
     add_common_arguments,
+    cli_text,
     compression_of,
     error,
     plural,
@@ -318,7 +319,7 @@ def _document(results: list[IndexResult]) -> dict[str, Any]:
             "action": r.action,
             "random_access": r.random_access,
             "note": r.note,
-            "error": None if r.error is None else str(r.error),
+            "error": None if r.error is None else cli_text(r.error),
         }
         for r in results
     ]

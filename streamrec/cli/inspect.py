@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 from streamrec.cli.common import (
@@ -42,7 +43,8 @@ paste into code for streamrec.example.decode / decode_batch:
 
 SequenceExamples are shown as context features (same rules) and feature_lists (steps per
 record and values per step; read them with streamrec.example.decode_sequence). A suggestion
-is only as good as the sample: raise -n to see more records.
+is only as good as the sample, which the output describes: raise -n (--sample) to see more
+records, or read every one with --all.
 
 examples:
   streamrec inspect 'data/train-*.tfrecord'
@@ -51,8 +53,9 @@ examples:
 
 --json: {"records", "kinds", "payload_bytes", "features": [{"section", "name", "kind",
          "kinds", "records", "of_records", "values", "steps", "value_bytes", "spec", "note"}],
-         "spec": {name: spec}, "shards_sampled"}   (values etc. are {"min", "max", "mean"};
-         shards_sampled counts the shards read, empty ones included)
+         "spec": {name: spec}, "shards_sampled", "shards_listed", "complete"}   (values etc.
+         are {"min", "max", "mean"}; shards_sampled counts the shards read, empty ones
+         included; complete: every record was sampled)
 exit status: 0 ok; 1 damaged data or a missing object; 2 usage error
 """
 
@@ -76,13 +79,20 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         epilog=EPILOG,
     )
     add_common_arguments(parser)
-    parser.add_argument(
+    how_many = parser.add_mutually_exclusive_group()
+    how_many.add_argument(
         "-n",
         "--sample",
         type=non_negative_int,
         default=1000,
         metavar="N",
         help="how many records to sample, the first in reading order (default: 1000)",
+    )
+    how_many.add_argument(
+        "--all",
+        action="store_true",
+        help="read every record: a spec that fits all of them (a FixedLenFeature is only safe "
+        "for a feature present in every record)",
     )
     parser.add_argument(
         "--kind",
@@ -93,39 +103,69 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.set_defaults(run=run)
 
 
-async def _sample(args: argparse.Namespace, inspector: Inspector) -> int:
-    """Feed the first ``args.sample`` records to ``inspector``; how many shards were read
-    (empty ones included)."""
-    if args.sample == 0:
-        return 0
+@dataclass
+class _Coverage:
+    """What the sample covered: shards read and listed, and whether records were left."""
+
+    shards_read: int = 0
+    shards_listed: int = 0
+    complete: bool = True  # every record of every listed shard was sampled
+
+
+async def _sample(args: argparse.Namespace, inspector: Inspector) -> _Coverage:
+    """Feed the first ``args.sample`` records (every one with ``--all``) to ``inspector``."""
+    limit = None if args.all else args.sample
     async with Stores(storage_options_of(args), retry_of(args)) as stores:
         shards = await list_shards(stores, args.urls)
+        coverage = _Coverage(len(shards), len(shards))
+        if limit == 0:
+            return _Coverage(0, len(shards), complete=not shards)
         records = iter_records(stores, shards, compression=compression_of(args))
-        with Progress(args, total=args.sample, unit="rec", desc="inspect") as bar:
+        with Progress(args, total=limit, unit="rec", desc="inspect") as bar:
             async with aclosing(records) as located:
                 async for shard, index, offset, payload in located:
+                    if limit is not None and inspector.records >= limit:
+                        # one record past the sample: there is more than it saw
+                        coverage.complete = False
+                        # (a shard whose first record is that one was not sampled)
+                        coverage.shards_read = shards.index(shard) + (1 if index else 0)
+                        return coverage
                     try:
                         inspector.add(payload)
                     except ExampleError as exc:
                         where = f"record {index} in {shard.url} at byte offset {offset}"
                         raise ExampleError(f"{where}: {exc}") from exc
                     bar.update(1)
-                    if inspector.records >= args.sample:
-                        return shards.index(shard) + 1
-    return len(shards)
+    return coverage
 
 
 def run(args: argparse.Namespace) -> int:
     """Sample records and describe their features."""
     inspector = Inspector(args.kind)
-    shards = asyncio.run(_sample(args, inspector))
+    coverage = asyncio.run(_sample(args, inspector))
     report = inspector.report()
-    report["shards_sampled"] = shards
+    report["shards_sampled"] = coverage.shards_read
+    report["shards_listed"] = coverage.shards_listed
+    report["complete"] = coverage.complete
     if args.json:
         print_json(report)
     else:
         _print_report(inspector, report)
     return EXIT_OK
+
+
+def _coverage_note(report: dict[str, Any]) -> str:
+    """What the suggestion rests on: every record, or the first ones only."""
+    records = plural(report["records"], "record")
+    shards = plural(report["shards_listed"], "shard")
+    if report["complete"]:
+        return f"note: the sample is every record ({records} in {shards})"
+    return (
+        f"note: the sample is the first {records} only (from {report['shards_sampled']} of "
+        f"{shards}), not every record: a feature present in "
+        "all of them may be missing in a later one, where its FixedLenFeature fails to parse; "
+        "sample more with --sample N, or every record with --all"
+    )
 
 
 def _print_report(inspector: Inspector, report: dict[str, Any]) -> None:
@@ -154,6 +194,7 @@ def _print_report(inspector: Inspector, report: dict[str, Any]) -> None:
     spec = inspector.spec()
     if spec:
         print()
+        print(_coverage_note(report))
         print(f"suggested spec (from {plural(inspector.records, 'sampled record')}):")
         print(spec_source(spec))
 

@@ -89,10 +89,11 @@ def _silence_stdout() -> None:
         os.close(devnull)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``streamrec`` console script; returns the exit status."""
+def main(argv: Sequence[str | os.PathLike[str]] | None = None) -> int:
+    """Entry point of the ``streamrec`` console script; returns the exit status. ``argv``
+    (default ``sys.argv[1:]``) may hold ``pathlib.Path`` objects too."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(None if argv is None else [os.fspath(a) for a in argv])
     handler: Handler | None = getattr(args, "run", None)
     if handler is None:
         parser.print_help()

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
 
 from streamrec.cli.common import (
+    add_timeout_argument,
     add_verbose_argument,
     error,
     human_bytes,
     json_object,
     positive_int,
+    retry_of,
     source_url,
 )
 
@@ -202,6 +205,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="no progress bar (there is one on stderr only when stderr is a terminal)",
     )
     add_verbose_argument(parser)
+    add_timeout_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -240,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
             task_bytes=args.task_bytes,
             workers=args.workers,
             index=args.index,
+            retry=retry_of(args),
             on_plan=lambda plan: print(f"streamrec reshard: {plan.naming_rule}", file=sys.stderr),
         )
     except StreamrecError as exc:  # damaged data, storage faults: FormatError is a ValueError
@@ -269,12 +274,14 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``streamrec reshard`` with ``argv`` (the arguments after ``reshard``)."""
+def main(argv: Sequence[str | os.PathLike[str]] | None = None) -> int:
+    """Run ``streamrec reshard`` with ``argv`` (the arguments after ``reshard``; paths may be
+    ``pathlib.Path`` objects)."""
     parser = argparse.ArgumentParser(prog="streamrec")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     register(commands)
-    args = parser.parse_args(["reshard", *(sys.argv[1:] if argv is None else argv)])
+    given = sys.argv[1:] if argv is None else [os.fspath(a) for a in argv]
+    args = parser.parse_args(["reshard", *given])
     code: int = args.run(args)
     return code
 

@@ -37,6 +37,7 @@ they are read (:mod:`streamrec.format.index_check`).
 
 from __future__ import annotations
 
+import os
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -74,9 +75,9 @@ _PARSE_BYTES = 256 << 10
 """Sidecar text parsed at once: its temporaries (~40 bytes a line) stay a few MiB."""
 
 
-def index_url(shard_url: str) -> str:
-    """The url of ``shard_url``'s index sidecar."""
-    return shard_url + INDEX_SUFFIX
+def index_url(shard_url: str | os.PathLike[str]) -> str:
+    """The url of ``shard_url``'s index sidecar (a ``pathlib.Path`` gives a ``str`` too)."""
+    return os.fspath(shard_url) + INDEX_SUFFIX
 
 
 def _stream_limit(stored_size: int, compressed: bool) -> int:

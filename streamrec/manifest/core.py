@@ -69,6 +69,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from streamrec.errors import FormatError, StorageError
+from streamrec.pipeline.arguments import check_url
 from streamrec.storage.base import split_scheme
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import ObjectStore, open_store
@@ -405,7 +406,7 @@ def _count(value: object) -> int:
 
 
 async def read_manifest(
-    url: str,
+    url: str | os.PathLike[str],
     storage_options: dict[str, Any] | None = None,
     *,
     retry: RetryPolicy | None = None,
@@ -416,8 +417,10 @@ async def read_manifest(
     Raises :class:`~streamrec.errors.ObjectNotFoundError` when there is no manifest (the set
     is incomplete, or was never written) and :class:`~streamrec.errors.FormatError` when the
     object is not a manifest this version understands, or lists a shard outside its own
-    directory (unless ``allow_absolute_urls``: see the module docstring).
+    directory (unless ``allow_absolute_urls``: see the module docstring). ``url`` may be a
+    ``str`` or an ``os.PathLike`` (``pathlib.Path``).
     """
+    url = check_url(url, "url")
     manifest = await load_manifest(
         url, storage_options, retry=retry, allow_absolute_urls=allow_absolute_urls
     )

@@ -3,31 +3,38 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator
 from contextlib import aclosing
 from dataclasses import replace
+from functools import partial
 from typing import Any, Literal, cast
 
 from streamrec._portal import EventLoopThread, iterate_ahead, iterate_blocking, owned, owning
 from streamrec.format.accel import log_fallback_once
 from streamrec.format.framing import OnCorrupt
+from streamrec.pipeline.arguments import PathOrUrls, check_url, check_urls
 from streamrec.pipeline.counts import RecordCounts, ShardCounts, count_for, counts_key, list_counts
 from streamrec.pipeline.engine import ReadEngine
 from streamrec.pipeline.events import Piece
 from streamrec.pipeline.indexed import IndexedEngine
 from streamrec.pipeline.lookup import Indices, RecordLookup
 from streamrec.pipeline.options import FOR_CHUNK_BYTES, ReadOptions
-from streamrec.pipeline.shards import seeded_random
+from streamrec.pipeline.shards import ShardPlan, seeded_random
 from streamrec.pipeline.state import CycleState, DatasetState, IndexedState, ReadyState, parse_state
 from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.trackers import (
+    Countdown,
     Cursor,
     CycleTracker,
     IndexedTracker,
+    Locate,
     ReadyTracker,
     ShuffleTracker,
     Tracker,
+    Where,
+    where_from,
 )
 from streamrec.pipeline.transform import Chainable
 from streamrec.redact import redact
@@ -50,9 +57,9 @@ class Dataset(Chainable[bytes]):
     :class:`~streamrec.pipeline.transform.Chainable`.
     """
 
-    def __init__(self, urls: str | Sequence[str], options: ReadOptions | None = None) -> None:
+    def __init__(self, urls: PathOrUrls, options: ReadOptions | None = None) -> None:
         log_fallback_once()  # a build without the C accelerators says so, once
-        self.urls = [urls] if isinstance(urls, str) else list(urls)
+        self.urls = check_urls(urls)
         if not self.urls:
             raise ValueError("open_dataset needs at least one path, glob or url")
         for url in self.urls:
@@ -95,8 +102,7 @@ class Dataset(Chainable[bytes]):
         ) as stores:
             return await engine.list_shards(stores)
 
-    # The settings a DDP launcher or the user may change between iterations (the PyTorch
-    # adapter splits by rank); every other setting is fixed at open_dataset.
+    # Settings a DDP launcher (torch.py splits by rank) or the user may change between epochs.
     @property
     def num_hosts(self) -> int:
         """How many hosts share the shards (see ``open_dataset``)."""
@@ -217,6 +223,7 @@ class Dataset(Chainable[bytes]):
         """The iteration ran to its end: the epoch is finished."""
         cursor.settle()
         self._finished = True
+        self._plan: ShardPlan[ObjectInfo] | Locate | None = None  # (nothing left to locate)
 
     # ------------------------------------------------------------------ the pipeline
 
@@ -227,20 +234,25 @@ class Dataset(Chainable[bytes]):
         if self._finished:
             return
         if self.options.indexed:
-            # the boundaries verified of the shards' indexes are kept across epochs and get()
-            trust = self._lookup_of().trust
+            trust = self._lookup_of().trust  # verified index boundaries: across epochs, get()
             indexed = IndexedEngine(self.urls, self.options, self.epoch, self._stats, trust)
-            pieces = indexed.pieces(resume, on_planned=self._planned)
+            pieces = indexed.pieces(resume, on_planned=partial(self._planned, indexed.where))
         else:
             options = self.options if timed else replace(self.options, chunk_bytes=FOR_CHUNK_BYTES)
             engine = ReadEngine(self.urls, options, self.epoch, self._stats)
-            pieces = engine.pieces(resume, timed=timed, on_planned=self._planned)
+            pieces = engine.pieces(resume, timed=timed, on_planned=partial(self._planned, engine))
         async with aclosing(pieces) as ordered:
             async for piece in ordered:
                 yield piece
 
-    def _planned(self, digest: str) -> None:
+    def _planned(self, plan: ReadEngine | Locate | None, digest: str) -> None:
         self._shards_digest = digest  # states taken from now on name these shards
+        self._plan = plan.plan if isinstance(plan, ReadEngine) else plan  # (see locate)
+
+    def locate(self, payload: object) -> Where | None:
+        """Where a record handed out and not yet consumed (the very object) comes from."""
+        pending, plan = getattr(self, "_pending", ()), getattr(self, "_plan", None)
+        return where_from(self._cursor, pending, plan, payload, self.options.on_corrupt)
 
     # ------------------------------------------------------------------ consumers
 
@@ -271,7 +283,7 @@ class Dataset(Chainable[bytes]):
         self._pending: deque[Piece] = deque()
         self._marked = 0  # records of the pending pieces marked consumed
         self._in_hand: Piece | None = None
-        self._left = _Remaining(0)
+        self._left = Countdown(0)
         self._source_done = False
         async with owning(self._pieces(resume)) as pieces:
             async for records, events in pieces:
@@ -301,7 +313,7 @@ class Dataset(Chainable[bytes]):
             head = pending[0]
             records, events = head
             if self._in_hand is not head:
-                self._left = _Remaining(len(records))
+                self._left = Countdown(len(records))
                 cursor.take(records, events, self._left)
                 self._in_hand = head
             left = len(records) - self._marked
@@ -319,7 +331,7 @@ class Dataset(Chainable[bytes]):
         # pickled into DataLoader workers: configuration and position, never records in hand
         state = dict(self.__dict__)
         state["_report_consumed"] = state["_handed_out"] = None
-        for transient in ("_pending", "_in_hand", "_left", "_marked", "_source_done"):
+        for transient in ("_pending", "_in_hand", "_left", "_marked", "_source_done", "_plan"):
             state.pop(transient, None)
         if self._cursor is not None and not self._finished:
             state["_resume"], state["_cursor"] = self._position(), None
@@ -459,20 +471,8 @@ class _Records(itertools.chain):  # type: ignore[type-arg]
         self._lists.close()
 
 
-class _Remaining:
-    """Stands in for a piece's iterator: how many of its records are not consumed yet."""
-
-    __slots__ = ("n",)
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __length_hint__(self) -> int:
-        return self.n
-
-
 def open_dataset(
-    urls: str | Sequence[str],
+    urls: PathOrUrls,
     compression: str | None = "auto",
     verify_crc: bool = True,
     on_corrupt: OnCorrupt = "raise",
@@ -494,17 +494,17 @@ def open_dataset(
     shuffle: Literal["global", "block"] | None = None,
     even: bool | Literal["drop", "pad"] | None = None,
     window_records: int | None = None,
-    cache_dir: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
     cache_bytes: int | None = None,
 ) -> Dataset:
     """Open TFRecord shards for reading.
 
     Args:
-        urls: a path, a glob (expanded and sorted by name, like ``tf.io.gfile.glob``; ``**``
-            at any depth; names starting with ``_`` or ``.`` skipped), a writer's manifest (a
-            url ending in ``.json``: its shards, in index order), a directory or prefix (its
-            ``_manifest.json``, else its files), or a list of them (read in the order given);
-            see :mod:`streamrec.pipeline.sources`.
+        urls: a path (``str`` or ``pathlib.Path``), a glob (expanded and sorted by name, like
+            ``tf.io.gfile.glob``; ``**`` at any depth; names starting with ``_`` or ``.``
+            skipped), a writer's manifest (a url ending in ``.json``: its shards, in index
+            order), a directory or prefix (its ``_manifest.json``, else its files), or a list
+            of them (read in the order given); see :mod:`streamrec.pipeline.sources`.
         compression: ``"auto"`` (by suffix ``.gz``/``.gzip``/``.zlib``/``.zz``, else by the
             first bytes), ``None``, ``"gzip"`` or ``"zlib"`` (TF's ``"GZIP"``/``"ZLIB"``/``""``
             spellings work too).
@@ -562,6 +562,8 @@ def open_dataset(
             ``cache_bytes``, least recently used evicted), written as they stream; later epochs
             and processes of this host read them (CRCs checked): :mod:`streamrec.storage.cache`.
 
+    A bad argument (type or range) is an :class:`~streamrec.errors.ArgumentError` naming it.
+
     Urls may be local paths, ``file://``, ``s3://``, ``gs://``, ``http(s)://`` or
     ``memory://``. For ``s3://`` the S3 client's set-up starts now, in the background
     (:mod:`streamrec.storage.warmup`): time spent before the first record hides it.
@@ -592,7 +594,7 @@ def open_dataset(
             shuffle=shuffle,
             even=even,
             window_records=window_records,
-            cache_dir=cache_dir,
+            cache_dir=None if cache_dir is None else check_url(cache_dir, "cache_dir"),
             cache_bytes=cache_bytes,
         ),
     )

@@ -56,6 +56,8 @@ class ReadEngine:
         self.stats = stats
         self.shards_digest: str | None = None
         """The fingerprint of the shards read (set once they are listed and planned)."""
+        self.plan: ShardPlan[ObjectInfo] | None = None
+        """Which shards this consumer reads, in order (set with :attr:`shards_digest`)."""
         self.cache: ShardCache | None = None
         if options.cache_dir is not None and options.cache_bytes is not None:
             # a download that made no progress for one attempt's time is not waited for
@@ -183,6 +185,7 @@ class ReadEngine:
                         "versions, or another host/worker split); it cannot resume here"
                     )
                 self.shards_digest = digest
+                self.plan = plan  # (where each record comes from: Dataset.locate)
                 if on_planned is not None:
                     on_planned(digest)
                 share = options.stream_share()

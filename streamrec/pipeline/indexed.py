@@ -31,12 +31,12 @@ read must carry many times what a request costs on a cloud link) and at most one
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.errors import StateError
@@ -45,17 +45,17 @@ from streamrec.pipeline.events import Advance, Begin, Event, Piece
 from streamrec.pipeline.lookup import build_table
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.order import EpochOrder, Intervals, Part, part_of
-from streamrec.pipeline.random_access import RecordTable, read_records
+from streamrec.pipeline.random_access import Int64Array, RecordTable, read_records
 from streamrec.pipeline.shards import dataloader_worker, indexed_digest_v1, shards_digest
 from streamrec.pipeline.sources import list_sources
 from streamrec.pipeline.state import DatasetState, IndexedState
 from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.trackers import Where
 from streamrec.pipeline.trust import BoundaryTrust
 from streamrec.storage.stores import StoreSet
 
 __all__ = ["IndexedEngine", "chunk_records", "window_records"]
 
-Int64Array = npt.NDArray[np.int64]
 _NONE: Int64Array = np.zeros(0, dtype=np.int64)
 _GLOBAL_CONCURRENCY = 64  # single-record GETs in flight (global shuffle): a link's worth
 CHUNK_PART = 3
@@ -67,6 +67,7 @@ have carried meanwhile. ``max_concurrency`` reads in flight hide that cost only 
 carries a good part of it: at 1 MiB and 16 reads in flight a 60 ms, 25 MB/s-per-connection
 link stays full (benchmarks/README.md, "Shuffled reading")."""
 _MIX_WINDOWS = 16  # block mode's default run: at most this many windows
+_PIECES_LOCATED = 64  # pieces whose records where() finds (more than are ever pending)
 
 
 @dataclass(frozen=True)
@@ -115,9 +116,31 @@ class IndexedEngine:
         self.epoch = epoch
         self.stats = stats
         self.trust = trust  # what is verified of the indexes (the dataset's, across epochs)
+        self._table: RecordTable | None = None
+        # the record ids of the last pieces made, by the id() of their record list (lists
+        # cannot be weakly referenced; a list not made here is never looked up: see where)
+        self._ids: OrderedDict[int, Int64Array] = OrderedDict()
 
     def _count_retry(self, error: Exception) -> None:
         self.stats.retries += 1
+
+    def where(self, pending: Sequence[Piece], payload: object) -> Where | None:
+        """Where ``payload`` (the very object), a record of the ``pending`` pieces this engine
+        made, comes from: its shard's url, index in it and byte offset."""
+        table = self._table
+        if table is None:
+            return None
+        for records, _ in pending:
+            ids = self._ids.get(id(records))
+            if ids is None:
+                continue
+            for k, record in enumerate(records):
+                if record is payload:
+                    ordinals, local = table.locate(ids[k : k + 1])
+                    ordinal, index = int(ordinals[0]), int(local[0])
+                    offset = int(table.indexes[ordinal].offsets[index])
+                    return table.shards[ordinal].url, index, offset
+        return None
 
     def _plan(self, table: RecordTable, resume: IndexedState | None) -> _Plan:
         options = self.options
@@ -177,7 +200,7 @@ class IndexedEngine:
                     allow_absolute_urls=options.allow_absolute_urls,
                     on_retry=self._count_retry,
                 )
-                table = await build_table(
+                table = self._table = await build_table(
                     self.urls, options, self.stats, stores, shards, self.trust
                 )
                 digest = shards_digest(table.shards, table.counts())
@@ -236,8 +259,12 @@ class IndexedEngine:
         if plan.order.shuffle == "global":
             concurrency = max(concurrency, _GLOBAL_CONCURRENCY)
         gate = asyncio.Semaphore(concurrency)  # shared by the chunks' reads (module docstring)
+        opened: set[int] = set()  # shards read from in this iteration, for stats.shards_opened
 
         async def fetch(records: Int64Array) -> list[bytes]:
+            touched = set(np.unique(table.locate(records)[0]).tolist()) - opened
+            opened.update(touched)
+            self.stats.shards_opened += len(touched)
             got = await read_records(
                 table,
                 records,
@@ -252,6 +279,9 @@ class IndexedEngine:
             )
             self.stats.records_read += len(got)
             self.stats.bytes_read += sum(map(len, got))
+            self._ids[id(got)] = records
+            while len(self._ids) > _PIECES_LOCATED:
+                self._ids.popitem(last=False)
             return got
 
         chunks = self._chunks(table, plan)

@@ -56,6 +56,7 @@ from streamrec.pipeline.mix_order import (
 from streamrec.pipeline.mix_state import MIX_STATE_VERSION, parse_mix_state
 from streamrec.pipeline.state import parse_state
 from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.trackers import Where
 from streamrec.pipeline.transform import Chainable
 
 __all__ = ["MixedDataset", "Stop", "mix"]
@@ -242,6 +243,15 @@ class MixedDataset(Chainable[bytes]):
             run = self._runs[0]
             return dataclasses.replace(run.start, draws=run.start.draws + self._marked)
         return self._at
+
+    def locate(self, payload: object) -> Where | None:
+        """Where a record of the mix not yet consumed (the very object) comes from: the
+        source dataset that holds it says (see :meth:`Dataset.locate`)."""
+        for ds in self.datasets:
+            where = ds.locate(payload)
+            if where is not None:
+                return where
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         """Where the consumer is: the mix's draw counter, which sources are exhausted, and

@@ -6,12 +6,20 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from streamrec.errors import ArgumentError
 from streamrec.format.codecs import normalize_compression
 from streamrec.format.framing import OnCorrupt
+from streamrec.pipeline.arguments import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_optional_int,
+    check_url,
+)
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import is_per_scheme
 
@@ -77,8 +85,8 @@ class ReadOptions:
     ``open_dataset`` setting: the blocking ``for`` asks for larger chunks, see dataset.py)."""
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.cache_dir is not None:
-            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
             if "://" in self.cache_dir and not self.cache_dir.startswith("file://"):
                 raise ValueError(f"cache_dir must be a local directory, not {self.cache_dir!r}")
             object.__setattr__(self, "cache_dir", self.cache_dir.removeprefix("file://"))
@@ -86,14 +94,6 @@ class ReadOptions:
                 raise ValueError("cache_dir needs cache_bytes: the most bytes the cache may hold")
         elif self.cache_bytes is not None:
             raise ValueError("cache_bytes without cache_dir: say where the cache lives")
-        if self.cache_bytes is not None and self.cache_bytes <= 0:
-            raise ValueError(f"cache_bytes must be positive, not {self.cache_bytes}")
-        if self.shuffle not in (None, "global", "block"):
-            raise ValueError(f"shuffle must be None, 'global' or 'block', not {self.shuffle!r}")
-        if self.even not in (None, False, True, "drop", "pad"):
-            raise ValueError(f"even must be True, 'drop', 'pad' or None, not {self.even!r}")
-        if self.window_records is not None and self.window_records <= 0:
-            raise ValueError(f"window_records must be positive, not {self.window_records}")
         if self.indexed and (self.cycle_length > 1 or self.shuffle_shards):
             raise ValueError(
                 "shuffle='global'/'block' and even read records by index, in an order of their "
@@ -102,24 +102,56 @@ class ReadOptions:
         if self.shuffle == "global" and self.shuffle_buffer:
             raise ValueError("shuffle='global' is a full permutation: no shuffle_buffer")
         is_per_scheme(self.storage_options)  # options that mix scheme and option keys fail
-        normalize_compression(self.compression)  # so do bad codec names
-        if self.on_corrupt not in ("raise", "skip"):
-            raise ValueError(f"on_corrupt must be 'raise' or 'skip', not {self.on_corrupt!r}")
-        for name in (
-            "prefetch_bytes",
-            "block_bytes",
-            "max_concurrency",
-            "cycle_length",
-            "block_length",
-            "num_hosts",
-        ):
-            value = getattr(self, name)
-            if value <= 0:
-                raise ValueError(f"{name} must be positive, not {value}")
-        if self.shuffle_buffer < 0:
-            raise ValueError(f"shuffle_buffer must be >= 0, not {self.shuffle_buffer}")
-        if not 0 <= self.host_index < self.num_hosts:
-            raise ValueError(f"host_index must be in [0, {self.num_hosts}), not {self.host_index}")
+        if not self.host_index < self.num_hosts:
+            raise ArgumentError(
+                f"host_index must be in [0, {self.num_hosts}), not {self.host_index}"
+            )
+
+    def _check_types(self) -> None:
+        """Every setting's type and range, naming it (ArgumentError), before any other rule;
+        integers are stored as ``int`` (numpy integers are accepted)."""
+        ints = {
+            "prefetch_bytes": 1,
+            "block_bytes": 1,
+            "max_concurrency": 1,
+            "cycle_length": 1,
+            "block_length": 1,
+            "num_hosts": 1,
+            "chunk_bytes": 1,
+            "shuffle_buffer": 0,
+            "host_index": 0,
+            "seed": None,
+        }
+        for name, minimum in ints.items():
+            number = check_int(getattr(self, name), name, minimum=minimum)
+            object.__setattr__(self, name, number)
+        for name in ("window_records", "cache_bytes"):
+            optional = check_optional_int(getattr(self, name), name, minimum=1)
+            object.__setattr__(self, name, optional)
+        for name in ("verify_crc", "deterministic", "shuffle_shards", "allow_absolute_urls"):
+            object.__setattr__(self, name, check_bool(getattr(self, name), name))
+        if self.compression is not None and not isinstance(self.compression, str):
+            raise ArgumentError(
+                f"compression must be 'auto', None, 'gzip' or 'zlib', not {self.compression!r}"
+            )
+        try:
+            normalize_compression(self.compression)
+        except ValueError as exc:
+            raise ArgumentError(f"compression: {exc}") from None
+        check_choice(self.on_corrupt, "on_corrupt", ("raise", "skip"))
+        check_choice(self.shuffle, "shuffle", (None, "global", "block"))
+        check_choice(self.even, "even", (None, False, True, "drop", "pad"))
+        if not isinstance(self.retry, RetryPolicy):
+            raise ArgumentError(
+                f"retry must be a streamrec RetryPolicy or None, not {type(self.retry).__name__}"
+            )
+        options = self.storage_options
+        if options is not None and not isinstance(options, Mapping):
+            raise ArgumentError(
+                f"storage_options must be a mapping (dict) or None, not {type(options).__name__}"
+            )
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", check_url(self.cache_dir, "cache_dir"))
 
     @property
     def indexed(self) -> bool:

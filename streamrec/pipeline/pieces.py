@@ -15,7 +15,7 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from streamrec._portal import owned_generator
-from streamrec.errors import StateError, StreamrecError
+from streamrec.errors import ExampleError, StateError, StreamrecError
 from streamrec.pipeline.ledger import Piece
 
 if TYPE_CHECKING:
@@ -37,10 +37,12 @@ Chunks = AsyncGenerator[list[Any], None]
 
 @owned_generator
 async def parse_pieces(
-    chunks: Chunks, spec: Mapping[str, FeatureSpec]
+    chunks: Chunks,
+    spec: Mapping[str, FeatureSpec],
+    placed: Callable[[ExampleError, object], ExampleError] | None = None,
 ) -> AsyncGenerator[Piece, None]:
     """One dict per record, one ``decode_batch`` per chunk; a bad record raises after every
-    good one before it."""
+    good one before it (``placed(error, payload)`` names where the record comes from)."""
     from streamrec.format.example import decode_batch
 
     async with aclosing(chunks) as source:
@@ -49,6 +51,9 @@ async def parse_pieces(
                 decoded = decode_batch(chunk, spec)
             except StreamrecError as error:
                 good, failure = _decode_until_failure(chunk, spec, error)
+                if placed is not None and isinstance(failure, ExampleError):
+                    at = len(good) if failure.batch_index is None else failure.batch_index
+                    failure = placed(failure, chunk[at])
                 if good:
                     yield good, None, 0
                 raise failure from None

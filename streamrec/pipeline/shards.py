@@ -29,6 +29,7 @@ __all__ = [
     "ShardPlan",
     "dataloader_worker",
     "indexed_digest_v1",
+    "ordinal",
     "plan_shards",
     "planned_records",
     "seeded_random",
@@ -114,12 +115,21 @@ def plan_shards(
 def _warn(shards: int, consumers: int, who: str) -> None:
     logger.warning(
         "%d shard(s) for %d %s: splitting by record instead (each reads every shard and keeps "
-        "every %d-th record); write more shards to avoid the extra reading",
+        "every %s record); write more shards to avoid the extra reading",
         shards,
         consumers,
         who,
-        consumers,
+        ordinal(consumers),
     )
+
+
+def ordinal(n: int) -> str:
+    """``n`` as an English ordinal: 1st, 2nd, 3rd, 4th, 11th, 12th, 13th, 21st, 102nd."""
+    suffix = "th" if n % 100 in (11, 12, 13) else _SUFFIXES.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+_SUFFIXES = {1: "st", 2: "nd", 3: "rd"}
 
 
 def planned_records(plan: ShardPlan[S], count: Callable[[S], int]) -> int:

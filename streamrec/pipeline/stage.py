@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from streamrec._portal import owned, owning
-from streamrec.errors import StateError
+from streamrec.errors import ExampleError, StateError
 from streamrec.pipeline.ledger import Ledger, Piece, handed_out_async, handed_out_blocking
 
 if TYPE_CHECKING:
@@ -104,6 +104,13 @@ class Stage(Generic[T]):
                 )
             ),
         )
+
+    def _placed(self, error: ExampleError, payload: object) -> ExampleError:
+        """``error`` (decoding ``payload``, a record of the source not consumed yet) naming
+        the record's shard, index and offset where the chain's root knows them."""
+        locate = getattr(root_of(self), "locate", None)
+        where = None if locate is None else locate(payload)
+        return error if where is None else error.located(*where)
 
     def _mark_source(self, n: int) -> None:
         mark = getattr(self.source, "mark_consumed", None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from streamrec.errors import ExampleError
 from streamrec.pipeline.ledger import Ledger, Piece
 from streamrec.pipeline.mapper import WorkerType, check_picklable, map_in_workers
 from streamrec.pipeline.pieces import (
@@ -57,7 +58,7 @@ class ParseStage(Stage[dict[str, Any]]):
         """The feature spec."""
 
     def _pieces(self, chunks: Chunks) -> AsyncGenerator[Piece, None]:
-        return parse_pieces(chunks, self.spec)
+        return parse_pieces(chunks, self.spec, self._placed)
 
 
 class BatchStage(Stage[T]):
@@ -91,7 +92,12 @@ class BatchStage(Stage[T]):
             return records
         from streamrec.format.example import decode_batch
 
-        return decode_batch(records, self.spec)
+        try:
+            return decode_batch(records, self.spec)
+        except ExampleError as error:
+            if error.batch_index is not None:  # say where the record is, not "of the batch"
+                self._placed(error, records[error.batch_index])
+            raise
 
     def _pieces(self, chunks: Chunks) -> AsyncGenerator[Piece, None]:
         return batch_pieces(chunks, self.batch_size, self.drop_remainder, self._finish)

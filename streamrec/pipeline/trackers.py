@@ -14,8 +14,8 @@ from __future__ import annotations
 import copy
 import operator
 import random
-from collections.abc import Iterator, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from streamrec.format.framing import OVERHEAD_BYTES, framed_bytes
 from streamrec.pipeline.events import (
@@ -24,6 +24,7 @@ from streamrec.pipeline.events import (
     Drain,
     Event,
     Open,
+    Piece,
     Rounds,
     ShuffleIn,
     Take,
@@ -39,7 +40,23 @@ from streamrec.pipeline.state import (
     ShuffleState,
 )
 
-__all__ = ["Cursor", "CycleTracker", "ReadyTracker", "Remaining", "ShuffleTracker", "Tracker"]
+if TYPE_CHECKING:
+    from streamrec.pipeline.shards import ShardPlan
+    from streamrec.storage.base import ObjectInfo
+
+__all__ = [
+    "Countdown",
+    "Cursor",
+    "CycleTracker",
+    "Locate",
+    "Place",
+    "ReadyTracker",
+    "Remaining",
+    "ShuffleTracker",
+    "Tracker",
+    "Where",
+    "where_from",
+]
 
 
 class Tracker(Protocol):
@@ -54,6 +71,14 @@ class Tracker(Protocol):
 
     def position(self) -> tuple[ReadState | None, ShuffleState | None]:
         """The position: of the read stage, and of the shuffle buffer (if there is one)."""
+
+    def locate(self, events: Sequence[Event], records: Sequence[bytes], k: int) -> Place | None:
+        """Where record ``k`` of the piece ``records`` comes from (applying the piece's events
+        up to it: call it on a copy); None where the tracker does not know."""
+
+
+#: ``(shard ordinal, record index in the shard, byte offset of its header)``
+Place = tuple[int, int, int]
 
 
 class _ReadTracker:
@@ -80,6 +105,24 @@ class _ReadTracker:
 
     def partial_turn(self, count: int) -> None:
         """The consumer stopped ``count`` records into a turn."""
+
+    def locate(self, events: Sequence[Event], records: Sequence[bytes], k: int) -> Place | None:
+        pos = 0
+        for event in turns(events):
+            if isinstance(event, Open):
+                self.open(*event)
+            elif isinstance(event, Take):
+                slot, count, ended, _ = event
+                if count:
+                    position = self.at(slot)
+                    if k < pos + count:
+                        offset = position.offset + framed_bytes(records[pos:k])
+                        return position.ordinal, position.records + k - pos, offset
+                    position.records += count
+                    position.offset += framed_bytes(records[pos : pos + count])
+                self.end_turn(slot, ended)
+                pos += count
+        return None
 
     def apply(self, events: Sequence[Event], records: Sequence[bytes], limit: int | None) -> None:
         pos = 0
@@ -255,9 +298,15 @@ class ShuffleTracker:
                 del self.buffer[: len(self.buffer) if limit is None else limit - produced]
 
     def _inputs(
-        self, events: Sequence[Event], lengths: Sequence[int], produced: int, limit: int | None
+        self,
+        events: Sequence[Event],
+        lengths: Sequence[int],
+        produced: int,
+        limit: int | None,
+        outputs: list[Location] | None = None,
     ) -> int:
-        """Push input records through the mirror; -1 once ``limit`` outputs are reached."""
+        """Push input records through the mirror; -1 once ``limit`` outputs are reached.
+        ``outputs`` collects the location of each record the buffer hands out."""
         upstream, buffer, size, pick = self.upstream, self.buffer, self.buffer_size, self.rng
         li = 0
         for event in _read_events(events):
@@ -279,10 +328,27 @@ class ShuffleTracker:
                 if len(buffer) < size:
                     buffer.append(location)
                 else:
-                    buffer[pick.randrange(size)] = location
+                    out = pick.randrange(size)
+                    if outputs is not None:
+                        outputs.append(buffer[out])
+                    buffer[out] = location
                     produced += 1
             upstream.end_turn(slot, ended)
         return produced
+
+    def locate(self, events: Sequence[Event], records: Sequence[bytes], k: int) -> Place | None:
+        outputs: list[Location] = []
+        for event in events:
+            if len(outputs) > k:
+                break
+            if isinstance(event, ShuffleIn):
+                self._inputs(event.events, event.lengths, 0, None, outputs)
+            elif isinstance(event, Drain):
+                if event.reshuffle:
+                    self.rng.shuffle(self.buffer)
+                outputs += self.buffer
+                self.buffer.clear()
+        return outputs[k][:3] if len(outputs) > k else None
 
     def copy(self) -> ShuffleTracker:
         other = copy.copy(self)
@@ -324,6 +390,9 @@ class IndexedTracker:
                 pos += count
                 if limit is not None and pos >= limit:
                     return
+
+    def locate(self, events: Sequence[Event], records: Sequence[bytes], k: int) -> Place | None:
+        return None  # (positions in the epoch's order; the engine knows their records)
 
     def copy(self) -> IndexedTracker:
         state = self.state
@@ -391,6 +460,18 @@ class Cursor:
         """Records handed to the consumer so far (the one last handed out included)."""
         return self._settled + len(self._records) - self._left()
 
+    def locate(self, pieces: Sequence[Piece], payload: object) -> Place | None:
+        """Where ``payload`` (the very object) comes from, among the records of ``pieces``:
+        the pieces not yet settled, in order, the one in hand first. An equal payload found
+        earlier would have failed the same way first, so the first one is the one."""
+        tracker = self.tracker.copy()
+        for records, events in pieces:
+            for k, record in enumerate(records):
+                if record is payload:
+                    return tracker.locate(events, records, k)
+            tracker.apply(events, records, None)
+        return None
+
     def position(self) -> tuple[ReadState | None, ShuffleState | None]:
         """The position after the record last handed out."""
         tracker = self.tracker.copy()
@@ -400,3 +481,44 @@ class Cursor:
                 limit = len(self._records) - self._left()
             tracker.apply(self._events, self._records, limit)
         return tracker.position()
+
+
+#: ``(shard url, record index in it, byte offset of its header)``; the last two None where
+#: they are not exact (records split every n-th across consumers, damage skipped)
+Where = tuple[str, int | None, int | None]
+
+#: ``locate(pending, payload)``: where a record of the pieces not yet consumed comes from
+Locate = Callable[[Sequence[Piece], object], Where | None]
+
+
+def where_from(
+    cursor: Cursor | None,
+    pending: Sequence[Piece],
+    plan: ShardPlan[ObjectInfo] | Locate | None,
+    payload: object,
+    on_corrupt: str,
+) -> Where | None:
+    """Where ``payload``, a record of the ``pending`` pieces (not settled yet, the one in hand
+    first) read by ``plan``, comes from (reads by index: ``plan`` is the engine's
+    :data:`Locate`); None where that is not known."""
+    if callable(plan):
+        return plan(pending, payload)
+    place = None if cursor is None or plan is None else cursor.locate(pending, payload)
+    if place is None or plan is None:
+        return None
+    url = plan.shards[place[0]].url
+    if plan.record_stride != 1 or on_corrupt != "raise":
+        return url, None, None
+    return url, place[1], place[2]
+
+
+class Countdown:
+    """Stands in for a piece's iterator: how many of its records are not consumed yet."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __length_hint__(self) -> int:
+        return self.n

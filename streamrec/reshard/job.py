@@ -87,6 +87,7 @@ for the same arguments.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -94,9 +95,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from streamrec._portal import EventLoopThread
-from streamrec.errors import StorageError
+from streamrec.errors import ArgumentError, StorageError
 from streamrec.format.codecs import normalize_compression
 from streamrec.manifest.core import ManifestEntry
+from streamrec.pipeline.arguments import PathOrUrls, check_url, check_urls
 from streamrec.pipeline.dataset import open_dataset
 from streamrec.reshard.plan import DEFAULT_SHUFFLE_BUFFER, Naming, Plan, make_plan
 from streamrec.reshard.state import (
@@ -109,6 +111,7 @@ from streamrec.reshard.state import (
 )
 from streamrec.reshard.task import TaskOptions, TaskResult, run_task
 from streamrec.storage.base import ObjectInfo
+from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import store_key
 
 __all__ = ["ReshardProgress", "ReshardSummary", "reshard"]
@@ -235,9 +238,9 @@ class _Reporter:
 
 
 async def _list_inputs(
-    sources: str | Sequence[str], storage_options: dict[str, Any] | None
+    sources: Sequence[str], storage_options: dict[str, Any] | None, retry: RetryPolicy | None
 ) -> list[ObjectInfo]:
-    return await open_dataset(sources, storage_options=storage_options).shards()
+    return await open_dataset(sources, storage_options=storage_options, retry=retry).shards()
 
 
 def _check_overlap(plan: Plan) -> None:
@@ -255,8 +258,8 @@ def _check_overlap(plan: Plan) -> None:
 
 
 def reshard(
-    sources: str | Sequence[str],
-    dst_template: str,
+    sources: PathOrUrls,
+    dst_template: str | os.PathLike[str],
     *,
     max_bytes: int | None = None,
     max_records: int | None = None,
@@ -275,6 +278,7 @@ def reshard(
     part_bytes: int = 16 << 20,
     on_plan: Callable[[Plan], None] | None = None,
     index: bool = False,
+    retry: RetryPolicy | None = None,
 ) -> ReshardSummary:
     """Rewrite TFRecord shards as a new set of shards, from any store to any store; resumable.
 
@@ -309,6 +313,9 @@ def reshard(
             (its ``naming_rule`` says how the output shards will be named).
         index: write each output shard's record index sidecar ``<shard>.idx`` (see
             :mod:`streamrec.write.writer`), listed in the manifest. Part of the job's identity.
+        retry: the :class:`~streamrec.storage.retry.RetryPolicy` of every storage request
+            (listing, reading, writing; ``streamrec reshard --timeout`` sets its
+            ``timeout_s``).
 
     Returns:
         A :class:`ReshardSummary`.
@@ -320,6 +327,8 @@ def reshard(
         streamrec.errors.StorageError: a source or the destination cannot be read or written.
     """
     started = time.monotonic()
+    sources = check_urls(sources, "sources")
+    dst_template = check_url(dst_template, "dst_template")
     codec = normalize_compression(compression)
     if codec == "auto":
         raise ValueError("compression of the output must be None, 'gzip' or 'zlib', not 'auto'")
@@ -333,9 +342,11 @@ def reshard(
         raise ValueError(f"workers must be a positive integer, not {workers!r}")
     if not isinstance(index, bool):
         raise ValueError(f"index must be True or False, not {index!r}")
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ArgumentError(f"retry must be a streamrec RetryPolicy or None, not {retry!r}")
     portal = EventLoopThread(name="streamrec-reshard")
     try:
-        inputs = portal.call(_list_inputs(sources, src_storage_options))
+        inputs = portal.call(_list_inputs(sources, src_storage_options, retry))
         plan = make_plan(
             inputs,
             dst_template,
@@ -354,8 +365,8 @@ def reshard(
             on_plan(plan)
         portal.call(abort_unfinished_writes(plan.naming, dst_storage_options))
         # an earlier run's manifest must not describe the shards this run rewrites
-        portal.call(remove_manifest(plan.manifest_url, dst_storage_options))
-        done = portal.call(load_done_tasks(plan, dst_storage_options))
+        portal.call(remove_manifest(plan.manifest_url, dst_storage_options, retry))
+        done = portal.call(load_done_tasks(plan, dst_storage_options, retry))
         pending = [task for task in plan.tasks if task.index not in done]
         options = TaskOptions(
             template=dst_template,
@@ -367,6 +378,7 @@ def reshard(
             dst_storage_options=dst_storage_options,
             part_bytes=part_bytes,
             index=index,
+            retry=retry,
         )
         reporter = _Reporter(progress, sum(t.input_bytes for t in pending), len(pending))
         try:
@@ -401,6 +413,7 @@ def reshard(
                 compression=codec,
                 template=dst_template,
                 storage_options=dst_storage_options,
+                retry=retry,
             )
         )
         portal.call(delete_objects([task.scratch_url for task in plan.tasks], dst_storage_options))

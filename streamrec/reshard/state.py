@@ -53,6 +53,7 @@ async def write_manifest(
     template: str | None,
     storage_options: dict[str, Any] | None,
     scratch: bool = False,
+    retry: RetryPolicy | None = None,
 ) -> None:
     """Write the manifest of ``entries`` at ``url`` (atomically: it appears complete).
 
@@ -62,7 +63,7 @@ async def write_manifest(
     manifest = manifest_for(entries, compression=compression, template=template)
     store = open_store(url, storage_options)
     try:
-        sink = store.open_sink(url, SinkContext())
+        sink = store.open_sink(url, SinkContext(retry=retry or RetryPolicy()))
         await sink.write(dumps(manifest, url, allow_absolute_urls=scratch))
         await sink.commit()
     finally:

@@ -25,6 +25,7 @@ from streamrec.manifest.core import ManifestEntry
 from streamrec.pipeline.dataset import open_dataset
 from streamrec.reshard.plan import TaskSpec
 from streamrec.reshard.state import write_manifest
+from streamrec.storage.retry import RetryPolicy
 from streamrec.write.writer import ShardWriter, open_writer
 
 __all__ = ["TaskOptions", "TaskResult", "run_task", "run_task_blocking"]
@@ -54,6 +55,7 @@ class TaskOptions:
     prefetch_bytes: int = 64 << 20
     part_bytes: int = 16 << 20
     index: bool = False
+    retry: RetryPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ async def run_task(
         shuffle_buffer=options.shuffle_buffer if spec.seed is not None else 0,
         seed=spec.seed or 0,
         prefetch_bytes=options.prefetch_bytes,
+        retry=options.retry,
     )
     common: dict[str, Any] = {
         "compression": options.compression,
@@ -92,6 +95,7 @@ async def run_task(
         "storage_options": options.dst_storage_options,
         "part_bytes": options.part_bytes,
         "index": options.index,
+        "retry": options.retry,
     }
     if spec.outputs:
         writers = [open_writer(_escape(url), **common) for url in spec.outputs]
@@ -138,6 +142,7 @@ async def run_task(
         template=spec.writer_template or options.template,
         storage_options=options.dst_storage_options,
         scratch=True,
+        retry=options.retry,
     )
     return TaskResult(
         spec.index,

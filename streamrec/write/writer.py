@@ -84,17 +84,24 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from streamrec._portal import cancel_and_wait
-from streamrec.errors import ObjectNotFoundError, StorageError
+from streamrec.errors import ArgumentError, ObjectNotFoundError, StorageError
 from streamrec.format.codecs import Compression, normalize_compression
 from streamrec.format.crc import BytesLike
 from streamrec.format.index import index_url
 from streamrec.manifest.check import invalidate_manifest
 from streamrec.manifest.core import MANIFEST_NAME, Manifest, ManifestEntry, dumps, relative_name
+from streamrec.pipeline.arguments import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_optional_int,
+    check_url,
+)
 from streamrec.storage.base import ObjectStore
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.sinks import (
@@ -105,6 +112,7 @@ from streamrec.storage.sinks import (
     run_to_completion,
 )
 from streamrec.storage.stores import open_store, store_key
+from streamrec.write.misuse import ASYNC_WRITER, check_in_loop, unawaited
 from streamrec.write.planner import Order, Planner
 from streamrec.write.template import ShardTemplate
 
@@ -136,7 +144,7 @@ class ShardWriter:
 
     def __init__(
         self,
-        template: str,
+        template: str | os.PathLike[str],
         *,
         max_records: int | None = None,
         max_bytes: int | None = None,
@@ -146,7 +154,7 @@ class ShardWriter:
         compression: str | None = None,
         part_bytes: int = DEFAULT_PART_BYTES,
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-        manifest: str | None = DEFAULT_MANIFEST,
+        manifest: str | os.PathLike[str] | None = DEFAULT_MANIFEST,
         storage_options: dict[str, Any] | None = None,
         retry: RetryPolicy | None = None,
         flush_bytes: int | None = None,
@@ -154,38 +162,50 @@ class ShardWriter:
         first_index: int = 0,
         index: bool = False,
     ) -> None:
+        template = check_url(template, "template")
         self.template = template
-        if not isinstance(index, bool):
-            raise ValueError(f"index must be True or False, not {index!r}")
-        self.indexed = index
+        self.indexed = index = check_bool(index, "index")
+        if compression is not None and not isinstance(compression, str):
+            raise ArgumentError(f"compression must be None, 'gzip' or 'zlib', not {compression!r}")
         codec = normalize_compression(compression)
         if codec == "auto":
             raise ValueError("a writer needs an explicit compression: None, 'gzip' or 'zlib'")
-        for name, value in (
-            ("max_records", max_records),
-            ("max_bytes", max_bytes),
-            ("num_shards", num_shards),
-            ("flush_bytes", flush_bytes),
-        ):
-            if value is not None and (isinstance(value, bool) or value < 1):
-                raise ValueError(f"{name} must be a positive integer, not {value!r}")
-        if order not in ("round_robin", "contiguous"):
-            raise ValueError(f"order must be 'round_robin' or 'contiguous', not {order!r}")
+        max_records = check_optional_int(max_records, "max_records", minimum=1)
+        max_bytes = check_optional_int(max_bytes, "max_bytes", minimum=1)
+        num_shards = check_optional_int(num_shards, "num_shards", minimum=1)
+        flush_bytes = check_optional_int(flush_bytes, "flush_bytes", minimum=1)
+        total_records = check_optional_int(total_records, "total_records", minimum=0)
+        part_bytes = check_int(part_bytes, "part_bytes", minimum=1)
+        max_concurrency = check_int(max_concurrency, "max_concurrency", minimum=1)
+        first_index = check_int(first_index, "first_index", minimum=0)
+        compression_level = check_int(compression_level, "compression_level", minimum=-1)
+        if compression_level > 9:
+            raise ArgumentError(f"compression_level must be in [-1, 9], not {compression_level}")
+        order = check_choice(order, "order", ("round_robin", "contiguous"))
+        if manifest is not None and not isinstance(manifest, _DefaultName):
+            manifest = check_url(manifest, "manifest")
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise ArgumentError(
+                "storage_options must be a mapping (dict) or None, not "
+                f"{type(storage_options).__name__}"
+            )
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ArgumentError(
+                f"retry must be a streamrec RetryPolicy or None, not {type(retry).__name__}"
+            )
         if num_shards is not None and (max_records is not None or max_bytes is not None):
             raise ValueError(
                 "num_shards fixes the number of shards: it cannot be combined with "
                 "max_records / max_bytes (use one or the other)"
             )
         if order == "contiguous":
-            if num_shards is None or total_records is None or total_records < 0:
+            if num_shards is None or total_records is None:
                 raise ValueError(
                     'order="contiguous" needs num_shards= and total_records= (the shards '
                     "are cut by count, so the count must be known up front)"
                 )
         elif total_records is not None:
             raise ValueError('total_records= is only used with order="contiguous"')
-        if isinstance(first_index, bool) or first_index < 0:
-            raise ValueError(f"first_index must be an integer >= 0, not {first_index!r}")
         self._template = ShardTemplate(template, num_shards, first_index)
         several = max_records is not None or max_bytes is not None or (num_shards or 1) > 1
         if several and not self._template.sharded:
@@ -224,6 +244,7 @@ class ShardWriter:
         self._state = "open"  # open -> closed | aborted | failed
         self._failure: BaseException | None = None
         self._invalidated = False  # an earlier manifest at manifest_url is removed
+        self._calls = self._awaited = 0  # write calls made, and those whose coroutine ran
 
     def _manifest_url(self, manifest: str | None) -> str | None:
         if manifest is None:
@@ -263,13 +284,25 @@ class ShardWriter:
         return [self._entries[i] for i in sorted(self._entries)]
 
     # -- writing --------------------------------------------------------------------------
-    async def write(self, payload: BytesLike) -> None:
-        """Append one record (a serialized Example or any bytes)."""
+    def write(self, payload: BytesLike) -> Coroutine[Any, Any, None]:
+        """Append one record (a serialized Example or any bytes): ``await w.write(payload)``."""
+        check_in_loop("write")
+        self._calls += 1
+        return self._write(payload)
+
+    def write_many(self, payloads: Iterable[BytesLike]) -> Coroutine[Any, Any, None]:
+        """Append many records at once (faster than ``write`` in a loop for small records)."""
+        check_in_loop("write_many")
+        self._calls += 1
+        return self._write_many(payloads)
+
+    async def _write(self, payload: BytesLike) -> None:
+        self._awaited += 1
         if self.encode(payload):
             await self.send()
 
-    async def write_many(self, payloads: Iterable[BytesLike]) -> None:
-        """Append many records at once (faster than ``write`` in a loop for small records)."""
+    async def _write_many(self, payloads: Iterable[BytesLike]) -> None:
+        self._awaited += 1
         if self.encode_many(payloads):
             await self.send()
 
@@ -292,13 +325,22 @@ class ShardWriter:
         """Hand what :meth:`encode` made to the uploads; raises an earlier upload failure."""
         await self._drain()
 
-    async def close(self) -> None:
+    def close(self) -> Coroutine[Any, Any, None]:
         """Finish every shard, wait for them to be committed, then write the manifest.
 
-        Idempotent. Raises the first upload failure (everything is aborted then).
+        Idempotent. Raises the first upload failure (everything is aborted then), or a
+        TypeError when some ``write`` was never awaited (aborted too: its records are lost).
         """
+        check_in_loop("close")
+        return self._close()
+
+    async def _close(self) -> None:
         if self._state in ("closed", "aborted"):
             return
+        if self._calls != self._awaited and self._state == "open":
+            error = unawaited(self._calls - self._awaited)
+            await self._fail(error)
+            raise error
         if self._state == "failed":
             raise StorageError(
                 f"{self.template}: the writer failed earlier: {self._failure}"
@@ -442,6 +484,12 @@ class ShardWriter:
     async def __aenter__(self) -> ShardWriter:
         return self
 
+    def __enter__(self) -> NoReturn:
+        raise TypeError(f"streamrec.open_writer is async: {ASYNC_WRITER}")
+
+    def __exit__(self, *exc_info: object) -> None:  # (never reached: __enter__ raises)
+        pass
+
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
@@ -455,7 +503,7 @@ class ShardWriter:
 
 
 def open_writer(
-    template: str,
+    template: str | os.PathLike[str],
     *,
     max_records: int | None = None,
     max_bytes: int | None = None,
@@ -463,7 +511,7 @@ def open_writer(
     compression: str | None = None,
     part_bytes: int = DEFAULT_PART_BYTES,
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-    manifest: str | None = DEFAULT_MANIFEST,
+    manifest: str | os.PathLike[str] | None = DEFAULT_MANIFEST,
     storage_options: dict[str, Any] | None = None,
     retry: RetryPolicy | None = None,
     index: bool = False,
@@ -472,10 +520,11 @@ def open_writer(
     """Open TFRecord shards for writing (async): ``async with open_writer(...) as w``.
 
     Args:
-        template: a path or url (``s3://``, ``gs://``, ``memory://``, local). Without fields
-            it names one file. ``{index}`` (0-based, format specs allowed: ``{index:05d}``)
-            numbers the shards; ``{num_shards}`` (with ``num_shards``) gives TensorFlow's
-            ``train-{index:05d}-of-{num_shards:05d}`` names.
+        template: a path (``str`` or ``os.PathLike``) or url (``s3://``, ``gs://``,
+            ``memory://``, local). Without fields it names one file. ``{index}`` (0-based,
+            format specs allowed: ``{index:05d}``) numbers the shards; ``{num_shards}``
+            (with ``num_shards``) gives TensorFlow's ``train-{index:05d}-of-{num_shards:05d}``
+            names.
         max_records: start a new shard before a record would make this one hold more.
         max_bytes: start a new shard before a record would make this one bigger, in bytes as
             stored (after compression; exact, see the module docstring). A record bigger

@@ -10,6 +10,7 @@ import pytest
 
 import streamrec
 from integration.test_cli import cli, write_records
+from streamrec.cli.common import cli_text
 from streamrec.errors import CompressionError, CorruptRecordError, TruncatedRecordError
 from streamrec.example import encode
 from support.server_fixtures import HttpDir
@@ -85,7 +86,9 @@ def test_not_a_tfrecord_file_says_what_it_looks_like(
     assert "after 0 compressed" not in str(error)
     run = cli("count", str(path), "--compression", "none" if options else "auto")
     assert run.rc == 1
-    assert says in run.err and run.err.count("\n") == 1
+    # the CLI spells the hints as its options: --compression none, not compression=None
+    assert cli_text(says) in run.err and run.err.count("\n") == 1
+    assert "compression=" not in run.err
 
 
 def test_verify_reports_a_bad_gzip_trailer_once_and_where(tmp_path: Path) -> None:

@@ -153,7 +153,7 @@ def test_bad_options_are_refused_at_open() -> None:
         streamrec.open_dataset("x", compression="brotli")
     with pytest.raises(ValueError, match="at least one"):
         streamrec.open_dataset([])
-    with pytest.raises(ValueError, match="cycle_length must be positive"):
+    with pytest.raises(ValueError, match="cycle_length must be a positive integer"):
         streamrec.open_dataset("x", cycle_length=0)
     with pytest.raises(ValueError, match="host_index"):
         streamrec.open_dataset("x", num_hosts=2, host_index=2)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from streamrec.errors import ExampleError
 from streamrec.format.accel import load_accelerator
 from streamrec.format.example.decoding import decode_one, float_values, parse_message
 from streamrec.format.example.spec import (
@@ -86,31 +87,35 @@ def _decode_batch_python(
         plan.append((name, entry, KIND_OF_DTYPE[_kind_name(entry)], flat, count, target))
     message = example_pb2.Example()
     for index, payload in enumerate(payloads):
-        parse_message(message, payload, f"record {index} of the batch")
-        features = message.features.feature
-        for name, entry, want, flat, count, target in plan:
-            if flat is not None and name in features:
-                feature = features[name]
-                if feature.WhichOneof("kind") == want:
-                    if want == INT64_LIST:
-                        ints = feature.int64_list.value
-                        if len(ints) == count:
-                            flat[index] = ints[:]
-                            continue
-                    elif want == FLOAT_LIST:
-                        if len(feature.float_list.value) == count:
-                            flat[index] = float_values(feature.float_list)
-                            continue
-                    else:
-                        blobs = feature.bytes_list.value
-                        if len(blobs) == 1 and len(blobs[0]) == count:
-                            flat[index] = np.frombuffer(blobs[0], dtype=np.uint8)
-                            continue
-            value = decode_one(features, name, entry, f"record {index} of the batch: ")
-            if isinstance(target, list):
-                target.append(value)
-            else:
-                target[index, ...] = value
+        try:
+            parse_message(message, payload, f"record {index} of the batch")
+            features = message.features.feature
+            for name, entry, want, flat, count, target in plan:
+                if flat is not None and name in features:
+                    feature = features[name]
+                    if feature.WhichOneof("kind") == want:
+                        if want == INT64_LIST:
+                            ints = feature.int64_list.value
+                            if len(ints) == count:
+                                flat[index] = ints[:]
+                                continue
+                        elif want == FLOAT_LIST:
+                            if len(feature.float_list.value) == count:
+                                flat[index] = float_values(feature.float_list)
+                                continue
+                        else:
+                            blobs = feature.bytes_list.value
+                            if len(blobs) == 1 and len(blobs[0]) == count:
+                                flat[index] = np.frombuffer(blobs[0], dtype=np.uint8)
+                                continue
+                value = decode_one(features, name, entry, f"record {index} of the batch: ")
+                if isinstance(target, list):
+                    target.append(value)
+                else:
+                    target[index, ...] = value
+        except ExampleError as error:
+            error.batch_index = index  # a dataset's parse names its shard and offset
+            raise
     for name in unfillable:  # (only reached if every record held it after all)
         out[name] = np.stack(list(out[name]))
     return out
