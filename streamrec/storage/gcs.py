@@ -11,7 +11,6 @@ dataset's range reads.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import ObjectChangedError, StorageError
@@ -38,8 +37,6 @@ class GCSStore(FsspecStore):
     scheme = "gs"
 
     def __init__(self, storage_options: dict[str, Any] | None = None) -> None:
-        # Without this, gcsfs probes a gRPC endpoint first and waits 60 s on emulators.
-        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
         import gcsfs
 
         options = dict(storage_options or {})
