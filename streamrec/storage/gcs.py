@@ -11,10 +11,11 @@ dataset's range reads.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import ObjectChangedError, StorageError
-from streamrec.storage.base import ObjectInfo
+from streamrec.storage.base import ObjectInfo, split_scheme
 from streamrec.storage.body import (
     error_detail,
     probe_first_bytes,
@@ -22,6 +23,7 @@ from streamrec.storage.body import (
     read_pieces,
 )
 from streamrec.storage.fsspec_store import FsspecStore
+from streamrec.storage.gcs_client import start_filesystem
 from streamrec.storage.translate import from_status, translate
 
 if TYPE_CHECKING:
@@ -37,18 +39,43 @@ class GCSStore(FsspecStore):
     scheme = "gs"
 
     def __init__(self, storage_options: dict[str, Any] | None = None) -> None:
-        import gcsfs
-
         options = dict(storage_options or {})
         options.setdefault("skip_instance_cache", True)
-        super().__init__(gcsfs.GCSFileSystem(asynchronous=True, **options))
+        # The filesystem is made on first use, off the loop (it may look for credentials
+        # for a minute): :mod:`streamrec.storage.gcs_client`.
+        super().__init__(None)
+        self._options = options
+        self._making: asyncio.Future[Any] | None = None
         self._session_ready = False
 
+    async def filesystem(self) -> Any:
+        """The gcsfs filesystem, made on first use (see :mod:`~streamrec.storage.gcs_client`)."""
+        if self.fs is None:
+            if self._making is None:
+                self._making = start_filesystem(self._options)
+            try:
+                # shielded: an attempt that times out leaves the lookup to the next one
+                fs = await asyncio.shield(self._making)
+            except Exception as exc:
+                raise StorageError(
+                    f"gs://: could not set up the GCS client: {type(exc).__name__}: {exc}"
+                ) from exc
+            if self.fs is None:
+                self.fs = fs
+        return self.fs
+
+    def split_path(self, url: str) -> tuple[str, str, None]:
+        """``(bucket, key, None)`` of a ``gs://bucket/key`` url (no filesystem needed)."""
+        _, path = split_scheme(url)
+        bucket, _, key = path.partition("/")
+        return bucket, key, None
+
     async def _session(self) -> Any:
+        fs = await self.filesystem()
         if not self._session_ready:
-            await self.fs._set_session()
+            await fs._set_session()
             self._session_ready = True
-        return self.fs.session
+        return fs.session
 
     async def _connect(self) -> None:
         await self._session()
@@ -64,9 +91,10 @@ class GCSStore(FsspecStore):
     async def _read_head(self, url: str, length: int) -> tuple[ObjectInfo, list[bytes]] | None:
         if "?" in url or "#" in url:
             return None
+        session = await self._session()
         headers = self.fs._get_headers({"Range": f"bytes=0-{length - 1}"})
         return await probe_first_bytes(
-            await self._session(), self.fs.url(url), url, headers, length, "X-Goog-Generation"
+            session, self.fs.url(url), url, headers, length, "X-Goog-Generation"
         )
 
     async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
@@ -113,3 +141,5 @@ class GCSStore(FsspecStore):
         if self._session_ready:
             self._session_ready = False
             await self.fs.session.close()
+        elif self._making is not None and not self._making.done():
+            self._making.cancel()  # (the thread finishes on its own; its result is dropped)

@@ -70,20 +70,30 @@ class GCSResumableSink(ObjectSink):
     def __init__(self, store: GCSStore, url: str, context: SinkContext | None = None) -> None:
         super().__init__(url, context)
         self._store = store
-        self.bucket, self.key = bucket_and_key(store.fs, url, "a GCS object url")
+        self.bucket, self.key = bucket_and_key(store, url, "a GCS object url")
         self.chunk_bytes = chunk_size(self.context.part_bytes)
         self._buffer = bytearray()
         self.session_url: str | None = None
         self._sent = 0  # bytes handed to chunk requests so far
         self._inflight: asyncio.Task[None] | None = None
         self._metadata: dict[str, Any] | None = None
-        location = str(store.fs._location)
-        # Only Google's own service is trusted with status queries (see the module docstring).
-        self.query_status = "googleapis.com" in location
 
     @property
-    def _location(self) -> str:
-        return str(self._store.fs._location)
+    def query_status(self) -> bool:
+        """Only Google's own service is trusted with status queries (see the module
+        docstring). Known once the store's filesystem is made (after a first request)."""
+        return "googleapis.com" in str(self._store.fs._location)
+
+    async def _location(self) -> str:
+        fs = await self._store.filesystem()
+        return str(fs._location)
+
+    async def _upload_url(self, kind: str) -> str:
+        """The JSON API url that starts an upload of ``kind`` (resumable, media)."""
+        return (
+            f"{await self._location()}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o"
+            f"?uploadType={kind}&name={quote(self.key, safe='')}"
+        )
 
     def _headers(self, extra: dict[str, str]) -> dict[str, str]:
         headers: dict[str, str] = self._store.fs._get_headers(extra)
@@ -110,15 +120,11 @@ class GCSResumableSink(ObjectSink):
     # -- requests ---------------------------------------------------------------------------
     async def _initiate(self) -> str:
         action = "starting the resumable upload"
-        url = (
-            f"{self._location}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o"
-            f"?uploadType=resumable&name={quote(self.key, safe='')}"
-        )
 
         async def attempt() -> str:
             status, headers, body = await self._request(
                 "POST",
-                url,
+                await self._upload_url("resumable"),
                 action,
                 data=json.dumps({"name": self.key}),
                 headers={
@@ -134,14 +140,14 @@ class GCSResumableSink(ObjectSink):
 
     async def _simple_upload(self, data: bytes) -> None:
         action = f"uploading {len(data)} bytes"
-        url = (
-            f"{self._location}/upload/storage/v1/b/{quote(self.bucket, safe='')}/o"
-            f"?uploadType=media&name={quote(self.key, safe='')}"
-        )
 
         async def attempt() -> None:
             status, _, body = await self._request(
-                "POST", url, action, data=data, headers={"Content-Type": "application/octet-stream"}
+                "POST",
+                await self._upload_url("media"),
+                action,
+                data=data,
+                headers={"Content-Type": "application/octet-stream"},
             )
             if status not in (200, 201):
                 raise self._fail(status, action, body)
@@ -290,11 +296,11 @@ class GCSResumableSink(ObjectSink):
 
     async def _delete_object(self) -> None:
         """Remove an object that was stored wrong (best effort)."""
-        url = (
-            f"{self._location}/storage/v1/b/{quote(self.bucket, safe='')}"
-            f"/o/{quote(self.key, safe='')}"
-        )
         try:
+            url = (
+                f"{await self._location()}/storage/v1/b/{quote(self.bucket, safe='')}"
+                f"/o/{quote(self.key, safe='')}"
+            )
             await self._request("DELETE", url, "removing the damaged object")
         except StorageError as exc:
             logger.warning("%s: could not remove the damaged object: %s", self.url, exc)

@@ -23,10 +23,12 @@ from streamrec.errors import (
 __all__ = [
     "DETAIL_CHARS",
     "REDIRECT_STATUSES",
+    "ConnectFailed",
     "excerpt",
     "from_error_code",
     "from_status",
     "redirected",
+    "refused_by",
     "translate",
 ]
 
@@ -110,8 +112,20 @@ def redirected(status: int, location: str | None, url: str, action: str) -> Stor
     )
 
 
+class ConnectFailed(Exception):
+    """A connection that could not be opened, carried past a client's own retry loop.
+
+    Deliberately neither an OSError nor an aiohttp ``ClientError``: a client that retries
+    those itself (gcsfs: 6 attempts over ~35 s) lets it through at once, and streamrec's
+    :class:`~streamrec.storage.retry.RetryPolicy` decides. The aiohttp error is its
+    ``__cause__``; :func:`translate` translates that one.
+    """
+
+
 def translate(exc: BaseException, url: str, action: str) -> StorageError:
     """The streamrec error for ``exc``, raised while doing ``action`` on ``url``."""
+    if isinstance(exc, ConnectFailed) and exc.__cause__ is not None:
+        exc = exc.__cause__
     if isinstance(exc, StorageError):
         return exc
     cause = exc.__cause__  # (s3fs raises its own error from botocore's)
@@ -122,9 +136,60 @@ def translate(exc: BaseException, url: str, action: str) -> StorageError:
         and _redirect_status(cause) is not None
     ):
         exc = cause
-    error = _translate(exc, url, action)
+    peer = refused_by(exc)
+    if peer is not None:
+        # Said in words on every store (the clients say "Connect call failed" or
+        # "Could not connect to the endpoint URL"): nothing listens there.
+        error: StorageError = TransientStorageError(
+            f"{url}: {action}: connection refused{f' by {peer}' if peer else ''} "
+            f"({type(exc).__name__}: {exc})"
+        )
+    else:
+        error = _translate(exc, url, action)
     error.__cause__ = exc
     return error
+
+
+def refused_by(exc: BaseException) -> str | None:
+    """When ``exc`` (or an error it wraps) is a refused TCP connection: the ``host:port``
+    that refused it (``""`` when no error says which); else None.
+
+    Looks through the chain the clients build: aiohttp's ``os_error``, azure.core's
+    ``inner_exception``, ``__cause__`` / ``__context__`` (botocore, urllib3)."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    host: str = ""
+    while todo and len(seen) < 16:
+        error = todo.pop(0)
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        if not host:
+            host = _peer(error)
+        if isinstance(error, ConnectionRefusedError):
+            return host or _peer_in_args(error)
+        for name in ("os_error", "inner_exception", "__cause__", "__context__"):
+            inner = getattr(error, name, None)
+            if isinstance(inner, BaseException):
+                todo.append(inner)
+    return None
+
+
+def _peer(error: BaseException) -> str:
+    """``host:port`` from an error that names them (aiohttp's connector errors)."""
+    host, port = getattr(error, "host", None), getattr(error, "port", None)
+    if isinstance(host, str) and host and isinstance(port, int):
+        return f"{host}:{port}"
+    return ""
+
+
+_ADDRESS = re.compile(r"\('([^']+)', (\d+)")
+
+
+def _peer_in_args(error: OSError) -> str:
+    """``host:port`` from asyncio's "Connect call failed ('127.0.0.1', 8080)"."""
+    match = _ADDRESS.search(str(error))
+    return f"{match.group(1)}:{match.group(2)}" if match else ""
 
 
 def _translate(exc: BaseException, url: str, action: str) -> StorageError:

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import streamrec
+from support.azurite import AzuriteServer
 from support.servers import FakeGcsServer
 
 REPO = Path(streamrec.__file__).resolve().parents[1]
@@ -67,3 +72,118 @@ def test_reading_a_gs_dataset_leaves_the_environment_unchanged(
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"records": 3, "changed": {}}
+
+
+# -- A.2: a refused connection is reported as refused, on every store ----------------------
+
+_ITERATE = """
+import json, os
+import streamrec
+url, options = json.loads(os.environ["CASE"])
+try:
+    for _ in streamrec.open_dataset(url, storage_options=options):
+        pass
+except Exception as exc:
+    cause = exc.__cause__
+    print(json.dumps({"type": type(exc).__name__, "message": str(exc),
+                      "cause": type(cause).__name__ if cause is not None else None}))
+else:
+    print(json.dumps({"type": None}))
+"""
+
+
+def _refusing_endpoint() -> str:
+    """``http://127.0.0.1:PORT`` where nothing listens (bound, then closed: refused)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def _refused_case(store: str, name: str) -> tuple[str, dict[str, Any] | None]:
+    """The url of ``name`` on ``store`` at a refusing endpoint, and its storage options."""
+    endpoint = _refusing_endpoint()
+    if store == "gcs":
+        options = {"token": "anon", "project": "test", "endpoint_url": endpoint}
+        return f"gs://bucket/{name}", options
+    if store == "s3":
+        options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": endpoint}}
+        return f"s3://bucket/{name}", options
+    if store == "azure":
+        return f"az://container/{name}", {
+            "connection_string": AzuriteServer.connection_string_for(endpoint)
+        }
+    return f"{endpoint}/{name}", None
+
+
+STORES = ["gcs", "s3", "azure", "http"]
+NAMES = ["one.tfrecord", "shard-*.tfrecord"]  # one object (its first bytes), a listing
+
+
+@pytest.mark.parametrize("name", NAMES, ids=["object", "glob"])
+@pytest.mark.parametrize("store", STORES)
+def test_a_refused_connection_is_reported_as_refused(store: str, name: str) -> None:
+    """gcsfs retried a refused listing 6 times over ~35 s inside each of streamrec's attempts
+    (123 s, then "no answer within 29.8 s"); the other stores said "Connect call failed". Now
+    every store says "connection refused" with the url, after streamrec's own retries (the
+    60 s limit of the child is the failure of a store that waits instead)."""
+    url, options = _refused_case(store, name)
+    env = dict(os.environ, CASE=json.dumps([url, options]))
+    done = _python(_ITERATE, env)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["type"] == "RetriesExhaustedError", result
+    assert result["cause"] == "TransientStorageError", result
+    assert "connection refused by 127.0.0.1:" in result["message"], result
+    assert url in result["message"], result
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_the_cli_reports_a_refused_connection_as_refused(store: str) -> None:
+    url, options = _refused_case(store, "shard-*.tfrecord")
+    args = ["count", url, "--timeout", "2"]
+    if options is not None:
+        args += ["--storage-options", json.dumps(options)]
+    done = subprocess.run(
+        [sys.executable, "-m", "streamrec.cli", *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("streamrec: error: "), done.stderr
+    assert "connection refused by 127.0.0.1:" in last and url in last, done.stderr
+
+
+def test_gs_without_a_token_says_it_is_looking_for_credentials() -> None:
+    """Without a ``token`` gcsfs looks for Google credentials, the Compute Engine metadata
+    server last, in blocking calls that take 15-90 s off Google Cloud: streamrec sat silent
+    meanwhile (and its event loop with it). Now a warning says what it waits for, and the
+    wait is bounded by the retry policy (``--timeout``). The metadata server here accepts
+    connections and never answers; the GCS endpoint refuses."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as metadata:
+        metadata.bind(("127.0.0.1", 0))
+        metadata.listen(64)  # (never accepted: every request to it waits)
+        host = f"127.0.0.1:{metadata.getsockname()[1]}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "GCE_"))}
+        env.update(
+            GCE_METADATA_HOST=host,
+            GCE_METADATA_IP=host,
+            CLOUDSDK_CONFIG=os.path.join(os.sep, "nonexistent", "gcloud"),
+            PYTHONPATH=str(REPO),
+        )
+        options = json.dumps({"project": "test", "endpoint_url": _refusing_endpoint()})
+        args = ["count", "gs://bucket/one.tfrecord", "--timeout", "2", "--storage-options", options]
+        done = subprocess.run(
+            [sys.executable, "-m", "streamrec.cli", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+    assert done.returncode == 1, done.stderr
+    assert "warning: gs://: looking for Google credentials" in done.stderr, done.stderr
+    assert "metadata server" in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("streamrec: error: "), done.stderr
