@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from streamrec.errors import ObjectChangedError, StorageError
 from streamrec.storage.base import ObjectInfo, split_scheme
@@ -64,6 +65,21 @@ class GCSStore(FsspecStore):
                 self.fs = fs
         return self.fs
 
+    def billed(self, url: str) -> str:
+        """``url`` with ``userProject`` added where gcsfs adds it to its own requests: when
+        the options ask for requester pays (``requester_pays=True`` bills ``project``,
+        ``requester_pays="other-project"`` that one). Call after :meth:`filesystem`."""
+        requester_pays = self.fs.requester_pays
+        if not requester_pays or "userProject=" in url:
+            return url
+        project = requester_pays if isinstance(requester_pays, str) else self.fs.project
+        if not project:
+            raise StorageError(
+                f"{url}: requester_pays needs a project to bill: pass storage_options "
+                '{"project": ...} or {"requester_pays": "project-id"}'
+            )
+        return f"{url}{'&' if '?' in url else '?'}userProject={quote(str(project), safe='')}"
+
     def split_path(self, url: str) -> tuple[str, str, None]:
         """``(bucket, key, None)`` of a ``gs://bucket/key`` url (no filesystem needed)."""
         _, path = split_scheme(url)
@@ -94,12 +110,12 @@ class GCSStore(FsspecStore):
         session = await self._session()
         headers = self.fs._get_headers({"Range": f"bytes=0-{length - 1}"})
         return await probe_first_bytes(
-            session, self.fs.url(url), url, headers, length, "X-Goog-Generation"
+            session, self.billed(self.fs.url(url)), url, headers, length, "X-Goog-Generation"
         )
 
     async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
         session = await self._session()
-        url = self.fs.url(obj.url)
+        url = self.billed(self.fs.url(obj.url))
         if obj.version:
             url += f"&ifGenerationMatch={obj.version}"
         headers = self.fs._get_headers({"Range": f"bytes={start}-{end - 1}"})

@@ -105,7 +105,11 @@ class GCSResumableSink(ObjectSink):
         session = await self._store._session()
         try:
             async with session.request(
-                method, url, data=data, headers=self._headers(headers or {}), allow_redirects=False
+                method,
+                self._store.billed(url),  # every request of a requester-pays upload
+                data=data,
+                headers=self._headers(headers or {}),
+                allow_redirects=False,
             ) as response:
                 # never a whole answer of any size: an error's start, a success's metadata
                 limit = ANSWER_BYTES if response.status < 300 else ERROR_DETAIL_BYTES

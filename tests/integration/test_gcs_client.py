@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 
 import streamrec
 from support.azurite import AzuriteServer
+from support.fault_proxy import FaultProxy
 from support.servers import FakeGcsServer
 
 REPO = Path(streamrec.__file__).resolve().parents[1]
@@ -187,3 +189,60 @@ def test_gs_without_a_token_says_it_is_looking_for_credentials() -> None:
     assert "warning: gs://: looking for Google credentials" in done.stderr, done.stderr
     assert "metadata server" in done.stderr, done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("streamrec: error: "), done.stderr
+
+
+# -- C.21: requester pays on every request ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("requester_pays", "billed"), [(True, "test"), ("payer-project", "payer-project")]
+)
+def test_requester_pays_reaches_every_request(
+    gcs_server: FakeGcsServer,
+    gcs_bucket: str,
+    fault_proxy: Callable[..., FaultProxy],
+    requester_pays: bool | str,
+    billed: str,
+) -> None:
+    """gcsfs adds ``userProject`` to its own calls only (listing); streamrec's range reads
+    (``fs.url()``), first-bytes reads, sidecar reads and uploads went without it, so a
+    requester-pays bucket could be listed but not read or written. A recording proxy in front
+    of fake-gcs-server checks every request: listing, reading, sidecars and writing."""
+    proxy = fault_proxy(gcs_server.endpoint_url)
+    options = {
+        **gcs_server.storage_options,
+        "endpoint_url": proxy.url,
+        "requester_pays": requester_pays,
+    }
+    small = [b"small-%d" % i for i in range(20)]
+    large = [bytes([i % 251]) * 2000 for i in range(300)]  # > 256 KiB: a resumable upload
+    for name, records in (("a", small), ("b", large)):
+        with streamrec.sync.open_writer(
+            f"gs://{gcs_bucket}/{name}.tfrecord",
+            storage_options=options,
+            part_bytes=256 << 10,
+            index=True,
+        ) as writer:
+            writer.write_many(records)
+    pattern = f"gs://{gcs_bucket}/*.tfrecord"
+    ds = streamrec.open_dataset(pattern, storage_options=options)
+    assert len(ds) == len(small) + len(large)  # from the sidecars
+    assert list(ds) == small + large
+    one = streamrec.open_dataset(f"gs://{gcs_bucket}/a.tfrecord", storage_options=options)
+    assert list(one) == small  # a single object: its first bytes read directly
+
+    records = proxy.records
+    unbilled = [
+        f"{r.method} {r.target}" for r in records if f"userProject={billed}" not in r.target
+    ]
+    assert not unbilled, unbilled
+    kinds = {
+        "listing": lambda r: r.method == "GET" and f"/b/{gcs_bucket}/o?" in r.target,
+        "reading": lambda r: r.method == "GET" and "/download/" in r.target,
+        "sidecar": lambda r: "/download/" in r.target and ".idx" in r.target,
+        "media upload": lambda r: r.method == "POST" and "uploadType=media" in r.target,
+        "resumable upload": lambda r: r.method == "POST" and "uploadType=resumable" in r.target,
+        "chunk": lambda r: r.method == "PUT",
+    }
+    missing = [kind for kind, seen in kinds.items() if not any(map(seen, records))]
+    assert not missing, [f"{r.method} {r.target}" for r in records]
