@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, quote_plus
 
-from streamrec.errors import ObjectChangedError, StorageError
+from streamrec.errors import ObjectChangedError, PermissionDeniedError, StorageError
 from streamrec.storage.base import ObjectInfo, split_scheme
 from streamrec.storage.body import (
     error_detail,
@@ -49,8 +49,9 @@ class GCSStore(FsspecStore):
         self._making: asyncio.Future[Any] | None = None
         self._session_ready = False
 
-    async def filesystem(self) -> Any:
-        """The gcsfs filesystem, made on first use (see :mod:`~streamrec.storage.gcs_client`)."""
+    async def filesystem(self, url: str = "gs://") -> Any:
+        """The gcsfs filesystem, made on first use (see :mod:`~streamrec.storage.gcs_client`);
+        ``url``: what the caller is about to use it for (named in an error)."""
         if self.fs is None:
             if self._making is None:
                 self._making = start_filesystem(self._options)
@@ -58,12 +59,25 @@ class GCSStore(FsspecStore):
                 # shielded: an attempt that times out leaves the lookup to the next one
                 fs = await asyncio.shield(self._making)
             except Exception as exc:
-                raise StorageError(
-                    f"gs://: could not set up the GCS client: {type(exc).__name__}: {exc}"
-                ) from exc
+                # google-auth's errors: credentials asked for (a token) but not usable
+                denied = type(exc).__module__.startswith("google.auth")
+                kind = PermissionDeniedError if denied else StorageError
+                raise kind(
+                    f"{url}: could not set up the GCS client: {type(exc).__name__}: "
+                    f"{self._without_token(str(exc))}"
+                ) from None  # (its message may hold the token: google-auth quotes it)
             if self.fs is None:
                 self.fs = fs
         return self.fs
+
+    def _without_token(self, text: str) -> str:
+        """``text`` with a ``token`` given as a string (an access token, or a file name)
+        blanked out, in the forms urls carry it."""
+        token = self._options.get("token")
+        if isinstance(token, str) and len(token) > 3:
+            for form in (token, quote(token, safe=""), quote_plus(token)):
+                text = text.replace(form, "***")
+        return text
 
     def billed(self, url: str) -> str:
         """``url`` with ``userProject`` added where gcsfs adds it to its own requests: when
@@ -86,8 +100,8 @@ class GCSStore(FsspecStore):
         bucket, _, key = path.partition("/")
         return bucket, key, None
 
-    async def _session(self) -> Any:
-        fs = await self.filesystem()
+    async def _session(self, url: str = "gs://") -> Any:
+        fs = await self.filesystem(url)
         if not self._session_ready:
             await fs._set_session()
             self._session_ready = True
@@ -97,7 +111,7 @@ class GCSStore(FsspecStore):
         await self._session()
 
     async def expand(self, pattern: str) -> list[ObjectInfo]:
-        await self._session()
+        await self._session(pattern)
         return await super().expand(pattern)
 
     def version_of(self, info: dict[str, Any]) -> str | None:
@@ -107,14 +121,14 @@ class GCSStore(FsspecStore):
     async def _read_head(self, url: str, length: int) -> tuple[ObjectInfo, list[bytes]] | None:
         if "?" in url or "#" in url:
             return None
-        session = await self._session()
+        session = await self._session(url)
         headers = self.fs._get_headers({"Range": f"bytes=0-{length - 1}"})
         return await probe_first_bytes(
             session, self.billed(self.fs.url(url)), url, headers, length, "X-Goog-Generation"
         )
 
     async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
-        session = await self._session()
+        session = await self._session(obj.url)
         url = self.billed(self.fs.url(obj.url))
         if obj.version:
             url += f"&ifGenerationMatch={obj.version}"

@@ -85,7 +85,7 @@ class GCSResumableSink(ObjectSink):
         return "googleapis.com" in str(self._store.fs._location)
 
     async def _location(self) -> str:
-        fs = await self._store.filesystem()
+        fs = await self._store.filesystem(self.url)
         return str(fs._location)
 
     async def _upload_url(self, kind: str) -> str:
@@ -102,7 +102,7 @@ class GCSResumableSink(ObjectSink):
     async def _request(
         self, method: str, url: str, action: str, data: Any = None, headers: Any = None
     ) -> tuple[int, Any, bytes]:
-        session = await self._store._session()
+        session = await self._store._session(self.url)
         try:
             async with session.request(
                 method,
