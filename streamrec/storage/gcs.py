@@ -24,7 +24,8 @@ from streamrec.storage.body import (
     read_pieces,
 )
 from streamrec.storage.fsspec_store import FsspecStore
-from streamrec.storage.gcs_client import start_filesystem
+from streamrec.storage.gcs_client import LOOKING_FOR_CREDENTIALS, start_filesystem
+from streamrec.storage.retry import waiting_for
 from streamrec.storage.translate import from_status, translate
 
 if TYPE_CHECKING:
@@ -55,10 +56,14 @@ class GCSStore(FsspecStore):
         if self.fs is None:
             if self._making is None:
                 self._making = start_filesystem(self._options)
+            # A timed-out attempt names the lookup: the note ends only when the wait does
+            # (not when the timeout cancels it).
+            done = waiting_for(LOOKING_FOR_CREDENTIALS)
             try:
                 # shielded: an attempt that times out leaves the lookup to the next one
                 fs = await asyncio.shield(self._making)
             except Exception as exc:
+                done()
                 # google-auth's errors: credentials asked for (a token) but not usable
                 denied = type(exc).__module__.startswith("google.auth")
                 kind = PermissionDeniedError if denied else StorageError
@@ -66,6 +71,7 @@ class GCSStore(FsspecStore):
                     f"{url}: could not set up the GCS client: {type(exc).__name__}: "
                     f"{self._without_token(str(exc))}"
                 ) from None  # (its message may hold the token: google-auth quotes it)
+            done()
             if self.fs is None:
                 self.fs = fs
         return self.fs

@@ -31,12 +31,17 @@ import aiohttp
 
 from streamrec.storage.translate import ConnectFailed
 
-__all__ = ["SLOW_LOOKUP_S", "FailFastConnector", "start_filesystem"]
+__all__ = ["LOOKING_FOR_CREDENTIALS", "SLOW_LOOKUP_S", "FailFastConnector", "start_filesystem"]
 
 logger = logging.getLogger("streamrec")
 
 SLOW_LOOKUP_S = 1.0
 """How long making the filesystem may take before a warning says what it waits for."""
+LOOKING_FOR_CREDENTIALS = (
+    "Google credentials (gcsfs tries Application Default Credentials, then the metadata "
+    "server metadata.google.internal)"
+)
+"""What a request waits for while the filesystem is being made (named if it times out)."""
 _METHODS = frozenset({"anon", "google_default", "cache", "cloud", "browser"})
 
 

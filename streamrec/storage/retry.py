@@ -18,16 +18,30 @@ import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
 from streamrec.errors import RetriesExhaustedError, TransientStorageError
 from streamrec.redact import redact
 
-__all__ = ["RetryPolicy"]
+__all__ = ["RetryPolicy", "waiting_for"]
 
 T = TypeVar("T")
 logger = logging.getLogger("streamrec")
+
+# What the attempt in progress is waiting for besides its request (see waiting_for).
+_WAITING: ContextVar[list[str] | None] = ContextVar("streamrec_retry_waiting", default=None)
+
+
+def waiting_for(what: str) -> Callable[[], None]:
+    """Note that the attempt in progress now waits for ``what`` (e.g. a credential lookup);
+    an attempt that times out meanwhile names it. Returns the call that ends the note."""
+    notes = _WAITING.get()
+    if notes is None:
+        return lambda: None
+    notes.append(what)
+    return lambda: notes.remove(what) if what in notes else None
 
 
 @dataclass(frozen=True)
@@ -76,18 +90,23 @@ class RetryPolicy:
         started = time.monotonic()
         for number in range(1, self.max_attempts + 1):
             remaining = self.deadline_s - (time.monotonic() - started)
+            notes: list[str] = []
+            noting = _WAITING.set(notes)
             try:
                 result = await _within(attempt(), min(self.timeout_s, max(remaining, 0.001)))
                 if logger.isEnabledFor(logging.DEBUG):
                     logger.debug("%s: %.3f s", describe, time.monotonic() - started)
                 return result
             except asyncio.TimeoutError as exc:  # TimeoutError's alias from 3.11 on
+                waited = f" (waiting for {notes[-1]})" if notes else ""
                 error = TransientStorageError(
-                    f"{describe}: no answer within {min(self.timeout_s, remaining):.1f} s"
+                    f"{describe}: no answer within {min(self.timeout_s, remaining):.1f} s{waited}"
                 )
                 error.__cause__ = exc
             except TransientStorageError as exc:
                 error = exc
+            finally:
+                _WAITING.reset(noting)
             elapsed = time.monotonic() - started
             if number == self.max_attempts or elapsed >= self.deadline_s:
                 break

@@ -188,6 +188,8 @@ def test_gs_without_a_token_says_it_is_looking_for_credentials() -> None:
     assert done.returncode == 1, done.stderr
     assert "warning: gs://: looking for Google credentials" in done.stderr, done.stderr
     assert "metadata server" in done.stderr, done.stderr
+    # the first attempt (2 s) times out on the lookup (google-auth waits 3 s per metadata try)
+    assert "no answer within 2.0 s (waiting for Google credentials" in done.stderr, done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("streamrec: error: "), done.stderr
 
 
