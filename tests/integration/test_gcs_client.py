@@ -11,7 +11,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,17 +94,18 @@ else:
 """
 
 
-def _refusing_endpoint() -> str:
-    """``http://127.0.0.1:PORT`` where nothing listens (bound, then closed: refused)."""
+@pytest.fixture
+def refusing_endpoint() -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` where connections are refused: a socket bound there and
+    never listening, held for the test (a port closed instead could be taken meanwhile by
+    another server, or become a client's own source port: a self-connection)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
-def _refused_case(store: str, name: str) -> tuple[str, dict[str, Any] | None]:
-    """The url of ``name`` on ``store`` at a refusing endpoint, and its storage options."""
-    endpoint = _refusing_endpoint()
+def _refused_case(store: str, name: str, endpoint: str) -> tuple[str, dict[str, Any] | None]:
+    """The url of ``name`` on ``store`` at a refusing ``endpoint``, and its storage options."""
     if store == "gcs":
         options = {"token": "anon", "project": "test", "endpoint_url": endpoint}
         return f"gs://bucket/{name}", options
@@ -124,12 +125,14 @@ NAMES = ["one.tfrecord", "shard-*.tfrecord"]  # one object (its first bytes), a 
 
 @pytest.mark.parametrize("name", NAMES, ids=["object", "glob"])
 @pytest.mark.parametrize("store", STORES)
-def test_a_refused_connection_is_reported_as_refused(store: str, name: str) -> None:
+def test_a_refused_connection_is_reported_as_refused(
+    store: str, name: str, refusing_endpoint: str
+) -> None:
     """gcsfs retried a refused listing 6 times over ~35 s inside each of streamrec's attempts
     (123 s, then "no answer within 29.8 s"); the other stores said "Connect call failed". Now
     every store says "connection refused" with the url, after streamrec's own retries (the
     60 s limit of the child is the failure of a store that waits instead)."""
-    url, options = _refused_case(store, name)
+    url, options = _refused_case(store, name, refusing_endpoint)
     env = dict(os.environ, CASE=json.dumps([url, options]))
     done = _python(_ITERATE, env)
     assert done.returncode == 0, done.stderr
@@ -141,8 +144,10 @@ def test_a_refused_connection_is_reported_as_refused(store: str, name: str) -> N
 
 
 @pytest.mark.parametrize("store", STORES)
-def test_the_cli_reports_a_refused_connection_as_refused(store: str) -> None:
-    url, options = _refused_case(store, "shard-*.tfrecord")
+def test_the_cli_reports_a_refused_connection_as_refused(
+    store: str, refusing_endpoint: str
+) -> None:
+    url, options = _refused_case(store, "shard-*.tfrecord", refusing_endpoint)
     args = ["count", url, "--timeout", "2"]
     if options is not None:
         args += ["--storage-options", json.dumps(options)]
@@ -154,12 +159,12 @@ def test_the_cli_reports_a_refused_connection_as_refused(store: str) -> None:
         timeout=60,
     )
     assert done.returncode == 1, done.stderr
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("streamrec: error: "), done.stderr
-    assert "connection refused by 127.0.0.1:" in last and url in last, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("streamrec: error: ")]
+    assert len(errors) == 1, done.stderr
+    assert "connection refused by 127.0.0.1:" in errors[0] and url in errors[0], done.stderr
 
 
-def test_gs_without_a_token_says_it_is_looking_for_credentials() -> None:
+def test_gs_without_a_token_says_it_is_looking_for_credentials(refusing_endpoint: str) -> None:
     """Without a ``token`` gcsfs looks for Google credentials, the Compute Engine metadata
     server last, in blocking calls that take 15-90 s off Google Cloud: streamrec sat silent
     meanwhile (and its event loop with it). Now a warning says what it waits for, and the
@@ -176,7 +181,7 @@ def test_gs_without_a_token_says_it_is_looking_for_credentials() -> None:
             CLOUDSDK_CONFIG=os.path.join(os.sep, "nonexistent", "gcloud"),
             PYTHONPATH=str(REPO),
         )
-        options = json.dumps({"project": "test", "endpoint_url": _refusing_endpoint()})
+        options = json.dumps({"project": "test", "endpoint_url": refusing_endpoint})
         args = ["count", "gs://bucket/one.tfrecord", "--timeout", "2", "--storage-options", options]
         done = subprocess.run(
             [sys.executable, "-m", "streamrec.cli", *args],
@@ -190,7 +195,7 @@ def test_gs_without_a_token_says_it_is_looking_for_credentials() -> None:
     assert "metadata server" in done.stderr, done.stderr
     # the first attempt (2 s) times out on the lookup (google-auth waits 3 s per metadata try)
     assert "no answer within 2.0 s (waiting for Google credentials" in done.stderr, done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith("streamrec: error: "), done.stderr
+    assert "\nstreamrec: error: " in done.stderr, done.stderr
 
 
 # -- C.21: requester pays on every request ---------------------------------------------------
