@@ -60,6 +60,7 @@ from streamrec.format.index import (
     index_url,
 )
 from streamrec.storage.base import GLOB_CHARS, ObjectInfo, ObjectStore
+from streamrec.storage.pages import list_glob
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import store_key
 
@@ -136,9 +137,7 @@ async def find_indexes(
         store = store_of(pattern)
         async with gate:
             try:
-                listed = await retry.run(
-                    lambda: store.expand(pattern), describe=f"listing {pattern}", on_retry=on_retry
-                )
+                listed = await list_glob(store, pattern, retry, on_retry)
             except ObjectNotFoundError:
                 listed = []
         by_url = {obj.url: obj for obj in listed}

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable, Sequence
-from contextlib import aclosing
 from dataclasses import replace
 
 from streamrec.errors import ObjectNotFoundError, StorageError, TransientStorageError
@@ -40,6 +39,7 @@ from streamrec.format.index import INDEX_SUFFIX, index_url
 from streamrec.manifest.check import manifest_shards
 from streamrec.manifest.core import MANIFEST_NAME, is_manifest_url
 from streamrec.storage.base import GLOB_CHARS, ObjectInfo, ObjectStore, has_glob
+from streamrec.storage.pages import list_glob
 from streamrec.storage.retry import RetryPolicy
 
 __all__ = ["HIDDEN_PREFIXES", "HIDDEN_SUFFIXES", "is_hidden", "list_sources"]
@@ -89,24 +89,27 @@ def _with_sidecars(
     return found
 
 
-async def _list_pages(store: ObjectStore, pattern: str, on_first: OnFirst) -> list[ObjectInfo]:
-    """:meth:`ObjectStore.expand` of the glob ``pattern`` through its pages, telling
-    ``on_first`` the first shard (a visible match) as soon as a page holds one."""
-    pages = store.glob_pages(pattern)
-    assert pages is not None
-    listed: list[ObjectInfo] = []
-    told = False
-    async with aclosing(pages) as each:
-        async for page in each:
-            listed += page
-            if not told:
-                visible = [obj for obj in page if not is_hidden(obj.url, pattern)]
-                if visible:
-                    told = True
-                    on_first(min(visible, key=lambda obj: obj.url))
-    if not listed:
-        raise ObjectNotFoundError(f"{pattern}: the glob matched no object")
-    return sorted(listed, key=lambda obj: obj.url)
+async def _list_glob(
+    store: ObjectStore,
+    pattern: str,
+    retry: RetryPolicy,
+    on_retry: OnRetry | None,
+    on_first: OnFirst | None = None,
+) -> list[ObjectInfo]:
+    """The objects the glob ``pattern`` matches (:func:`~streamrec.storage.pages.list_glob`:
+    a page at a time where the store lists so), telling ``on_first`` the first shard (a
+    visible match) as soon as a page holds one."""
+    told = on_first is None
+
+    def on_page(page: list[ObjectInfo]) -> None:
+        nonlocal told
+        visible = [obj for obj in page if not is_hidden(obj.url, pattern)]
+        if visible and not told:
+            told = True
+            assert on_first is not None
+            on_first(min(visible, key=lambda obj: obj.url))
+
+    return await list_glob(store, pattern, retry, on_retry, on_page, warm=not told)
 
 
 def _glob_sees(pattern: str) -> Callable[[str], bool]:
@@ -131,10 +134,11 @@ async def list_sources(
     :func:`~streamrec.manifest.check.manifest_shards`); ``allow_absolute_urls`` trusts its
     names beyond its own directory.
 
-    ``on_first(shard)``: when the first url is a glob its store lists page by page
-    (:meth:`~streamrec.storage.base.ObjectStore.glob_pages`), called with the first shard as
-    soon as a page shows it, while the rest is listed (at most once per listing attempt: a
-    retried listing may tell it again). The result is the same either way."""
+    Globs and directories a store lists page by page
+    (:meth:`~streamrec.storage.base.ObjectStore.glob_pages`) are listed so, each page timed
+    and retried alone. ``on_first(shard)``: when the first url is such a glob, called with
+    the first shard as soon as a page shows it, while the rest is listed (at most once).
+    The result is the same either way."""
     found: list[ObjectInfo] = []
     for i, url in enumerate(urls):
         first = on_first if i == 0 else None
@@ -165,17 +169,7 @@ async def _one(
     if is_manifest_url(url):
         return await manifest(url)
     if has_glob(url):
-        pages = store.glob_pages(url) if on_first is not None else None
-        if pages is None:
-            matches = await expand(url)
-        else:
-            assert on_first is not None
-            told = on_first
-
-            async def paged() -> list[ObjectInfo]:
-                return await _list_pages(store, url, told)
-
-            matches = await retry.run(paged, describe=f"listing {url}", on_retry=on_retry)
+        matches = await _list_glob(store, url, retry, on_retry, on_first)
         shards = [obj for obj in matches if not is_hidden(obj.url, url)]
         if not shards:
             raise ObjectNotFoundError(
@@ -195,7 +189,7 @@ async def _one(
             not_object = exc
     directory = url.rstrip("/")
     try:
-        children = await expand(directory + "/*")
+        children = await _list_glob(store, directory + "/*", retry, on_retry)
     except ObjectNotFoundError:
         children = []
     if any(obj.url.rsplit("/", 1)[-1] == MANIFEST_NAME for obj in children):

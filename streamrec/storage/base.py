@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from streamrec.redact import redact
 
 if TYPE_CHECKING:
+    from streamrec.errors import TransientStorageError
+    from streamrec.storage.retry import RetryPolicy
     from streamrec.storage.sinks import ObjectSink, SinkContext
 
 __all__ = [
@@ -121,12 +123,27 @@ class ObjectStore(abc.ABC):
     async def expand(self, pattern: str) -> list[ObjectInfo]:
         """Objects matching a url or glob, sorted by name; ObjectNotFoundError if none."""
 
-    def glob_pages(self, pattern: str) -> AsyncGenerator[list[ObjectInfo], None] | None:
+    def glob_pages(
+        self,
+        pattern: str,
+        retry: RetryPolicy | None = None,
+        on_retry: Callable[[TransientStorageError], None] | None = None,
+        *,
+        warm: bool = True,
+    ) -> AsyncGenerator[list[ObjectInfo], None] | None:
         """The objects the glob ``pattern`` matches a listing page at a time, every page's
         names after the previous page's (so the first match of the first page that has one is
         the first of the sorted listing), as :meth:`expand` would list them all; None when
         this store cannot list ``pattern`` so (callers then use :meth:`expand`). Raises
-        translated errors; an empty listing is simply no object (no error)."""
+        translated errors, and a :class:`~streamrec.errors.StorageError` for a broken
+        listing (a key twice, keys out of order, a continuation token again); an empty
+        listing is simply no object (no error).
+
+        With ``retry``, each page is a request of its own under that policy (timed, and
+        retried from its own continuation token; ``on_retry`` told each retry): a listing of
+        many pages is not bounded by one attempt's time. Without, one attempt per page.
+        ``warm``: the objects are read next (a store may open the first read's connection
+        beside the listing)."""
         return None
 
     @abc.abstractmethod

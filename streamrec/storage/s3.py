@@ -17,6 +17,8 @@ Client set-up, sized for streaming unless ``storage_options`` say otherwise:
   in flight), through ``config_kwargs``.
 * botocore's shared data loader, the process's TLS context and the start-up work done ahead
   for them: :mod:`streamrec.storage.s3_client`.
+* listing pages, the client's too, parsed within bounds (:mod:`streamrec.storage.s3_list`),
+  each page checked against the ones before (:mod:`streamrec.storage.pages`).
 * where the options name everything a request needs (an explicit endpoint and credentials:
   :func:`~streamrec.storage.s3_list.early_listing`), listing pages, range GETs and first
   bytes go without the client (:mod:`streamrec.storage.s3_direct`), which is made only if an
@@ -26,25 +28,28 @@ Client set-up, sized for streaming unless ``storage_options`` say otherwise:
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
 from streamrec._portal import cancel_and_wait, owned_generator
-from streamrec.errors import ObjectNotFoundError, StorageError
+from streamrec.errors import ObjectNotFoundError, StorageError, TransientStorageError
 from streamrec.storage import warmup
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, has_glob, split_scheme
 from streamrec.storage.body import parse_content_range, read_pieces_within, too_long
 from streamrec.storage.fsspec_store import FsspecStore
+from streamrec.storage.pages import PageTrail
 from streamrec.storage.s3_client import share_loader, start_tls_context, use_tls_context
 from streamrec.storage.s3_direct import DirectClosed, DirectS3, UseClient
 from streamrec.storage.s3_get import RangeGetter, UseGetObject
-from streamrec.storage.s3_list import early_listing
+from streamrec.storage.s3_list import HostilePage, early_listing, refuse_hostile_page
 from streamrec.storage.s3_params import RequestParams, extra_params
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
+    from streamrec.storage.retry import RetryPolicy
     from streamrec.storage.s3_sink import S3MultipartSink
     from streamrec.storage.sinks import SinkContext
 
@@ -53,6 +58,9 @@ __all__ = ["DEFAULT_MAX_CONNECTIONS", "S3Store"]
 DEFAULT_MAX_CONNECTIONS = 64
 """botocore's pool size when neither the caller nor ``config_kwargs`` says (botocore's own
 default, 10, caps a dataset's range GETs in flight)."""
+_LISTINGS = ("ListObjectsV2", "ListObjects", "ListObjectVersions", "ListMultipartUploads")
+"""The client's listing operations: their pages refused past a page's bounds
+(:func:`~streamrec.storage.s3_list.refuse_hostile_page`)."""
 
 
 class S3Store(FsspecStore):
@@ -104,6 +112,9 @@ class S3Store(FsspecStore):
             await self.fs.set_session()
             if tls is not None:
                 await use_tls_context(self.fs._s3, *tls)
+            events = self.fs._s3.meta.events
+            for operation in _LISTINGS:  # bounded before botocore parses them whole
+                events.register(f"before-parse.s3.{operation}", refuse_hostile_page)
             self._session_ready = True
         return self.fs._s3
 
@@ -142,22 +153,40 @@ class S3Store(FsspecStore):
     list_page_keys = 1000
     """Keys per listing page (S3's maximum; tests make it small to list in many pages)."""
 
-    def glob_pages(self, pattern: str) -> AsyncGenerator[list[ObjectInfo], None] | None:
+    def glob_pages(
+        self,
+        pattern: str,
+        retry: RetryPolicy | None = None,
+        on_retry: Callable[[TransientStorageError], None] | None = None,
+        *,
+        warm: bool = True,
+    ) -> AsyncGenerator[list[ObjectInfo], None] | None:
         """A glob whose wildcards are all in its last component (``bucket/dir/shard-*``),
         listed as s3fs's glob lists it (one ``ListObjectsV2`` of the prefix up to the first
         wildcard, ``/`` as delimiter, fsspec's pattern on the names) but handed on page by
-        page. Other globs, and version-aware filesystems: None."""
+        page, each page checked against the ones before (:class:`~streamrec.storage.pages.
+        PageTrail`) and, with ``retry``, each one request of its own: timed and retried
+        alone, from its own continuation token. ``warm``: the first GET's connection opens
+        beside the first page (for a listing whose objects are read next). Other globs, and
+        version-aware filesystems: None."""
         path = self.fs._strip_protocol(pattern)
         head, _, last = path.rpartition("/")
         if not head or not has_glob(last) or has_glob(head) or "**" in last:
             return None
         if getattr(self.fs, "version_aware", False):
             return None
-        return self._glob_pages(pattern, path, head, last)
+        return self._glob_pages(pattern, path, head, last, retry, on_retry, warm)
 
     @owned_generator
     async def _glob_pages(
-        self, pattern: str, path: str, head: str, last: str
+        self,
+        pattern: str,
+        path: str,
+        head: str,
+        last: str,
+        retry: RetryPolicy | None,
+        on_retry: Callable[[TransientStorageError], None] | None,
+        warm: bool,
     ) -> AsyncGenerator[list[ObjectInfo], None]:
         from fsspec.utils import glob_translate
 
@@ -165,53 +194,85 @@ class S3Store(FsspecStore):
         bucket, _, key = head.partition("/")
         stem = last[: min(i for i in (last.find(c) for c in "*?[") if i >= 0)]
         prefix = f"{key}/{stem}" if key else stem
-        client: Any = None
-        page = await self._direct_page(pattern, bucket, prefix, None)
-        self.early_pages += page is not None
-        if page is None:
-            client = await self.client()
-            self._getter.warm(client, bucket)  # the first GET's connection opens beside it
+        trail = PageTrail(pattern)
         token: str | None = None
         while True:
-            if page is None and token is not None:
-                page = await self._direct_page(pattern, bucket, prefix, token)
-            try:
-                if page is None:
-                    client = client or await self.client()
-                    markers = {} if token is None else {"ContinuationToken": token}
-                    page = await client.list_objects_v2(
-                        Bucket=bucket,
-                        Prefix=prefix,
-                        Delimiter="/",
-                        MaxKeys=self.list_page_keys,
-                        **self._params.for_call(client, "list_objects_v2"),
-                        **markers,
-                    )
-            except Exception as exc:
-                raise translate(exc, pattern, "listing") from exc
+            first = warm and trail.pages == 0
+            attempt = functools.partial(
+                self._list_page, pattern, bucket, prefix, token, trail.pages, warm=first
+            )
+            if retry is None:
+                page = await attempt()
+            else:
+                page = await retry.run(
+                    attempt,
+                    describe=f"listing {pattern} (page {trail.pages + 1})",
+                    on_retry=on_retry,
+                )
+            contents = page.get("Contents", [])
+            token = trail.take(
+                [item["Key"] for item in contents],
+                bool(page.get("IsTruncated")),
+                page.get("NextContinuationToken"),
+            )
             found = []
-            for item in page.get("Contents", []):
+            for item in contents:
                 name = f"{bucket}/{item['Key']}"
                 if matches(name):
                     etag = item.get("ETag")
                     found.append(ObjectInfo(self.url_of(name), int(item["Size"]), etag or None))
             yield found
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token:
+            if token is None:
                 return
-            page = None
+
+    async def _list_page(
+        self,
+        pattern: str,
+        bucket: str,
+        prefix: str,
+        token: str | None,
+        before: int,
+        *,
+        warm: bool = False,
+    ) -> dict[str, Any]:
+        """One listing page (after ``before`` pages), without the client where the store may,
+        else through it; one attempt, errors translated. ``warm``: the first GET's
+        connection opens beside it."""
+        try:
+            page = await self._direct_page(pattern, bucket, prefix, token, warm)
+            if before == 0:
+                self.early_pages += page is not None
+            if page is not None:
+                return page
+            client = await self.client()
+            if warm:
+                self._getter.warm(client, bucket)  # the first GET's connection opens beside it
+            markers = {} if token is None else {"ContinuationToken": token}
+            listed: dict[str, Any] = await client.list_objects_v2(
+                Bucket=bucket,
+                Prefix=prefix,
+                Delimiter="/",
+                MaxKeys=self.list_page_keys,
+                **self._params.for_call(client, "list_objects_v2"),
+                **markers,
+            )
+            return listed
+        except HostilePage as exc:
+            raise StorageError(f"{pattern}: listing page {before + 1} refused: {exc}") from None
+        except Exception as exc:
+            raise translate(exc, pattern, f"listing (page {before + 1})") from exc
 
     async def _direct_page(
-        self, pattern: str, bucket: str, prefix: str, token: str | None
+        self, pattern: str, bucket: str, prefix: str, token: str | None, warm: bool = True
     ) -> dict[str, Any] | None:
-        """A listing page without the client (None: the client lists it)."""
+        """A listing page of ``pattern`` without the client (None: the client lists it)."""
         direct = self._direct_reads()
         if direct is None:
             return None
         try:
-            warm = bucket if token is None else None  # the first GET's connection
-            return await direct.list_page(bucket, prefix, self.list_page_keys, token, warm)
-        except DirectClosed:
+            opens = bucket if warm and token is None else None  # the first GET's connection
+            return await direct.list_page(bucket, prefix, self.list_page_keys, token, opens)
+        except (DirectClosed, HostilePage):  # (the client would get that page too)
             raise
         except Exception:  # refused, cut, stalled, not a page...: the client's listing says
             self._use_client()

@@ -35,7 +35,7 @@ from streamrec.errors import StorageError, TransientStorageError
 from streamrec.storage.body import parse_content_range
 from streamrec.storage.http_range import BadAnswer, BodyTooLong, RangeClient, Unsupported
 from streamrec.storage.s3_get import ERROR_BODY_BYTES, check_range, error_code, range_headers
-from streamrec.storage.s3_list import PAGE_BYTES, EarlyListing, list_url, parse_page
+from streamrec.storage.s3_list import PAGE_BYTES, EarlyListing, HostilePage, list_url, parse_page
 from streamrec.storage.sigv4 import SigV4Signer
 from streamrec.storage.translate import REDIRECT_STATUSES, from_error_code
 
@@ -130,7 +130,8 @@ class DirectS3:
         warm: str | None = None,
     ) -> dict[str, Any]:
         """A ``ListObjectsV2`` page of ``bucket/prefix*`` (``/`` as delimiter), as botocore's
-        ``list_objects_v2`` returns it (see :func:`~streamrec.storage.s3_list.parse_page`).
+        ``list_objects_v2`` returns it (see :func:`~streamrec.storage.s3_list.parse_page`;
+        :class:`~streamrec.storage.s3_list.HostilePage` for a page no listing can be).
         ``warm``: a bucket whose first GET's connection opens once the request is written
         (beside the page's round trip, not before it: the page would wait for it)."""
         url = list_url(self._listing.endpoint, bucket, prefix, "/", max_keys, token)
@@ -141,7 +142,9 @@ class DirectS3:
             on_sent = lambda: client.warm(warm_url)  # noqa: E731
         try:
             answer = await client.get(url, self._signed(url, {}), PAGE_BYTES, 0, on_sent)
-        except (BadAnswer, BodyTooLong, Unsupported) as exc:
+        except BodyTooLong:  # (the client would read all of it)
+            raise HostilePage(f"a listing page of more than {PAGE_BYTES:,} bytes") from None
+        except (BadAnswer, Unsupported) as exc:
             raise UseClient(str(exc)) from None
         if answer.status != 200:
             raise UseClient(f"HTTP {answer.status}")

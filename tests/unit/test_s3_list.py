@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from streamrec.storage.s3_list import EarlyListing, early_listing, parse_page
+from streamrec.storage.s3_list import (
+    ELEMENTS_PER_KEY,
+    PAGE_BYTES,
+    EarlyListing,
+    HostilePage,
+    early_listing,
+    parse_page,
+    refuse_hostile_page,
+)
 
 ENDPOINT = "http://127.0.0.1:9000"
 NO_CONFIG = {"AWS_CONFIG_FILE": os.path.join(os.sep, "nonexistent", "aws-config")}
@@ -69,7 +77,6 @@ def test_a_page_is_parsed_as_botocore_returns_it() -> None:
         _page([("d%2Fs1", "1")] * 4),  # more keys than asked for
         b'<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "aaaa">]>'
         b"<ListBucketResult><Name>&a;</Name></ListBucketResult>",
-        _page([("d%2Fs1", "1")]) + b" " * (16 << 20),
         _page([("d%2Fs1", "1")]).replace(b"</Key>", b"</Key><Key>d%2Fs2</Key>"),  # Key twice
         _page([("d%2Fs1", "1")], Name="b</Name><Name>b"),  # a field twice
         _page([("d%2Fs1", "1")]).decode().encode("utf-16-le"),  # no BOM, no declaration seen
@@ -142,3 +149,50 @@ def test_a_config_file_is_looked_into_for_what_changes_the_url(tmp_path: Any) ->
     ):
         config.write_text(f"[profile other]\n{setting}\n")
         assert _listing(BASE, {"AWS_CONFIG_FILE": str(config)}) is None, setting
+
+
+def _hostile(kind: str, size: int) -> bytes:
+    """A body of ``size`` bytes: a page's start, then empty elements (``flat``), or elements
+    nested ever deeper (``deep``)."""
+    start = b'<?xml version="1.0"?><ListBucketResult><Name>b</Name>'
+    if kind == "flat":
+        return start + b"<a/>" * ((size - len(start)) // 4) + b"</ListBucketResult>"
+    half = (size - len(start)) // 7
+    return start + b"<a>" * half + b"</a>" * half + b"</ListBucketResult>"
+
+
+@pytest.mark.parametrize("kind", ["flat", "deep"])
+def test_a_hostile_page_is_refused_while_it_is_parsed(kind: str) -> None:
+    import tracemalloc
+
+    body = _hostile(kind, 4 << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(HostilePage, match="a listing page of"):
+            parse_page(body, "b", "", 1000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # refused within its bounds (a tree of the whole page: ~25 bytes per body byte)
+    assert peak < 4 << 20, peak
+    with pytest.raises(HostilePage):  # the client's pages go through the same bounds
+        refuse_hostile_page({"status_code": 200, "body": body}, operation_model=None)
+    refuse_hostile_page({"status_code": 500, "body": body})  # (an error: botocore's to read)
+
+
+def test_a_page_past_its_keys_bounds_or_its_length_is_refused() -> None:
+    keys = [(f"d%2Fs{i:04d}", "1") for i in range(3)]
+    owner = "<Owner><ID>o</ID><DisplayName>n</DisplayName></Owner><StorageClass>S</StorageClass>"
+    rich = _page(keys).replace(b"</Contents>", owner.encode() + b"</Contents>")
+    assert parse_page(rich, "b", "d/s", 3) is not None  # what AWS sends for 3 keys
+    assert parse_page(rich, "b", "d/s", 2) is None  # (more keys than asked for)
+    padded = rich.replace(b"</Contents>", b"<x/>" * (ELEMENTS_PER_KEY * 4) + b"</Contents>", 1)
+    with pytest.raises(HostilePage, match="more elements"):
+        parse_page(padded, "b", "d/s", 3)
+    nested = rich.replace(b"<ID>o</ID>", b"<ID>" + b"<x>" * 5 + b"</x>" * 5 + b"</ID>", 1)
+    with pytest.raises(HostilePage, match="nested more than"):
+        parse_page(nested, "b", "d/s", 3)
+    with pytest.raises(HostilePage, match="bytes"):
+        parse_page(_page(keys) + b" " * PAGE_BYTES, "b", "d/s", 3)
+    refuse_hostile_page({"status_code": 200, "body": rich})  # a page of the client's passes
+    refuse_hostile_page({"status_code": 200, "body": b"not xml"})  # (botocore's to refuse)

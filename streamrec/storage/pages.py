@@ -1,0 +1,95 @@
+"""What a paged listing must be to be trusted: each page's keys after the previous page's, and
+each continuation token new.
+
+A store lists a prefix a page at a time (S3's ``ListObjectsV2``: at most 1,000 keys, then a
+``NextContinuationToken`` for the next page). Its pages come from storage, so they are checked
+like any other untrusted input: a key that comes twice (within a page or on two pages) would
+become two shards and its records would be read twice; a token that comes again would have
+the listing follow the same pages until the time runs out; a page that says it is truncated
+but names no next page would silently lose the rest. Keys come in UTF-8 binary order (S3's
+listing order; Python's ``str`` order is code point order, the same), so each key must be
+greater than the one before it. Any of these is a broken listing: a
+:class:`~streamrec.errors.StorageError` naming the url, the page and what was wrong.
+
+:func:`list_glob` is how every glob and directory is listed: page by page where the store
+lists so (:meth:`~streamrec.storage.base.ObjectStore.glob_pages`), each page a request of its
+own under the retry policy (timed alone, retried from its own continuation token, so that a
+listing of many pages is not bounded by one attempt's time), else one retried
+:meth:`~streamrec.storage.base.ObjectStore.expand`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from contextlib import aclosing
+from typing import NoReturn
+
+from streamrec.errors import ObjectNotFoundError, StorageError, TransientStorageError
+from streamrec.storage.base import ObjectInfo, ObjectStore
+from streamrec.storage.retry import RetryPolicy
+
+__all__ = ["PageTrail", "list_glob"]
+
+
+async def list_glob(
+    store: ObjectStore,
+    pattern: str,
+    retry: RetryPolicy,
+    on_retry: Callable[[TransientStorageError], None] | None = None,
+    on_page: Callable[[list[ObjectInfo]], None] | None = None,
+    *,
+    warm: bool = False,
+) -> list[ObjectInfo]:
+    """:meth:`~streamrec.storage.base.ObjectStore.expand` of the glob ``pattern``, sorted by
+    url: through the store's pages where it lists so (each page a request of its own under
+    ``retry``; ``on_page`` told each page's matches as it comes; ``warm``: they are read
+    next), else one retried ``expand``. ObjectNotFoundError when nothing matched."""
+    pages = store.glob_pages(pattern, retry, on_retry, warm=warm)
+    if pages is None:
+        return await retry.run(
+            lambda: store.expand(pattern), describe=f"listing {pattern}", on_retry=on_retry
+        )
+    listed: list[ObjectInfo] = []
+    async with aclosing(pages) as each:
+        async for page in each:
+            listed += page
+            if on_page is not None:
+                on_page(page)
+    if not listed:
+        raise ObjectNotFoundError(f"{pattern}: the glob matched no object")
+    return sorted(listed, key=lambda obj: obj.url)
+
+
+class PageTrail:
+    """The checks of one paged listing of ``url``: :meth:`take` each page in order."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.pages = 0
+        self._tokens: set[bytes] = set()  # digests: a token's length is the server's choice
+        self._last: str | None = None
+
+    def take(self, keys: Sequence[str], truncated: bool, token: str | None) -> str | None:
+        """Check one page (its keys in the order listed, whether it says more follow, its
+        next token) against the pages before it; return the token of the next page, None
+        when the listing is complete. Raises :class:`~streamrec.errors.StorageError` for a
+        broken listing."""
+        self.pages += 1
+        for key in keys:
+            if self._last is not None and key <= self._last:
+                what = "a key listed twice" if key == self._last else "keys out of order"
+                self._broken(f"{what} ({key!r} after {self._last!r})")
+            self._last = key
+        if not truncated:
+            return None
+        if not token:
+            self._broken("it says more keys follow but names no continuation token")
+        digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+        if digest in self._tokens:
+            self._broken(f"a continuation token that came before ({token[:64]!r})")
+        self._tokens.add(digest)
+        return token
+
+    def _broken(self, what: str) -> NoReturn:
+        raise StorageError(f"{self.url}: a broken listing: page {self.pages}: {what}")

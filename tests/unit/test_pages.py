@@ -1,0 +1,41 @@
+"""A paged listing's checks (storage/pages.py): each page's keys after the ones before, each
+continuation token new, a truncated page naming the next."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamrec.errors import StorageError
+from streamrec.storage.pages import PageTrail
+
+URL = "s3://b/d/*"
+
+
+def test_a_sound_listing_passes_and_ends() -> None:
+    trail = PageTrail(URL)
+    assert trail.take(["d/a", "d/b"], True, "t1") == "t1"
+    assert trail.take([], True, "t2") == "t2"  # (an empty page in between: S3 may send one)
+    assert trail.take(["d/c", "d/~", "d/ü", "d/\U0001f600"], False, None) is None
+    assert trail.pages == 3
+
+
+@pytest.mark.parametrize(
+    ("pages", "problem"),
+    [
+        ([(["d/a", "d/b"], True, "t1"), (["d/b", "d/c"], False, None)], "a key listed twice"),
+        ([(["d/a", "d/a"], False, None)], "page 1: a key listed twice"),
+        ([(["d/b"], True, "t1"), (["d/a"], False, None)], "page 2: keys out of order"),
+        ([(["d/b", "d/a"], False, None)], "keys out of order"),
+        ([(["d/a"], True, "t1"), (["d/b"], True, "t1")], "a continuation token that came"),
+        ([(["d/a"], True, None)], "names no continuation token"),
+        ([(["d/a"], True, "")], "names no continuation token"),
+    ],
+)
+def test_a_broken_listing_is_refused(
+    pages: list[tuple[list[str], bool, str | None]], problem: str
+) -> None:
+    trail = PageTrail(URL)
+    with pytest.raises(StorageError, match=problem) as raised:
+        for keys, truncated, token in pages:
+            trail.take(keys, truncated, token)
+    assert str(raised.value).startswith(f"{URL}: a broken listing: page ")
