@@ -8,7 +8,8 @@ become two shards and its records would be read twice; a token that comes again 
 the listing follow the same pages until the time runs out; a page that says it is truncated
 but names no next page would silently lose the rest. Keys come in UTF-8 binary order (S3's
 listing order; Python's ``str`` order is code point order, the same), so each key must be
-greater than the one before it. Any of these is a broken listing: a
+greater than the one before it; where a store lists unsorted (S3 Express directory buckets),
+each key must be new. Any of these is a broken listing: a
 :class:`~streamrec.errors.StorageError` naming the url, the page and what was wrong.
 
 :func:`list_glob` is how every glob and directory is listed: page by page where the store
@@ -62,13 +63,15 @@ async def list_glob(
 
 
 class PageTrail:
-    """The checks of one paged listing of ``url``: :meth:`take` each page in order."""
+    """The checks of one paged listing of ``url``: :meth:`take` each page in order.
+    ``ordered``: the store lists keys in order (else each key is only checked to be new)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, ordered: bool = True) -> None:
         self.url = url
         self.pages = 0
         self._tokens: set[bytes] = set()  # digests: a token's length is the server's choice
         self._last: str | None = None
+        self._seen: set[str] | None = None if ordered else set()
 
     def take(self, keys: Sequence[str], truncated: bool, token: str | None) -> str | None:
         """Check one page (its keys in the order listed, whether it says more follow, its
@@ -76,6 +79,12 @@ class PageTrail:
         when the listing is complete. Raises :class:`~streamrec.errors.StorageError` for a
         broken listing."""
         self.pages += 1
+        if self._seen is not None:
+            for key in keys:
+                if key in self._seen:
+                    self._broken(f"a key listed twice ({key!r})")
+                self._seen.add(key)
+            keys = ()
         for key in keys:
             if self._last is not None and key <= self._last:
                 what = "a key listed twice" if key == self._last else "keys out of order"

@@ -58,6 +58,8 @@ __all__ = ["DEFAULT_MAX_CONNECTIONS", "S3Store"]
 DEFAULT_MAX_CONNECTIONS = 64
 """botocore's pool size when neither the caller nor ``config_kwargs`` says (botocore's own
 default, 10, caps a dataset's range GETs in flight)."""
+DIRECTORY_BUCKET = "--x-s3"
+"""How S3 Express directory buckets' names end: they list keys unsorted."""
 _LISTINGS = ("ListObjectsV2", "ListObjects", "ListObjectVersions", "ListMultipartUploads")
 """The client's listing operations: their pages refused past a page's bounds
 (:func:`~streamrec.storage.s3_list.refuse_hostile_page`)."""
@@ -194,7 +196,7 @@ class S3Store(FsspecStore):
         bucket, _, key = head.partition("/")
         stem = last[: min(i for i in (last.find(c) for c in "*?[") if i >= 0)]
         prefix = f"{key}/{stem}" if key else stem
-        trail = PageTrail(pattern)
+        trail = PageTrail(pattern, ordered=not bucket.endswith(DIRECTORY_BUCKET))
         token: str | None = None
         while True:
             first = warm and trail.pages == 0

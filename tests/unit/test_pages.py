@@ -39,3 +39,14 @@ def test_a_broken_listing_is_refused(
         for keys, truncated, token in pages:
             trail.take(keys, truncated, token)
     assert str(raised.value).startswith(f"{URL}: a broken listing: page ")
+
+
+def test_an_unsorted_listing_is_checked_for_keys_twice() -> None:
+    trail = PageTrail(URL, ordered=False)  # (S3 Express directory buckets list unsorted)
+    assert trail.take(["d/c", "d/a"], True, "t1") == "t1"
+    with pytest.raises(StorageError, match="page 2: a key listed twice"):
+        trail.take(["d/b", "d/c"], False, None)
+    trail = PageTrail(URL, ordered=False)
+    trail.take(["d/b"], True, "t")
+    with pytest.raises(StorageError, match="a continuation token that came before"):
+        trail.take(["d/a"], True, "t")
