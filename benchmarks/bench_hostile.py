@@ -27,13 +27,21 @@ Cases:
   with 48 of 4 MiB (``even=True``, ``shuffle="block"``, ``prefetch_bytes`` 8 MiB). ``vs
   prefetch`` divides by that case's ``prefetch_bytes``.
 
+* ``S3 listing page``: a glob ``s3://bkt/d/*`` on an S3 endpoint whose every listing page is
+  16 MiB of XML (as long as a page may be): 4 million empty elements (``flat``) or 2 million
+  nested ones (``nested``), listed with the store's own requests and through its aiobotocore
+  client (issue 29 B.14). It must be refused with memory bounded by the page, not by its
+  element count.
+
 ``--only bomb,skewed-idx`` runs some cases (keys: bomb, header, damaged, http, padded-idx,
-many-idx, bomb-idx, skewed-idx).
+many-idx, bomb-idx, skewed-idx, listing-flat, listing-nested, listing-flat-client,
+listing-nested-client).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -43,7 +51,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +141,82 @@ CASES: dict[str, tuple[str, Callable[[Path], str]]] = {
 }
 
 
+PAGE_BYTES = 16 << 20  # an S3 listing page as long as a page may be
+
+
+def hostile_page(kind: str) -> bytes:
+    """16 MiB of a listing page: empty elements (``flat``) or nested ones (``nested``)."""
+    start = b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>bkt</Name>'
+    end = b"</ListBucketResult>"
+    room = PAGE_BYTES - len(start) - len(end)
+    if kind == "flat":
+        return start + b"<a/>" * (room // 4) + end
+    return start + b"<a>" * (room // 7) + b"</a>" * (room // 7) + end
+
+
+class _Listing(BaseHTTPRequestHandler):
+    """An S3 endpoint answering every request with the server's hostile listing page."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        body: bytes = self.server.page  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        with contextlib.suppress(OSError):  # (refused before its end)
+            self.wfile.write(body)
+
+
+LISTINGS = {  # key: (label, page, through the client)
+    "listing-flat": ("S3 listing page of 16 MiB, flat", "flat", False),
+    "listing-nested": ("S3 listing page of 16 MiB, nested", "nested", False),
+    "listing-flat-client": ("S3 listing page of 16 MiB, flat, through the client", "flat", True),
+    "listing-nested-client": (
+        "S3 listing page of 16 MiB, nested, through the client",
+        "nested",
+        True,
+    ),
+}
+
+
+def run_listing(label: str, kind: str, client: bool) -> dict[str, Any]:
+    """One listing row: a glob on an endpoint whose every page is a hostile one."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Listing)
+    server.page = hostile_page(kind)  # type: ignore[attr-defined]
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    options: dict[str, Any] = {
+        "key": "k",
+        "secret": "s",
+        "client_kwargs": {"endpoint_url": endpoint},
+    }
+    if client:  # a setting the store's own requests do not follow: its client lists
+        options["config_kwargs"] = {"signature_version": "s3v4"}
+    spec = {"url": "s3://bkt/d/*", "call": "iterate", "options": {"storage_options": options}}
+    try:
+        result = run_case(json.dumps(spec))
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    if result["error"]:
+        result["error"] = result["error"].replace(endpoint, "<endpoint>")
+    result.update(label=label, on_disk=PAGE_BYTES)
+    print(
+        f"  {label}: +{result['rss_growth_mib']:.0f} MiB, {result['seconds']:.2f} s, "
+        f"{_short(result['error'], 100)}",
+        flush=True,
+    )
+    return result
+
+
 def child(url: str) -> int:
     """Read ``url`` with the defaults (or a sidecar case's spec, JSON: its call and
     options); print what happened as one JSON line."""
@@ -177,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         return child(args.child)
     started = time.perf_counter()
     rows = []
+    only = set(args.only.split(",")) if args.only else None
     with tempfile.TemporaryDirectory(prefix="bench-hostile-") as tmp:
         directory = Path(tmp)
         server = _Server(
@@ -185,7 +270,6 @@ def main(argv: list[str] | None = None) -> int:
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         try:
-            only = set(args.only.split(",")) if args.only else None
             for key, (label, make) in {**CASES, **hostile_indexes.CASES}.items():
                 if only is not None and key not in only:
                     continue
@@ -214,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
             server.shutdown()
             server.server_close()
             thread.join()
+    for key, (label, kind, client) in LISTINGS.items():
+        if only is None or key in only:
+            rows.append(run_listing(label, kind, client))
     lines = [
         f"Command: `{command_line('bench_hostile.py', argv)}` ({now()}, "
         f"{time.perf_counter() - started:.0f} s). "

@@ -116,7 +116,9 @@ class S3Store(FsspecStore):
                 await use_tls_context(self.fs._s3, *tls)
             events = self.fs._s3.meta.events
             for operation in _LISTINGS:  # bounded before botocore parses them whole
-                events.register(f"before-parse.s3.{operation}", refuse_hostile_page)
+                # (a wildcard in the middle: called before botocore's own handlers of
+                # "before-parse.s3.*", which parse a 200's whole body to look for an error)
+                events.register_first(f"before-parse.*.{operation}", refuse_hostile_page)
             self._session_ready = True
         return self.fs._s3
 

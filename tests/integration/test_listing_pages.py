@@ -12,6 +12,7 @@ writes (support/listing_server.py), through the store's direct requests and its 
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from streamrec.errors import StorageError
 from streamrec.format.framing import RecordEncoder
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.s3 import S3Store
+from streamrec.storage.s3_list import PAGE_BYTES
 from support.listing_server import BUCKET, ListingServer
 
 NAMES = [f"d/part-{i}.tfrecord" for i in range(6)]
@@ -122,11 +124,13 @@ def test_a_listing_longer_than_one_attempts_timeout_completes(
 
 
 def _hostile(kind: str) -> bytes:
+    """A page of 16 MiB (as long as a page may be): empty elements, or nested ones."""
     start = b'<?xml version="1.0"?><ListBucketResult><Name>bkt</Name>'
-    size = (16 << 20) - 64
+    end = b"</ListBucketResult>"
+    room = PAGE_BYTES - len(start) - len(end)
     if kind == "flat":
-        return start + b"<a/>" * (size // 4) + b"</ListBucketResult>"
-    return start + b"<a>" * (size // 7) + b"</a>" * (size // 7) + b"</ListBucketResult>"
+        return start + b"<a/>" * (room // 4) + end
+    return start + b"<a>" * (room // 7) + b"</a>" * (room // 7) + end
 
 
 @pytest.mark.parametrize("kind", ["flat", "deep"])
@@ -134,11 +138,21 @@ def test_a_hostile_page_is_refused_once(
     server: ListingServer, options: dict[str, Any], kind: str
 ) -> None:
     body = _hostile(kind)
+    assert len(body) <= PAGE_BYTES  # (refused for its elements, not its length)
     server.raw = lambda token: body
-    with pytest.raises(StorageError, match="a listing page of") as raised:
-        _read(URL, options, RetryPolicy(max_attempts=3, timeout_s=30))
+    why = "more elements" if kind == "flat" else "nested more than"
+    tracemalloc.start()
+    try:
+        with pytest.raises(StorageError, match=why) as raised:
+            _read(URL, options, RetryPolicy(max_attempts=3, timeout_s=30))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
     assert URL in str(raised.value)
     assert len(server.listed) == 1  # refused, not listed again through the client
+    # the page received (and joined) once or twice, not parsed into millions of elements
+    # (botocore's own look for an error in a 200 would build a tree of ~400 MB first)
+    assert peak < 4 * PAGE_BYTES, peak
 
 
 def test_a_page_longer_than_a_page_can_be_is_refused_once(
