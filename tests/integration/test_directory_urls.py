@@ -16,7 +16,7 @@ from integration.test_cli_sources import RECORDS, check_written_set, count, read
 from streamrec.errors import ObjectNotFoundError
 from support.azurite import AzuriteServer
 from support.seaweed import SeaweedServer
-from support.server_fixtures import unique_name
+from support.server_fixtures import HttpDir, unique_name
 from support.servers import FakeGcsServer, MotoS3Server
 
 
@@ -95,3 +95,11 @@ def test_gcs_and_azure_directories_with_a_slash(
         write_set(f"{base}/out", options)
         assert read(f"{base}/out/", options) == RECORDS, base
         _no_shard(f"{base}/nothing/", options)
+
+
+def test_an_http_directory_with_a_slash_is_its_index(http_dir: HttpDir) -> None:
+    # (read before as an object: its HTML index page, a CorruptRecordError)
+    write_set(str(http_dir.path / "out"))
+    assert read(f"{http_dir.url}/out/") == RECORDS
+    (http_dir.path / "empty").mkdir()
+    _no_shard(f"{http_dir.url}/empty/", None)
