@@ -202,6 +202,6 @@ async def _one(
         raise ObjectNotFoundError(f"{url}: the directory holds no shard files") from not_object
     if not_object is None:
         raise ObjectNotFoundError(
-            f"{url}: no shard found: nothing is listed under this directory or prefix"
+            f"{url}: no shard found: no object directly under this directory or prefix"
         )
     raise not_object

@@ -231,7 +231,7 @@ def test_a_failing_job_is_dropped_and_the_process_goes_on() -> None:
 
 
 # ---------------------------------------------------------------- the first GET before the
-# listing's end (engine._EarlyStart, S3Store.glob_pages, sources._list_pages)
+# listing's end (engine._EarlyStart, S3Store.glob_pages, sources._list_glob)
 
 MANY = {f"s-{i:02d}.tfrecord": [b"%d:%d" % (i, j) for j in range(5 + i)] for i in range(7)}
 MANY_EXPECTED = [p for name in sorted(MANY) for p in MANY[name]]
