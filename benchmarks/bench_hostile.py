@@ -20,6 +20,9 @@ Cases:
   wrong: every good record first, then the error.
 * ``HTTP ignoring Range``: a 256 MiB shard behind Python's ``http.server`` (which answers every
   range GET with the whole object, status 200).
+* ``HTTP 500 with a 256 MiB body`` (issue 29 B.13): every GET of the shard is answered 500 with
+  a 256 MiB error body, sent as fast as the reader takes it: a few KiB of it is quoted, then
+  the connection dropped (the retries' answers too).
 * record index sidecars (``_harness/hostile_indexes.py``, issue 29 B.6, B.7, B.9), each read
   with the call and options its label says: a 103 MB space-padded sidecar of a 64 KiB gzip
   shard and a valid 2M-record shard's sidecar (``len(ds)``), a gzip bomb whose index claims
@@ -33,8 +36,8 @@ Cases:
   client (issue 29 B.14). It must be refused with memory bounded by the page, not by its
   element count.
 
-``--only bomb,skewed-idx`` runs some cases (keys: bomb, header, damaged, http, padded-idx,
-many-idx, bomb-idx, skewed-idx, listing-flat, listing-nested, listing-flat-client,
+``--only bomb,skewed-idx`` runs some cases (keys: bomb, header, damaged, http, error-body,
+padded-idx, many-idx, bomb-idx, skewed-idx, listing-flat, listing-nested, listing-flat-client,
 listing-nested-client).
 """
 
@@ -122,10 +125,32 @@ def make_http_shard(directory: Path) -> str:
 
 
 class _Quiet(SimpleHTTPRequestHandler):
-    """The standard library's static file handler: it never answers 206."""
+    """The standard library's static file handler: it never answers 206. Under
+    ``/error-body/`` it answers every GET 500 with a :data:`ERROR_BODY_BYTES` body."""
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+    def do_GET(self) -> None:
+        if not self.path.startswith("/error-body/"):
+            super().do_GET()
+            return
+        self.send_response(500)
+        self.send_header("Content-Length", str(ERROR_BODY_BYTES))
+        self.end_headers()
+        chunk = b"x" * MIB
+        try:
+            for _ in range(ERROR_BODY_BYTES // MIB):
+                self.wfile.write(chunk)
+        except OSError:  # the reader hung up: what it should do
+            pass
+
+
+ERROR_BODY_BYTES = 256 * MIB
+
+
+def make_error_body(directory: Path) -> str:
+    return "error-body/shard.tfrecord"
 
 
 class _Server(ThreadingHTTPServer):
@@ -138,6 +163,7 @@ CASES: dict[str, tuple[str, Callable[[Path], str]]] = {
     "header": ("2^40-byte header in a 512 MiB object", make_huge_header),
     "damaged": ("damaged gzip record after 4,096 good ones", make_damaged_gzip),
     "http": ("HTTP server ignoring Range (256 MiB object)", make_http_shard),
+    "error-body": ("HTTP 500 with a 256 MiB body, every attempt", make_error_body),
 }
 
 
@@ -275,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 made = make(directory)
                 url = made if isinstance(made, str) else made["url"]
-                if key == "http":
+                if key in ("http", "error-body"):
                     url = f"http://127.0.0.1:{server.server_address[1]}/{url}"
                 on_disk = sum(
                     f.stat().st_blocks * 512
