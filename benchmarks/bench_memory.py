@@ -87,6 +87,24 @@ PRELOAD = {"memory": ("aiohttp", "s3fs", "streamrec")}
 
 
 @contextlib.contextmanager
+def serving(data: Dataset, s3_client: bool) -> Iterator[dict[str, Any]]:
+    """The servers and the emulated link, ``data`` uploaded: the job a worker reads."""
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp,
+        Services(Path(tmp)) as services,
+    ):
+        services.start()
+        upload_all(__file__, services, [data])
+        store = services.stores["s3-link"]
+        yield {
+            "kind": "memory",
+            "glob": data.glob("s3"),
+            "endpoint": store.endpoint,
+            "client": s3_client,
+        }
+
+
+@contextlib.contextmanager
 def burners(count: int) -> Iterator[None]:
     """``count`` CPU-burning processes, stopped (by pid) on exit."""
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
@@ -153,15 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, list[dict[str, Any]]] = {c: [] for c in CONDITIONS}
     if args.cycle_lengths:
         return cycles_main(args, argv, spec, data, started)
-    with (
-        tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp,
-        Services(Path(tmp)) as services,
-    ):
-        services.start()
-        upload_all(__file__, services, [data])
-        store = services.stores["s3-link"]
-        job = {"kind": "memory", "glob": data.glob("s3"), "endpoint": store.endpoint}
-        job["client"] = args.s3_client
+    with serving(data, args.s3_client) as job:
         for r in range(args.rounds):
             for condition in rotated(CONDITIONS, r):
                 result = run(condition, job)
@@ -203,15 +213,7 @@ def cycles_main(
     """The cycle-length rows: quiet reads, first-ready interleave of N shards at a time."""
     cycles = [int(n) for n in args.cycle_lengths.split(",")]
     by_cycle: dict[int, list[dict[str, Any]]] = {n: [] for n in cycles}
-    with (
-        tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp,
-        Services(Path(tmp)) as services,
-    ):
-        services.start()
-        upload_all(__file__, services, [data])
-        store = services.stores["s3-link"]
-        job = {"kind": "memory", "glob": data.glob("s3"), "endpoint": store.endpoint}
-        job["client"] = args.s3_client
+    with serving(data, args.s3_client) as job:
         for r in range(args.rounds):
             for n in rotated(cycles, r):
                 result = run("quiet", {**job, "cycle_length": n})
