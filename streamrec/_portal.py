@@ -65,7 +65,9 @@ class EventLoopThread:
         self._loop.set_default_executor(self._executor)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed = False
+        self._held: list[object] = []  # see hold()
         self._thread.start()
+        _LIVE_LOOPS.add(self)
 
     def _run(self) -> None:
         loop = self._loop
@@ -87,12 +89,10 @@ class EventLoopThread:
 
     def call(self, awaitable: Awaitable[T]) -> T:
         """Run ``awaitable`` in the loop and wait for it.
-
         If the waiting thread is interrupted (KeyboardInterrupt), the work is cancelled and
         waited for before the interrupt propagates: nothing keeps running behind the caller.
         RuntimeError if the loop cannot run it (closed, its thread gone, the interpreter
-        shutting down, or called from the loop's own thread): never a wait that cannot end.
-        """
+        shutting down, or called from the loop's own thread): never a wait that cannot end."""
         if not self.running or self.is_current():
             if inspect.iscoroutine(awaitable):
                 awaitable.close()  # never to run: no "was never awaited" warning
@@ -155,6 +155,15 @@ class EventLoopThread:
         """Whether :meth:`call` can work: not closed, the thread alive, the interpreter on."""
         return not self._closed and self._can_run()
 
+    def hold(self, held: T) -> T:
+        """``held`` (a generator, a task or its owner), kept alive until :meth:`close` joins the
+        thread, whose frames hold this object and are collector roots even where it cannot run
+        (at exit; in a forked child, which never clears them): what the loop runs is never
+        finalised half-way with its owner. A forked child holds the tasks of the parent's loops
+        too (one waiting on a future only its owner reaches goes with it): the parent's to close."""
+        self._held.append(held)
+        return held
+
     def _can_run(self) -> bool:
         # Once the interpreter finalises, a daemon thread never runs Python code again (and
         # still counts as alive); a forked child has the thread object but not the thread.
@@ -180,18 +189,22 @@ class EventLoopThread:
         self.close()
 
 
+_LIVE_LOOPS: weakref.WeakSet[EventLoopThread] = weakref.WeakSet()  # not yet collected
+os.register_at_fork(  # (see EventLoopThread.hold)
+    after_in_child=lambda: [p.hold(asyncio.all_tasks(p.loop)) for p in list(_LIVE_LOOPS)]
+)
+
+
 def _record_native_id(ids: list[int]) -> None:
     ids.append(threading.get_native_id())
 
 
 def _wait_until_gone(thread_ids: list[int], timeout_s: float = 1.0) -> None:
     """Wait (Linux; at most ``timeout_s``) until these OS threads have really exited.
-
     ``Thread.join()`` returns when the thread's Python code is done, before the C library
     has run its thread-exit handlers (OpenSSL's among them, which take a process-wide lock).
     A process forked in that window - a DataLoader starting its workers right after a first
-    epoch - inherits the lock held and hangs in its first TLS handshake.
-    """
+    epoch - inherits the lock held and hangs in its first TLS handshake."""
     deadline = time.monotonic() + timeout_s
     for tid in thread_ids:
         path = f"/proc/self/task/{tid}"
@@ -204,10 +217,8 @@ def _closed_at_exit(
 ) -> Callable[P, Generator[T, None, None]]:
     """Decorates a blocking iterator's generator function: its generators still open at
     interpreter exit are closed then (``weakref.finalize``: at ``atexit``, loops running).
-
     Left to the interpreter's shutdown (``next(iter(ds))`` at a script's top level), one is
-    finalised only once daemon threads, its loop's among them, have stopped for good.
-    """
+    finalised only once daemon threads, its loop's among them, have stopped for good."""
 
     @functools.wraps(make)
     def made(*args: P.args, **kwargs: P.kwargs) -> Generator[T, None, None]:
@@ -234,18 +245,15 @@ def iterate_blocking(
     on_wait: Callable[[float], None] | None = None,
 ) -> Generator[T, None, None]:
     """Iterate, blocking, over what an async generator yields (one item per hand-over).
-
     The generator runs in its own background loop; closing this iterator (break, exception,
     garbage collection, KeyboardInterrupt, exit) closes the generator and joins the thread.
-
     ``on_wait(seconds)`` is called, in the consuming thread, with the time it spent blocked
     waiting for each item (and for the end): the consumer's whole wait, hand-over between the
-    threads included, which the generator cannot see from inside the loop.
-    """
+    threads included, which the generator cannot see from inside the loop."""
     portal = EventLoopThread()
     items: AsyncIterator[T] | None = None
     try:
-        items = portal.call(_make(make_items))
+        items = portal.hold(portal.call(_make(make_items)))  # (see hold)
         while True:
             started = time.perf_counter()
             try:
@@ -268,7 +276,6 @@ def iterate_ahead(
     max_waiting: int = 1,
 ) -> Generator[T, None, None]:
     """:func:`iterate_blocking` with the generator running ahead of the consumer.
-
     A task in the background loop pulls items and leaves them for the consumer's thread,
     pausing while ``max_waiting`` items wait besides the one in the consumer's hand; the
     consumer takes them one at a time. An item left for a consumer that was waiting is in
@@ -278,10 +285,9 @@ def iterate_ahead(
     waited for: two threads that each wake the other for every item spend more on the
     switches than on the item (a quarter of the CPU of a plain ``for`` over 1 MiB pieces).
     Only for generators that share no state with what the consumer does between items:
-    they now run while it does. Closing is as for :func:`iterate_blocking`.
-    """
+    they now run while it does. Closing is as for :func:`iterate_blocking`."""
     portal = EventLoopThread()
-    handover: _Handover[T] = _Handover(portal, max_waiting)
+    handover: _Handover[T] = portal.hold(_Handover(portal, max_waiting))  # (see hold)
     try:
         portal.call(handover.start(make_items))
         while True:
@@ -435,7 +441,6 @@ async def _aclose(items: AsyncIterator[T]) -> None:
 
 class Owned(AsyncGenerator[T, None]):
     """An async generator closed by the code that made it (``aclosing``), never by the loop.
-
     asyncio tracks every async generator a loop steps (``sys.set_asyncgen_hooks``) and, when
     ``asyncio.run`` ends, closes the ones still open all at once (``shutdown_asyncgens``). A
     pipeline's generators nest, each closing the one it reads in its ``finally``: a user who
@@ -445,8 +450,7 @@ class Owned(AsyncGenerator[T, None]):
     only the generator the user iterates is the loop's to close; the ones inside it are
     wrapped in ``Owned`` and closed by their owners, innermost last. A generator takes the
     thread's hooks on its first step (``asend``, ``athrow`` or ``aclose``), so that step is
-    begun with none set: synchronously, nothing else runs on the thread meanwhile.
-    """
+    begun with none set: synchronously, nothing else runs on the thread meanwhile."""
 
     __slots__ = ("_agen", "_fresh")
 
@@ -510,15 +514,13 @@ def owned(items: AsyncIterator[T]) -> AsyncIterator[T]:
 class owning(Generic[T]):
     """``async with owning(items) as it``: ``aclosing`` for the generator a public generator
     (one a user iterates: ``async for``, ``record_chunks``) reads.
-
     ``items`` becomes :class:`Owned`, and its close runs to the end in a task of its own,
     waited for through a cancellation or a ``GeneratorExit`` (raised once it is closed). A
     user who returns from inside ``async for`` under ``asyncio.run`` leaves the public
     generator to the loop: its close task is cancelled before it starts, and that first
     step throws ``CancelledError`` in, then ``GeneratorExit`` into whatever the close is
     awaiting; a close awaited in place would be torn apart half-way (every task, connection
-    and byte reservation below it left open).
-    """
+    and byte reservation below it left open)."""
 
     __slots__ = ("_items",)
 
@@ -577,10 +579,8 @@ def owned_generator(
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
     """Cancel ``tasks`` and wait until every one of them has ended.
-
     Their outcomes are dropped: the caller is closing or already failing, and a task that
-    outlived its owner would hold connections, budget or memory.
-    """
+    outlived its owner would hold connections, budget or memory."""
     pending = list(tasks)
     for task in pending:
         task.cancel()
