@@ -179,6 +179,7 @@ class EventLoopThread:
             return  # nothing to join: it would never end (or is this very thread)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
+        self._held.clear()  # joined: nothing of it runs again
         if self._thread.native_id is not None:
             _wait_until_gone([*self._worker_ids, self._thread.native_id])
 
