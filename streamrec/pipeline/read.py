@@ -127,8 +127,9 @@ async def decode_blocks(
     A reader filling the local cache publishes its copy only once the whole object decoded
     clean; damage found in a copy *from* the cache is raised naming the cache file, and the
     copy is removed (the next read downloads the object again)."""
-    if decoder.compression is None:  # (inflated bytes are not the reader's bytes)
-        reader.carries = lambda: decoder.framing.buffered_bytes
+    # Asked at each settle, not now: "auto" may find the shard compressed only once its first
+    # bytes are fed, and inflated bytes are not the reader's bytes.
+    reader.carries = lambda: decoder.framing.buffered_bytes if decoder.compression is None else 0
     try:
         async for head in _after(first, reader):
             gathered: list[list[bytes]] = []
