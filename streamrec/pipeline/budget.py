@@ -11,12 +11,14 @@ __all__ = ["ByteBudget"]
 class ByteBudget:
     """Bytes fetched (or being fetched) and not yet handed to the consumer.
 
-    A stream reserves a block's bytes before requesting it and releases them as it hands the
-    block on. The total never exceeds ``limit``, except by one block per stream the consumer
-    reads from: one reservation is always granted when nothing is reserved, and a stream the
-    consumer is blocked on, holding nothing, may *overdraw* by one block (so a block larger
-    than the whole budget still makes progress, and bytes prefetched by streams the consumer
-    reaches later can never starve the one it is waiting for; see :meth:`reserve`).
+    A stream reserves a block's bytes before requesting it and releases them once the
+    consumer has taken the records decoded from them (a record still being assembled keeps
+    its bytes: see ``ObjectReader.settle``). The total never exceeds ``limit``, except by
+    one block per stream the consumer reads from: one reservation is always granted when
+    nothing is reserved, and a stream the consumer is blocked on, holding nothing, may
+    *overdraw* by one block (so a block larger than the whole budget still makes progress,
+    and bytes prefetched by streams the consumer reaches later can never starve the one it
+    is waiting for; see :meth:`reserve`).
 
     Streams read side by side (an interleave) may each be given a *share*. The reader of the
     streams sets :attr:`kept`, the sum of the shares of every stream it will have open at

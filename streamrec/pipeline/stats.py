@@ -30,8 +30,10 @@ class Stats:
     retries: int = 0
     """Storage requests retried after a transient fault (short reads included)."""
     peak_prefetch_bytes: int = 0
-    """Most bytes held read-ahead at once (bounded by prefetch_bytes plus one block; for
-    ``ds.get()`` by prefetch_bytes, unless a single read is larger than all of it)."""
+    """Most bytes held read-ahead at once: fetched, or decoded and not yet taken by the
+    consumer (bounded by prefetch_bytes plus one block per stream the consumer waits on; a
+    record larger than the budget is held whole, one per open shard; for ``ds.get()`` by
+    prefetch_bytes, unless a single read is larger than all of it)."""
     wait_s: float = 0.0
     """Seconds the consumer spent waiting for records (storage or decoding was the bottleneck)."""
 
