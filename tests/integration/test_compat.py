@@ -11,6 +11,7 @@ longer reads.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import shutil
@@ -54,15 +55,17 @@ def old(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Monk
     return copy
 
 
-def build(spec: dict[str, Any]) -> Any:
-    """The dataset a state was taken from (as generate.py built it)."""
-    if "mix" in spec:
-        parts = [build(part) for part in spec["mix"]]
-        return streamrec.mix(parts, spec["weights"], seed=spec["seed"], stop=spec["stop"])
-    ds = streamrec.open_dataset(spec["url"], **spec.get("kwargs", {}))
-    for name, *args in spec.get("then", []):
-        ds = getattr(ds, name)(*args)
-    return ds
+def _load_generate() -> Any:
+    """generate.py, the script that wrote these files, as a module (run with today's code)."""
+    spec = importlib.util.spec_from_file_location("compat_generate", ROOT / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+generate = _load_generate()
+build = generate.build  # the dataset a state was taken from, as generate.py built it
 
 
 def read_all(ds: Any) -> list[int]:
@@ -215,12 +218,6 @@ def test_todays_writers_write_what_the_latest_files_hold(old: Path, tmp_path: Pa
     manifests, sidecars and state shapes as the newest directory here. When this fails on
     purpose, bump the format's version (keeping the old reader) and add a directory written
     by the new code (README.md)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("compat_generate", ROOT / "generate.py")
-    assert spec is not None and spec.loader is not None
-    generate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generate)
     for subset, compression in (("plain", None), ("gzip", "gzip")):
         assert generate.write_set(f"new-{subset}", compression, index=True)
         for path in sorted((old / subset).iterdir()):

@@ -17,10 +17,10 @@ import pytest
 import streamrec
 from streamrec.errors import StorageError
 from streamrec.format.encoder import RecordEncoder
-from streamrec.storage import s3_get
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import open_store
 from support.fault_proxy import FaultProxy
+from support.s3_paths import force_range_get_path
 from support.servers import MotoS3Server
 
 FOREIGN = RecordEncoder().encode_many([b"foreign record"] * 3)
@@ -65,15 +65,7 @@ def foreign() -> Iterator[tuple[str, list[tuple[str, str, dict[str, str]]]]]:
 def s3_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each way an S3 read goes: without the client (storage/s3_direct.py), the client's
     signed range GETs on streamrec's connections or on its HTTP session, get_object."""
-    if request.param == "session":
-
-        async def no_own_connections(self: Any, client: Any, url: str) -> None:
-            self.direct = False
-            return None
-
-        monkeypatch.setattr(s3_get.RangeGetter, "_range_client", no_own_connections)
-    elif request.param == "get_object":
-        monkeypatch.setattr(s3_get.RangeGetter, "serves", lambda self, client, bucket: False)
+    force_range_get_path(request.param, monkeypatch)
     return str(request.param)
 
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 import streamrec
-from streamrec.storage import s3_get
 from streamrec.storage.stores import open_store
 from support.fault_proxy import FaultProxy, ProxyRecord
+from support.s3_paths import RANGE_GET_PATHS, force_range_get_path
 from support.servers import MotoS3Server
 
 SSE_KEY = bytes(range(32))
@@ -33,18 +33,10 @@ SSE_HEADERS = {
 _SSE_TAKEN = ("GET", "HEAD", "PUT", "POST")
 
 
-@pytest.fixture(params=["own-connections", "session", "get_object"])
+@pytest.fixture(params=RANGE_GET_PATHS)
 def range_gets(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Each way a range GET of the client's path goes."""
-    if request.param == "session":
-
-        async def no_own_connections(self: Any, client: Any, url: str) -> None:
-            self.direct = False
-            return None
-
-        monkeypatch.setattr(s3_get.RangeGetter, "_range_client", no_own_connections)
-    elif request.param == "get_object":
-        monkeypatch.setattr(s3_get.RangeGetter, "serves", lambda self, client, bucket: False)
+    force_range_get_path(request.param, monkeypatch)
     yield request.param
 
 

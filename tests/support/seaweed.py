@@ -26,7 +26,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from support.servers import DEFAULT_REGION, LOOPBACK, ServerError, http_request, wait_until
+from support.servers import (
+    LOOPBACK,
+    ServerError,
+    end_process,
+    http_request,
+    s3_setup_client,
+    wait_until,
+)
 
 __all__ = ["SeaweedServer", "weed_binary"]
 
@@ -138,13 +145,7 @@ class SeaweedServer:
             self._client.close()
             self._client = None
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=15)  # (it takes up to ~10 s to stop on SIGTERM)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        end_process(process, timeout_s=15)  # (it takes up to ~10 s to stop on SIGTERM)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -161,22 +162,7 @@ class SeaweedServer:
     def client(self) -> Any:
         """A botocore S3 client for set-up (not the code under test's)."""
         if self._client is None:
-            import botocore.config  # type: ignore[import-untyped]
-            import botocore.session  # type: ignore[import-untyped]
-
-            self._client = botocore.session.get_session().create_client(
-                "s3",
-                endpoint_url=self.endpoint_url,
-                aws_access_key_id=KEY,
-                aws_secret_access_key=SECRET,
-                region_name=DEFAULT_REGION,
-                config=botocore.config.Config(
-                    s3={"addressing_style": "path"},
-                    retries={"max_attempts": 2, "mode": "standard"},
-                    connect_timeout=5,
-                    read_timeout=10,
-                ),
-            )
+            self._client = s3_setup_client(self.endpoint_url, KEY, SECRET)
         return self._client
 
     def create_bucket(self, name: str) -> str:

@@ -254,24 +254,7 @@ class MotoS3Server:
         LocationConstraint for us-east-1. (Do not put ``region_name="us-east-1"`` into s3fs's
         client_kwargs: s3fs's mkdir would then send that LocationConstraint and moto refuses.)
         """
-        import botocore.config  # type: ignore[import-untyped]
-        import botocore.session  # type: ignore[import-untyped]
-
-        settings: dict[str, Any] = {
-            "s3": {"addressing_style": "path"},
-            "retries": {"max_attempts": 2, "mode": "standard"},
-            "connect_timeout": 5,
-            "read_timeout": 10,
-        }
-        settings.update(config)
-        return botocore.session.get_session().create_client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            aws_access_key_id=DUMMY_KEY,
-            aws_secret_access_key=DUMMY_SECRET,
-            region_name=self.region,
-            config=botocore.config.Config(**settings),
-        )
+        return s3_setup_client(self.endpoint_url, DUMMY_KEY, DUMMY_SECRET, self.region, **config)
 
     @property
     def client(self) -> Any:
@@ -337,6 +320,31 @@ def fake_gcs_binary() -> Path:
     if not binary.is_file():
         raise ServerError(f"no fake-gcs-server binary for {system}/{arch} at {binary}")
     return binary
+
+
+def s3_setup_client(
+    endpoint_url: str, key: str, secret: str, region: str = DEFAULT_REGION, **config: Any
+) -> Any:
+    """A synchronous botocore S3 client of a test server, for set-up (caller closes it):
+    path-style, few retries, short timeouts (``config`` overrides them)."""
+    import botocore.config  # type: ignore[import-untyped]
+    import botocore.session  # type: ignore[import-untyped]
+
+    settings: dict[str, Any] = {
+        "s3": {"addressing_style": "path"},
+        "retries": {"max_attempts": 2, "mode": "standard"},
+        "connect_timeout": 5,
+        "read_timeout": 10,
+    }
+    settings.update(config)
+    return botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=endpoint_url,
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+        region_name=region,
+        config=botocore.config.Config(**settings),
+    )
 
 
 def kill_process(process: subprocess.Popen[bytes]) -> None:
