@@ -204,17 +204,24 @@ def _put_gcs(server: FakeGcsServer, bucket: str, key: str, data: bytes) -> None:
     server.put(bucket, key, data)
 
 
-@pytest.mark.parametrize("kind", ["s3", "gs"])
-def test_a_replaced_object_is_downloaded_again(
-    kind: str, request: pytest.FixtureRequest, fault_proxy: Any, tmp_path: Path
-) -> None:
+def behind_proxy(
+    kind: str, request: pytest.FixtureRequest, fault_proxy: Any
+) -> tuple[Any, str, FaultProxy, dict[str, Any]]:
+    """The ``kind`` ("s3" or "gs") test server, a bucket, a counting proxy in front of it and
+    the storage options that read through the proxy."""
     server = request.getfixturevalue(f"{'s3' if kind == 's3' else 'gcs'}_server")
     bucket = request.getfixturevalue(f"{'s3' if kind == 's3' else 'gcs'}_bucket")
     proxy = fault_proxy(server.endpoint_url)
     if kind == "s3":
-        storage = options(proxy)
-    else:
-        storage = {**server.storage_options, "endpoint_url": proxy.url}
+        return server, bucket, proxy, options(proxy)
+    return server, bucket, proxy, {**server.storage_options, "endpoint_url": proxy.url}
+
+
+@pytest.mark.parametrize("kind", ["s3", "gs"])
+def test_a_replaced_object_is_downloaded_again(
+    kind: str, request: pytest.FixtureRequest, fault_proxy: Any, tmp_path: Path
+) -> None:
+    server, bucket, proxy, storage = behind_proxy(kind, request, fault_proxy)
 
     def gets() -> list[Any]:  # of the shard (len() also looks for data.tfrecord.idx)
         return [
@@ -430,13 +437,7 @@ def test_a_warm_cache_costs_no_get_of_a_shard_named_by_url(
 ) -> None:
     """Shards named one by one are looked up by a HEAD when the cache serves them (the
     lookup's GET of the first 256 KiB would download from the store every epoch)."""
-    server = request.getfixturevalue(f"{'s3' if kind == 's3' else 'gcs'}_server")
-    bucket = request.getfixturevalue(f"{'s3' if kind == 's3' else 'gcs'}_bucket")
-    proxy = fault_proxy(server.endpoint_url)
-    if kind == "s3":
-        storage = options(proxy)
-    else:
-        storage = {**server.storage_options, "endpoint_url": proxy.url}
+    server, bucket, proxy, storage = behind_proxy(kind, request, fault_proxy)
     urls, expected = [], []
     for shard in range(6):
         records = payloads(shard, 3000)  # ~350 KB: more than one lookup's 256 KiB

@@ -269,7 +269,7 @@ async def test_the_directory_and_its_files_are_private(tmp_path: Path) -> None:
 async def test_a_directory_others_may_write_is_not_used(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    directory = tmp_path / "shared"
+    directory = tmp_path / "writable-by-all"
     directory.mkdir()
     directory.chmod(0o777)  # anyone could plant an entry with valid CRCs here
     cache = ShardCache(str(directory), 1000)
