@@ -27,6 +27,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from streamrec._portal import run_all
 from streamrec.errors import ObjectChangedError, ObjectNotFoundError, TransientStorageError
 from streamrec.manifest.core import ManifestEntry, load_manifest
 from streamrec.redact import redact
@@ -90,7 +91,7 @@ async def manifest_shards(
             index_known=entry.index_url is not None,
         )
 
-    return list(await asyncio.gather(*(checked(entry) for entry in manifest.shards)))
+    return await run_all(checked(entry) for entry in manifest.shards)
 
 
 async def invalidate_manifest(store: ObjectStore, url: str, retry: RetryPolicy) -> bool:

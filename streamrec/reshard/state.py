@@ -17,6 +17,7 @@ import posixpath
 from collections.abc import Sequence
 from typing import Any
 
+from streamrec._portal import run_all
 from streamrec.errors import FormatError, ObjectNotFoundError, StorageError
 from streamrec.format.index import index_url
 from streamrec.manifest.check import invalidate_manifest
@@ -108,8 +109,8 @@ async def load_done_tasks(
             for task in plan.tasks
             if same_url(task.scratch_url) in by_url
         ]
-        results = await asyncio.gather(
-            *(_check_task(store, task, info, plan, policy, checks) for task, info in candidates)
+        results = await run_all(
+            _check_task(store, task, info, plan, policy, checks) for task, info in candidates
         )
     finally:
         await store.close()
@@ -182,7 +183,7 @@ async def _check_task(
 
     objects: list[tuple[str, int | None]] = [(e.url, e.bytes) for e in manifest.shards]
     objects += [(e.index_url, e.index_bytes) for e in manifest.shards if e.index_url is not None]
-    there = await asyncio.gather(*(present(url, size) for url, size in objects))
+    there = await run_all(present(url, size) for url, size in objects)
     if not all(there):
         logger.warning("%s: a shard it lists is missing or changed; redoing the task", url)
         return None

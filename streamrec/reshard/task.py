@@ -19,7 +19,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from streamrec._portal import owned
+from streamrec._portal import owned, run_all
 from streamrec.errors import FormatError
 from streamrec.manifest.core import ManifestEntry
 from streamrec.pipeline.dataset import open_dataset
@@ -125,7 +125,7 @@ async def run_task(
                 if after_shard_committed is not None:
                     after_shard_committed(spec, sum(len(w.shards) for w in writers))
         _check_count(spec, records, final=True)
-        await asyncio.gather(*(w.close() for w in writers))
+        await run_all(w.close() for w in writers)
     except BaseException:
         await asyncio.gather(*(w.abort() for w in writers), return_exceptions=True)
         raise
