@@ -74,7 +74,7 @@ from _harness.stats import Timings
 
 import streamrec
 from streamrec.format import framing
-from streamrec.storage import records
+from streamrec.storage.local import records
 
 SIZES = (100, KIB, 100 * KIB, 10 * MIB)
 START_MARK = "<!-- bench_local:start -->"

@@ -46,7 +46,7 @@ from _harness import DATA_DIR, KIB, MIB
 import streamrec
 from streamrec.format.framing import RecordEncoder
 from streamrec.pipeline import opener as opener_module
-from streamrec.storage.local import LocalStore
+from streamrec.storage.local.store import LocalStore
 
 SHARDS = 16
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from streamrec.format import framing
-from streamrec.storage import records
+from streamrec.storage.local import records
 from support.corpus import CORPUS_DIR, MANIFEST
 
 pytest_plugins = ["support.server_fixtures"]

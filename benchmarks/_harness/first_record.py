@@ -95,7 +95,7 @@ class Timeline:
         """The range GETs streamrec sends on its own connections (storage/http_range.py), if
         the tree has them: sent, answered (the head parsed), connected."""
         try:
-            from streamrec.storage import http_range
+            from streamrec.storage.http import range_get as http_range
         except ImportError:  # an older tree
             return
         timeline = self

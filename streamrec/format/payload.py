@@ -1,7 +1,7 @@
 """Records read straight into their final ``bytes`` (sans-I/O): the header check, and the
 payload being filled with its CRC continued step by step.
 
-A reader that owns the I/O (:mod:`streamrec.storage.records`, reading a local file in worker
+A reader that owns the I/O (:mod:`streamrec.storage.local.records`, reading a local file in worker
 threads) walks the headers with :func:`read_header`; with the C accelerator it reads each
 payload into an :func:`uninitialised` ``bytes`` object itself (the CRC kernel comes from
 ``_cframing``'s capsule). Its pure-Python twin reads into a :class:`PayloadBuffer`: each step

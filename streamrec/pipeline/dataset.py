@@ -560,7 +560,7 @@ def open_dataset(
         window_records: ``shuffle="block"``'s window (records read together).
         cache_dir, cache_bytes: copies of remote shards kept in ``cache_dir`` (at most
             ``cache_bytes``, least recently used evicted), written as they stream; later epochs
-            and processes of this host read them (CRCs checked): :mod:`streamrec.storage.cache`.
+            and processes of this host read them (CRCs checked): :mod:`~.storage.cache.store`.
 
     A bad argument (type or range) is an :class:`~streamrec.errors.ArgumentError` naming it.
 

@@ -3,7 +3,7 @@
 The block path (:mod:`streamrec.pipeline.prefetch` + the framing decoder) copies every byte
 twice: out of the page cache into a block, then out of the block into its record, and the
 event-loop thread makes the second copy. Here each record of at least
-:data:`DIRECT_RECORD_BYTES` is read by :mod:`streamrec.storage.records` straight into its
+:data:`DIRECT_RECORD_BYTES` is read by :mod:`streamrec.storage.local.records` straight into its
 final ``bytes`` object (allocated at its length, which was checked against the object's size
 first) in ``STEP_BYTES`` steps, each step's CRC computed right after it was read, while it is
 still in the cache: one copy, no second pass. The reads and the CRCs run in worker threads
@@ -41,9 +41,9 @@ from streamrec.errors import StorageError
 from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.local import LocalStore
-from streamrec.storage.records import END, HANDOFF, Plan, Stop, read_records, walk
-from streamrec.storage.records import min_record_bytes as min_record_bytes_for
+from streamrec.storage.local.records import END, HANDOFF, Plan, Stop, read_records, walk
+from streamrec.storage.local.records import min_record_bytes as min_record_bytes_for
+from streamrec.storage.local.store import LocalStore
 
 __all__ = ["DIRECT_RECORD_BYTES", "GROUP_BYTES", "DirectRead"]
 

@@ -40,7 +40,13 @@ from streamrec.pipeline.state import (
     ReadyState,
 )
 from streamrec.pipeline.stats import Stats
-from streamrec.storage.cache import CacheFill, CacheHit, ShardCache, cache_namespace, is_cacheable
+from streamrec.storage.cache.store import (
+    CacheFill,
+    CacheHit,
+    ShardCache,
+    cache_namespace,
+    is_cacheable,
+)
 from streamrec.storage.stores import ObjectInfo, StoreSet
 
 __all__ = ["Piece", "ReadEngine"]

@@ -15,7 +15,7 @@ the consumer has taken those records and the decoder goes on. So what waits deco
 the reader and the consumer (one chunk per shard read side by side: an interleave's cycle)
 is inside the budget too, not one more chunk per stream beside it.
 
-With a local cache (:mod:`streamrec.storage.cache`), the reader first asks it for the object
+With a local cache (:mod:`streamrec.storage.cache.store`), the reader first asks it for the object
 (``open_cache``): a copy there is read instead of the remote object; otherwise a block is
 written to the cache's temporary file at its offset as soon as it arrives, while its bytes are
 still reserved in the budget (no copy, no request of its own), and the copy is published by
@@ -32,7 +32,7 @@ from streamrec._portal import cancel_and_wait
 from streamrec.errors import RetriesExhaustedError, TransientStorageError
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.storage.base import ObjectInfo, ObjectStore, first_bytes
-from streamrec.storage.cache import CacheFill, CacheHit
+from streamrec.storage.cache.store import CacheFill, CacheHit
 from streamrec.storage.retry import RetryPolicy
 
 __all__ = [

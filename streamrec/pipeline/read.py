@@ -16,7 +16,7 @@ from streamrec.format.shard import DEFAULT_PIECE_BYTES, ShardDecoder
 from streamrec.pipeline.direct import DIRECT_RECORD_BYTES, DirectRead
 from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.stats import Stats
-from streamrec.storage.records import min_record_bytes
+from streamrec.storage.local.records import min_record_bytes
 
 __all__ = ["GROUP_BYTES", "read_shard"]
 

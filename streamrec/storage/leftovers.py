@@ -13,7 +13,7 @@ left is visible as an object:
 * **Azure**: staged, uncommitted blocks (invisible; the service discards them 7 days after the
   last one was staged). Blobs that have only those are listed (``include=uncommittedblobs``)
   and discarded by deleting them; a blob committed since it was listed is left alone (see
-  :meth:`~streamrec.storage.azure.AzureStore.abort_unfinished`).
+  :meth:`~streamrec.storage.azure.store.AzureStore.abort_unfinished`).
 
 Used by ``streamrec cleanup`` and by ``reshard``, which aborts the open uploads of the shards
 a rerun is about to write.

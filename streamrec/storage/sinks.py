@@ -11,8 +11,8 @@ Every sink has the same life cycle::
 - :class:`AtomicLocalSink` writes a temporary file in the destination's directory, fsyncs it
   and renames it over the final path on commit.
 - :class:`MemorySink` (``memory://``) keeps the bytes and stores them in one call on commit.
-- :class:`~streamrec.storage.s3_sink.S3MultipartSink` and
-  :class:`~streamrec.storage.gcs_sink.GCSResumableSink` upload while bytes arrive.
+- :class:`~streamrec.storage.s3.sink.S3MultipartSink` and
+  :class:`~streamrec.storage.gcs.sink.GCSResumableSink` upload while bytes arrive.
 
 Every sink counts the bytes it is given and their CRC32C as they pass (``bytes_written``,
 ``crc32c``), so the manifest describes exactly what was stored. Sinks of one writer share a

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from streamrec.errors import StorageError
 from streamrec.storage.base import ObjectInfo, ObjectStore, split_scheme
-from streamrec.storage.local import LocalStore
+from streamrec.storage.local.store import LocalStore
 
 __all__ = [
     "ObjectInfo",
@@ -106,29 +106,29 @@ def open_store(
     if kind == "local":
         return LocalStore()
     if kind == "s3":
-        from streamrec.storage.s3 import S3Store
+        from streamrec.storage.s3.store import S3Store
 
         return S3Store(storage_options, max_connections=max_connections)
     if kind == "gcs":
-        from streamrec.storage.gcs import GCSStore
+        from streamrec.storage.gcs.store import GCSStore
 
         return GCSStore(storage_options)
     if kind == "azure":
-        from streamrec.storage.azure import AzureStore
+        from streamrec.storage.azure.store import AzureStore
 
         return AzureStore(storage_options)
     if kind == "http":
-        from streamrec.storage.http import HTTPStore
+        from streamrec.storage.http.store import HTTPStore
 
         return HTTPStore(storage_options)
-    from streamrec.storage.memory import MemoryStore
+    from streamrec.storage.local.memory import MemoryStore
 
     return MemoryStore(storage_options)
 
 
 def prewarm(urls: list[str], storage_options: dict[str, Any] | None) -> None:
     """Start, in the background, the start-up work the stores of ``urls`` will need
-    (:mod:`streamrec.storage.warmup`; today S3's: :func:`streamrec.storage.s3_client.prewarm`).
+    (:mod:`streamrec.storage.warmup`; today S3's: :func:`streamrec.storage.s3.client.prewarm`).
     Never raises: whatever would fail fails on first use, as without it."""
     warmed: list[dict[str, Any] | None] = []
     for url in urls:
@@ -139,7 +139,7 @@ def prewarm(urls: list[str], storage_options: dict[str, Any] | None) -> None:
             if options in warmed:
                 continue
             warmed.append(options)
-            from streamrec.storage.s3_client import prewarm as prewarm_s3
+            from streamrec.storage.s3.client import prewarm as prewarm_s3
 
             prewarm_s3(options)
         except Exception:  # an optimisation only

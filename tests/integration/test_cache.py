@@ -162,7 +162,7 @@ def test_a_record_split_reader_does_not_wait_for_another_consumers_download(
     # paced by a consumer that waits for us: up to stall_s (the attempt timeout) per shard.
     import fcntl
 
-    from streamrec.storage.cache import ShardCache
+    from streamrec.storage.cache.store import ShardCache
     from streamrec.storage.retry import RetryPolicy
 
     made = put_shards(s3_server, s3_bucket, "split", shards=1, count=200)

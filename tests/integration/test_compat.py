@@ -183,7 +183,7 @@ CACHES = [pytest.param(v, id=v) for v in VERSIONS if meta(v).get("cache")]
 @pytest.mark.parametrize("old", CACHES, indirect=True)
 def test_a_cache_entry_is_served(old: Path) -> None:
     from streamrec.storage.base import ObjectInfo
-    from streamrec.storage.cache import CacheHit, ShardCache, cache_namespace
+    from streamrec.storage.cache.store import CacheHit, ShardCache, cache_namespace
 
     entry = json.loads((old / "meta.json").read_text())["cache"]
     namespace = cache_namespace(entry["url"], entry["storage_options"])

@@ -24,10 +24,11 @@ from streamrec.errors import (
 from streamrec.format.framing import RecordEncoder
 from streamrec.pipeline.engine import ReadEngine, _EarlyStart
 from streamrec.pipeline.prefetch import ObjectReader
-from streamrec.storage import s3_client, warmup
-from streamrec.storage.http_range import RangeClient
+from streamrec.storage import warmup
+from streamrec.storage.http.range_get import RangeClient
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.s3 import S3Store
+from streamrec.storage.s3 import client as s3_client
+from streamrec.storage.s3.store import S3Store
 from support.servers import MotoS3Server
 
 FAST = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=2)

@@ -1,4 +1,4 @@
-"""streamrec.storage.http_range's range GETs against scripted loopback servers: bodies exact in
+"""streamrec.storage.http.range_get's range GETs against scripted loopback servers: bodies exact in
 ``bytes`` pieces of at most PIECE_BYTES, keep-alive reuse (and when a connection must not be
 reused: ``Connection: close``, HTTP/1.0, an error body cut short, bytes past the body, a read
 timeout, a cancel), the retry of a stale idle connection, the limits (BodyTooLong at once,
@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from streamrec.errors import StorageError, TransientStorageError
-from streamrec.storage import http_range
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.http_range import (
+from streamrec.storage.http import range_get as http_range
+from streamrec.storage.http.range_get import (
     HEAD_BYTES,
     PIECE_BYTES,
     BadAnswer,
@@ -32,7 +32,7 @@ from streamrec.storage.http_range import (
     RangeClient,
     Unsupported,
 )
-from streamrec.storage.s3 import S3Store
+from streamrec.storage.s3.store import S3Store
 
 GUARD_S = 10.0  # a bound on every wait (a hang fails the test), never a synchronisation
 LIMIT = 8 << 20

@@ -22,8 +22,8 @@ import streamrec
 from streamrec.errors import StorageError
 from streamrec.format.framing import RecordEncoder
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.s3 import S3Store
-from streamrec.storage.s3_list import PAGE_BYTES
+from streamrec.storage.s3.listing import PAGE_BYTES
+from streamrec.storage.s3.store import S3Store
 from support.listing_server import BUCKET, ListingServer
 
 NAMES = [f"d/part-{i}.tfrecord" for i in range(6)]

@@ -434,7 +434,7 @@ def test_s3_shared_loader_reads_what_botocore_reads() -> None:
     import botocore.exceptions
     import botocore.session
 
-    from streamrec.storage.s3_client import _fast_loader
+    from streamrec.storage.s3.client import _fast_loader
 
     default = botocore.session.get_session().get_component("data_loader")
     fast = _fast_loader(default)

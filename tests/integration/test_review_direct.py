@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.s3 import S3Store
+from streamrec.storage.s3.store import S3Store
 
 BODY = b"abcd"
 
@@ -121,7 +121,7 @@ async def test_a_read_cancelled_while_the_tls_context_builds_does_not_poison_the
     build: concurrent.futures.Future[ssl.SSLContext] = concurrent.futures.Future()
     build.set_running_or_notify_cancel()  # as s3_client._claim_tls hands it out
     monkeypatch.setattr(
-        "streamrec.storage.s3.start_tls_context",
+        "streamrec.storage.s3.store.start_tls_context",
         lambda fs: ("verify", asyncio.wrap_future(build)),
     )
     async with HeldServer(server_tls, hold=False) as server:
@@ -151,7 +151,7 @@ async def test_closing_while_the_tls_context_builds_makes_no_client_after_close(
     build: concurrent.futures.Future[ssl.SSLContext] = concurrent.futures.Future()
     build.set_running_or_notify_cancel()
     monkeypatch.setattr(
-        "streamrec.storage.s3.start_tls_context",
+        "streamrec.storage.s3.store.start_tls_context",
         lambda fs: ("verify", asyncio.wrap_future(build)),
     )
     async with HeldServer(server_tls, hold=False) as server:

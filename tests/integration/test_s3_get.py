@@ -21,9 +21,10 @@ from streamrec.errors import (
     TransientStorageError,
 )
 from streamrec.format.encoder import RecordEncoder
-from streamrec.storage import http_range, s3_get
-from streamrec.storage.s3 import S3Store
-from streamrec.storage.s3_get import RangeGetter
+from streamrec.storage.http import range_get as http_range
+from streamrec.storage.s3 import signed_get as s3_get
+from streamrec.storage.s3.signed_get import RangeGetter
+from streamrec.storage.s3.store import S3Store
 from support.servers import MotoS3Server
 
 DATA = bytes(range(256)) * 400  # 102,400 bytes

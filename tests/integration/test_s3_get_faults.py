@@ -13,7 +13,7 @@ import pytest
 
 from streamrec.errors import StorageError, TransientStorageError
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.s3 import S3Store
+from streamrec.storage.s3.store import S3Store
 from support.servers import free_port
 
 KEY, SECRET, TOKEN = "AKIDLEAKCHECK", "SECRETLEAKCHECK", "TOKENLEAKCHECK"

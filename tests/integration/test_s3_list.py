@@ -14,10 +14,10 @@ import pytest
 import streamrec
 from streamrec.errors import ObjectNotFoundError
 from streamrec.format.framing import RecordEncoder
-from streamrec.storage.http_range import RangeClient
-from streamrec.storage.s3 import S3Store
-from streamrec.storage.s3_direct import DirectS3
-from streamrec.storage.s3_list import early_listing
+from streamrec.storage.http.range_get import RangeClient
+from streamrec.storage.s3.direct import DirectS3
+from streamrec.storage.s3.listing import early_listing
+from streamrec.storage.s3.store import S3Store
 from support.fault_proxy import FaultProxy
 from support.servers import MotoS3Server
 
@@ -167,7 +167,7 @@ def test_a_missing_bucket_is_the_clients_error(
     url = "s3://no-such-bucket-here/d/*.tfrecord"
     with pytest.raises(ObjectNotFoundError) as early:
         list(streamrec.open_dataset(url, storage_options=s3_server.storage_options))
-    monkeypatch.setattr("streamrec.storage.s3.early_listing", lambda *args: None)
+    monkeypatch.setattr("streamrec.storage.s3.store.early_listing", lambda *args: None)
     with pytest.raises(ObjectNotFoundError) as late:
         list(streamrec.open_dataset(url, storage_options=s3_server.storage_options))
     assert str(early.value) == str(late.value)

@@ -27,7 +27,7 @@ import streamrec
 from streamrec.errors import RetriesExhaustedError
 from streamrec.format.crc import crc32c
 from streamrec.manifest.core import read_manifest
-from streamrec.storage.gcs_sink import CHUNK_ALIGN
+from streamrec.storage.gcs.sink import CHUNK_ALIGN
 from streamrec.storage.retry import RetryPolicy
 from support.azurite import AzuriteServer
 from support.fault_proxy import FaultProxy
@@ -451,7 +451,7 @@ async def test_transient_upload_faults_heal(served: Target, fault_proxy: Any) ->
 
 def test_gcs_chunk_sizes_and_resume_offsets() -> None:
     from streamrec.errors import StorageError
-    from streamrec.storage.gcs_sink import chunk_size, next_offset
+    from streamrec.storage.gcs.sink import chunk_size, next_offset
 
     assert chunk_size(1) == chunk_size(CHUNK_ALIGN) == CHUNK_ALIGN
     assert chunk_size(CHUNK_ALIGN + 1) == 2 * CHUNK_ALIGN

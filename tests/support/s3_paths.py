@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from streamrec.storage import s3_get
+from streamrec.storage.s3 import signed_get as s3_get
 
 __all__ = ["RANGE_GET_PATHS", "force_range_get_path"]
 

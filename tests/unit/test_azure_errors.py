@@ -56,7 +56,7 @@ def test_an_abfs_container_at_its_account_is_not_taken_for_a_credential() -> Non
 
 
 def test_the_cache_tells_azure_accounts_apart_without_their_keys() -> None:
-    from streamrec.storage.cache import cache_namespace
+    from streamrec.storage.cache.store import cache_namespace
 
     key = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
     emulator = {

@@ -17,7 +17,13 @@ import pytest
 from streamrec.format.crc import crc32c
 from streamrec.pipeline.options import ReadOptions
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.cache import CacheFill, CacheHit, ShardCache, cache_namespace, is_cacheable
+from streamrec.storage.cache.store import (
+    CacheFill,
+    CacheHit,
+    ShardCache,
+    cache_namespace,
+    is_cacheable,
+)
 
 
 def obj(name: str, size: int = 100, version: str | None = "v1") -> ObjectInfo:

@@ -16,13 +16,13 @@ import pytest
 
 import streamrec
 from streamrec.format.framing import RecordEncoder
-from streamrec.storage import records
+from streamrec.storage.local import records
 
 pytestmark = pytest.mark.skipif(records._cread is None, reason="the C reader is not built")
 
 WALK = """
 import os, sys
-from streamrec.storage import records
+from streamrec.storage.local import records
 fd = os.open(sys.argv[1], os.O_RDONLY)
 try:
     packed, offset, status = records._cread.walk(fd, 0, {end}, 16, {max_records}, 1 << 62)

@@ -24,9 +24,9 @@ from streamrec.pipeline import direct
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.direct import DIRECT_RECORD_BYTES, DirectRead
 from streamrec.pipeline.prefetch import ObjectReader
-from streamrec.storage import records as local_records
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.local import LocalStore
+from streamrec.storage.local import records as local_records
+from streamrec.storage.local.store import LocalStore
 
 KIB, MIB = 1 << 10, 1 << 20
 

@@ -15,8 +15,8 @@ from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.read import GROUP_BYTES, decode_blocks
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.body import read_pieces
-from streamrec.storage.memory import MemoryStore
+from streamrec.storage.http.body import read_pieces
+from streamrec.storage.local.memory import MemoryStore
 
 
 class Content:

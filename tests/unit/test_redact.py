@@ -9,7 +9,7 @@ from streamrec.errors import StorageError
 from streamrec.pipeline.shards import shards_digest
 from streamrec.redact import redact
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.s3_list import EarlyListing
+from streamrec.storage.s3.listing import EarlyListing
 
 PRESIGNED = (
     "https://b.s3.amazonaws.com/k.tfrecord?X-Amz-Algorithm=AWS4-HMAC-SHA256"

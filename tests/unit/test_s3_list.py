@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from streamrec.storage.s3_list import (
+from streamrec.storage.s3.listing import (
     ELEMENTS_PER_KEY,
     PAGE_BYTES,
     EarlyListing,

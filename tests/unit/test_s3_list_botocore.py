@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from streamrec.storage.s3_list import early_listing, list_url, parse_page
+from streamrec.storage.s3.listing import early_listing, list_url, parse_page
 
 ENDPOINT = "http://127.0.0.1:9000"
 BASE = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": ENDPOINT}}
@@ -110,7 +110,7 @@ def test_the_early_timeouts_are_the_clients(monkeypatch: pytest.MonkeyPatch) -> 
     """s3fs gives the client connect_timeout=5, read_timeout=15 unless config_kwargs say
     otherwise; the early page waits 60 s (x2 for the read: checked every read_timeout) on a
     blackholed or stalled endpoint before the client's listing even starts."""
-    from streamrec.storage.s3 import S3Store
+    from streamrec.storage.s3.store import S3Store
 
     store = S3Store(BASE)
     listing = store._early_listing
@@ -189,7 +189,7 @@ def test_the_early_tls_context_verifies_as_the_client_does(
     resolve it): the system/certifi CAs, not the bundle the user pinned."""
     import certifi
 
-    import streamrec.storage.s3 as s3
+    import streamrec.storage.s3.store as s3
     from streamrec._portal import cancel_and_wait
 
     bundle = tmp_path / "ca.pem"
@@ -236,7 +236,7 @@ def test_fsspec_config_options_are_seen(
     only looks at the storage_options S3Store was given."""
     import fsspec.config
 
-    from streamrec.storage.s3 import S3Store
+    from streamrec.storage.s3.store import S3Store
 
     monkeypatch.setitem(fsspec.config.conf, "s3", conf)
     store = S3Store(BASE)

@@ -13,7 +13,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from streamrec.storage.sigv4 import SigV4Signer
+from streamrec.storage.s3.sigv4 import SigV4Signer
 
 MOMENTS = [
     datetime.datetime(2026, 11, 24, 23, 59, 59, tzinfo=datetime.timezone.utc),

@@ -23,7 +23,7 @@ from streamrec.errors import (
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.storage.base import ObjectInfo, ObjectStore
-from streamrec.storage.memory import MemoryStore
+from streamrec.storage.local.memory import MemoryStore
 from streamrec.storage.retry import RetryPolicy
 
 FAST = RetryPolicy(max_attempts=4, initial_backoff_s=0.001, max_backoff_s=0.002, timeout_s=5)

@@ -212,7 +212,7 @@ def write_cache() -> dict[str, Any] | None:
     """A published cache entry of a remote object, as this tree lays it out."""
     try:
         from streamrec.storage.base import ObjectInfo
-        from streamrec.storage.cache import ShardCache, cache_namespace
+        from streamrec.storage.cache.store import ShardCache, cache_namespace
     except ImportError:
         return None
     with open("plain/part-000.tfrecord", "rb") as f:

@@ -2,7 +2,7 @@
 
 Every block is a ``Range`` GET carrying ``If-Match`` with the ETag seen first, and the ETag of
 every answer is compared too (servers that ignore If-Match still cannot splice versions).
-Bodies are read in pieces (:func:`~streamrec.storage.body.read_pieces`); fsspec's aiohttp
+Bodies are read in pieces (:func:`~streamrec.storage.http.body.read_pieces`); fsspec's aiohttp
 session allows 100 connections (aiohttp's default), which does not cap a dataset's reads.
 
 A server that ignores ``Range`` (it answers ``200`` with the whole object, as Python's
@@ -18,13 +18,13 @@ from typing import Any
 
 from streamrec.errors import ObjectChangedError, StorageError
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.body import (
+from streamrec.storage.fsspec_store import FsspecStore
+from streamrec.storage.http.body import (
     error_detail,
     probe_first_bytes,
     ranges_ignored,
     read_pieces,
 )
-from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import from_status, translate
 
 __all__ = ["HTTPStore"]

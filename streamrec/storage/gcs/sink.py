@@ -32,12 +32,12 @@ from urllib.parse import quote
 
 from streamrec._portal import cancel_and_wait
 from streamrec.errors import StorageError, TransientStorageError
-from streamrec.storage.body import ERROR_DETAIL_BYTES, read_at_most
+from streamrec.storage.http.body import ERROR_DETAIL_BYTES, read_at_most
 from streamrec.storage.sinks import ObjectSink, SinkContext, bucket_and_key
 from streamrec.storage.translate import from_status, translate
 
 if TYPE_CHECKING:
-    from streamrec.storage.gcs import GCSStore
+    from streamrec.storage.gcs.store import GCSStore
 
 __all__ = ["ANSWER_BYTES", "CHUNK_ALIGN", "GCSResumableSink", "chunk_size", "next_offset"]
 

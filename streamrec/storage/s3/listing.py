@@ -1,6 +1,6 @@
 """When an S3 store may send its requests without the aiobotocore client, and the pieces of
 a listing page it sends then: its url, as botocore sends it, and its answer, parsed as
-botocore parses it (the requests themselves: :mod:`streamrec.storage.s3_direct`).
+botocore parses it (the requests themselves: :mod:`streamrec.storage.s3.direct`).
 
 When (:func:`early_listing`): the filesystem's options (the caller's, with fsspec's configured
 defaults) name an explicit ``endpoint_url`` (botocore addresses every bucket path-style on

@@ -31,7 +31,7 @@ from concurrent.futures import Future
 from typing import Any, overload
 
 from streamrec.storage import warmup
-from streamrec.storage.s3_list import EarlyListing, early_listing
+from streamrec.storage.s3.listing import EarlyListing, early_listing
 
 __all__ = ["prewarm", "share_loader", "shared_loader", "start_tls_context", "use_tls_context"]
 

@@ -27,7 +27,7 @@ from streamrec.format.payload import (
     read_header,
     uninitialised,
 )
-from streamrec.storage.local import LocalFile
+from streamrec.storage.local.store import LocalFile
 
 __all__ = [
     "END",

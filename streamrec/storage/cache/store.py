@@ -59,7 +59,7 @@ from typing import Any, ClassVar, TypeVar, cast
 
 from streamrec.errors import StorageError
 from streamrec.storage.base import ObjectInfo, ObjectStore
-from streamrec.storage.cache_files import (
+from streamrec.storage.cache.files import (
     DIR_LOCK,
     ENTRY,
     FILE_MODE,

@@ -4,10 +4,10 @@ Range reads are sent by us, with ``If-Match`` pinned to the listed ETag and boto
 retries off, so that streamrec's retry policy is the only one (s3fs and botocore would
 otherwise retry for ~10 s underneath, and pass short bodies on): signed with SigV4 headers
 on the object's url resolved once, through the client's HTTP session
-(:mod:`streamrec.storage.s3_get`: a fraction of ``get_object``'s CPU per request), else with
+(:mod:`streamrec.storage.s3.signed_get`: a fraction of ``get_object``'s CPU per request), else with
 the client's ``get_object``. Either way a body longer than the range asked for is an error
 before the extra bytes are kept.
-Bodies are read off aiohttp's stream in pieces (:func:`~streamrec.storage.body.read_pieces`),
+Bodies are read off aiohttp's stream in pieces (:func:`~streamrec.storage.http.body.read_pieces`),
 never gathered and joined into a second copy.
 
 Client set-up, sized for streaming unless ``storage_options`` say otherwise:
@@ -16,12 +16,12 @@ Client set-up, sized for streaming unless ``storage_options`` say otherwise:
   in flight across all shards; it is sized from ``max_connections`` (what the dataset may have
   in flight), through ``config_kwargs``.
 * botocore's shared data loader, the process's TLS context and the start-up work done ahead
-  for them: :mod:`streamrec.storage.s3_client`.
-* listing pages, the client's too, parsed within bounds (:mod:`streamrec.storage.s3_list`),
+  for them: :mod:`streamrec.storage.s3.client`.
+* listing pages, the client's too, parsed within bounds (:mod:`streamrec.storage.s3.listing`),
   each page checked against the ones before (:mod:`streamrec.storage.pages`).
 * where the options name everything a request needs (an explicit endpoint and credentials:
-  :func:`~streamrec.storage.s3_list.early_listing`), listing pages, range GETs and first
-  bytes go without the client (:mod:`streamrec.storage.s3_direct`), which is made only if an
+  :func:`~streamrec.storage.s3.listing.early_listing`), listing pages, range GETs and first
+  bytes go without the client (:mod:`streamrec.storage.s3.direct`), which is made only if an
   answer sends the store back to it (or for what the direct requests do not do: multipart
   uploads, listing uploads, a HEAD of an empty object).
 """
@@ -38,19 +38,19 @@ from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.errors import ObjectNotFoundError, StorageError, TransientStorageError
 from streamrec.storage import warmup
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, has_glob, split_scheme
-from streamrec.storage.body import parse_content_range, read_pieces_within, too_long
 from streamrec.storage.fsspec_store import FsspecStore
+from streamrec.storage.http.body import parse_content_range, read_pieces_within, too_long
 from streamrec.storage.pages import PageTrail
-from streamrec.storage.s3_client import share_loader, start_tls_context, use_tls_context
-from streamrec.storage.s3_direct import DirectClosed, DirectS3, UseClient
-from streamrec.storage.s3_get import RangeGetter, UseGetObject
-from streamrec.storage.s3_list import HostilePage, early_listing, refuse_hostile_page
-from streamrec.storage.s3_params import RequestParams, extra_params
+from streamrec.storage.s3.client import share_loader, start_tls_context, use_tls_context
+from streamrec.storage.s3.direct import DirectClosed, DirectS3, UseClient
+from streamrec.storage.s3.listing import HostilePage, early_listing, refuse_hostile_page
+from streamrec.storage.s3.params import RequestParams, extra_params
+from streamrec.storage.s3.signed_get import RangeGetter, UseGetObject
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
     from streamrec.storage.retry import RetryPolicy
-    from streamrec.storage.s3_sink import S3MultipartSink
+    from streamrec.storage.s3.sink import S3MultipartSink
     from streamrec.storage.sinks import SinkContext
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "S3Store"]
@@ -62,7 +62,7 @@ DIRECTORY_BUCKET = "--x-s3"
 """How S3 Express directory buckets' names end: they list keys unsorted."""
 _LISTINGS = ("ListObjectsV2", "ListObjects", "ListObjectVersions", "ListMultipartUploads")
 """The client's listing operations: their pages refused past a page's bounds
-(:func:`~streamrec.storage.s3_list.refuse_hostile_page`)."""
+(:func:`~streamrec.storage.s3.listing.refuse_hostile_page`)."""
 
 
 class S3Store(FsspecStore):
@@ -79,7 +79,7 @@ class S3Store(FsspecStore):
     ) -> None:
         import s3fs
 
-        from streamrec.storage.s3_session import NoRedirectSession
+        from streamrec.storage.s3.session import NoRedirectSession
 
         options = dict(storage_options or {})
         config = dict(options.pop("config_kwargs", None) or {})
@@ -365,7 +365,7 @@ class S3Store(FsspecStore):
 
     def open_sink(self, url: str, context: SinkContext | None = None) -> S3MultipartSink:
         """A multipart upload that runs while bytes arrive; the object appears on commit."""
-        from streamrec.storage.s3_sink import S3MultipartSink
+        from streamrec.storage.s3.sink import S3MultipartSink
 
         return S3MultipartSink(self, url, context)
 
@@ -435,7 +435,7 @@ class S3Store(FsspecStore):
 def _as_given(storage_options: dict[str, Any]) -> dict[str, Any]:
     """The filesystem's options without the HTTP session class the store chose (the direct
     requests follow no redirect either: storage/http_range.py)."""
-    from streamrec.storage.s3_session import NoRedirectSession
+    from streamrec.storage.s3.session import NoRedirectSession
 
     config = dict(storage_options.get("config_kwargs") or {})
     if config.get("http_session_cls") is NoRedirectSession:

@@ -26,7 +26,7 @@ from streamrec.storage.sinks import ObjectSink, SinkContext, bucket_and_key
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
-    from streamrec.storage.s3 import S3Store
+    from streamrec.storage.s3.store import S3Store
 
 __all__ = ["S3MultipartSink"]
 

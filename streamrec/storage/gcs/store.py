@@ -4,7 +4,8 @@ gcsfs retries every request 6 times over ~35 s, and that cannot be changed at ru
 reads therefore go straight to its authenticated session, with ``ifGenerationMatch`` pinned to
 the listed generation (and the ``X-Goog-Generation`` of every answer compared), so that
 streamrec's retry policy is the only one on the data path. Bodies are read off aiohttp's
-stream in pieces (:func:`~streamrec.storage.body.read_pieces`), never joined into a second copy.
+stream in pieces (:func:`~streamrec.storage.http.body.read_pieces`), never joined into a
+second copy.
 gcsfs's aiohttp connector allows 100 connections (aiohttp's default), which does not cap a
 dataset's range reads.
 """
@@ -17,19 +18,19 @@ from urllib.parse import quote, quote_plus
 
 from streamrec.errors import ObjectChangedError, PermissionDeniedError, StorageError
 from streamrec.storage.base import ObjectInfo, split_scheme
-from streamrec.storage.body import (
+from streamrec.storage.fsspec_store import FsspecStore
+from streamrec.storage.gcs.client import LOOKING_FOR_CREDENTIALS, start_filesystem
+from streamrec.storage.http.body import (
     error_detail,
     probe_first_bytes,
     ranges_ignored,
     read_pieces,
 )
-from streamrec.storage.fsspec_store import FsspecStore
-from streamrec.storage.gcs_client import LOOKING_FOR_CREDENTIALS, start_filesystem
 from streamrec.storage.retry import waiting_for
 from streamrec.storage.translate import from_status, translate
 
 if TYPE_CHECKING:
-    from streamrec.storage.gcs_sink import GCSResumableSink
+    from streamrec.storage.gcs.sink import GCSResumableSink
     from streamrec.storage.sinks import SinkContext
 
 __all__ = ["GCSStore"]
@@ -44,14 +45,14 @@ class GCSStore(FsspecStore):
         options = dict(storage_options or {})
         options.setdefault("skip_instance_cache", True)
         # The filesystem is made on first use, off the loop (it may look for credentials
-        # for a minute): :mod:`streamrec.storage.gcs_client`.
+        # for a minute): :mod:`streamrec.storage.gcs.client`.
         super().__init__(None)
         self._options = options
         self._making: asyncio.Future[Any] | None = None
         self._session_ready = False
 
     async def filesystem(self, url: str = "gs://") -> Any:
-        """The gcsfs filesystem, made on first use (see :mod:`~streamrec.storage.gcs_client`);
+        """The gcsfs filesystem, made on first use (see :mod:`~streamrec.storage.gcs.client`);
         ``url``: what the caller is about to use it for (named in an error)."""
         if self.fs is None:
             if self._making is None:
@@ -168,7 +169,7 @@ class GCSStore(FsspecStore):
 
     def open_sink(self, url: str, context: SinkContext | None = None) -> GCSResumableSink:
         """A resumable upload that runs while bytes arrive; the object appears on commit."""
-        from streamrec.storage.gcs_sink import GCSResumableSink
+        from streamrec.storage.gcs.sink import GCSResumableSink
 
         return GCSResumableSink(self, url, context)
 

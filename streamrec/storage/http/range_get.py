@@ -39,7 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from streamrec.format.accel import load_accelerator
-from streamrec.storage.body import too_long
+from streamrec.storage.http.body import too_long
 
 __all__ = [
     "HEAD_BYTES",

@@ -207,7 +207,7 @@ class LocalFile:
 
     @property
     def fd(self) -> int:
-        """The open file descriptor (for the C reads of :mod:`streamrec.storage.records`)."""
+        """The open file descriptor (for the C reads of :mod:`streamrec.storage.local.records`)."""
         return self._fd
 
     def close(self) -> None:

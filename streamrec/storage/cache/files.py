@@ -1,4 +1,4 @@
-"""The files of the shard cache's directory (see :mod:`streamrec.storage.cache`): locks
+"""The files of the shard cache's directory (see :mod:`streamrec.storage.cache.store`): locks
 taken without blocking, space allocated up front, atomic publishing, and the checks that the
 directory and its entries are this user's own."""
 

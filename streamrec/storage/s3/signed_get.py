@@ -9,7 +9,7 @@ botocore once per object for the object's url (``generate_presigned_url``: the s
 resolution and addressing style as ``get_object``; its query - the presigned signature - is
 dropped, never sent nor kept), and sends each range GET of that object on it, signed the way
 ``get_object`` signs: SigV4 headers as botocore's ``S3SigV4Auth`` makes them (computed by
-:mod:`streamrec.storage.sigv4`, ~10x cheaper), with the client's region and signing name and
+:mod:`streamrec.storage.s3.sigv4`, ~10x cheaper), with the client's region and signing name and
 its current credentials (``get_frozen_credentials``: refreshable ones are refreshed),
 ``Range`` and ``If-Match`` among the signed headers.
 
@@ -20,7 +20,7 @@ the S3 default) or ``UNSIGNED`` (anonymous: sent unsigned) go this way; any othe
 ``s3``, SigV4a, S3 Express directory buckets, access-point ARNs) keeps ``get_object``. No
 credential is in the url, so no error message or log line that quotes the url carries one.
 
-The request goes out on streamrec's own connections (:mod:`streamrec.storage.http_range`:
+The request goes out on streamrec's own connections (:mod:`streamrec.storage.http.range_get`:
 bodies received straight into their pieces) when the session's settings allow it: no proxy
 for the url, no socket option but ``TCP_NODELAY`` (botocore's default, asyncio's too), no
 connector argument but the keep-alive timeout. Their TLS context is the session's own
@@ -51,9 +51,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from streamrec._portal import cancel_and_wait
 from streamrec.errors import StorageError, TransientStorageError
-from streamrec.storage.body import read_pieces
-from streamrec.storage.http_range import BadAnswer, BodyTooLong, RangeClient, Unsupported
-from streamrec.storage.sigv4 import SigV4Signer
+from streamrec.storage.http.body import read_pieces
+from streamrec.storage.http.range_get import BadAnswer, BodyTooLong, RangeClient, Unsupported
+from streamrec.storage.s3.sigv4 import SigV4Signer
 from streamrec.storage.translate import REDIRECT_STATUSES, from_error_code, redirected
 
 __all__ = [
@@ -316,7 +316,7 @@ async def _signed(
     client: Any, url: str, headers: dict[str, str], signer: SigV4Signer | None
 ) -> dict[str, str]:
     """``headers`` for a GET of ``url`` signed as the client signs (SigV4 headers with its
-    current credentials, by ``signer``: see :mod:`streamrec.storage.sigv4`), or as they are
+    current credentials, by ``signer``: see :mod:`streamrec.storage.s3.sigv4`), or as they are
     for an anonymous client (``signer`` None)."""
     from botocore.exceptions import NoCredentialsError
 

@@ -8,7 +8,7 @@ replaced blob raises :class:`~streamrec.errors.ObjectChangedError`. The SDK's re
 and its sink send, so that streamrec's :class:`~streamrec.storage.retry.RetryPolicy` is the only
 one. The public ``download_blob`` is not used: it reads the first 32 MiB into one ``bytes``,
 asks again by itself when a body is short, and retries underneath. Bodies are read off
-aiohttp's stream in pieces (:func:`~streamrec.storage.body.read_pieces`), never joined into a
+aiohttp's stream in pieces (:func:`~streamrec.storage.http.body.read_pieces`), never joined into a
 second copy.
 
 Credentials are adlfs's ``storage_options`` (see the README): ``connection_string``;
@@ -26,18 +26,18 @@ from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import ObjectChangedError, ObjectNotFoundError, StorageError
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, split_scheme
-from streamrec.storage.body import (
+from streamrec.storage.fsspec_store import FsspecStore
+from streamrec.storage.http.body import (
     parse_content_range,
     probed_size,
     ranges_ignored,
     read_pieces,
     read_pieces_within,
 )
-from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
-    from streamrec.storage.azure_sink import AzureBlockSink
+    from streamrec.storage.azure.sink import AzureBlockSink
     from streamrec.storage.sinks import SinkContext
 
 __all__ = ["AzureStore"]
@@ -188,7 +188,7 @@ class AzureStore(FsspecStore):
     def open_sink(self, url: str, context: SinkContext | None = None) -> AzureBlockSink:
         """Blocks staged while bytes arrive, committed in one ``Put Block List``: the blob
         appears on commit only."""
-        from streamrec.storage.azure_sink import AzureBlockSink
+        from streamrec.storage.azure.sink import AzureBlockSink
 
         return AzureBlockSink(self, url, context)
 

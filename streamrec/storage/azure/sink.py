@@ -11,7 +11,7 @@ Staged blocks are invisible: readers and listings see the old blob (or none) unt
 ``abort()`` cancels the block uploads and leaves what was staged uncommitted; Azure has no call
 that discards uncommitted blocks (a later commit of the same blob does, and the service drops
 them 7 days after the last one was staged), so nothing visible remains
-(:meth:`~streamrec.storage.azure.AzureStore.unfinished_writes` lists such blobs, ``streamrec
+(:meth:`~streamrec.storage.azure.store.AzureStore.unfinished_writes` lists such blobs, ``streamrec
 cleanup`` deletes them).
 
 Block ids are the block number and a per-sink random tag, all of one length (Azure
@@ -33,7 +33,7 @@ from streamrec.storage.sinks import ObjectSink, SinkContext, bucket_and_key
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
-    from streamrec.storage.azure import AzureStore
+    from streamrec.storage.azure.store import AzureStore
 
 __all__ = ["AzureBlockSink"]
 

@@ -2,13 +2,13 @@
 needs: listing pages, range GETs and an object's first bytes, signed here.
 
 Why: a process's first S3 client costs ~40 ms of CPU (botocore's models, the client, its
-endpoint rules; :mod:`streamrec.storage.s3_client`), and every DataLoader worker is a fresh
+endpoint rules; :mod:`streamrec.storage.s3.client`), and every DataLoader worker is a fresh
 process. With an explicit ``endpoint_url`` and credentials (what
-:func:`~streamrec.storage.s3_list.early_listing` accepts: MinIO, SeaweedFS, R2, a test
+:func:`~streamrec.storage.s3.listing.early_listing` accepts: MinIO, SeaweedFS, R2, a test
 server...) botocore addresses every bucket path-style on the endpoint and signs with those
 credentials, so each request is known without it: the url as botocore builds it (tested equal
-to botocore's), SigV4 headers from :mod:`streamrec.storage.sigv4`, sent on streamrec's own
-connections (:mod:`streamrec.storage.http_range`) with the client's timeouts and TLS context.
+to botocore's), SigV4 headers from :mod:`streamrec.storage.s3.sigv4`, sent on streamrec's own
+connections (:mod:`streamrec.storage.http.range_get`) with the client's timeouts and TLS context.
 
 What it can change: nothing but the time. A listing page that fails in any way is listed
 through the store's client, whose errors the caller sees. A GET's answer that may be the
@@ -18,7 +18,7 @@ says the signature, region, credentials or endpoint were wrong (:data:`CLIENT_CO
 whose answer the caller sees, and goes on with the client from then on. Other error answers
 of a GET (a missing object, access denied, a changed object, a busy server) say the same
 whoever sent the request: they raise the error the client's path raises
-(:func:`~streamrec.storage.translate.from_error_code`, as :mod:`streamrec.storage.s3_get`
+(:func:`~streamrec.storage.translate.from_error_code`, as :mod:`streamrec.storage.s3.signed_get`
 does), and no request is sent twice. What the transport raises (a refused or reset
 connection, a timeout) is raised as on the client's path (the store translates it; the
 retry policy decides), and a success body longer than the range asked for is an error.
@@ -32,11 +32,11 @@ from typing import Any
 from urllib.parse import quote
 
 from streamrec.errors import StorageError, TransientStorageError
-from streamrec.storage.body import parse_content_range
-from streamrec.storage.http_range import BadAnswer, BodyTooLong, RangeClient, Unsupported
-from streamrec.storage.s3_get import ERROR_BODY_BYTES, check_range, error_code, range_headers
-from streamrec.storage.s3_list import PAGE_BYTES, EarlyListing, HostilePage, list_url, parse_page
-from streamrec.storage.sigv4 import SigV4Signer
+from streamrec.storage.http.body import parse_content_range
+from streamrec.storage.http.range_get import BadAnswer, BodyTooLong, RangeClient, Unsupported
+from streamrec.storage.s3.listing import PAGE_BYTES, EarlyListing, HostilePage, list_url, parse_page
+from streamrec.storage.s3.signed_get import ERROR_BODY_BYTES, check_range, error_code, range_headers
+from streamrec.storage.s3.sigv4 import SigV4Signer
 from streamrec.storage.translate import REDIRECT_STATUSES, from_error_code
 
 __all__ = ["CLIENT_CODES", "DirectClosed", "DirectS3", "UseClient", "object_url"]
@@ -130,8 +130,8 @@ class DirectS3:
         warm: str | None = None,
     ) -> dict[str, Any]:
         """A ``ListObjectsV2`` page of ``bucket/prefix*`` (``/`` as delimiter), as botocore's
-        ``list_objects_v2`` returns it (see :func:`~streamrec.storage.s3_list.parse_page`;
-        :class:`~streamrec.storage.s3_list.HostilePage` for a page no listing can be).
+        ``list_objects_v2`` returns it (see :func:`~streamrec.storage.s3.listing.parse_page`;
+        :class:`~streamrec.storage.s3.listing.HostilePage` for a page no listing can be).
         ``warm``: a bucket whose first GET's connection opens once the request is written
         (beside the page's round trip, not before it: the page would wait for it)."""
         url = list_url(self._listing.endpoint, bucket, prefix, "/", max_keys, token)
