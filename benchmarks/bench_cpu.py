@@ -53,6 +53,7 @@ from _harness.datasets import Dataset, DataSpec, ensure_dataset
 from _harness.procs import rotated
 from _harness.remote import run_worker, timeout_for, upload_all, worker_main
 from _harness.report import command_line, cpu_model, now, publish, replace_section, source_state
+from _harness.results import JSON_HELP, save_results
 from _harness.servers import S3_KEY, S3_SECRET, Services, storage_options, weed_binary
 
 START_MARK = "<!-- bench_cpu:start -->"
@@ -392,6 +393,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--readers", nargs="+", choices=[*READERS, *BASE_READERS], help="only these readers"
     )
     parser.add_argument("--out", type=Path, help="write the table into this README's section")
+    parser.add_argument("--json", type=Path, help=JSON_HELP)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -438,6 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results=results,
     )
     publish(section, args.out, write_readme)
+    save_results(args.json, "bench_cpu", section, ["CPU per GB"])
     return 0
 
 

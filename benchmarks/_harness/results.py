@@ -13,18 +13,23 @@ draws from::
 
 A cell is a number where the table shows one (``1,272`` -> 1272, ``10.97 M`` -> 10970000,
 ``0.16x`` -> 0.16, ``99%`` -> 99), else its text (markdown emphasis dropped), ``null`` when empty.
-``write_results`` makes such a file from the markdown section a script prints (``--json PATH``).
+``save_results`` puts the tables of the markdown section a script prints into such a file
+(the scripts' ``--json PATH``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["dumps", "parse_cell", "parse_tables", "section_facts", "write_results"]
+from .report import command_line, cpu_model, now, source_state
 
+__all__ = ["JSON_HELP", "dumps", "parse_cell", "parse_tables", "save_results", "section_facts"]
+
+JSON_HELP = "also save the tables as data in this results file (benchmarks/results/<script>.json)"
 _NUMBER = re.compile(r"^([+-]?\d[\d,]*(?:\.\d+)?)\s*(k|M|x|%)?$")
 _SCALE = {"k": 1e3, "M": 1e6}
 
@@ -144,33 +149,45 @@ def dumps(doc: dict[str, Any]) -> str:
     return "{\n" + ",\n".join(fields(doc, "  ", {"tables": ""})) + "\n}\n"
 
 
-def write_results(
-    path: Path,
-    benchmark: str,
-    title: str,
-    section: str,
-    charts: list[dict[str, Any] | None] | None = None,
-    names: list[str] | None = None,
+def save_results(
+    path: Path | None, benchmark: str, section: str, names: list[str], command: str = ""
 ) -> None:
-    """Write ``path`` from a script's markdown ``section``: every table in it, with the
-    section's command, date, commit and machine (``charts``/``names``: one per table)."""
+    """``--json PATH``: put the tables of a script's markdown ``section`` into the results file
+    ``path`` (nothing when None) as the tables called ``names`` (in order), replacing the tables
+    of those names and keeping the others and their chart entries; the command, date, commit
+    and machine come from the section, else from this run (``command``, now, git, the CPU)."""
+    if path is None:
+        return
     facts = section_facts(section)
-    tables = []
+    source = re.search(r"commit (\w+)", source_state())
+    doc: dict[str, Any] = {
+        "benchmark": benchmark,
+        "script": f"benchmarks/{benchmark}.py",
+        "title": benchmark,
+        "json_flag": "--json",
+        "tables": [],
+    }
+    if path.exists():
+        doc = json.loads(path.read_text())
+    kept = {table["name"]: table for table in doc["tables"]}
     for n, table in enumerate(parse_tables(section)):
+        name = names[n] if n < len(names) else f"table {n + 1}"
         entry: dict[str, Any] = {
-            "name": (names[n] if names and n < len(names) else f"table {n + 1}"),
-            "date": facts.get("date", ""),
-            "commit": facts.get("commit", ""),
-            "machine": facts.get("machine", ""),
-            "command": facts.get("command", ""),
+            "name": name,
+            "date": facts.get("date") or now(),
+            "commit": facts.get("commit") or (source.group(1) if source else ""),
+            "machine": facts.get("machine")
+            or f"{cpu_model('unknown CPU')}, {os.cpu_count()} cores",
+            "command": facts.get("command") or command or command_line(f"{benchmark}.py", None),
             "notes": [],
             **table,
         }
-        chart = charts[n] if charts and n < len(charts) else None
-        if chart:
-            entry["chart"] = chart
-        tables.append(entry)
-    doc = {"benchmark": benchmark, "script": f"benchmarks/{benchmark}.py", "title": title}
-    doc["tables"] = tables
+        if name in kept and kept[name].get("chart"):
+            entry["chart"] = kept[name]["chart"]
+        if name in kept:
+            doc["tables"][doc["tables"].index(kept[name])] = entry
+        else:
+            doc["tables"].append(entry)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(dumps(doc))
+    print(f"wrote {path}")
