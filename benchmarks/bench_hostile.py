@@ -2,7 +2,7 @@
 
 Run from the repository root after ``python setup.py build_ext --inplace``::
 
-    python benchmarks/bench_hostile.py [--out benchmarks/README.md]
+    python benchmarks/bench_hostile.py [--json PATH]
 
 Each case is generated under a temporary directory (sparse or compressed: a few MiB on disk)
 and read with ``for record in streamrec.open_dataset(url)`` (defaults: ``prefetch_bytes``

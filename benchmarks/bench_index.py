@@ -37,7 +37,7 @@ from pathlib import Path
 
 from _harness import BENCH_DIR
 from _harness.local import write_random_shards
-from _harness.report import cpu_model, replace_section, source_state
+from _harness.report import cpu_model, given_outputs, replace_section, source_state
 from _harness.results import JSON_HELP, save_results
 
 import streamrec
@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     section = "\n".join(
         [
-            f"Command: `{command} --out benchmarks/README.md` ({now}, {args.rounds} rounds, "
+            f"Command: `{command}{given_outputs(args)}` ({now}, {args.rounds} rounds, "
             f"{time.monotonic() - started:.0f} s in all).",
             "",
             f"Machine: {cpu_name()}, {os.cpu_count()} cores, Python "

@@ -3,7 +3,7 @@
 Run from the repository root (build the C accelerator first)::
 
     python setup.py build_ext --inplace
-    python benchmarks/bench_local.py [--quick] [--out benchmarks/README.md]
+    python benchmarks/bench_local.py [--quick] [--json PATH]
 
 What it measures, for record sizes 100 B, 1 KiB, 100 KiB and 10 MiB (one uncompressed file of
 ~256 MiB per size, ~32 MiB with ``--quick``, written by streamrec under ``benchmarks/data/`` and

@@ -2,7 +2,7 @@
 
 Run from the repository root (build the C accelerators first)::
 
-    python benchmarks/bench_map.py [--records 20000] [--rounds 5] [--out benchmarks/README.md]
+    python benchmarks/bench_map.py [--records 20000] [--rounds 5] [--json PATH]
 
 The data: ``--records`` ``tf.train.Example`` records (a 32x32x3 uint8 image and a label,
 ~3.1 KiB each) in 8 local uncompressed shards under ``benchmarks/data/map/`` (gitignored;

