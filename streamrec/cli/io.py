@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, TypeVar
 
-from streamrec._portal import owned_generator
+from streamrec._portal import owned_generator, run_all
 from streamrec.format.codecs import Compression, resolve_compression
 from streamrec.format.framing import FOOTER_BYTES, HEADER_BYTES, OnCorrupt
 from streamrec.format.shard import ShardDecoder
@@ -150,4 +150,4 @@ async def map_bounded(items: Sequence[T], jobs: int, work: Callable[[T], Awaitab
         async with gate:
             return await work(item)
 
-    return list(await asyncio.gather(*(one(item) for item in items)))
+    return await run_all(one(item) for item in items)
