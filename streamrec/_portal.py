@@ -576,14 +576,16 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
     pending = list(tasks)
     for task in pending:
         task.cancel()
-    await settle_all(pending)
+    if pending:
+        await settle_all(pending)
 
 
-async def settle_all(jobs: Iterable[Awaitable[T]]) -> list[T | BaseException]:
+def settle_all(jobs: Iterable[Awaitable[T]]) -> asyncio.Future[list[T | BaseException]]:
     """Run ``jobs`` concurrently until every one has ended: each one's result or exception,
     in order. For cleanup (aborting every writer, waiting for every worker thread's call),
-    where one failure must not stop the others; elsewhere :func:`run_all`."""
-    return await asyncio.gather(*jobs, return_exceptions=True)
+    where one failure must not stop the others; elsewhere :func:`run_all`. A future, not a
+    task: a loop's shutdown, which cancels every task, does not end it before its jobs."""
+    return asyncio.gather(*jobs, return_exceptions=True)
 
 
 async def run_all(jobs: Iterable[Awaitable[T]]) -> list[T]:

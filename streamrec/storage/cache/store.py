@@ -144,7 +144,7 @@ class _Handle:
         if not self._pending:
             os.close(self.fd)
             return
-        ended = asyncio.ensure_future(settle_all(list(self._pending)))
+        ended = settle_all(self._pending)
         ended.add_done_callback(lambda _: os.close(self.fd))  # even if this close is cancelled
         await asyncio.shield(ended)
 
