@@ -197,10 +197,10 @@ class _Channel(Generic[T]):
     senders to one receiver: ``send`` returns once the receiver has taken the item, so each
     sender holds at most one item not yet taken and nothing piles up between them.
 
-    ``close(error)`` (the senders' group ended: ``None``, or failed: its error) lets the
-    receiver take what was sent, then end or raise the error (the error first: it is not
-    kept waiting behind items). ``close()`` by the receiver makes every ``send`` raise
-    :class:`_ChannelClosed`, also in a sender that swallowed its cancellation."""
+    ``close(error)``: the senders' group ended (``None``: ``receive`` ends the iteration) or
+    failed (``receive`` raises its error at once, not after the items still offered). Every
+    ``send`` waiting or to come then raises :class:`_ChannelClosed`: a receiver that stops
+    closes it too, so that even a sender that swallowed its cancellation stops there."""
 
     def __init__(self) -> None:
         self._senders: deque[tuple[T, asyncio.Future[None]]] = deque()
