@@ -11,7 +11,7 @@ this process, ``streamrec count --no-progress --json DIR/*`` and ``streamrec ind
 --no-progress --json DIR/*`` (``--force``: every round reads every shard and writes every
 sidecar, fsynced and renamed into place), in alternating order, after one warm-up round of
 each (page cache warm: the local disk is not what is measured). Both read the
-shards the same way (the CLI's ShardReader, 8 shards at a time, every CRC checked); the index
+shards the same way (the pipeline's ShardScan, 8 shards at a time, every CRC checked); the index
 also collects each record's length and formats and writes the sidecar.
 
 Columns: the best and median wall seconds of each command over the rounds, the shard MB/s

@@ -13,18 +13,17 @@ from streamrec.cli.common import (
     Progress,
     add_command,
     add_common_arguments,
+    add_prefetch_argument,
     cli_text,
-    compression_of,
     error,
+    map_bounded,
     positive_int,
     print_json,
-    retry_of,
-    storage_options_of,
+    read_options_of,
 )
-from streamrec.cli.io import ShardReader, Stores, list_shards, map_bounded
 from streamrec.errors import CorruptRecordError, FormatError, StreamrecError
 from streamrec.format.framing import OnCorrupt
-from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.scan import ShardScan
 from streamrec.storage.stores import ObjectInfo
 
 __all__ = ["ShardResult", "register", "run_count", "run_verify", "scan_shards"]
@@ -103,6 +102,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _add_jobs(parser: argparse.ArgumentParser) -> None:
+    add_prefetch_argument(parser)
     parser.add_argument(
         "--jobs",
         type=positive_int,
@@ -134,21 +134,13 @@ class ShardResult:
 
 async def scan_shards(args: argparse.Namespace, on_corrupt: OnCorrupt) -> list[ShardResult]:
     """Read every shard the urls name, ``args.jobs`` at a time; results in shard order."""
-    async with Stores(storage_options_of(args), retry_of(args)) as stores:
-        shards = await list_shards(stores, args.urls)
-        budget = ByteBudget(64 << 20)
+    async with ShardScan(read_options_of(args, on_corrupt)) as scan:
+        shards = await scan.list_shards(args.urls)
         total = sum(shard.size for shard in shards)
         with Progress(args, total=total, unit="B", desc=args.command) as bar:
 
             async def one(shard: ObjectInfo) -> ShardResult:
-                reader = ShardReader(
-                    stores,
-                    shard,
-                    budget,
-                    compression=compression_of(args),
-                    on_corrupt=on_corrupt,
-                    on_bytes=bar.update,
-                )
+                reader = scan.shard(shard, on_bytes=bar.update)
                 result = ShardResult(shard)
                 try:
                     await reader.count()

@@ -14,9 +14,9 @@ serve the object's first range reads, so the first record costs one round trip, 
 from __future__ import annotations
 
 import abc
-import asyncio
 from typing import Any
 
+from streamrec._portal import run_all
 from streamrec.errors import ObjectNotFoundError, StorageError
 from streamrec.storage.base import ObjectInfo, ObjectStore, has_glob
 from streamrec.storage.translate import translate
@@ -84,7 +84,7 @@ class FsspecStore(ObjectStore):
             # Some listings (HTML indexes over HTTP) carry no sizes: ask each object.
             missing = [i for i in infos if i.get("size") is None]
             if missing:
-                filled = await asyncio.gather(*(self._info(i["name"]) for i in missing))
+                filled = await run_all(self._info(i["name"]) for i in missing)
                 infos = [i for i in infos if i.get("size") is not None] + list(filled)
         except Exception as exc:
             raise translate(exc, pattern, "listing") from exc

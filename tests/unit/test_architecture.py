@@ -11,7 +11,13 @@
 * no Python module over 600 lines (generated ``*_pb2.py`` excluded);
 * at most 8 modules directly in ``streamrec/``;
 * ``streamrec/format/`` (the sans-I/O core) imports neither asyncio, fsspec nor aiofiles, and
-  calls no ``open()``.
+  calls no ``open()``;
+* no bare ``asyncio.gather`` (it leaves the others running when one fails): tasks run in
+  ``streamrec._portal.run_all`` (the first error cancels and awaits the rest) or, on cleanup
+  paths where every one must run whatever the others do, ``settle_all``; only the modules in
+  :data:`GATHER_ALLOWED` call it, each for the reason given there;
+* ``ARCHITECTURE.md`` names every package folder (a directory with an ``__init__.py``) as its
+  dotted name (``streamrec.storage.s3``) or its path (``streamrec/storage/s3/``).
 
 The benchmarks (``benchmarks/``) keep three rules of their own: no file over 600 lines, no
 script imports (or loads) another (what they share lives in ``benchmarks/_harness/``), and only
@@ -24,9 +30,12 @@ package at the end.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,6 +43,12 @@ MAX_LINES = 600
 MAX_TOP_LEVEL_MODULES = 8
 NO_IO_PACKAGE = "streamrec.format"
 IO_LIBRARIES = ("asyncio", "fsspec", "aiofiles")
+GATHER_ALLOWED = {
+    "streamrec._portal": "run_all and settle_all, the helpers every other module uses",
+    # remove once the S3 rewrite (issue 30, item 3) has it await its parts with run_all:
+    "streamrec.storage.s3.sink": "its upload-part tasks, already tracked and aborted on failure",
+}
+ARCHITECTURE = ROOT / "ARCHITECTURE.md"
 
 
 @dataclass(frozen=True)
@@ -54,6 +69,7 @@ class Module:
     is_package: bool
     imports: tuple[Import, ...]
     calls_open: tuple[int, ...]  # lines calling the builtin open()
+    gathers: tuple[int, ...] = ()  # lines calling asyncio's gather
 
     def where(self, root: Path) -> str:
         return f"{self.name} ({self.path.relative_to(root)})"
@@ -152,6 +168,43 @@ class _Collector(ast.NodeVisitor):
         self.generic_visit(node)
 
 
+def _base_name(node: ast.expr) -> str | None:
+    """The name an attribute chain starts from (``asyncio`` of ``asyncio.tasks.gather``)."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def gather_calls(tree: ast.AST) -> tuple[int, ...]:
+    """Lines calling asyncio's ``gather``: through the module (``asyncio.gather``, under any
+    name asyncio or asyncio.tasks is imported as) or as a name imported from it."""
+    modules: set[str] = set()  # names bound to asyncio or asyncio.tasks
+    functions: set[str] = set()  # names bound to asyncio's gather
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "asyncio":
+                    modules.add(alias.asname or "asyncio")
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for alias in node.names if node.module.split(".")[0] == "asyncio" else ():
+                if alias.name == "gather":
+                    functions.add(alias.asname or alias.name)
+                elif alias.name == "tasks":
+                    modules.add(alias.asname or alias.name)
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if (isinstance(func, ast.Name) and func.id in functions) or (
+            isinstance(func, ast.Attribute)
+            and func.attr == "gather"
+            and _base_name(func.value) in modules
+        ):
+            lines.append(node.lineno)
+    return tuple(sorted(lines))
+
+
 def scan(root: Path, package: str) -> dict[str, Module]:
     """Every Python module of ``root/package``, by dotted name, with its imports."""
     package_dir = root / package
@@ -162,9 +215,15 @@ def scan(root: Path, package: str) -> dict[str, Module]:
         name = module_name(path, root)
         is_package = path.name == "__init__.py"
         collector = _Collector(name, is_package, known)
-        collector.visit(ast.parse(path.read_text(), str(path)))
+        tree = ast.parse(path.read_text(), str(path))
+        collector.visit(tree)
         modules[name] = Module(
-            name, path, is_package, tuple(collector.imports), tuple(collector.calls_open)
+            name,
+            path,
+            is_package,
+            tuple(collector.imports),
+            tuple(collector.calls_open),
+            gather_calls(tree),
         )
     return modules
 
@@ -331,6 +390,50 @@ def test_format_core_does_no_io() -> None:
     assert not problems, "\n".join(problems)
 
 
+def gather_problems(modules: dict[str, Module], root: Path, allowed: Iterable[str]) -> list[str]:
+    """Calls of asyncio's gather outside the ``allowed`` modules."""
+    return [
+        f"{module.where(root)} line {line}: calls asyncio.gather (rule: run tasks with "
+        "streamrec._portal.run_all, or settle_all where every one must run to its end)"
+        for name, module in sorted(modules.items())
+        if name not in allowed
+        for line in module.gathers
+    ]
+
+
+def test_no_bare_gather() -> None:
+    problems = gather_problems(MODULES, ROOT, GATHER_ALLOWED)
+    assert not problems, "\n".join(problems)
+
+
+def package_folders(modules: dict[str, Module]) -> list[str]:
+    """Every package (a folder with an ``__init__.py``), by dotted name."""
+    return sorted(name for name, module in modules.items() if module.is_package)
+
+
+def is_named(package: str, text: str) -> bool:
+    """Whether ``text`` names ``package`` as a whole: its dotted name or its folder's path
+    (``a.b`` or ``a/b/``), not as the start of another name (``a.b.c``, ``a/b/c.py``)."""
+    dotted = rf"(?<![\w./]){re.escape(package)}(?![\w/]|\.\w)"
+    path = rf"(?<![\w./]){re.escape(package.replace('.', '/'))}/?(?![\w/]|\.\w)"
+    return re.search(dotted, text) is not None or re.search(path, text) is not None
+
+
+def unnamed_packages(modules: dict[str, Module], text: str) -> list[str]:
+    return [
+        f"{name}: not named in ARCHITECTURE.md (rule: the map names every package folder, as "
+        f"{name} or {name.replace('.', '/')}/)"
+        for name in package_folders(modules)
+        if not is_named(name, text)
+    ]
+
+
+@pytest.mark.xfail(strict=False, reason="ARCHITECTURE.md rewrite pending")
+def test_architecture_names_every_package() -> None:
+    problems = unnamed_packages(MODULES, ARCHITECTURE.read_text())
+    assert not problems, "\n".join(problems)
+
+
 # ----------------------------------------------------------------------- the rules, on benchmarks/
 
 BENCHMARKS = ROOT / "benchmarks"
@@ -471,3 +574,40 @@ def test_checker_resolves_relative_and_submodule_imports(tmp_path: Path) -> None
         ("pkg.sub._inner", "z", True),
     ]
     assert _names(modules["pkg.c"].imports) == [("pkg.d", "X", False)]
+
+
+GATHERING = {
+    "pkg/__init__.py": "",
+    "pkg/a.py": "import asyncio\n\nasync def f(xs):\n    return await asyncio.gather(*xs)\n",
+    "pkg/b.py": (
+        "from asyncio import gather as g\nimport asyncio.tasks as t\n\n"
+        "async def f(x):\n    await g(x)\n    await t.gather(x)\n"
+    ),
+    "pkg/c.py": (  # gathers that are not asyncio's
+        "import numpy as np\n\ndef gather(x):\n    return x\n\n"
+        "def f(self, x):\n    gather(x)\n    self.gather(x)\n    np.gather(x)\n"
+    ),
+    "pkg/_allowed.py": "import asyncio as aio\n\nasync def f(x):\n    await aio.gather(x)\n",
+}
+
+
+def test_checker_finds_bare_gathers(tmp_path: Path) -> None:
+    write_package(tmp_path, GATHERING)
+    modules = scan(tmp_path, "pkg")
+    assert modules["pkg._allowed"].gathers == (4,)
+    problems = gather_problems(modules, tmp_path, ["pkg._allowed"])
+    assert [p.split(" (rule")[0] for p in problems] == [
+        "pkg.a (pkg/a.py) line 4: calls asyncio.gather",
+        "pkg.b (pkg/b.py) line 5: calls asyncio.gather",
+        "pkg.b (pkg/b.py) line 6: calls asyncio.gather",
+    ]
+
+
+def test_checker_finds_packages_the_map_leaves_out(tmp_path: Path) -> None:
+    write_package(tmp_path, FAKE)
+    modules = scan(tmp_path, "pkg")
+    assert package_folders(modules) == ["pkg", "pkg.other", "pkg.sub"]
+    text = "`pkg/sub/` reads; pkg.other.f and pkg/other/h.py are modules; pkg.subway is not us"
+    assert [p.split(":")[0] for p in unnamed_packages(modules, text)] == ["pkg", "pkg.other"]
+    named = "The root `pkg/`, pkg.other (its f) and pkg/sub."
+    assert unnamed_packages(modules, named) == []

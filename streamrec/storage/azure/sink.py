@@ -28,7 +28,7 @@ import asyncio
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from streamrec._portal import cancel_and_wait
+from streamrec._portal import cancel_and_wait, run_all
 from streamrec.storage.sinks import ObjectSink, SinkContext, bucket_and_key
 from streamrec.storage.translate import translate
 
@@ -129,7 +129,7 @@ class AzureBlockSink(ObjectSink):
             return
         from azure.storage.blob import BlobBlock
 
-        ids = await asyncio.gather(*self._blocks)
+        ids = await run_all(self._blocks)
         response = await self._call(
             f"committing the list of {len(ids)} blocks",
             "commit_block_list",
