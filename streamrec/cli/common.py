@@ -14,7 +14,7 @@ import sys
 import textwrap
 import unicodedata
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from streamrec.storage.retry import RetryPolicy
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_DATA_ERROR",
     "EXIT_OK",
+    "Commands",
     "Progress",
     "add_command",
     "add_common_arguments",
@@ -57,8 +58,17 @@ URLS_HELP = (
 )
 
 
+class Commands(Protocol):
+    """What ``register(commands)`` is given: the object ``ArgumentParser.add_subparsers()``
+    returns (argparse names its type only privately)."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        """Add the subcommand ``name``; ``kwargs`` as for ``ArgumentParser``, plus ``help``."""
+        ...
+
+
 def add_command(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    commands: Commands,
     name: str,
     *,
     summary: str,

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from streamrec.cli.common import (
+    Commands,
     add_timeout_argument,
     add_verbose_argument,
     error,
@@ -108,7 +109,7 @@ def parse_bytes(text: str) -> int:
     return value
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the ``reshard`` subcommand to a ``streamrec`` parser's subcommands."""
     parser = commands.add_parser(
         "reshard",
