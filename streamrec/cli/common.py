@@ -17,7 +17,7 @@ import textwrap
 import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeVar
 
 from streamrec._portal import run_all
 from streamrec.format.framing import OnCorrupt
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_DATA_ERROR",
     "EXIT_OK",
+    "Commands",
     "Progress",
     "add_command",
     "add_common_arguments",
@@ -92,8 +93,17 @@ URLS_HELP = (
 )
 
 
+class Commands(Protocol):
+    """What ``register(commands)`` is given: the object ``ArgumentParser.add_subparsers()``
+    returns (argparse names its type only privately)."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        """Add the subcommand ``name``; ``kwargs`` as for ``ArgumentParser``, plus ``help``."""
+        ...
+
+
 def add_command(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    commands: Commands,
     name: str,
     *,
     summary: str,

@@ -10,6 +10,7 @@ from typing import Any
 from streamrec.cli.common import (
     EXIT_DATA_ERROR,
     EXIT_OK,
+    Commands,
     Progress,
     add_command,
     add_common_arguments,
@@ -65,7 +66,7 @@ exit status: 0 every CRC matched; 1 any damage or an unreadable object; 2 usage 
 """
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the ``count`` and ``verify`` subcommands."""
     count = add_command(
         commands,

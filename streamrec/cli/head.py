@@ -12,6 +12,7 @@ from typing import Any
 from streamrec.cli.common import (
     EXIT_DATA_ERROR,
     EXIT_OK,
+    Commands,
     add_command,
     add_common_arguments,
     add_prefetch_argument,
@@ -51,7 +52,7 @@ missing object; 2 usage error
 """
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the ``head`` subcommand."""
     parser = add_command(
         commands,

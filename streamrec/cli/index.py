@@ -23,6 +23,7 @@ from streamrec._portal import run_all
 from streamrec.cli.common import (
     EXIT_DATA_ERROR,
     EXIT_OK,
+    Commands,
     Progress,
     add_command,
     add_common_arguments,
@@ -89,7 +90,7 @@ that could not be written (the others are still indexed); 2 usage error
 """
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the ``index`` subcommand."""
     parser = add_command(
         commands,

@@ -10,6 +10,7 @@ from typing import Any
 
 from streamrec.cli.common import (
     EXIT_OK,
+    Commands,
     Progress,
     add_command,
     add_common_arguments,
@@ -65,7 +66,7 @@ _SECTION_TITLES = {
 }
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the ``inspect`` subcommand."""
     parser = add_command(
         commands,

@@ -8,6 +8,7 @@ from typing import Any
 
 from streamrec.cli.common import (
     EXIT_OK,
+    Commands,
     add_command,
     add_common_arguments,
     human_bytes,
@@ -35,7 +36,7 @@ exit status: 0 ok; 1 nothing matched or storage failed; 2 usage error
 """
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the ``ls`` subcommand."""
     parser = add_command(
         commands,

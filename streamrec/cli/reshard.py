@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from streamrec.cli.common import (
+    Commands,
     add_timeout_argument,
     add_verbose_argument,
     error,
@@ -72,7 +73,7 @@ sizes take units: 1048576, 64KiB, 256MiB, 1GiB (powers of 1024) or 1MB, 1GB (pow
 exit status: 0 done, 1 data or storage error (one line on stderr), 2 usage error."""
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the ``reshard`` subcommand to a ``streamrec`` parser's subcommands."""
     parser = commands.add_parser(
         "reshard",
