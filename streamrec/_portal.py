@@ -505,14 +505,11 @@ def owned(items: AsyncIterator[T]) -> AsyncIterator[T]:
 
 class owning(Generic[T]):
     """``async with owning(items) as it``: ``aclosing`` for the generator a public generator
-    (one a user iterates: ``async for``, ``record_chunks``) reads.
-    ``items`` becomes :class:`Owned`, and its close runs to the end in a task of its own,
-    waited for through a cancellation or a ``GeneratorExit`` (raised once it is closed). A
-    user who returns from inside ``async for`` under ``asyncio.run`` leaves the public
-    generator to the loop: its close task is cancelled before it starts, and that first
-    step throws ``CancelledError`` in, then ``GeneratorExit`` into whatever the close is
-    awaiting; a close awaited in place would be torn apart half-way (every task, connection
-    and byte reservation below it left open)."""
+    (``async for``, ``record_chunks``) reads. ``items`` becomes :class:`Owned`; its close runs
+    to the end in a task of its own, waited for through a cancellation or a ``GeneratorExit``.
+    A user who returns from inside ``async for`` under ``asyncio.run`` leaves the public
+    generator to the loop, whose close throws ``CancelledError`` then ``GeneratorExit`` in: a
+    close awaited in place would be torn apart half-way (tasks, connections, budget left)."""
 
     __slots__ = ("_items",)
 
@@ -570,21 +567,24 @@ def owned_generator(
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
-    """Cancel ``tasks`` and wait until every one of them has ended.
-    Their outcomes are dropped: the caller is closing or already failing, and a task that
-    outlived its owner would hold connections, budget or memory."""
+    """Cancel ``tasks`` and wait until every one has ended, even if the caller is cancelled
+    meanwhile; their outcomes dropped (a task outliving its owner would hold its resources)."""
     pending = list(tasks)
     for task in pending:
         task.cancel()
-    if pending:
-        await settle_all(pending)
+    waiting, cancelled = settle_all(pending), None
+    while not waiting.done():
+        try:
+            await asyncio.shield(waiting)
+        except asyncio.CancelledError as exc:  # ours: they still end first (then it is raised)
+            cancelled = exc
+    if cancelled is not None:
+        raise cancelled
 
 
 def settle_all(jobs: Iterable[Awaitable[T]]) -> asyncio.Future[list[T | BaseException]]:
-    """Run ``jobs`` concurrently until every one has ended: each one's result or exception,
-    in order. For cleanup (aborting every writer, waiting for every worker thread's call),
-    where one failure must not stop the others; elsewhere :func:`run_all`. A future, not a
-    task: a loop's shutdown, which cancels every task, does not end it before its jobs."""
+    """Run ``jobs`` until every one has ended (results or exceptions, in order): cleanup,
+    where one failure must not stop the others. A future: a loop's shutdown ends it last."""
     return asyncio.gather(*jobs, return_exceptions=True)
 
 

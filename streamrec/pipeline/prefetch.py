@@ -348,11 +348,13 @@ class ObjectReader:
         self.budget.forget(self.prime)
         inflight, self._inflight = self._inflight, deque()
         ready, self._ready = self._ready, deque()
-        await cancel_and_wait(task for _, task in inflight)
         unsettled, self._unsettled = self._unsettled, 0
-        self.budget.release(
-            sum(length for length, _ in inflight) + sum(map(len, ready)) + unsettled
-        )
+        try:
+            await cancel_and_wait(task for _, task in inflight)
+        finally:  # (a close cancelled meanwhile still gives every byte back)
+            self.budget.release(
+                sum(length for length, _ in inflight) + sum(map(len, ready)) + unsettled
+            )
         if self._pinned:
             self._pinned = False
             self.store.unpin(self.obj)
