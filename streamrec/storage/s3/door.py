@@ -68,8 +68,9 @@ class DoorClosed(StorageError):
     """A request of an :class:`S3Door` that was closed (the store was closed under it)."""
 
 
-class _EmptyObject(Exception):
-    """The first bytes of an empty object were asked for (S3: 416 InvalidRange)."""
+class _LookUp(Exception):
+    """The first bytes of an object cannot say its size (an empty object: 416 InvalidRange;
+    an answer longer than asked for): the object is looked up instead."""
 
 
 def range_headers(start: int, end: int, version: str | None) -> dict[str, str]:
@@ -241,11 +242,12 @@ class S3Door:
         self, bucket: str, key: str, length: int, name: str
     ) -> tuple[int, str | None, list[bytes]] | None:
         """The object's size, ETag and first ``length`` bytes (fewer if it is shorter), in one
-        request; None for an empty object (no byte to ask for: looked up instead)."""
+        request; None for an empty object (no byte to ask for) or an answer longer than asked
+        for: looked up instead."""
         action = "reading its first bytes"
         try:
             pieces, headers = await self._get(bucket, key, 0, length, None, name, action)
-        except _EmptyObject:
+        except _LookUp:
             return None
         content_range = parse_content_range(headers.get("content-range"))
         got = sum(map(len, pieces))
@@ -280,11 +282,13 @@ class S3Door:
         try:
             answer = await self._send(bucket, url_of, headers, end - start, name, action)
         except BodyTooLong as exc:
+            if head is not None:  # (not kept: looked up instead)
+                raise _LookUp() from None
             raise StorageError(f"{name}: {action}: {exc}") from None
         if answer.status not in (200, 206):
             code = error_code(b"".join(answer.pieces))[0]
             if head is not None and answer.status == 416 and code == "InvalidRange":
-                raise _EmptyObject()
+                raise _LookUp()
             raise self._error(answer, name, action)
         if head is None:  # (a 200 to the first bytes is the whole object: head() sizes it)
             check_range(answer.status, answer.headers.get("content-length"), start, end, name)
