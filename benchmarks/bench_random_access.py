@@ -180,7 +180,7 @@ def planned_reads(data: Dataset, sets: Sequence[Sequence[int]]) -> list[int]:
     """The range reads streamrec plans for each set (its planner, on the local sidecars)."""
     import numpy as np
 
-    from streamrec.format.index import parse_index
+    from streamrec.format.index.core import parse_index
     from streamrec.pipeline.random_access import RecordTable, plan_spans
     from streamrec.storage.base import ObjectInfo
 

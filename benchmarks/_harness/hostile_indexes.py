@@ -34,7 +34,7 @@ def make_padded_sidecar(directory: Path) -> Spec:
 def make_many_records(directory: Path) -> Spec:
     """A valid shard of 2,000,000 empty records (32 MB) and its ~22 MiB sidecar."""
     from streamrec.format.framing import RecordEncoder
-    from streamrec.format.index import IndexBuilder
+    from streamrec.format.index.core import IndexBuilder
 
     url = str(directory / "many.tfrecord")
     records = 2_000_000
@@ -66,7 +66,7 @@ def make_skewed(directory: Path) -> Spec:
     """100,000 empty records, then 48 of 4 MiB, indexed; read with even=True and block
     shuffle under an 8 MiB budget."""
     from streamrec.format.framing import RecordEncoder
-    from streamrec.format.index import IndexBuilder
+    from streamrec.format.index.core import IndexBuilder
 
     url = str(directory / "skewed.tfrecord")
     big = bytes(range(256)) * (4 * MIB // 256)

@@ -2,7 +2,7 @@
 
 Each shard is read once from its start, streamed like ``count`` reads it (every CRC checked,
 never the whole shard in memory), and the framed length of each record collected; the index
-(:mod:`streamrec.format.index`) is written only once the shard has been read to its end
+(:mod:`streamrec.format.index.core`) is written only once the shard has been read to its end
 without damage, through the store's sink (:meth:`~streamrec.storage.base.ObjectStore.
 open_sink`: a temporary file renamed into place, one S3 PUT, a GCS upload), so a reader never
 sees half an index. Shards run ``--concurrency`` at a time over one prefetch budget.
@@ -38,7 +38,7 @@ from streamrec.cli.common import (
 from streamrec.errors import FormatError, IndexMismatchError, StreamrecError
 from streamrec.format.codecs import Compression
 from streamrec.format.framing import OVERHEAD_BYTES
-from streamrec.format.index import ShardIndex, index_url
+from streamrec.format.index.core import ShardIndex, index_url
 from streamrec.pipeline.indexes import find_indexes, load_index
 from streamrec.pipeline.scan import ShardScan
 from streamrec.storage.sinks import SinkContext

@@ -13,7 +13,7 @@ by ``max_bytes`` asks before every record: *does this record still fit?*
   limit. Uncompressed, sizes are exact by arithmetic.
 
 **Indexing** (``index=True``): the encoder also builds the shard's record index
-(:mod:`streamrec.format.index`), available as :attr:`ShardEncoder.shard_index` after
+(:mod:`streamrec.format.index.core`), available as :attr:`ShardEncoder.shard_index` after
 :meth:`~ShardEncoder.finish`. Uncompressed, that is the plain index (each record's offset and
 framed length). Compressed, the stream gets *restart points*: before the record that would
 take the framed bytes since the last restart point past ``restart_bytes`` (1 MiB by default),
@@ -41,7 +41,7 @@ from typing import Any
 from streamrec.format.codecs import Compression, make_compressor, normalize_compression
 from streamrec.format.crc import BytesLike
 from streamrec.format.framing import OVERHEAD_BYTES, RecordEncoder
-from streamrec.format.index import IndexBuilder, ShardIndex
+from streamrec.format.index.core import IndexBuilder, ShardIndex
 
 __all__ = ["RESTART_BYTES", "ShardEncoder", "deflate_bound"]
 

@@ -2,7 +2,7 @@
 which records one range read covers (:func:`coalesce`).
 
 A *span* is a byte range of a shard as stored that holds consecutive records, found with the
-shard's index (:mod:`~streamrec.format.index`):
+shard's index (:mod:`~streamrec.format.index.core`):
 
 * uncompressed: from the first record's offset to the last record's end;
 * compressed (an extended index): from the first record's restart point (a deflate full-flush

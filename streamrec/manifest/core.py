@@ -52,7 +52,7 @@ check every shard's size, and version where both have one, before reading it (se
 
 ``record_index`` (optional; written by ``open_writer(..., index=True)``; not ``index``, which
 is the shard's position) names the shard's record index sidecar (``<shard name>.idx``, see
-:mod:`streamrec.format.index`) and its size, so a reader can fetch it without looking it up.
+:mod:`streamrec.format.index.core`) and its size, so a reader can fetch it without looking it up.
 Its name follows the same rules as shard names (relative, checked when read). A shard without
 it has no index as far as the manifest knows. Readers that predate it ignore it (unknown keys
 are ignored, so the version stays 1); this reader accepts manifests with and without it.

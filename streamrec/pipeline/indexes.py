@@ -1,6 +1,6 @@
 """Shards' record index sidecars (``<shard>.idx``): found, fetched and checked; record counts.
 
-The read side of :mod:`streamrec.format.index`. For each shard:
+The read side of :mod:`streamrec.format.index.core`. For each shard:
 
 1. **find** its sidecar: from the listing where it saw them
    (:attr:`~streamrec.storage.base.ObjectInfo.index_known`, see
@@ -12,8 +12,8 @@ The read side of :mod:`streamrec.format.index`. For each shard:
    name's suffix, else its first 12 bytes, read only when the name does not tell): a
    compressed shard's index may be larger and has its offsets in the uncompressed stream.
 3. **check the sidecar's size** (as listed) against
-   :func:`~streamrec.format.index.index_size_limit` *before* reading it, then read it 1 MiB
-   at a time, each piece parsed (:class:`~streamrec.format.index.IndexParser`) against the
+   :func:`~streamrec.format.index.core.index_size_limit` *before* reading it, then read it 1 MiB
+   at a time, each piece parsed (:class:`~streamrec.format.index.core.IndexParser`) against the
    shard's size now before the next is requested: at most ``concurrency`` pieces in flight
    and one parse's temporaries, whatever the sidecars hold. A count (:func:`count_index`,
    ``len(ds)``) keeps no table; an index kept holds 8 bytes a number.
@@ -52,7 +52,7 @@ from streamrec.format.codecs import (
     resolve_compression,
 )
 from streamrec.format.framing import HEADER_BYTES
-from streamrec.format.index import (
+from streamrec.format.index.core import (
     INDEX_SUFFIX,
     IndexParser,
     ShardIndex,

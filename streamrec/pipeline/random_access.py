@@ -30,7 +30,7 @@ import numpy.typing as npt
 from streamrec._portal import run_all
 from streamrec.errors import RandomAccessUnavailableError, TransientStorageError
 from streamrec.format.codecs import Compression
-from streamrec.format.index import ShardIndex
+from streamrec.format.index.core import ShardIndex
 from streamrec.format.span import SpanDecoder, coalesce
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.prefetch import read_exact

@@ -8,7 +8,7 @@ Each url is, in this order of checks:
 * a **glob** (``*``, ``?``, ``[``; ``**`` matches any depth): the matching objects sorted by
   name, except names starting with ``_`` or ``.`` in the part the glob matched (the
   Hadoop/Spark convention: a writer's ``_manifest.json``, ``_reshard/`` scratch, dot files)
-  and record index sidecars (names ending in ``.idx``, :mod:`streamrec.format.index`) where
+  and record index sidecars (names ending in ``.idx``, :mod:`streamrec.format.index.core`) where
   the glob matched the name; such a name can still be read by naming it explicitly, or by a
   glob whose literal part names it;
 * an **object**: itself;
@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from streamrec.errors import ObjectNotFoundError, StorageError, TransientStorageError
-from streamrec.format.index import INDEX_SUFFIX, index_url
+from streamrec.format.index.core import INDEX_SUFFIX, index_url
 from streamrec.manifest.check import manifest_shards
 from streamrec.manifest.core import MANIFEST_NAME, is_manifest_url
 from streamrec.storage.base import GLOB_CHARS, ObjectInfo, ObjectStore, has_glob

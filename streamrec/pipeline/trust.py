@@ -2,7 +2,7 @@
 
 An index sidecar is untrusted: entries that add up but cut the shard at other boundaries
 would make random access return bytes of a payload as records
-(:mod:`streamrec.format.index_check`). A span of records is read only from a *verified*
+(:mod:`streamrec.format.index.check`). A span of records is read only from a *verified*
 boundary: the shard's start, or the start of an entry whose predecessors were all checked
 against the shard's own framing. :class:`BoundaryTrust` keeps, per shard (and index), how
 many leading entries are verified, for as long as its dataset lives in the process (and in
@@ -38,8 +38,8 @@ import numpy as np
 
 from streamrec._portal import run_all
 from streamrec.format.codecs import Compression
-from streamrec.format.index import ShardIndex
-from streamrec.format.index_check import CompressedCheck, check_lengths
+from streamrec.format.index.check import CompressedCheck, check_lengths
+from streamrec.format.index.core import ShardIndex
 from streamrec.format.span import coalesce
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.prefetch import read_exact

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from streamrec.format.index import INDEX_SUFFIX
+from streamrec.format.index.core import INDEX_SUFFIX
 from streamrec.manifest.core import MANIFEST_NAME
 from streamrec.pipeline.shards import seeded_random
 from streamrec.storage.base import ObjectInfo

@@ -19,7 +19,7 @@ from typing import Any
 
 from streamrec._portal import run_all
 from streamrec.errors import FormatError, ObjectNotFoundError, StorageError
-from streamrec.format.index import index_url
+from streamrec.format.index.core import index_url
 from streamrec.manifest.check import invalidate_manifest
 from streamrec.manifest.core import Manifest, ManifestEntry, dumps, loads, manifest_for
 from streamrec.reshard.plan import PLAN_VERSION, Naming, Plan, TaskSpec

@@ -50,7 +50,7 @@ class ObjectInfo:
     """The CRC-32C (unmasked) of the object's bytes, where known without reading it (a
     manifest): a local copy (the cache) is checked against it before it is served."""
     index: ObjectInfo | None = None
-    """The shard's record index sidecar (``<url>.idx``, see :mod:`streamrec.format.index`),
+    """The shard's record index sidecar (``<url>.idx``, see :mod:`streamrec.format.index.core`),
     where the listing that found the shard also returned it."""
     index_known: bool = False
     """True when that listing would have returned the sidecar had there been one (a directory

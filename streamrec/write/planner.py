@@ -5,7 +5,7 @@ The planner runs in the caller's thread: it frames and compresses records
 one goes to (rotation by ``max_records`` / ``max_bytes``, or a fixed ``num_shards`` filled
 round-robin or contiguously) and cuts the stored bytes into blocks of ``flush_bytes`` for the
 sinks. With ``index=True`` each shard's end carries its record index sidecar's bytes
-(:mod:`streamrec.format.index`). See :mod:`streamrec.write.writer` for the rules.
+(:mod:`streamrec.format.index.core`). See :mod:`streamrec.write.writer` for the rules.
 """
 
 from __future__ import annotations

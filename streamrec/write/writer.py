@@ -57,7 +57,7 @@ writer (no template field) writes none unless ``manifest=`` is passed explicitly
 
 Record index (``index=True``)
 -----------------------------
-Each shard gets its record index sidecar, ``<shard url>.idx`` (:mod:`streamrec.format.index`):
+Each shard gets its record index sidecar, ``<shard url>.idx`` (:mod:`streamrec.format.index.core`):
 the plain ``<offset> <length>`` lines of DALI's ``tfrecord2idx`` and the ``tfrecord`` package
 for uncompressed shards; for GZIP / ZLIB shards the extended four-column lines, the stream
 having a restart point (a full flush) about every MiB of records
@@ -92,7 +92,7 @@ from streamrec._portal import cancel_and_wait, run_all, settle_all
 from streamrec.errors import ArgumentError, ObjectNotFoundError, StorageError
 from streamrec.format.codecs import Compression, normalize_compression
 from streamrec.format.crc import BytesLike
-from streamrec.format.index import index_url
+from streamrec.format.index.core import index_url
 from streamrec.manifest.check import invalidate_manifest
 from streamrec.manifest.core import MANIFEST_NAME, Manifest, ManifestEntry, dumps, relative_name
 from streamrec.pipeline.arguments import (

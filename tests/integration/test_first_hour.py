@@ -20,7 +20,7 @@ from integration.test_cli import cli, write_records
 from streamrec.cli.main import main
 from streamrec.errors import ArgumentError
 from streamrec.example import FixedLenFeature, decode_batch, encode
-from streamrec.format.index import index_url
+from streamrec.format.index.core import index_url
 from support.fault_proxy import FaultProxy
 from support.server_fixtures import HttpDir
 from support.servers import MotoS3Server

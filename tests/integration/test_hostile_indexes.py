@@ -18,7 +18,7 @@ import pytest
 import streamrec
 from streamrec.errors import IndexMismatchError
 from streamrec.format.framing import RecordEncoder
-from streamrec.format.index import IndexBuilder
+from streamrec.format.index.core import IndexBuilder
 from streamrec.sync import open_writer
 
 REPO = Path(__file__).resolve().parents[2]

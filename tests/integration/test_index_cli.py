@@ -17,7 +17,7 @@ import streamrec
 from integration.test_cli import cli, corrupt_payload, frame_offsets
 from streamrec.cli.index import COUNTS_ONLY
 from streamrec.format.framing import RecordEncoder
-from streamrec.format.index import IndexBuilder, parse_index
+from streamrec.format.index.core import IndexBuilder, parse_index
 from support.servers import FakeGcsServer, MotoS3Server
 
 COUNTS = [5, 0, 9, 2]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import zlib
 
 from streamrec.format.framing import RecordDecoder
-from streamrec.format.index import ShardIndex, parse_index
+from streamrec.format.index.core import ShardIndex, parse_index
 
 __all__ = ["check_sidecar", "read_by_index", "record_at"]
 

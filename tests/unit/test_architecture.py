@@ -624,7 +624,6 @@ documented under their underscore names (the ``async def`` versions of ``Abstrac
 methods: https://filesystem-spec.readthedocs.io/en/latest/async.html)."""
 
 
-
 @dataclass(frozen=True)
 class PrivateUse:
     """A use of a ``_private`` name that streamrec does not define."""

@@ -1,4 +1,4 @@
-"""Whether an index's records are the shard's (streamrec.format.index_check): length fields
+"""Whether an index's records are the shard's (streamrec.format.index.check): length fields
 checked from the stream's start, a compressed shard's restart points checked to be ones
 (issue 29, B.8)."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from streamrec.errors import IndexMismatchError
 from streamrec.format.framing import RecordEncoder
-from streamrec.format.index import IndexBuilder, ShardIndex
-from streamrec.format.index_check import CompressedCheck, check_lengths
+from streamrec.format.index.check import CompressedCheck, check_lengths
+from streamrec.format.index.core import IndexBuilder, ShardIndex
 
 WBITS = {"gzip": 31, "zlib": 15}
 

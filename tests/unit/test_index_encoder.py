@@ -23,7 +23,7 @@ from tfrecord.tools.tfrecord2idx import create_index
 
 from streamrec.format.encoder import RESTART_BYTES, ShardEncoder
 from streamrec.format.framing import RecordDecoder, RecordEncoder
-from streamrec.format.index import ShardIndex, parse_index
+from streamrec.format.index.core import ShardIndex, parse_index
 from streamrec.format.shard import ShardDecoder
 from support.indexes import read_by_index, record_at
 

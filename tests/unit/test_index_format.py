@@ -1,4 +1,4 @@
-"""The record index sidecar format (streamrec.format.index): the plain format the `tfrecord`
+"""The record index sidecar format (streamrec.format.index.core): the plain format the `tfrecord`
 package and DALI write, the extended format for compressed shards, and hostile indexes."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from tfrecord.tools.tfrecord2idx import create_index
 
 from streamrec.errors import FormatError
-from streamrec.format import index as index_module
-from streamrec.format import index_text
 from streamrec.format.framing import RecordEncoder
-from streamrec.format.index import (
+from streamrec.format.index import core as index_module
+from streamrec.format.index import text as index_text
+from streamrec.format.index.core import (
     IndexBuilder,
     IndexParser,
     ShardIndex,

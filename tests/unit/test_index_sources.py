@@ -15,7 +15,7 @@ from tfrecord.tools.tfrecord2idx import create_index
 
 from streamrec.errors import IndexMismatchError, ObjectNotFoundError
 from streamrec.format.framing import RecordEncoder
-from streamrec.format.index import index_size_limit
+from streamrec.format.index.core import index_size_limit
 from streamrec.pipeline.indexes import find_indexes, load_indexes_and_codecs, record_counts
 from streamrec.pipeline.shards import plan_shards, planned_records
 from streamrec.pipeline.sources import list_sources

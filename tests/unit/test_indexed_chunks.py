@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamrec.format.index import IndexBuilder
+from streamrec.format.index.core import IndexBuilder
 from streamrec.pipeline.indexed import CHUNK_PART, IndexedEngine
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.random_access import RecordTable

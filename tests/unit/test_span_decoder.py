@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from streamrec.errors import FormatError, IndexMismatchError
 from streamrec.format.framing import RecordEncoder
-from streamrec.format.index import IndexBuilder, ShardIndex
+from streamrec.format.index.core import IndexBuilder, ShardIndex
 from streamrec.format.span import SpanDecoder
 
 WBITS = {"gzip": 31, "zlib": 15}

@@ -32,7 +32,7 @@ records. Anything else is a :class:`~streamrec.errors.FormatError` naming the in
 and what is wrong; an index that passes cannot make a reader allocate or seek by numbers the
 shard does not back. It is parsed a bounded piece at a time (memory: the table kept, 8 bytes
 a number, and a few MiB). Whether its entries are the shard's own records is checked when
-they are read (:mod:`streamrec.format.index_check`).
+they are read (:mod:`streamrec.format.index.check`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import numpy.typing as npt
 
 from streamrec.errors import FormatError
 from streamrec.format.framing import OVERHEAD_BYTES
-from streamrec.format.index_text import TEXT_ROWS, make_text
+from streamrec.format.index.text import TEXT_ROWS, make_text
 
 __all__ = [
     "INDEX_SUFFIX",

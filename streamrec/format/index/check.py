@@ -1,6 +1,6 @@
 """Whether an index's records are the shard's records (sans-I/O).
 
-:func:`~streamrec.format.index.parse_index` checks that an index is consistent in itself and
+:func:`~streamrec.format.index.core.parse_index` checks that an index is consistent in itself and
 with the shard's size; that is not enough. A shard's records are where its own framing puts
 them, from byte 0 on: each record's 8-byte length says where the next one starts. An index
 that cuts the shard at other boundaries that happen to add up (inside a payload that holds a
@@ -35,7 +35,7 @@ from streamrec.errors import IndexMismatchError
 from streamrec.format.codecs import Compression, make_decompressor
 from streamrec.format.crc import BytesLike
 from streamrec.format.framing import OVERHEAD_BYTES
-from streamrec.format.index import ShardIndex
+from streamrec.format.index.core import ShardIndex
 
 __all__ = ["PIECE_BYTES", "CompressedCheck", "check_lengths"]
 

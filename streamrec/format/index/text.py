@@ -1,4 +1,4 @@
-"""The text of record index sidecars (:mod:`streamrec.format.index`), made from its columns
+"""The text of record index sidecars (:mod:`streamrec.format.index.core`), made from its columns
 without a Python step per number: in C (``_cframing.index_text``) or with numpy."""
 
 from __future__ import annotations
