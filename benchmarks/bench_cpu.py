@@ -15,6 +15,9 @@ each round). Readers (the ``reader`` column):
 * ``streamrec for``: ``for rec in streamrec.open_dataset(glob, storage_options=...)`` at the
   defaults (CRCs checked, every record a ``bytes``), counting records.
 * ``streamrec chunks``: ``async for chunk in ds.record_chunks()``, counting records.
+* ``env for`` / ``env chunks``: the same with no ``storage_options``: the keys and the
+  endpoint come from the worker's environment (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``),
+  resolved by botocore's credential chain as keys from a profile or a role are.
 * ``base for`` / ``base chunks`` (with ``--base PATH``): the same, importing ``streamrec``
   from another source tree (a worktree of the commit before the change) in the same run.
 * ``bare GETs``: aiohttp range GETs of the same blocks streamrec asks for (per object 256 KiB,
@@ -59,11 +62,13 @@ from _harness.servers import S3_KEY, S3_SECRET, Services, storage_options, weed_
 START_MARK = "<!-- bench_cpu:start -->"
 END_MARK = "<!-- bench_cpu:end -->"
 TARGET_VS_BARE = 1.5
-READERS = ("streamrec for", "streamrec chunks", "bare GETs", "obstore")
+READERS = ("streamrec for", "streamrec chunks", "env for", "env chunks", "bare GETs", "obstore")
 BASE_READERS = ("base for", "base chunks")
 KINDS = {
     "streamrec for": "streamrec_for",
     "streamrec chunks": "streamrec_chunks",
+    "env for": "env_for",
+    "env chunks": "env_chunks",
     "base for": "streamrec_for",
     "base chunks": "streamrec_chunks",
     "bare GETs": "bare",
@@ -94,10 +99,19 @@ def blocks(objects: Sequence[tuple[str, int]]) -> list[tuple[str, int, int]]:
     return out
 
 
-def work_streamrec(job: dict[str, Any], chunks: bool) -> dict[str, Any]:
+def work_streamrec(job: dict[str, Any], chunks: bool, from_env: bool = False) -> dict[str, Any]:
     import streamrec
 
-    ds = streamrec.open_dataset(job["glob"], storage_options=storage_options("s3", job["endpoint"]))
+    options: dict[str, Any] | None = storage_options("s3", job["endpoint"])
+    if from_env:  # the second credential set-up: nothing in storage_options (this worker
+        # process's environment names the keys and the endpoint, as a role or profile would)
+        os.environ.update(
+            AWS_ACCESS_KEY_ID=S3_KEY,
+            AWS_SECRET_ACCESS_KEY=S3_SECRET,
+            AWS_ENDPOINT_URL=job["endpoint"],
+        )
+        options = None
+    ds = streamrec.open_dataset(job["glob"], storage_options=options)
     cpu0 = cpu_seconds()
     t0 = time.perf_counter()
     first: list[float] = []
@@ -218,12 +232,16 @@ def work_ranges(job: dict[str, Any], read: Any) -> dict[str, Any]:
 WORKERS = {
     "streamrec_for": lambda job: work_streamrec(job, chunks=False),
     "streamrec_chunks": lambda job: work_streamrec(job, chunks=True),
+    "env_for": lambda job: work_streamrec(job, chunks=False, from_env=True),
+    "env_chunks": lambda job: work_streamrec(job, chunks=True, from_env=True),
     "bare": lambda job: work_ranges(job, _bare),
     "obstore": lambda job: work_ranges(job, _obstore),
 }
 PRELOAD = {
     "streamrec_for": ("aiohttp", "crc32c", "s3fs", "streamrec"),
     "streamrec_chunks": ("aiohttp", "crc32c", "s3fs", "streamrec"),
+    "env_for": ("aiohttp", "crc32c", "s3fs", "streamrec"),
+    "env_chunks": ("aiohttp", "crc32c", "s3fs", "streamrec"),
     "bare": ("aiohttp", "botocore.auth", "streamrec"),
     "obstore": ("obstore", "streamrec"),
 }

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-__all__ = ["HEADER_PARAMS", "DoorSettings", "door_settings", "param_headers"]
+__all__ = ["HEADER_PARAMS", "DoorSettings", "config_file_names", "door_settings", "param_headers"]
 
 HEADER_PARAMS: dict[str, dict[str, str]] = {
     "GetObject": {
@@ -104,9 +104,7 @@ _CLIENT_OPTIONS = frozenset(
     {"endpoint_url", "region_name", "verify"}
     | {"aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
 )
-_CONFIG_OPTIONS = frozenset(
-    {"retries", "max_pool_connections", "connect_timeout", "read_timeout", "http_session_cls"}
-)
+_CONFIG_OPTIONS = frozenset({"retries", "max_pool_connections", "connect_timeout", "read_timeout"})
 _VIRTUAL_BUCKET = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 
 
@@ -305,6 +303,12 @@ def _config_text(environ: Mapping[str, str]) -> bytes | None:
     except OSError:
         return None
     return None if len(text) > _CONFIG_BYTES else text
+
+
+def config_file_names(environ: Mapping[str, str], words: tuple[bytes, ...]) -> bool:
+    """Whether the AWS config file names any of ``words`` (or cannot be read)."""
+    text = _config_text(environ)
+    return text is None or any(word in text.lower() for word in words)
 
 
 def _addressed_elsewhere(environ: Mapping[str, str], config: bytes) -> bool:

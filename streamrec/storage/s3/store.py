@@ -36,6 +36,7 @@ from streamrec.storage.pages import PageTrail
 from streamrec.storage.s3.door import S3Door
 from streamrec.storage.s3.listing import HostilePage, refuse_hostile_page
 from streamrec.storage.s3.params import RequestParams, extra_params
+from streamrec.storage.s3.session import sender_for
 from streamrec.storage.s3.settings import DoorSettings, door_settings
 from streamrec.storage.s3.tls import start_tls_context
 from streamrec.storage.translate import translate
@@ -71,12 +72,8 @@ class S3Store(FsspecStore):
     ) -> None:
         import s3fs
 
-        from streamrec.storage.s3.session import NoRedirectSession
-
         options = dict(storage_options or {})
         config = dict(options.pop("config_kwargs", None) or {})
-        # no redirect followed: credentials would go along to any host (s3_session.py)
-        config.setdefault("http_session_cls", NoRedirectSession)
         # botocore: total_max_attempts counts the first try (its max_attempts counts retries)
         config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
         pool = DEFAULT_MAX_CONNECTIONS if max_connections is None else max(10, max_connections)
@@ -90,10 +87,12 @@ class S3Store(FsspecStore):
         params = extra_params(fs)
         self._params = RequestParams(params)
         self.door_settings: DoorSettings | None = door_settings(
-            _as_given(fs.storage_options), os.environ, timeouts, params
+            fs.storage_options, os.environ, timeouts, params
         )
         """How the door reads (None: the client reads; decided here, once)."""
         self._door: S3Door | None = None
+        # the client's requests follow no redirect: credentials would go along (session.py)
+        self._sender = sender_for(fs.storage_options, os.environ, pool, timeouts)
         super().__init__(fs)
         self._client: Any = None
 
@@ -104,6 +103,8 @@ class S3Store(FsspecStore):
             await warmup.settled()  # what open_dataset started, not done twice
             client = await self.fs.set_session()
             events = client.meta.events
+            if self._sender is not None:
+                events.register_first("before-send.s3", self._sender)
             for operation in _LISTINGS:  # bounded before botocore parses them whole
                 # (a wildcard in the middle: called before botocore's own handlers of
                 # "before-parse.s3.*", which parse a 200's whole body to look for an error)
@@ -382,17 +383,8 @@ class S3Store(FsspecStore):
         client, self._client = self._client, None
         if client is not None:
             await client.__aexit__(None, None, None)
-
-
-def _as_given(storage_options: dict[str, Any]) -> dict[str, Any]:
-    """The filesystem's options without the HTTP session class the store chose (the direct
-    requests follow no redirect either: storage/http_range.py)."""
-    from streamrec.storage.s3.session import NoRedirectSession
-
-    config = dict(storage_options.get("config_kwargs") or {})
-    if config.get("http_session_cls") is NoRedirectSession:
-        del config["http_session_cls"]
-    return {**storage_options, "config_kwargs": config}
+        if self._sender is not None:
+            await self._sender.close()
 
 
 async def _body_pieces(body: Any, limit: int | None = None, what: str = "") -> list[bytes]:
