@@ -18,8 +18,9 @@ each round). Readers (the ``reader`` column):
 * ``env for`` / ``env chunks``: the same with no ``storage_options``: the keys and the
   endpoint come from the worker's environment (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``),
   resolved by botocore's credential chain as keys from a profile or a role are.
-* ``base for`` / ``base chunks`` (with ``--base PATH``): the same, importing ``streamrec``
-  from another source tree (a worktree of the commit before the change) in the same run.
+* ``base for`` / ``base chunks`` / ``base env chunks`` (with ``--base PATH``): the same,
+  importing ``streamrec`` from another source tree (a worktree of the commit before the
+  change) in the same run.
 * ``bare GETs``: aiohttp range GETs of the same blocks streamrec asks for (per object 256 KiB,
   doubling to 4 MiB; 16 in flight: streamrec's defaults), each request signed in the timed
   part with botocore's ``S3SigV4Auth`` (SeaweedFS refuses anonymous reads), bodies read with
@@ -63,7 +64,7 @@ START_MARK = "<!-- bench_cpu:start -->"
 END_MARK = "<!-- bench_cpu:end -->"
 TARGET_VS_BARE = 1.5
 READERS = ("streamrec for", "streamrec chunks", "env for", "env chunks", "bare GETs", "obstore")
-BASE_READERS = ("base for", "base chunks")
+BASE_READERS = ("base for", "base chunks", "base env chunks")
 KINDS = {
     "streamrec for": "streamrec_for",
     "streamrec chunks": "streamrec_chunks",
@@ -71,6 +72,7 @@ KINDS = {
     "env chunks": "env_chunks",
     "base for": "streamrec_for",
     "base chunks": "streamrec_chunks",
+    "base env chunks": "env_chunks",
     "bare GETs": "bare",
     "obstore": "obstore",
 }
