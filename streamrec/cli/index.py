@@ -41,7 +41,7 @@ from streamrec.format.codecs import Compression
 from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.format.index import ShardIndex, index_url
 from streamrec.pipeline.budget import ByteBudget
-from streamrec.pipeline.indexes import find_indexes, load_index, shard_compression
+from streamrec.pipeline.listing.sidecars import find_indexes, load_index, shard_compression
 from streamrec.storage.sinks import SinkContext
 from streamrec.storage.stores import ObjectInfo
 

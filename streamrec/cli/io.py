@@ -3,7 +3,7 @@
 The subcommands need more than :class:`~streamrec.pipeline.dataset.Dataset` gives: which shard
 a record came from, its offset, the errors a ``skip``-mode decoder dropped, and shards read
 concurrently with one set of connections. So they drive the same parts directly: a store per
-scheme, an :class:`~streamrec.pipeline.prefetch.ObjectReader` per shard (retries, shared
+scheme, an :class:`~streamrec.pipeline.stream.prefetch.ObjectReader` per shard (retries, shared
 prefetch budget) and a :class:`~streamrec.format.shard.ShardDecoder`.
 """
 
@@ -19,9 +19,9 @@ from streamrec.format.codecs import Compression, resolve_compression
 from streamrec.format.framing import FOOTER_BYTES, HEADER_BYTES, OnCorrupt
 from streamrec.format.shard import ShardDecoder
 from streamrec.pipeline.budget import ByteBudget
-from streamrec.pipeline.prefetch import ObjectReader
-from streamrec.pipeline.read import decode_blocks
-from streamrec.pipeline.sources import list_sources
+from streamrec.pipeline.listing.urls import list_sources
+from streamrec.pipeline.stream.prefetch import ObjectReader
+from streamrec.pipeline.stream.read import decode_blocks
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import ObjectInfo, StoreSet
 
@@ -54,7 +54,7 @@ class Stores(StoreSet):
 
 async def list_shards(stores: Stores, urls: Sequence[str]) -> list[ObjectInfo]:
     """Every shard the urls stand for, as ``open_dataset`` reads them (see
-    :mod:`streamrec.pipeline.sources`)."""
+    :mod:`streamrec.pipeline.listing.urls`)."""
     return await list_sources(urls, stores.get, stores.retry)
 
 

@@ -4,14 +4,14 @@ Every dataset (:class:`~streamrec.pipeline.dataset.Dataset`, a mix, and every tr
 them) inherits :class:`Chainable`: ``ds.parse(spec)``, ``.batch(n)``, ``.map(fn)``,
 ``.filter(pred)``, ``.take(n)``, ``.skip(n)``, ``.repeat(epochs)`` and ``.unbatch()`` each
 return a new dataset reading the one they are called on through the
-:class:`~streamrec.pipeline.source.Source` protocol, so they chain in any order. Each one
+:class:`~streamrec.pipeline.transforms.chain.Source` protocol, so they chain in any order. Each one
 supports ``async for`` and plain ``for`` (the blocking path crosses the background thread
 once per chunk), ``len()`` where it is known, ``set_epoch``, ``stats``, and ``state_dict()`` /
 ``load_state_dict()`` with exact resume: the state describes the position after the last item
-handed out (see :mod:`streamrec.pipeline.stage` for how, :mod:`streamrec.pipeline.stages` and
-:mod:`streamrec.pipeline.repeat` for what each does). Work is done a chunk at a time; a
-dataset's transforms hold no more than a chunk (a batch, a map's tasks in flight) beyond the
-dataset's own ``prefetch_bytes``.
+handed out (see :mod:`streamrec.pipeline.transforms.stage` for how,
+:mod:`streamrec.pipeline.transforms.ops` and :mod:`streamrec.pipeline.transforms.repeat` for what
+each does). Work is done a chunk at a time; a dataset's transforms hold no more than a chunk (a
+batch, a map's tasks in flight) beyond the dataset's own ``prefetch_bytes``.
 
 Parse and batch, map and filter keep their source's state as it is (the dataset's: the README
 loop that saves ``ds.state_dict()`` stays exact through them); ``take``, ``skip``,
@@ -24,9 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from streamrec.pipeline.mapper import WorkerType
-from streamrec.pipeline.repeat import RepeatStage
-from streamrec.pipeline.stages import (
+from streamrec.pipeline.transforms.mapper import WorkerType
+from streamrec.pipeline.transforms.ops import (
     BatchStage,
     FilterStage,
     MapStage,
@@ -35,6 +34,7 @@ from streamrec.pipeline.stages import (
     TakeStage,
     UnbatchStage,
 )
+from streamrec.pipeline.transforms.repeat import RepeatStage
 
 if TYPE_CHECKING:
     from streamrec.format.example import FeatureSpec
@@ -56,7 +56,8 @@ U = TypeVar("U")
 
 
 class Chainable(Generic[T]):
-    """The chaining methods, for any :class:`~streamrec.pipeline.source.Source` of ``T``."""
+    """The chaining methods, for any :class:`~streamrec.pipeline.transforms.chain.Source` of
+    ``T``."""
 
     def parse(self, spec: Mapping[str, FeatureSpec]) -> ParsedDataset:
         """Records decoded with ``spec``: one dict of numpy arrays per record (see
@@ -206,7 +207,7 @@ class RepeatedDataset(RepeatStage[T], Chainable[T]):
     ``first`` is the dataset's epoch when ``repeat`` was called (or ``set_epoch`` on the
     repeat). ``len()`` is ``epochs * len(source)`` (TypeError when endless). The state holds
     the pass; a pass ended with items still held above (a batch spanning two epochs) is
-    resumed exactly (see :mod:`streamrec.pipeline.repeat`)."""
+    resumed exactly (see :mod:`streamrec.pipeline.transforms.repeat`)."""
 
     def __repr__(self) -> str:
         return f"RepeatedDataset({self.source!r}, epochs={self.epochs})"

@@ -2,7 +2,7 @@
 
 :class:`ReadEngine` turns urls and :class:`~streamrec.pipeline.options.ReadOptions` into an
 async stream of ``(records, events)`` pieces in reading order (see
-:mod:`streamrec.pipeline.events`). It owns everything one pass over the shards
+:mod:`streamrec.pipeline.position.events`). It owns everything one pass over the shards
 uses - stores, the prefetch budget, the shard opener, the readers - and releases all of it when
 the stream is closed, however it ends. It knows nothing of consumers: the
 :class:`~streamrec.pipeline.dataset.Dataset` (the user's object) drives it and keeps the
@@ -18,21 +18,17 @@ from contextlib import aclosing
 from streamrec._portal import owned_generator
 from streamrec.errors import StateError
 from streamrec.pipeline.budget import ByteBudget
-from streamrec.pipeline.events import Event, Open, Piece, take_event
-from streamrec.pipeline.interleave import interleave_deterministic, interleave_first_ready
-from streamrec.pipeline.opener import ShardOpener
-from streamrec.pipeline.options import READ_AHEAD_PART, ReadOptions
-from streamrec.pipeline.prefetch import ObjectReader, OpenCache
-from streamrec.pipeline.shards import (
+from streamrec.pipeline.listing.plan import (
     ShardPlan,
     dataloader_worker,
     plan_shards,
     seeded_random,
     shards_digest,
 )
-from streamrec.pipeline.shuffle import shuffle_pieces
-from streamrec.pipeline.sources import OnFirst, list_sources
-from streamrec.pipeline.state import (
+from streamrec.pipeline.listing.urls import list_shards
+from streamrec.pipeline.options import READ_AHEAD_PART, ReadOptions
+from streamrec.pipeline.position.events import Event, Open, Piece, take_event
+from streamrec.pipeline.position.state import (
     CycleState,
     DatasetState,
     IndexedState,
@@ -40,6 +36,10 @@ from streamrec.pipeline.state import (
     ReadyState,
 )
 from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.stream.interleave import interleave_deterministic, interleave_first_ready
+from streamrec.pipeline.stream.opener import ShardOpener
+from streamrec.pipeline.stream.prefetch import ObjectReader, OpenCache
+from streamrec.pipeline.stream.shuffle import shuffle_pieces
 from streamrec.storage.cache.store import (
     CacheFill,
     CacheHit,
@@ -74,20 +74,6 @@ class ReadEngine:
         # (DDP, the DataLoader's round robin): waiting for another's download could wait for a
         # reader whose consumer waits for us. Such readers read without the cache meanwhile.
         self._wait_for_downloads = True
-
-    async def list_shards(
-        self, stores: StoreSet, on_first: OnFirst | None = None
-    ) -> list[ObjectInfo]:
-        """Every shard to read, in reading order, with its size and version (``on_first``:
-        see :func:`~streamrec.pipeline.sources.list_sources`)."""
-        return await list_sources(
-            self.urls,
-            stores.get,
-            self.options.retry,
-            allow_absolute_urls=self.options.allow_absolute_urls,
-            on_retry=self._count_retry,
-            on_first=on_first,
-        )
 
     def _starts_early(self, resume: DatasetState | None) -> bool:
         """Whether the listing's first shard is certainly the plan's first, read first from
@@ -181,7 +167,10 @@ class ReadEngine:
             closers.append(early.aclose)
             try:
                 on_first = early.start if self._starts_early(resume) else None
-                plan = self._plan(await self.list_shards(stores, on_first))
+                listed = await list_shards(
+                    self.urls, self.options, stores.get, self.stats, on_first
+                )
+                plan = self._plan(listed)
                 first = await early.take(plan.shards[0] if plan.shards else None)
                 self._wait_for_downloads = plan.record_stride == 1
                 digest = shards_digest(plan.shards, plan.record_stride, plan.record_offset)

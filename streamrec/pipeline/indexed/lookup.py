@@ -7,9 +7,9 @@ shard shuffle, the record shuffle or the epoch: ``ds.get([i])`` is the same reco
 process. Negative numbers count from the end, as in a Python sequence.
 
 **The table.** The first call lists the shards (unless ``len(ds)`` / ``ds.num_records`` did:
-their :class:`~streamrec.pipeline.counts.ShardCounts` keep the listing) and loads every
-shard's index sidecar (:mod:`streamrec.pipeline.indexes`) into a
-:class:`~streamrec.pipeline.random_access.RecordTable`, kept on the dataset (and pickled with
+their :class:`~streamrec.pipeline.listing.lengths.ShardCounts` keep the listing) and loads every
+shard's index sidecar (:mod:`streamrec.pipeline.listing.sidecars`) into a
+:class:`~streamrec.pipeline.indexed.table.RecordTable`, kept on the dataset (and pickled with
 it into DataLoader workers, which then list nothing); its counts become ``len(ds)``'s when
 those were not known. It holds 16 bytes a record (32 for a compressed shard). Every shard
 needs an index with random access (an uncompressed shard's from ``streamrec index``, a
@@ -18,13 +18,13 @@ GZIP/ZLIB shard's from a writer with ``index=True``): else
 what indexes it (not kept: index the shards and call again). A manifest count that disagrees
 with the index is an :class:`~streamrec.errors.IndexMismatchError`.
 
-**Reading.** :func:`~streamrec.pipeline.random_access.read_records`: neighbouring records
+**Reading.** :func:`~streamrec.pipeline.indexed.table.read_records`: neighbouring records
 share one range read, reads of up to ``block_bytes`` (and at most ``prefetch_bytes``), at most
 ``max_concurrency`` in flight, every byte reserved in one ``prefetch_bytes`` budget before it
 is requested, retried per ``retry`` (counted in ``stats.retries``), every CRC checked
 (``verify_crc``; ``on_corrupt`` does not apply: a damaged record is an error, never skipped).
 A record is read only from a boundary verified against the shard's own framing
-(:mod:`streamrec.pipeline.trust`: the first call into a shard reads the length fields of its
+(:mod:`streamrec.pipeline.indexed.trust`: the first call into a shard reads the length fields of its
 records before the one asked for, or a compressed shard whole; kept per dataset).
 
 **The session.** Calls run in one event-loop thread per dataset and process (an
@@ -49,19 +49,15 @@ from typing import Any
 import numpy.typing as npt
 
 from streamrec._portal import EventLoopThread
-from streamrec.errors import IndexMismatchError, RandomAccessUnavailableError
 from streamrec.pipeline.budget import ByteBudget
-from streamrec.pipeline.counts import ShardCounts, counts_key, index_command
-from streamrec.pipeline.engine import ReadEngine
-from streamrec.pipeline.indexes import load_indexes_and_codecs
+from streamrec.pipeline.indexed.table import RecordTable, as_indices, build_table, read_records
+from streamrec.pipeline.indexed.trust import BoundaryTrust
+from streamrec.pipeline.listing.lengths import ShardCounts, counts_key
 from streamrec.pipeline.options import ReadOptions
-from streamrec.pipeline.random_access import RecordTable, as_indices, read_records
 from streamrec.pipeline.stats import Stats
-from streamrec.pipeline.trust import BoundaryTrust
-from streamrec.redact import redact
-from streamrec.storage.stores import ObjectInfo, StoreSet
+from streamrec.storage.stores import StoreSet
 
-__all__ = ["RecordLookup", "build_table"]
+__all__ = ["RecordLookup"]
 
 Indices = Sequence[int] | npt.ArrayLike
 OnTable = Callable[[ShardCounts], None]
@@ -69,56 +65,6 @@ OnTable = Callable[[ShardCounts], None]
 # Sessions a fork copied into this process: kept referenced, never used or closed (their
 # thread does not exist here, their sockets are the parent's).
 _INHERITED: list[_Session] = []
-
-
-async def build_table(
-    urls: Sequence[str],
-    options: ReadOptions,
-    stats: Stats,
-    stores: StoreSet,
-    shards: Sequence[ObjectInfo] | None = None,
-    trust: BoundaryTrust | None = None,
-) -> RecordTable:
-    """The record table of the shards ``urls`` stand for (listed unless ``shards`` are
-    given): see the module docstring. ``trust``: what is verified of the shards' indexes
-    already (the dataset's; pipeline/trust.py)."""
-
-    def count_retry(_: Exception) -> None:
-        stats.retries += 1
-
-    if shards is None:
-        shards = await ReadEngine(urls, options, 0, stats).list_shards(stores)
-    loaded = await load_indexes_and_codecs(
-        shards, stores.get, options.retry, compression=options.compression, on_retry=count_retry
-    )
-    missing = [shard.url for shard, found in zip(shards, loaded, strict=True) if found is None]
-    if missing:
-        raise RandomAccessUnavailableError(
-            f"reading records by index needs every shard's record index (SHARD.idx): "
-            f"{len(missing)} of {len(shards)} shards have none (e.g. {redact(missing[0])}); "
-            f"index them once with `{index_command(urls)}` (GZIP/ZLIB shards: rewrite them "
-            "with `streamrec reshard --index`, or write them with index=True)"
-        )
-    indexes, codecs = [], []
-    for shard, found in zip(shards, loaded, strict=True):
-        assert found is not None
-        index, codec = found
-        if not index.random_access:
-            raise RandomAccessUnavailableError(
-                f"{redact(shard.url)}: reading records by index needs a GZIP/ZLIB shard "
-                "written with its random-access index (index=True: restart points); this "
-                "one's index only counts records. Rewrite the shards with `streamrec reshard "
-                "--index` (they can still be read sequentially)"
-            )
-        if shard.records is not None and shard.records != len(index):
-            raise IndexMismatchError(
-                f"its manifest says {shard.records} records, its record index has "
-                f"{len(index)}: one of them is stale",
-                url=shard.url,
-            )
-        indexes.append(index)
-        codecs.append(codec)
-    return RecordTable.build(shards, indexes, codecs, trust)
 
 
 class _Session:
@@ -169,7 +115,7 @@ class RecordLookup:
         self.urls = list(urls)
         self.options = options
         self.stats = stats
-        # what is verified of the shards' indexes (pipeline/trust.py): this dataset's, for
+        # what is verified of the shards' indexes (pipeline/indexed/trust.py): this dataset's, for
         # get() and every epoch of its indexed reading (Dataset passes it on)
         self.trust = BoundaryTrust()
         self.key = counts_key(urls, options)

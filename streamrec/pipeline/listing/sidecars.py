@@ -4,7 +4,7 @@ The read side of :mod:`streamrec.format.index`. For each shard:
 
 1. **find** its sidecar: from the listing where it saw them
    (:attr:`~streamrec.storage.base.ObjectInfo.index_known`, see
-   :mod:`streamrec.pipeline.sources`); otherwise one listing of ``<directory>/*.idx`` for a
+   :mod:`streamrec.pipeline.listing.urls`); otherwise one listing of ``<directory>/*.idx`` for a
    directory holding many such shards (local, S3, GCS, memory), else a lookup of
    ``<shard>.idx`` each. No sidecar: ``None``.
 2. **decide the shard's codec** the way its reader does
@@ -26,7 +26,7 @@ cancels the rest.
 :func:`record_counts` gives each shard's record count where it is known without reading the
 shard: its manifest's count (``ObjectInfo.records``), else its sidecar's length (after the
 sidecar's own checks; whether its entries are the shard's records is checked when they are
-read, :mod:`streamrec.pipeline.trust`: that needs the shard's bytes).
+read, :mod:`streamrec.pipeline.indexed.trust`: that needs the shard's bytes).
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 The read pipeline runs ahead of its consumer (blocks in flight, the sync iterator's background
 thread, chunks in queues), so its own variables never say where the *consumer* is. Each stage
-hands on pieces ``(records, events)`` (:mod:`~streamrec.pipeline.events`); the consumer's
+hands on pieces ``(records, events)`` (:mod:`~streamrec.pipeline.position.events`); the consumer's
 :class:`Cursor` applies the events of each piece it has actually taken to a tracker, so the
 tracker always describes exactly the consumer's position, as the typed values of
-:mod:`~streamrec.pipeline.state`. ``state_dict()`` applies the piece in hand up to the record
-last taken, on a copy.
+:mod:`~streamrec.pipeline.position.state`. ``state_dict()`` applies the piece in hand up to the
+record last taken, on a copy.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from streamrec.format.framing import OVERHEAD_BYTES, framed_bytes
-from streamrec.pipeline.events import (
+from streamrec.pipeline.listing.plan import seeded_random
+from streamrec.pipeline.position.events import (
     Advance,
     Begin,
     Drain,
@@ -30,8 +31,9 @@ from streamrec.pipeline.events import (
     Take,
     turns,
 )
-from streamrec.pipeline.state import (
+from streamrec.pipeline.position.state import (
     CycleState,
+    DatasetState,
     IndexedState,
     Location,
     ReadState,
@@ -41,7 +43,8 @@ from streamrec.pipeline.state import (
 )
 
 if TYPE_CHECKING:
-    from streamrec.pipeline.shards import ShardPlan
+    from streamrec.pipeline.listing.plan import ShardPlan
+    from streamrec.pipeline.options import ReadOptions
     from streamrec.storage.base import ObjectInfo
 
 __all__ = [
@@ -55,6 +58,7 @@ __all__ = [
     "ShuffleTracker",
     "Tracker",
     "Where",
+    "tracker_for",
     "where_from",
 ]
 
@@ -406,6 +410,28 @@ class IndexedTracker:
 
     def position(self) -> tuple[ReadState | None, ShuffleState | None]:
         return self.copy().state, None
+
+
+def tracker_for(options: ReadOptions, epoch: int, resume: DatasetState | None) -> Tracker:
+    """The tracker of an iteration of a dataset read with ``options`` in ``epoch``, starting
+    at ``resume`` (None: at the epoch's start)."""
+    read_state = resume.read if resume else None
+    if options.indexed:
+        assert read_state is None or isinstance(read_state, IndexedState)
+        return IndexedTracker(read_state)
+    assert not isinstance(read_state, IndexedState)  # (parse_state: by the configuration)
+    upstream: CycleTracker | ReadyTracker
+    if options.deterministic or options.cycle_length == 1:
+        assert not isinstance(read_state, ReadyState)  # (parse_state: by the configuration)
+        upstream = CycleTracker(options.cycle_length, read_state)
+    else:
+        assert not isinstance(read_state, CycleState)
+        upstream = ReadyTracker(read_state)
+    if not options.shuffle_buffer:
+        return upstream
+    rng = seeded_random(options.seed, epoch, "records")
+    shuffle_state = resume.shuffle if resume else None
+    return ShuffleTracker(upstream, options.shuffle_buffer, rng, shuffle_state)
 
 
 def _read_events(events: Sequence[Event]) -> Iterator[Open | Take]:

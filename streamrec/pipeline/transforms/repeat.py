@@ -23,9 +23,9 @@ from collections.abc import AsyncGenerator
 from typing import Any, TypeVar
 
 from streamrec._portal import owning
-from streamrec.pipeline.ledger import Ledger
-from streamrec.pipeline.pieces import skip_pieces
-from streamrec.pipeline.stage import Stage, check_count
+from streamrec.pipeline.transforms.ledger import Ledger
+from streamrec.pipeline.transforms.pieces import skip_pieces
+from streamrec.pipeline.transforms.stage import Stage, check_count
 
 __all__ = ["RepeatStage"]
 
@@ -124,7 +124,8 @@ class RepeatStage(Stage[T]):
         report_consumed: Any = None,
         handed_out: Any = None,
     ) -> AsyncGenerator[list[T], None]:
-        """The passes' items in chunks (see :class:`~streamrec.pipeline.source.Source`)."""
+        """The passes' items in chunks (see
+        :class:`~streamrec.pipeline.transforms.chain.Source`)."""
         if self._deferred is not None:
             self.load_state_dict(self._deferred)
         resume, self._resume = self._resume, None

@@ -1,6 +1,6 @@
 """Large records of a local, uncompressed shard read straight into their final ``bytes``.
 
-The block path (:mod:`streamrec.pipeline.prefetch` + the framing decoder) copies every byte
+The block path (:mod:`streamrec.pipeline.stream.prefetch` + the framing decoder) copies every byte
 twice: out of the page cache into a block, then out of the block into its record, and the
 event-loop thread makes the second copy. Here each record of at least
 :data:`DIRECT_RECORD_BYTES` is read by :mod:`streamrec.storage.local.records` straight into its
@@ -10,14 +10,14 @@ still in the cache: one copy, no second pass. The reads and the CRCs run in work
 with the GIL released (C: ``storage/_cread.c``; its pure-Python twin holds the GIL between
 ``os.preadv`` calls and copies each payload once more); the loop thread only receives
 finished records. The shard's reader decides to come here from its first block
-(:func:`~streamrec.pipeline.read.read_shard`).
+(:func:`~streamrec.pipeline.stream.read.read_shard`).
 
 A *walk* (a worker thread reading 12-byte headers from record to record: the next header's
 offset is known as soon as one header is read) runs ahead, far enough for a group on every
 reading thread, and lists the records; *groups* of walked records (up to :data:`GROUP_BYTES`,
 at least a block, or one larger record) are read by up to the store's
 ``concurrency_limit`` threads at once, each group's bytes reserved through the shard's
-:class:`~streamrec.pipeline.prefetch.ObjectReader` (the same budget, share and cap as its
+:class:`~streamrec.pipeline.stream.prefetch.ObjectReader` (the same budget, share and cap as its
 blocks) before anything is allocated; a group larger than the budget is read alone, as a
 block would be. Groups are handed on in file order.
 
@@ -39,7 +39,7 @@ from typing import Any
 from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.errors import StorageError
 from streamrec.format.framing import OVERHEAD_BYTES
-from streamrec.pipeline.prefetch import ObjectReader
+from streamrec.pipeline.stream.prefetch import ObjectReader
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.local.records import END, HANDOFF, Plan, Stop, read_records, walk
 from streamrec.storage.local.records import min_record_bytes as min_record_bytes_for

@@ -22,16 +22,16 @@ of the epoch's plan, and the byte offset after them in its uncompressed stream. 
 only used where it can be trusted (an uncompressed shard, no skipped corrupt records, no
 record-level splitting); other shards resume by reading and dropping their first ``records``
 records. The shuffle buffer is kept as record *locations* ``(ordinal, index, offset,
-length)``, never as data (packed into one string: :mod:`~streamrec.pipeline.buffer_codec`;
+length)``, never as data (packed into one string: :mod:`~streamrec.pipeline.position.buffer_codec`;
 version 1 listed them); resuming fetches those records again.
 
 What the parser checks without the shards: every field's type and range, lengths against the
 configuration (interleave slots, shuffle buffer), the generator's state and the packing of the
 buffer. :func:`check_against_plan` checks the shard ordinals against the epoch's shards once
-they are listed (and :class:`~streamrec.pipeline.opener.ShardOpener` checks that a byte offset
-it seeks to starts a record). Anything wrong is a :class:`~streamrec.errors.StateError` naming
-the field (``read.slots[2][1]``); a state that passes cannot make the pipeline allocate by its
-numbers, index out of range or mix types.
+they are listed (and :class:`~streamrec.pipeline.stream.opener.ShardOpener` checks that a byte
+offset it seeks to starts a record). Anything wrong is a :class:`~streamrec.errors.StateError`
+naming the field (``read.slots[2][1]``); a state that passes cannot make the pipeline allocate by
+its numbers, index out of range or mix types.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from streamrec.errors import StateError
-from streamrec.pipeline.buffer_codec import decode_buffer, encode_buffer
 from streamrec.pipeline.order import part_of, remaining_after
+from streamrec.pipeline.position.buffer_codec import decode_buffer, encode_buffer
 
 __all__ = [
     "STATE_VERSION",

@@ -18,13 +18,14 @@ from typing import Any, Protocol, TypeVar, cast
 
 from streamrec._portal import iterate_blocking, owned, owning
 
-__all__ = ["Handout", "Ledger", "Piece", "handed_out_async", "handed_out_blocking"]
+__all__ = ["Handout", "Ledger", "ItemPiece", "handed_out_async", "handed_out_blocking"]
 
 T = TypeVar("T")
 
-#: A piece: the items, each item's cost in source records (None: one each), and source
-#: records consumed before the first item without an item.
-Piece = tuple[list[Any], list[int] | None, int]
+#: A piece of a transform's items (the read pipeline's pieces of records and events are
+#: :data:`~streamrec.pipeline.position.events.Piece`): the items, each item's cost in source
+#: records (None: one each), and source records consumed before the first item without an item.
+ItemPiece = tuple[list[Any], list[int] | None, int]
 
 
 class Handout:

@@ -2,7 +2,8 @@
 
 Both take ``open_shard(ordinal, records, offset) -> async generator of record chunks`` and
 hand on *pieces* ``(records, events)`` whose events say which shard each run of records came
-from (see :mod:`streamrec.pipeline.events`), so the consumer's position can be saved exactly.
+from (see :mod:`streamrec.pipeline.position.events`), so the consumer's position can be saved
+exactly.
 
 * :func:`interleave_deterministic` reproduces ``Dataset.from_tensor_slices(files).interleave(
   TFRecordDataset, cycle_length, block_length)`` exactly: ``cycle_length`` slots visited in turn,
@@ -22,8 +23,8 @@ from contextlib import aclosing
 
 from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.format.framing import framed_bytes
-from streamrec.pipeline.events import Event, Open, Piece, rounds_event, take_event
-from streamrec.pipeline.state import CycleState
+from streamrec.pipeline.position.events import Event, Open, Piece, rounds_event, take_event
+from streamrec.pipeline.position.state import CycleState
 
 __all__ = ["OpenShard", "Pieces", "interleave_deterministic", "interleave_first_ready"]
 
@@ -80,7 +81,7 @@ async def interleave_deterministic(
 
     Shards are the ordinals ``0 .. num_shards - 1``; ``open_shard(ordinal, records, offset)``
     opens one, resumed after ``records`` records at stream ``offset``. ``start`` is a
-    :class:`~streamrec.pipeline.state.CycleState` to continue from. ``prefetch(
+    :class:`~streamrec.pipeline.position.state.CycleState` to continue from. ``prefetch(
     ordinal)`` (optional) starts reading a shard before its turn: the next ``cycle_length``
     shards are kept reading, so that when a generation of shards ends together (equal sizes)
     the next one is already under way instead of opening one round trip at a time.

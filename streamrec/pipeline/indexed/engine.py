@@ -3,23 +3,24 @@
 Used when ``shuffle="global"`` or ``"block"`` or ``even`` is set (every shard needs an index
 sidecar: records are read by position). One iteration:
 
-1. list the shards and load their indexes (:mod:`~streamrec.pipeline.indexes`) into a
-   :class:`~streamrec.pipeline.random_access.RecordTable`;
+1. list the shards and load their indexes (:mod:`~streamrec.pipeline.listing.sidecars`) into a
+   :class:`~streamrec.pipeline.indexed.table.RecordTable`;
 2. the epoch's order (:class:`~streamrec.pipeline.order.EpochOrder`) and this consumer's part
    of the positions still to read (:func:`~streamrec.pipeline.order.part_of`: hosts x
    DataLoader workers, ``even`` drop/pad), from the resume state or the start;
 3. positions in *chunks* (at most a third of ``prefetch_bytes`` of records each, cut by
    the index's record lengths, so skewed sizes keep the bound; a record larger than that is
    a chunk alone; in block mode whole runs of ``mix`` positions where they fit): each chunk's
-   records read with :func:`~streamrec.pipeline.random_access.read_records` while the one
+   records read with :func:`~streamrec.pipeline.indexed.table.read_records` while the one
    before is consumed. At most three chunks exist at once - the one the consumer has, the
    one awaited and the next - so reads in flight and decoded records stay within
    ``prefetch_bytes`` (plus the bytes between coalesced records, which the budget counts
    while they are in flight). The reads of all chunks share one gate of
    ``max_concurrency`` slots, first come first served: the next chunk's reads take slots as
    the current chunk's free them, and no more reads are in flight than one chunk would have.
-   Pieces carry :class:`~streamrec.pipeline.events.Begin` /
-   :class:`~streamrec.pipeline.events.Advance` events, so the consumer's state is one number.
+   Pieces carry :class:`~streamrec.pipeline.position.events.Begin` /
+   :class:`~streamrec.pipeline.position.events.Advance` events, so the consumer's state is one
+   number.
 
 Block mode's window (records read by one range read, when ``window_records`` is not given),
 chosen from the record size and the link by :func:`window_records`: a sixteenth of a chunk
@@ -41,17 +42,16 @@ import numpy as np
 from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.errors import StateError
 from streamrec.pipeline.budget import ByteBudget
-from streamrec.pipeline.events import Advance, Begin, Event, Piece
-from streamrec.pipeline.lookup import build_table
+from streamrec.pipeline.indexed.table import Int64Array, RecordTable, build_table, read_records
+from streamrec.pipeline.indexed.trust import BoundaryTrust
+from streamrec.pipeline.listing.plan import dataloader_worker, indexed_digest_v1, shards_digest
+from streamrec.pipeline.listing.urls import list_shards
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.order import EpochOrder, Intervals, Part, part_of
-from streamrec.pipeline.random_access import Int64Array, RecordTable, read_records
-from streamrec.pipeline.shards import dataloader_worker, indexed_digest_v1, shards_digest
-from streamrec.pipeline.sources import list_sources
-from streamrec.pipeline.state import DatasetState, IndexedState
+from streamrec.pipeline.position.events import Advance, Begin, Event, Piece
+from streamrec.pipeline.position.state import DatasetState, IndexedState
+from streamrec.pipeline.position.trackers import Where
 from streamrec.pipeline.stats import Stats
-from streamrec.pipeline.trackers import Where
-from streamrec.pipeline.trust import BoundaryTrust
 from streamrec.storage.stores import StoreSet
 
 __all__ = ["IndexedEngine", "chunk_records", "window_records"]
@@ -193,13 +193,7 @@ class IndexedEngine:
         budget = ByteBudget(options.prefetch_bytes)
         async with StoreSet(options.storage_options, options.max_concurrency * 4) as stores:
             try:
-                shards = await list_sources(
-                    self.urls,
-                    stores.get,
-                    options.retry,
-                    allow_absolute_urls=options.allow_absolute_urls,
-                    on_retry=self._count_retry,
-                )
+                shards = await list_shards(self.urls, options, stores.get, self.stats)
                 table = self._table = await build_table(
                     self.urls, options, self.stats, stores, shards, self.trust
                 )

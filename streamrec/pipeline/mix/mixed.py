@@ -2,7 +2,7 @@
 
 A :class:`MixedDataset` reads every source with its own pipeline (its own stores, options and
 prefetch budget) and hands on, at each draw, a record of the source that draw picks
-(:mod:`streamrec.pipeline.mix_order`: a pure function of ``(seed, epoch, draw number, active
+(:mod:`streamrec.pipeline.mix.order`: a pure function of ``(seed, epoch, draw number, active
 sources)``, computed in numpy windows). Records move in chunks: each source's next chunk is
 pulled only when the draws have used up the one in hand, and the records of a run of draws are
 gathered from the sources' chunks by numpy indexing, not one Python step per record.
@@ -24,12 +24,12 @@ of the bytes (weight x mean record size), at least a few blocks, to bound the to
 waste (benchmarks/README.md, bench_mix, measures both).
 
 Exact resume: the mix is read through the same protocol as a dataset (``record_chunks`` with
-``auto_consume=False`` and ``mark_consumed(n)``, see :mod:`streamrec.pipeline.transform`), and
-reads its sources through it too. Every run of records it hands on is remembered with the
-draws, exhausted sources and source objects it was made from; as records are marked
-consumed, each source is marked with exactly the records of its own among them. So
-``state_dict()`` - the draw counter, which sources are exhausted and every source's own
-state - is always the position after the last record consumed, whatever was read ahead.
+``auto_consume=False`` and ``mark_consumed(n)``, see
+:mod:`streamrec.pipeline.transforms.chainable`), and reads its sources through it too. Every run of
+records it hands on is remembered with the draws, exhausted sources and source objects it was made
+from; as records are marked consumed, each source is marked with exactly the records of its own
+among them. So ``state_dict()`` - the draw counter, which sources are exhausted and every source's
+own state - is always the position after the last record consumed, whatever was read ahead.
 """
 
 from __future__ import annotations
@@ -45,19 +45,19 @@ import numpy as np
 
 from streamrec._portal import owned, owned_generator, owning, run_all
 from streamrec.pipeline.dataset import Dataset
-from streamrec.pipeline.ledger import handed_out_async, handed_out_blocking
-from streamrec.pipeline.mix_order import (
+from streamrec.pipeline.mix.order import (
     Draws,
     IntArray,
     check_weights,
     first_stop_length,
     mix_key,
 )
-from streamrec.pipeline.mix_state import MIX_STATE_VERSION, parse_mix_state
-from streamrec.pipeline.state import parse_state
+from streamrec.pipeline.mix.state import MIX_STATE_VERSION, parse_mix_state
+from streamrec.pipeline.position.state import parse_state
+from streamrec.pipeline.position.trackers import Where
 from streamrec.pipeline.stats import Stats
-from streamrec.pipeline.trackers import Where
-from streamrec.pipeline.transform import Chainable
+from streamrec.pipeline.transforms.chainable import Chainable
+from streamrec.pipeline.transforms.ledger import handed_out_async, handed_out_blocking
 
 __all__ = ["MixedDataset", "Stop", "mix"]
 
@@ -144,7 +144,7 @@ class MixedDataset(Chainable[bytes]):
 
     Iterate with ``async for`` or ``for``; the transforms (``.parse(spec)``, ``.batch(n)``,
     ``.map(fn)``, ``.filter``, ``.take``, ``.skip``, ``.repeat``, ``.unbatch``) work as on a
-    :class:`~streamrec.Dataset` (:class:`~streamrec.pipeline.transform.Chainable`);
+    :class:`~streamrec.Dataset` (:class:`~streamrec.pipeline.transforms.chainable.Chainable`);
     ``state_dict()`` / ``load_state_dict()`` resume exactly; ``set_epoch(e)`` sets every source
     to epoch ``e`` and the draws to ``(seed, e)``; ``split_hosts`` splits every source (the
     PyTorch adapter's DDP split); DataLoader workers split each source, and each worker mixes
@@ -503,7 +503,7 @@ def mix(
     Draws are stratified in blocks of 256 (each block picks every source within one of its
     weight's share, in random order), so the realised proportions match the weights closely
     at any length. Each source keeps its own prefetch budget: the mix reads ahead at most the
-    sum of its sources' ``prefetch_bytes`` (see :mod:`streamrec.pipeline.mix`).
+    sum of its sources' ``prefetch_bytes`` (see :mod:`streamrec.pipeline.mix.mixed`).
 
     Returns:
         A :class:`MixedDataset`.

@@ -42,8 +42,8 @@ from streamrec.format.index import ShardIndex
 from streamrec.format.index_check import CompressedCheck, check_lengths
 from streamrec.format.span import coalesce
 from streamrec.pipeline.budget import ByteBudget
-from streamrec.pipeline.prefetch import read_exact
 from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.stream.prefetch import read_exact
 from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.retry import RetryPolicy
 

@@ -1,13 +1,13 @@
 """How many records a dataset holds without reading its shards: ``len(ds)``, ``ds.num_records``.
 
 Every shard the urls stand for is listed as the reader lists it
-(:meth:`~streamrec.pipeline.engine.ReadEngine.list_shards`), and its record count taken from
-its manifest, else from its index sidecar (:func:`~streamrec.pipeline.indexes.record_counts`).
-:class:`ShardCounts` keeps them: they do not depend on the epoch or on the split. From them,
-:func:`count_for` makes the plan the reader would make for this consumer and epoch (the
-shuffle, the host split, the DataLoader worker split, shard- or record-level:
-:func:`~streamrec.pipeline.shards.plan_shards`) and counts what it reads
-(:func:`~streamrec.pipeline.shards.planned_records`).
+(:func:`~streamrec.pipeline.listing.urls.list_shards`), and its record count taken from
+its manifest, else from its index sidecar
+(:func:`~streamrec.pipeline.listing.sidecars.record_counts`). :class:`ShardCounts` keeps them: they
+do not depend on the epoch or on the split. From them, :func:`count_for` makes the plan the reader
+would make for this consumer and epoch (the shuffle, the host split, the DataLoader worker split,
+shard- or record-level: :func:`~streamrec.pipeline.listing.plan.plan_shards`) and counts what it
+reads (:func:`~streamrec.pipeline.listing.plan.planned_records`).
 
 A shard with neither a manifest count nor a sidecar, or with a sidecar that does not fit it,
 is a :class:`~streamrec.errors.RecordCountUnknownError` (a ``TypeError``, as ``len()``
@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from streamrec.errors import IndexMismatchError, RecordCountUnknownError
-from streamrec.pipeline.engine import ReadEngine
-from streamrec.pipeline.indexes import record_counts
+from streamrec.pipeline.listing.plan import dataloader_worker, plan_shards, planned_records
+from streamrec.pipeline.listing.sidecars import record_counts
+from streamrec.pipeline.listing.urls import list_shards
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.order import part_of
-from streamrec.pipeline.shards import dataloader_worker, plan_shards, planned_records
 from streamrec.pipeline.stats import Stats
 from streamrec.redact import redact
 from streamrec.storage.stores import ObjectInfo, StoreSet
@@ -66,7 +66,7 @@ class ShardCounts:
     """Why some count is not known (the message of RecordCountUnknownError), or None."""
     shards: tuple[ObjectInfo, ...] = ()
     """The shards listed, in listing order (random access numbers their records without
-    listing them again: :mod:`streamrec.pipeline.lookup`)."""
+    listing them again: :mod:`streamrec.pipeline.indexed.lookup`)."""
 
 
 def counts_key(urls: Sequence[str], options: ReadOptions) -> tuple[object, ...]:
@@ -78,11 +78,10 @@ async def list_counts(urls: Sequence[str], options: ReadOptions, stats: Stats) -
     """Every shard's record count, without reading the shards (see the module docstring), or
     why they are not all known (``unknown``)."""
     key = counts_key(urls, options)
-    engine = ReadEngine(urls, options, 0, stats)
     async with StoreSet(
         options.storage_options, lookup_reads_first_bytes=options.cache_dir is None
     ) as stores:
-        shards = await engine.list_shards(stores)
+        shards = await list_shards(urls, options, stores.get, stats)
         try:
             found = await record_counts(
                 shards,

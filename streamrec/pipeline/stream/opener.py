@@ -21,12 +21,11 @@ from streamrec._portal import owned_generator, run_all
 from streamrec.errors import FormatError, StateError
 from streamrec.format.codecs import compression_from_name, normalize_compression, sniff
 from streamrec.format.framing import HEADER_BYTES, OVERHEAD_BYTES
+from streamrec.format.span import coalesce
 from streamrec.pipeline.budget import ByteBudget
-from streamrec.pipeline.prefetch import ObjectReader
-from streamrec.pipeline.random_access import DEFAULT_GAP_BYTES, coalesce
-from streamrec.pipeline.read import read_shard
-from streamrec.pipeline.shards import ShardPlan
-from streamrec.pipeline.state import (
+from streamrec.pipeline.listing.plan import ShardPlan
+from streamrec.pipeline.options import DEFAULT_GAP_BYTES
+from streamrec.pipeline.position.state import (
     CycleState,
     DatasetState,
     Location,
@@ -34,6 +33,8 @@ from streamrec.pipeline.state import (
     ShardPosition,
     check_against_plan,
 )
+from streamrec.pipeline.stream.prefetch import ObjectReader
+from streamrec.pipeline.stream.read import read_shard
 from streamrec.storage.base import ObjectInfo, ObjectStore
 
 if TYPE_CHECKING:
@@ -288,13 +289,13 @@ class ShardOpener:
                     return
 
 
-_GAP_BYTES = DEFAULT_GAP_BYTES  # random access's (the reasoning is there); bench_resume varies it
+_GAP_BYTES = DEFAULT_GAP_BYTES  # random access's (see options.py); bench_resume varies it
 _MAX_FETCHES = 16  # refetch reads in flight at once where the store sets no limit
 
 
 def _runs(places: list[Location], gap_bytes: int, span_bytes: int) -> list[list[Location]]:
     """``places`` sorted by offset and cut as random access cuts its reads
-    (:func:`~streamrec.pipeline.random_access.coalesce`)."""
+    (:func:`~streamrec.pipeline.indexed.table.coalesce`)."""
     ordered = sorted(places, key=lambda loc: loc[2])
     starts = np.array([loc[2] for loc in ordered], dtype=np.int64)
     ends = starts + np.array([loc[3] for loc in ordered], dtype=np.int64) + OVERHEAD_BYTES

@@ -1,5 +1,5 @@
 """The chunk algorithms of the transforms: source chunks in, pieces out (see
-:mod:`streamrec.pipeline.ledger` for what a piece says about consumption).
+:mod:`streamrec.pipeline.transforms.ledger` for what a piece says about consumption).
 
 Every function works a chunk at a time (one ``decode_batch`` per chunk or batch, list slicing
 for take/skip); per-item Python work is only what the user's function or predicate costs.
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamrec._portal import owned_generator
 from streamrec.errors import ExampleError, StateError, StreamrecError
-from streamrec.pipeline.ledger import Piece
+from streamrec.pipeline.transforms.ledger import ItemPiece
 
 if TYPE_CHECKING:
     from streamrec.format.example import FeatureSpec
@@ -40,7 +40,7 @@ async def parse_pieces(
     chunks: Chunks,
     spec: Mapping[str, FeatureSpec],
     placed: Callable[[ExampleError, object], ExampleError] | None = None,
-) -> AsyncGenerator[Piece, None]:
+) -> AsyncGenerator[ItemPiece, None]:
     """One dict per record, one ``decode_batch`` per chunk; a bad record raises after every
     good one before it (``placed(error, payload)`` names where the record comes from)."""
     from streamrec.format.example import decode_batch
@@ -63,7 +63,7 @@ async def parse_pieces(
 @owned_generator
 async def batch_pieces(
     chunks: Chunks, n: int, drop_remainder: bool, finish: Callable[[list[Any]], Any]
-) -> AsyncGenerator[Piece, None]:
+) -> AsyncGenerator[ItemPiece, None]:
     """Batches of ``n`` consecutive items (``finish`` makes each), spanning chunks."""
     pending: list[Any] = []  # always a list of ours: chunks are never modified
     async with aclosing(chunks) as source:
@@ -95,7 +95,7 @@ async def batch_pieces(
 
 
 @owned_generator
-async def map_pieces(chunks: Chunks, fn: Callable[[Any], Any]) -> AsyncGenerator[Piece, None]:
+async def map_pieces(chunks: Chunks, fn: Callable[[Any], Any]) -> AsyncGenerator[ItemPiece, None]:
     """``fn`` on every item, inline; an exception comes after the items mapped before it."""
     async with aclosing(chunks) as source:
         async for chunk in source:
@@ -112,7 +112,7 @@ async def map_pieces(chunks: Chunks, fn: Callable[[Any], Any]) -> AsyncGenerator
 @owned_generator
 async def filter_pieces(
     chunks: Chunks, predicate: Callable[[Any], Any]
-) -> AsyncGenerator[Piece, None]:
+) -> AsyncGenerator[ItemPiece, None]:
     """The items ``predicate`` keeps. A kept item costs the records dropped since the
     previous kept one and itself, so records dropped before the last item handed out count
     as consumed and those after it do not (they are read again on resume, and dropped)."""
@@ -140,7 +140,7 @@ async def filter_pieces(
 
 
 @owned_generator
-async def take_pieces(chunks: Chunks, left: int) -> AsyncGenerator[Piece, None]:
+async def take_pieces(chunks: Chunks, left: int) -> AsyncGenerator[ItemPiece, None]:
     """The first ``left`` items; the source is closed (its reads cancelled) right after."""
     async with aclosing(chunks) as source:
         if left <= 0:
@@ -154,7 +154,7 @@ async def take_pieces(chunks: Chunks, left: int) -> AsyncGenerator[Piece, None]:
 
 
 @owned_generator
-async def skip_pieces(chunks: Chunks, left: int) -> AsyncGenerator[Piece, None]:
+async def skip_pieces(chunks: Chunks, left: int) -> AsyncGenerator[ItemPiece, None]:
     """All but the first ``left`` items (consumed, without an item, as they are dropped)."""
     async with aclosing(chunks) as source:
         async for chunk in source:
@@ -167,7 +167,7 @@ async def skip_pieces(chunks: Chunks, left: int) -> AsyncGenerator[Piece, None]:
 
 
 @owned_generator
-async def unbatch_pieces(chunks: Chunks, drop_first: int) -> AsyncGenerator[Piece, None]:
+async def unbatch_pieces(chunks: Chunks, drop_first: int) -> AsyncGenerator[ItemPiece, None]:
     """The items of each batch; a batch counts as consumed with its last item (an empty one
     with the item before it). The first ``drop_first`` items of the first batch were handed
     out before a resume."""

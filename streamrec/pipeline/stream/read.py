@@ -13,9 +13,9 @@ from streamrec.format.codecs import compression_from_name, normalize_compression
 from streamrec.format.framing import HEADER_BYTES, OVERHEAD_BYTES, OnCorrupt
 from streamrec.format.payload import read_header
 from streamrec.format.shard import DEFAULT_PIECE_BYTES, ShardDecoder
-from streamrec.pipeline.direct import DIRECT_RECORD_BYTES, DirectRead
-from streamrec.pipeline.prefetch import ObjectReader
 from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.stream.direct import DIRECT_RECORD_BYTES, DirectRead
+from streamrec.pipeline.stream.prefetch import ObjectReader
 from streamrec.storage.local.records import min_record_bytes
 
 __all__ = ["GROUP_BYTES", "read_shard"]
@@ -53,7 +53,7 @@ async def read_shard(
 
     A probing reader (a local file, no cache) of an uncompressed shard read with
     ``on_corrupt="raise"`` whose first record is large reads its large records directly
-    (:mod:`streamrec.pipeline.direct`); the block path takes over at the first record that
+    (:mod:`streamrec.pipeline.stream.direct`); the block path takes over at the first record that
     is not large and clean, and reads it and the rest as always.
     """
     url = reader.obj.url

@@ -33,6 +33,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from streamrec.errors import ObjectNotFoundError, StorageError, TransientStorageError
 from streamrec.format.index import INDEX_SUFFIX, index_url
@@ -42,7 +43,11 @@ from streamrec.storage.base import GLOB_CHARS, ObjectInfo, ObjectStore, has_glob
 from streamrec.storage.pages import list_glob
 from streamrec.storage.retry import RetryPolicy
 
-__all__ = ["HIDDEN_PREFIXES", "HIDDEN_SUFFIXES", "is_hidden", "list_sources"]
+if TYPE_CHECKING:
+    from streamrec.pipeline.options import ReadOptions
+    from streamrec.pipeline.stats import Stats
+
+__all__ = ["HIDDEN_PREFIXES", "HIDDEN_SUFFIXES", "is_hidden", "list_shards", "list_sources"]
 
 HIDDEN_PREFIXES = ("_", ".")
 """Names starting with these are skipped by globs and directory listings."""
@@ -117,6 +122,31 @@ def _glob_sees(pattern: str) -> Callable[[str], bool]:
     shard, so it does when the last component matches the name with ``.idx`` appended."""
     last = pattern.rsplit("/", 1)[-1]
     return lambda url: fnmatch.fnmatchcase(index_url(url.rsplit("/", 1)[-1]), last)
+
+
+async def list_shards(
+    urls: Sequence[str],
+    options: ReadOptions,
+    store_of: Callable[[str], ObjectStore],
+    stats: Stats,
+    on_first: OnFirst | None = None,
+) -> list[ObjectInfo]:
+    """Every shard a dataset of ``urls`` read with ``options`` reads, in reading order, with
+    its size and version: :func:`list_sources` with the options' retry policy and
+    ``allow_absolute_urls``, retries counted in ``stats`` (``on_first``: see there). The one
+    listing of the streaming and the indexed engine, ``len()`` and ``get()``."""
+
+    def count_retry(_: Exception) -> None:
+        stats.retries += 1
+
+    return await list_sources(
+        urls,
+        store_of,
+        options.retry,
+        allow_absolute_urls=options.allow_absolute_urls,
+        on_retry=count_retry,
+        on_first=on_first,
+    )
 
 
 async def list_sources(

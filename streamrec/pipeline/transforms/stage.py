@@ -1,13 +1,13 @@
 """The machinery every transform shares (:class:`Stage`): reading its source through the
-:class:`~streamrec.pipeline.source.Source` protocol, being a source itself, iteration on both
-paths, exact consumption counting and the state.
+:class:`~streamrec.pipeline.transforms.chain.Source` protocol, being a source itself, iteration on
+both paths, exact consumption counting and the state.
 
 A stage's ``_pieces(chunks)`` turns its source's chunks into pieces (see
-:mod:`streamrec.pipeline.ledger`). ``record_chunks`` hands each piece's items on and keeps a
-:class:`~streamrec.pipeline.ledger.Ledger` of them; ``mark_consumed(n)`` from the consumer
-goes through the ledger to the source's ``mark_consumed``. Iterating a stage directly
-(``for``/``async for``) is the same with a :class:`~streamrec.pipeline.ledger.Handout` as the
-consumer, so there is one way consumption is counted.
+:mod:`streamrec.pipeline.transforms.ledger`). ``record_chunks`` hands each piece's items on and
+keeps a :class:`~streamrec.pipeline.transforms.ledger.Ledger` of them; ``mark_consumed(n)`` from the
+consumer goes through the ledger to the source's ``mark_consumed``. Iterating a stage directly
+(``for``/``async for``) is the same with a :class:`~streamrec.pipeline.transforms.ledger.Handout` as
+the consumer, so there is one way consumption is counted.
 
 A stateless stage (parse, batch, map, filter) has the state of its source: the source's
 position already says what was consumed. A stage with a position of its own (take, skip,
@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from streamrec._portal import owned, owning
 from streamrec.errors import ExampleError, StateError
-from streamrec.pipeline.ledger import Ledger, Piece, handed_out_async, handed_out_blocking
+from streamrec.pipeline.transforms.ledger import (
+    ItemPiece,
+    Ledger,
+    handed_out_async,
+    handed_out_blocking,
+)
 
 if TYPE_CHECKING:
     from streamrec.pipeline.stats import Stats
@@ -52,7 +57,7 @@ class Stage(Generic[T]):
 
     # ---------------------------------------------------------------- for subclasses
 
-    def _pieces(self, chunks: AsyncGenerator[list[Any], None]) -> AsyncGenerator[Piece, None]:
+    def _pieces(self, chunks: AsyncGenerator[list[Any], None]) -> AsyncGenerator[ItemPiece, None]:
         """The pieces made from the source's ``chunks``; closes ``chunks`` however it ends."""
         raise NotImplementedError
 
@@ -77,7 +82,8 @@ class Stage(Generic[T]):
         report_consumed: Any = None,
         handed_out: Any = None,
     ) -> AsyncGenerator[list[T], None]:
-        """This stage's items in chunks (see :class:`~streamrec.pipeline.source.Source`)."""
+        """This stage's items in chunks (see
+        :class:`~streamrec.pipeline.transforms.chain.Source`)."""
         self._base = self._start()
         ledger = self._ledger = Ledger(self._base.get("in_batch", 0))
         self._report = None if auto_consume else report_consumed

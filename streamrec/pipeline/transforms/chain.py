@@ -2,8 +2,8 @@
 
 A chain starts at a root that reads storage (:class:`~streamrec.pipeline.dataset.Dataset`; a
 mix of datasets implements the same protocol) and continues through transforms
-(:mod:`streamrec.pipeline.transform`: ``parse``, ``batch``, ``map``, ``filter``, ``take``,
-``skip``, ``repeat``, ``unbatch``). Each transform reads the link below it through this
+(:mod:`streamrec.pipeline.transforms.chainable`: ``parse``, ``batch``, ``map``, ``filter``,
+``take``, ``skip``, ``repeat``, ``unbatch``). Each transform reads the link below it through this
 protocol only, and offers it to the link above, so links compose in any order.
 
 How exact resume travels down a chain: a link reads its source with

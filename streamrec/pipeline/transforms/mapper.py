@@ -25,7 +25,7 @@ from contextlib import aclosing
 from typing import Any, Literal
 
 from streamrec._portal import cancel_and_wait, owned_generator
-from streamrec.pipeline.ledger import Piece
+from streamrec.pipeline.transforms.ledger import ItemPiece
 
 __all__ = ["WorkerType", "apply_all", "check_picklable", "map_in_workers"]
 
@@ -76,7 +76,7 @@ async def map_in_workers(
     mp_context: str | None = None,
     task_items: int = 256,
     max_tasks: int | None = None,
-) -> AsyncGenerator[Piece, None]:
+) -> AsyncGenerator[ItemPiece, None]:
     """The mapped items of ``chunks``, one piece per task, in order (see the module doc)."""
     limit = max_tasks or 2 * num_workers
     async with aclosing(chunks) as source:

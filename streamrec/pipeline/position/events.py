@@ -2,8 +2,8 @@
 
 The pipeline runs ahead of its consumer, so its own variables never say where the *consumer*
 is. Instead each stage hands on *pieces* ``(records, events)``, where the events say where the
-records came from; the consumer's :class:`~streamrec.pipeline.trackers.Cursor` applies the
-events of what it has taken (see :mod:`streamrec.pipeline.trackers`). Events are made per
+records came from; the consumer's :class:`~streamrec.pipeline.position.trackers.Cursor` applies the
+events of what it has taken (see :mod:`streamrec.pipeline.position.trackers`). Events are made per
 block of records, never per record.
 """
 

@@ -1,7 +1,7 @@
-"""What each transform does, as a :class:`~streamrec.pipeline.stage.Stage`: its pieces, its
-length, its own counters. The public classes (with the chaining methods) are in
-:mod:`streamrec.pipeline.transform`; :class:`RepeatStage` is in
-:mod:`streamrec.pipeline.repeat`.
+"""What each transform does, as a :class:`~streamrec.pipeline.transforms.stage.Stage`: its pieces,
+its length, its own counters. The public classes (with the chaining methods) are in
+:mod:`streamrec.pipeline.transforms.chainable`; :class:`RepeatStage` is in
+:mod:`streamrec.pipeline.transforms.repeat`.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from streamrec.errors import ExampleError
-from streamrec.pipeline.ledger import Ledger, Piece
-from streamrec.pipeline.mapper import WorkerType, check_picklable, map_in_workers
-from streamrec.pipeline.pieces import (
+from streamrec.pipeline.transforms.ledger import ItemPiece, Ledger
+from streamrec.pipeline.transforms.mapper import WorkerType, check_picklable, map_in_workers
+from streamrec.pipeline.transforms.pieces import (
     batch_pieces,
     filter_pieces,
     map_pieces,
@@ -21,7 +21,7 @@ from streamrec.pipeline.pieces import (
     take_pieces,
     unbatch_pieces,
 )
-from streamrec.pipeline.stage import Stage, check_count
+from streamrec.pipeline.transforms.stage import Stage, check_count
 
 if TYPE_CHECKING:
     from streamrec.format.example import FeatureSpec
@@ -57,7 +57,7 @@ class ParseStage(Stage[dict[str, Any]]):
         self.spec = dict(spec)
         """The feature spec."""
 
-    def _pieces(self, chunks: Chunks) -> AsyncGenerator[Piece, None]:
+    def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
         return parse_pieces(chunks, self.spec, self._placed)
 
 
@@ -99,7 +99,7 @@ class BatchStage(Stage[T]):
                 self._placed(error, records[error.batch_index])
             raise
 
-    def _pieces(self, chunks: Chunks) -> AsyncGenerator[Piece, None]:
+    def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
         return batch_pieces(chunks, self.batch_size, self.drop_remainder, self._finish)
 
 
@@ -130,7 +130,7 @@ class MapStage(Stage[T]):
         self.mp_context = mp_context
         self.task_items = task_items
 
-    def _pieces(self, chunks: Chunks) -> AsyncGenerator[Piece, None]:
+    def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
         if not self.num_workers:
             return map_pieces(chunks, self.fn)
         return map_in_workers(
@@ -156,7 +156,7 @@ class FilterStage(Stage[T]):
         """Unknown until read: a TypeError, like ``len()`` of an object without a length."""
         raise TypeError(f"len() of a filtered dataset is unknown ({self!r})")
 
-    def _pieces(self, chunks: Chunks) -> AsyncGenerator[Piece, None]:
+    def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
         return filter_pieces(chunks, self.predicate)
 
 
@@ -182,7 +182,7 @@ class TakeStage(Stage[T]):
     def _check(self, counters: dict[str, Any]) -> dict[str, int]:
         return {"taken": check_count(counters, "taken", "take", self.n)}
 
-    def _pieces(self, chunks: Chunks) -> AsyncGenerator[Piece, None]:
+    def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
         return take_pieces(chunks, self.n - self._base["taken"])
 
 
@@ -208,7 +208,7 @@ class SkipStage(Stage[T]):
     def _check(self, counters: dict[str, Any]) -> dict[str, int]:
         return {"skipped": check_count(counters, "skipped", "skip", self.n)}
 
-    def _pieces(self, chunks: Chunks) -> AsyncGenerator[Piece, None]:
+    def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
         return skip_pieces(chunks, self.n - self._base["skipped"])
 
 
@@ -236,5 +236,5 @@ class UnbatchStage(Stage[Any]):
     def _check(self, counters: dict[str, Any]) -> dict[str, int]:
         return {"in_batch": check_count(counters, "in_batch", "unbatch", None)}
 
-    def _pieces(self, chunks: Chunks) -> AsyncGenerator[Piece, None]:
+    def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
         return unbatch_pieces(chunks, self._base["in_batch"])

@@ -11,7 +11,7 @@ import random
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from streamrec._portal import owned_generator
-from streamrec.pipeline.events import Drain, Event, Piece, ShuffleIn
+from streamrec.pipeline.position.events import Drain, Event, Piece, ShuffleIn
 
 __all__ = ["shuffle_pieces"]
 
@@ -28,8 +28,8 @@ async def shuffle_pieces(
     """Pieces of the records of ``pieces``, shuffled through a buffer of ``buffer_size``.
 
     Each output piece's events wrap the input events it consumed
-    (:class:`~streamrec.pipeline.events.ShuffleIn`) so a
-    :class:`~streamrec.pipeline.trackers.ShuffleTracker` can mirror the buffer. A resumed
+    (:class:`~streamrec.pipeline.position.events.ShuffleIn`) so a
+    :class:`~streamrec.pipeline.position.trackers.ShuffleTracker` can mirror the buffer. A resumed
     shuffle starts from ``buffer`` (and ``rng``'s state); ``draining`` means the input had
     already ended: the buffer is handed on as it is.
     """

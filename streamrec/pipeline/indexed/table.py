@@ -11,7 +11,7 @@ larger), decodes and CRC-checks them, and returns the records in the order asked
 included. Planning is vectorised (numpy): a Python step per span, not per record.
 
 An index is untrusted: a span is read only from a *verified* boundary
-(:mod:`~streamrec.pipeline.trust`: the entries before it checked against the shard's own
+(:mod:`~streamrec.pipeline.indexed.trust`: the entries before it checked against the shard's own
 length fields, or a compressed shard checked whole, once per dataset), so an index cannot
 make bytes inside a payload a record. A compressed span is also cut and reserved by what it
 inflates to (``Span.inflated``), and inflated a bounded piece at a time.
@@ -28,14 +28,16 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrec._portal import run_all
-from streamrec.errors import RandomAccessUnavailableError, TransientStorageError
+from streamrec.errors import (
+    IndexMismatchError,
+    RandomAccessUnavailableError,
+    TransientStorageError,
+)
 from streamrec.format.codecs import Compression
 from streamrec.format.index import ShardIndex
 from streamrec.format.span import SpanDecoder, coalesce
 from streamrec.pipeline.budget import ByteBudget
-from streamrec.pipeline.prefetch import read_exact
-from streamrec.pipeline.stats import Stats
-from streamrec.pipeline.trust import (
+from streamrec.pipeline.indexed.trust import (
     BoundaryTrust,
     ShardKey,
     budgeted_reader,
@@ -43,29 +45,20 @@ from streamrec.pipeline.trust import (
     verify_compressed,
     verify_plain,
 )
+from streamrec.pipeline.listing.lengths import index_command
+from streamrec.pipeline.listing.sidecars import load_indexes_and_codecs
+from streamrec.pipeline.listing.urls import list_shards
+from streamrec.pipeline.options import DEFAULT_GAP_BYTES, ReadOptions
+from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.stream.prefetch import read_exact
 from streamrec.redact import redact
 from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.retry import RetryPolicy
+from streamrec.storage.stores import StoreSet
 
-__all__ = [
-    "DEFAULT_GAP_BYTES",
-    "RecordTable",
-    "Span",
-    "as_indices",
-    "coalesce",
-    "plan_spans",
-    "read_records",
-]
+__all__ = ["RecordTable", "Span", "as_indices", "build_table", "plan_spans", "read_records"]
 
 Int64Array = npt.NDArray[np.int64]
-
-# Records closer than this share one range read. Cutting at every gap wider than G is what
-# minimises a cost of ``requests x a + bytes x b`` for G = a / b: on a cloud link (60 ms round
-# trips, 16 reads in flight, ~125 MB/s) a request costs about what 470 KB cost; locally, the
-# pipeline's own per-read overhead makes small gaps slower too. Measured (bench_resume.py,
-# benchmarks/README.md): 256 KiB re-reads 24-31 % fewer bytes than 1 MiB did, with the fewest
-# modelled seconds.
-DEFAULT_GAP_BYTES = 256 << 10
 
 
 def as_indices(indices: Sequence[int] | npt.ArrayLike) -> Int64Array:
@@ -97,7 +90,7 @@ class RecordTable:
     compressions: Sequence[Compression]
     starts: Int64Array  # global index of each shard's first record; then the total
     trust: BoundaryTrust = field(default_factory=BoundaryTrust, repr=False)
-    """Which entries of each index are verified against the shard (pipeline/trust.py)."""
+    """Which entries of each index are verified against the shard (pipeline/indexed/trust.py)."""
     _keys: dict[int, ShardKey] = field(default_factory=dict, repr=False)
 
     def shard_key(self, ordinal: int) -> ShardKey:
@@ -335,7 +328,7 @@ async def _trust(
     gap_bytes: int,
     span_bytes: int,
 ) -> None:
-    """Make sure ``span`` starts at a verified boundary (pipeline/trust.py), with reads as
+    """Make sure ``span`` starts at a verified boundary (pipeline/indexed/trust.py), with reads as
     the spans' (``gap_bytes``, ``span_bytes``), counted in ``stats``."""
     ordinal = span.ordinal
     shard, index = table.shards[ordinal], table.indexes[ordinal]
@@ -410,3 +403,53 @@ async def _read_span(
         stats.bytes_read += length
         stats.records_read += len(records)
     return records
+
+
+async def build_table(
+    urls: Sequence[str],
+    options: ReadOptions,
+    stats: Stats,
+    stores: StoreSet,
+    shards: Sequence[ObjectInfo] | None = None,
+    trust: BoundaryTrust | None = None,
+) -> RecordTable:
+    """The record table of the shards ``urls`` stand for (listed unless ``shards`` are
+    given): see the module docstring. ``trust``: what is verified of the shards' indexes
+    already (the dataset's; indexed/trust.py)."""
+
+    def count_retry(_: Exception) -> None:
+        stats.retries += 1
+
+    if shards is None:
+        shards = await list_shards(urls, options, stores.get, stats)
+    loaded = await load_indexes_and_codecs(
+        shards, stores.get, options.retry, compression=options.compression, on_retry=count_retry
+    )
+    missing = [shard.url for shard, found in zip(shards, loaded, strict=True) if found is None]
+    if missing:
+        raise RandomAccessUnavailableError(
+            f"reading records by index needs every shard's record index (SHARD.idx): "
+            f"{len(missing)} of {len(shards)} shards have none (e.g. {redact(missing[0])}); "
+            f"index them once with `{index_command(urls)}` (GZIP/ZLIB shards: rewrite them "
+            "with `streamrec reshard --index`, or write them with index=True)"
+        )
+    indexes, codecs = [], []
+    for shard, found in zip(shards, loaded, strict=True):
+        assert found is not None
+        index, codec = found
+        if not index.random_access:
+            raise RandomAccessUnavailableError(
+                f"{redact(shard.url)}: reading records by index needs a GZIP/ZLIB shard "
+                "written with its random-access index (index=True: restart points); this "
+                "one's index only counts records. Rewrite the shards with `streamrec reshard "
+                "--index` (they can still be read sequentially)"
+            )
+        if shard.records is not None and shard.records != len(index):
+            raise IndexMismatchError(
+                f"its manifest says {shard.records} records, its record index has "
+                f"{len(index)}: one of them is stale",
+                url=shard.url,
+            )
+        indexes.append(index)
+        codecs.append(codec)
+    return RecordTable.build(shards, indexes, codecs, trust)

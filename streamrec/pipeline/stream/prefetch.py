@@ -83,8 +83,8 @@ class ObjectReader:
 
     A reader of a store with ``direct_reads`` (local files) and no cache starts by *probing*:
     it requests its first block alone, and only once that block's first piece was handed on
-    does it request more. Its reader (:func:`~streamrec.pipeline.read.read_shard`) looks at
-    the first record there: a large one is read by :mod:`streamrec.pipeline.direct` instead,
+    does it request more. Its reader (:func:`~streamrec.pipeline.stream.read.read_shard`) looks at
+    the first record there: a large one is read by :mod:`streamrec.pipeline.stream.direct` instead,
     after :meth:`pause` (no more blocks; the bytes held are given back), its bytes held
     through :meth:`try_hold` / :meth:`hold` / :meth:`unhold` (the same budget, share and cap
     as blocks), until :meth:`start_blocks` hands the rest back to blocks.
