@@ -8,9 +8,9 @@ return a new dataset reading the one they are called on through the
 supports ``async for`` and plain ``for`` (the blocking path crosses the background thread
 once per chunk), ``len()`` where it is known, ``set_epoch``, ``stats``, and ``state_dict()`` /
 ``load_state_dict()`` with exact resume: the state describes the position after the last item
-handed out (see :mod:`streamrec.pipeline.transforms.stage` for how,
-:mod:`streamrec.pipeline.transforms.ops` and :mod:`streamrec.pipeline.transforms.repeat` for what
-each does). Work is done a chunk at a time; a dataset's transforms hold no more than a chunk (a
+handed out (see :mod:`streamrec.pipeline.transforms.stage` for how, and each op's module for
+what it does: ``batch`` (parse, batch, unbatch), ``map``, ``filter``, ``slice`` (take, skip),
+``repeat``). Work is done a chunk at a time; a dataset's transforms hold no more than a chunk (a
 batch, a map's tasks in flight) beyond the dataset's own ``prefetch_bytes``.
 
 Parse and batch, map and filter keep their source's state as it is (the dataset's: the README
@@ -24,17 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from streamrec.pipeline.transforms.mapper import WorkerType
-from streamrec.pipeline.transforms.ops import (
-    BatchStage,
-    FilterStage,
-    MapStage,
-    ParseStage,
-    SkipStage,
-    TakeStage,
-    UnbatchStage,
-)
+from streamrec.pipeline.transforms.batch import BatchStage, ParseStage, UnbatchStage
+from streamrec.pipeline.transforms.filter import FilterStage
+from streamrec.pipeline.transforms.map import MapStage, WorkerType
 from streamrec.pipeline.transforms.repeat import RepeatStage
+from streamrec.pipeline.transforms.slice import SkipStage, TakeStage
 
 if TYPE_CHECKING:
     from streamrec.format.example import FeatureSpec

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from streamrec._portal import owning
 from streamrec.pipeline.transforms.ledger import Ledger
-from streamrec.pipeline.transforms.pieces import skip_pieces
+from streamrec.pipeline.transforms.slice import skip_pieces
 from streamrec.pipeline.transforms.stage import Stage, check_count
 
 __all__ = ["RepeatStage"]

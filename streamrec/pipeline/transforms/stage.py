@@ -34,9 +34,11 @@ from streamrec.pipeline.transforms.ledger import (
 if TYPE_CHECKING:
     from streamrec.pipeline.stats import Stats
 
-__all__ = ["Stage", "check_count", "root_of"]
+__all__ = ["Chunks", "Stage", "check_count", "non_negative_int", "root_of"]
 
 T = TypeVar("T")
+#: What a transform reads from its source: its items, a chunk (a list) at a time.
+Chunks = AsyncGenerator[list[Any], None]
 
 
 class Stage(Generic[T]):
@@ -57,7 +59,7 @@ class Stage(Generic[T]):
 
     # ---------------------------------------------------------------- for subclasses
 
-    def _pieces(self, chunks: AsyncGenerator[list[Any], None]) -> AsyncGenerator[ItemPiece, None]:
+    def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
         """The pieces made from the source's ``chunks``; closes ``chunks`` however it ends."""
         raise NotImplementedError
 
@@ -261,6 +263,14 @@ def root_of(link: Any) -> Any:
     while isinstance(link, Stage):
         link = link.source
     return link
+
+
+def non_negative_int(value: Any, what: str) -> int:
+    """``value``, an argument of a transform, checked: a non-negative int (ValueError naming
+    ``what`` otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a non-negative int, not {value!r}")
+    return value
 
 
 def check_count(counters: dict[str, Any], name: str, key: str, most: int | None) -> int:

@@ -1,10 +1,12 @@
-"""The chunk algorithms of the transforms: source chunks in, pieces out (see
-:mod:`streamrec.pipeline.transforms.ledger` for what a piece says about consumption).
+"""``.parse(spec)``, ``.batch(n)`` and ``.unbatch()``: records decoded as ``Example`` protos,
+batches of consecutive items, and the items of batches again.
 
-Every function works a chunk at a time (one ``decode_batch`` per chunk or batch, list slicing
-for take/skip); per-item Python work is only what the user's function or predicate costs.
-Each closes its source chunks however it ends. Example decoding is imported on first use
-(protobuf stays unloaded until a spec is used).
+A parse decodes a chunk at a time (one ``decode_batch`` per chunk); a batch of a parse decodes
+each batch at once instead (it reads the parse's source: no per-record dicts). A record that
+does not decode raises after every good one before it, naming where it comes from. An unbatch
+splits lists, tuples, numpy arrays and dicts of per-item columns (:func:`split_batch`) and
+resumes in the middle of a batch (its state counts the items of the batch handed out). Example
+decoding is imported on first use (protobuf stays unloaded until a spec is used).
 """
 
 from __future__ import annotations
@@ -12,27 +14,42 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from itertools import repeat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from streamrec._portal import owned_generator
 from streamrec.errors import ExampleError, StateError, StreamrecError
-from streamrec.pipeline.transforms.ledger import ItemPiece
+from streamrec.pipeline.transforms.ledger import ItemPiece, Ledger
+from streamrec.pipeline.transforms.stage import Chunks, Stage, check_count
 
 if TYPE_CHECKING:
     from streamrec.format.example import FeatureSpec
 
 __all__ = [
+    "BatchStage",
+    "ParseStage",
+    "UnbatchStage",
     "batch_pieces",
-    "filter_pieces",
-    "map_pieces",
     "parse_pieces",
-    "skip_pieces",
     "split_batch",
-    "take_pieces",
     "unbatch_pieces",
 ]
 
-Chunks = AsyncGenerator[list[Any], None]
+T = TypeVar("T")
+
+
+class ParseStage(Stage[dict[str, Any]]):
+    """Example payloads decoded with a spec, one dict per record."""
+
+    def __init__(self, source: Any, spec: Mapping[str, FeatureSpec]) -> None:
+        from streamrec.format.example import decode_batch
+
+        super().__init__(source)
+        decode_batch([], spec)  # a bad spec fails here, not in the first chunk
+        self.spec = dict(spec)
+        """The feature spec."""
+
+    def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
+        return parse_pieces(chunks, self.spec, self._placed)
 
 
 @owned_generator
@@ -58,6 +75,63 @@ async def parse_pieces(
                     yield good, None, 0
                 raise failure from None
             yield split_batch(decoded, len(chunk)), None, 0
+
+
+def _decode_until_failure(
+    chunk: list[bytes], spec: Mapping[str, FeatureSpec], error: StreamrecError
+) -> tuple[list[dict[str, Any]], StreamrecError]:
+    """The records of ``chunk`` before the first that fails to decode, and its error."""
+    from streamrec.format.example import decode
+
+    good: list[dict[str, Any]] = []
+    for payload in chunk:
+        try:
+            good.append(decode(payload, spec))
+        except StreamrecError as failure:
+            return good, failure
+    return good, error  # pragma: no cover - decode and decode_batch agree
+
+
+class BatchStage(Stage[T]):
+    """Batches of ``batch_size`` consecutive items."""
+
+    def __init__(self, source: Any, batch_size: int, drop_remainder: bool = False) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+        if isinstance(source, BatchStage):
+            raise TypeError(f"cannot batch a {type(source).__name__} (unbatch() it first)")
+        self.spec: dict[str, FeatureSpec] | None = None
+        """The feature spec when the records are decoded per batch, else None."""
+        if isinstance(source, ParseStage):  # decode each batch at once, not record by record
+            super().__init__(source.source)
+            self.spec = source.spec
+        else:
+            super().__init__(source)
+        self.batch_size = batch_size
+        self.drop_remainder = drop_remainder
+
+    def __len__(self) -> int:
+        """Batches this consumer gets in one epoch: ``len(source) / batch_size``, rounded up
+        (the shorter last batch), or down with ``drop_remainder``."""
+        records = super().__len__()
+        if self.drop_remainder:
+            return records // self.batch_size
+        return -(-records // self.batch_size)
+
+    def _finish(self, records: list[Any]) -> Any:
+        if self.spec is None:
+            return records
+        from streamrec.format.example import decode_batch
+
+        try:
+            return decode_batch(records, self.spec)
+        except ExampleError as error:
+            if error.batch_index is not None:  # say where the record is, not "of the batch"
+                self._placed(error, records[error.batch_index])
+            raise
+
+    def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
+        return batch_pieces(chunks, self.batch_size, self.drop_remainder, self._finish)
 
 
 @owned_generator
@@ -94,76 +168,32 @@ async def batch_pieces(
             yield [finish(pending)], [len(pending)], 0
 
 
-@owned_generator
-async def map_pieces(chunks: Chunks, fn: Callable[[Any], Any]) -> AsyncGenerator[ItemPiece, None]:
-    """``fn`` on every item, inline; an exception comes after the items mapped before it."""
-    async with aclosing(chunks) as source:
-        async for chunk in source:
-            out: list[Any] = []
-            try:
-                out.extend(map(fn, chunk))  # (keeps what was mapped before an exception)
-            except BaseException:
-                if out:
-                    yield out, None, 0
-                raise
-            yield out, None, 0
+class UnbatchStage(Stage[Any]):
+    """The items of each batch; state: ``{"unbatch": {"in_batch": k}, "source": ...}``, the
+    source's state at the current batch and the items of it already handed out."""
 
+    state_key = "unbatch"
 
-@owned_generator
-async def filter_pieces(
-    chunks: Chunks, predicate: Callable[[Any], Any]
-) -> AsyncGenerator[ItemPiece, None]:
-    """The items ``predicate`` keeps. A kept item costs the records dropped since the
-    previous kept one and itself, so records dropped before the last item handed out count
-    as consumed and those after it do not (they are read again on resume, and dropped)."""
-    carry = 0  # dropped items since the last kept one
-    async with aclosing(chunks) as source:
-        async for chunk in source:
-            kept: list[Any] = []
-            sizes: list[int] = []
-            last = -1
-            try:
-                for i, item in enumerate(chunk):
-                    if predicate(item):
-                        kept.append(item)
-                        sizes.append(i - last + carry)
-                        carry, last = 0, i
-            except BaseException:
-                if kept:
-                    yield kept, sizes, 0
-                raise
-            carry += len(chunk) - 1 - last
-            if kept:
-                yield kept, sizes, 0
-    if carry:
-        yield [], None, carry
+    def __len__(self) -> int:
+        """Known for a :class:`BatchStage` source: its records (without a dropped remainder);
+        a TypeError otherwise (batch sizes unknown)."""
+        source = self.source
+        if not isinstance(source, BatchStage):
+            raise TypeError(f"len() of an unbatched {type(source).__name__} is unknown")
+        records = len(source.source)
+        return records - records % source.batch_size if source.drop_remainder else records
 
+    def _initial(self) -> dict[str, int]:
+        return {"in_batch": 0}
 
-@owned_generator
-async def take_pieces(chunks: Chunks, left: int) -> AsyncGenerator[ItemPiece, None]:
-    """The first ``left`` items; the source is closed (its reads cancelled) right after."""
-    async with aclosing(chunks) as source:
-        if left <= 0:
-            return
-        async for chunk in source:
-            if len(chunk) >= left:
-                yield chunk[:left], None, 0
-                return
-            left -= len(chunk)
-            yield chunk, None, 0
+    def _counters(self, ledger: Ledger) -> dict[str, int]:
+        return {"in_batch": ledger.tail}
 
+    def _check(self, counters: dict[str, Any]) -> dict[str, int]:
+        return {"in_batch": check_count(counters, "in_batch", "unbatch", None)}
 
-@owned_generator
-async def skip_pieces(chunks: Chunks, left: int) -> AsyncGenerator[ItemPiece, None]:
-    """All but the first ``left`` items (consumed, without an item, as they are dropped)."""
-    async with aclosing(chunks) as source:
-        async for chunk in source:
-            if left >= len(chunk):
-                left -= len(chunk)
-                yield [], None, len(chunk)
-                continue
-            yield (chunk[left:] if left else chunk), None, left
-            left = 0
+    def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
+        return unbatch_pieces(chunks, self._base["in_batch"])
 
 
 @owned_generator
@@ -236,18 +266,3 @@ def _rows(value: Any, n: int) -> Sequence[Any]:
     if value.ndim == 1:  # shape (): 0-d arrays, as decode() gives (iteration gives scalars)
         return [value[i, ...] for i in range(n)]
     return list(value)
-
-
-def _decode_until_failure(
-    chunk: list[bytes], spec: Mapping[str, FeatureSpec], error: StreamrecError
-) -> tuple[list[dict[str, Any]], StreamrecError]:
-    """The records of ``chunk`` before the first that fails to decode, and its error."""
-    from streamrec.format.example import decode
-
-    good: list[dict[str, Any]] = []
-    for payload in chunk:
-        try:
-            good.append(decode(payload, spec))
-        except StreamrecError as failure:
-            return good, failure
-    return good, error  # pragma: no cover - decode and decode_batch agree
