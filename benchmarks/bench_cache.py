@@ -44,7 +44,8 @@ from typing import Any
 
 from _harness import DATA_DIR, MB, MIB
 from _harness.local import write_random_shards
-from _harness.report import cpu_model, now, replace_section, source_state
+from _harness.report import cpu_model, given_outputs, now, replace_section, source_state
+from _harness.results import JSON_HELP, save_results
 from _harness.servers import FakeGcsServer
 
 import streamrec
@@ -151,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shard-mib", type=int, default=32, help="MiB per shard (default 32)")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out", type=Path, help="write the table into this markdown file")
+    parser.add_argument("--json", type=Path, help=JSON_HELP)
     args = parser.parse_args(argv)
     shard_mib = 2 if args.quick else args.shard_mib
     started = time.monotonic()
@@ -186,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command += f" --rounds {args.rounds}"
     section = "\n".join(
         [
-            f"Command: `{command} --out benchmarks/README.md` ({now()}, {args.rounds} rounds, "
+            f"Command: `{command}{given_outputs(args)}` ({now()}, {args.rounds} rounds, "
             f"{time.monotonic() - started:.0f} s in all).",
             "",
             f"Machine: {cpu_model(platform.processor() or platform.machine())}, "
@@ -223,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "evicted (see the module docstring of `bench_cache.py`).\n\n"
         )
         replace_section(args.out, START, END, section, intro)
+    save_results(args.json, "bench_cache", section, ["cache vs local files"])
     return 0
 
 

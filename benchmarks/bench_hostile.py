@@ -2,7 +2,7 @@
 
 Run from the repository root after ``python setup.py build_ext --inplace``::
 
-    python benchmarks/bench_hostile.py [--out benchmarks/README.md]
+    python benchmarks/bench_hostile.py [--json PATH]
 
 Each case is generated under a temporary directory (sparse or compressed: a few MiB on disk)
 and read with ``for record in streamrec.open_dataset(url)`` (defaults: ``prefetch_bytes``
@@ -61,6 +61,7 @@ from typing import Any
 from _harness import MIB, hostile_indexes
 from _harness.procs import print_result, reset_peak_rss, run_script, status_kib
 from _harness.report import command_line, now, publish, replace_section
+from _harness.results import JSON_HELP, save_results
 
 START_MARK = "<!-- bench_hostile:start -->"
 END_MARK = "<!-- bench_hostile:end -->"
@@ -280,6 +281,7 @@ def _short(error: str | None, width: int = 200) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="write the table into this README's section")
+    parser.add_argument("--json", type=Path, help=JSON_HELP)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--only", help="comma-separated case keys (default: all)")
     args = parser.parse_args(argv)
@@ -344,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     section = "\n".join(lines)
     publish(section, args.out, write_readme)
+    save_results(args.json, "bench_hostile", section, ["hostile inputs"])
     return 0
 
 

@@ -11,7 +11,7 @@ this process, ``streamrec count --no-progress --json DIR/*`` and ``streamrec ind
 --no-progress --json DIR/*`` (``--force``: every round reads every shard and writes every
 sidecar, fsynced and renamed into place), in alternating order, after one warm-up round of
 each (page cache warm: the local disk is not what is measured). Both read the
-shards the same way (the CLI's ShardReader, 8 shards at a time, every CRC checked); the index
+shards the same way (the pipeline's ShardScan, 8 shards at a time, every CRC checked); the index
 also collects each record's length and formats and writes the sidecar.
 
 Columns: the best and median wall seconds of each command over the rounds, the shard MB/s
@@ -37,7 +37,8 @@ from pathlib import Path
 
 from _harness import BENCH_DIR
 from _harness.local import write_random_shards
-from _harness.report import cpu_model, replace_section, source_state
+from _harness.report import cpu_model, given_outputs, replace_section, source_state
+from _harness.results import JSON_HELP, save_results
 
 import streamrec
 from streamrec.cli import main as cli_main
@@ -84,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shard-mib", type=int, default=64, help="MiB per shard (default 64)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", type=Path, help="write the table into this markdown file")
+    parser.add_argument("--json", type=Path, help=JSON_HELP)
     args = parser.parse_args(argv)
     shard_bytes = (4 if args.quick else args.shard_mib) * MIB
     started = time.monotonic()
@@ -113,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     section = "\n".join(
         [
-            f"Command: `{command} --out benchmarks/README.md` ({now}, {args.rounds} rounds, "
+            f"Command: `{command}{given_outputs(args)}` ({now}, {args.rounds} rounds, "
             f"{time.monotonic() - started:.0f} s in all).",
             "",
             f"Machine: {cpu_name()}, {os.cpu_count()} cores, Python "
@@ -135,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "module docstring of `bench_index.py`); target: index speed >= 0.9 x count speed.\n\n"
         )
         replace_section(args.out, START, END, section, intro)
+    save_results(args.json, "bench_index", section, ["index vs count"])
     return 0
 
 

@@ -3,7 +3,7 @@
 Run from the repository root (build the C accelerator first)::
 
     python setup.py build_ext --inplace
-    python benchmarks/bench_local.py [--quick] [--out benchmarks/README.md]
+    python benchmarks/bench_local.py [--quick] [--json PATH]
 
 What it measures, for record sizes 100 B, 1 KiB, 100 KiB and 10 MiB (one uncompressed file of
 ~256 MiB per size, ~32 MiB with ``--quick``, written by streamrec under ``benchmarks/data/`` and
@@ -70,6 +70,7 @@ from _harness.local import (
     read_sync,
 )
 from _harness.report import command_line, cpu_model, now, publish, replace_section, source_state
+from _harness.results import JSON_HELP, save_results
 from _harness.stats import Timings
 
 import streamrec
@@ -408,6 +409,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="~32 MiB files, fewer rounds")
     parser.add_argument("--out", type=Path, help="write the table into this README's section")
+    parser.add_argument("--json", type=Path, help=JSON_HELP)
     parser.add_argument("--rounds", type=int, help="rounds per file (default 7, 3 with --quick)")
     parser.add_argument("--tf-python", help="an interpreter with TensorFlow: tf.data rows")
     parser.add_argument("--busy", type=int, default=0, help="CPU-burning processes meanwhile")
@@ -454,6 +456,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = command_line("bench_local.py", argv)
     section = render(rows, notes, command, rounds, time.perf_counter() - start)
     publish(section, args.out, write_readme)
+    sizes = f"record sizes {args.sizes}" if args.sizes else "all record sizes"
+    table = f"{sizes}, {args.busy} CPU burners" if args.busy else f"{sizes}, quiet"
+    save_results(args.json, "bench_local", section, [table])
     return 0
 
 

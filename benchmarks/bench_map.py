@@ -2,7 +2,7 @@
 
 Run from the repository root (build the C accelerators first)::
 
-    python benchmarks/bench_map.py [--records 20000] [--rounds 5] [--out benchmarks/README.md]
+    python benchmarks/bench_map.py [--records 20000] [--rounds 5] [--json PATH]
 
 The data: ``--records`` ``tf.train.Example`` records (a 32x32x3 uint8 image and a label,
 ~3.1 KiB each) in 8 local uncompressed shards under ``benchmarks/data/map/`` (gitignored;
@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 from _harness import DATA_DIR
 from _harness.report import command_line, cpu_model, now, publish, replace_section, source_state
+from _harness.results import JSON_HELP, save_results
 
 import streamrec
 from streamrec.example import FixedLenFeature, RawFeature, decode, encode
@@ -156,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, help="write the table into this markdown file")
+    parser.add_argument("--json", type=Path, help=JSON_HELP)
     parser.add_argument(
         "--fn", choices=sorted(FUNCTIONS), default="full", help="the mapped function (see above)"
     )
@@ -231,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         replace_section(path, START, END, text, intro)
 
     publish(section, args.out, write)
+    save_results(args.json, "bench_map", section, [f"--fn {args.fn}"])
     return 0
 
 

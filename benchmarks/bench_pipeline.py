@@ -69,6 +69,7 @@ from _harness.local import (
 from _harness.procs import rotated
 from _harness.remote import run_worker, timed_iteration, timeout_for, worker_main
 from _harness.report import command_line, cpu_model
+from _harness.results import JSON_HELP, save_results
 from _harness.servers import Services, free_subnet, storage_options
 from _harness.stats import RunSamples, Timings
 
@@ -454,6 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=list(B_SETTINGS),
         help="part (b) settings, prefetch MiB/block MiB/max_concurrency[/pool]",
     )
+    parser.add_argument("--json", type=Path, help=JSON_HELP)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -473,6 +475,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             *part_b(args.quick, args.rounds or (2 if args.quick else 3), settings),
         ]
     print("\n".join(out))
+    names = ["(a) local consumers"] if args.part in ("a", "all") else []
+    if args.part in ("b", "all"):
+        names.append(
+            "(b) quick: 64 x 2 MiB shards"
+            if args.quick
+            else "(b) 64 x 16 MiB shards, cycle_length 16"
+        )
+    save_results(args.json, "bench_pipeline", "\n".join(out), names, command)
     return 0
 
 

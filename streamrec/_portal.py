@@ -32,17 +32,8 @@ from collections.abc import (
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
-__all__ = [
-    "EventLoopThread",
-    "Owned",
-    "cancel_and_wait",
-    "iterate_ahead",
-    "iterate_blocking",
-    "owned",
-    "owned_generator",
-    "owning",
-    "run_all",
-]
+__all__ = ["EventLoopThread", "Owned", "cancel_and_wait", "iterate_ahead", "iterate_blocking"]
+__all__ += ["owned", "owned_generator", "owning", "run_all", "settle_all"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -80,7 +71,7 @@ class EventLoopThread:
                 for task in pending:
                     task.cancel()
                 if pending:
-                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                    loop.run_until_complete(settle_all(pending))
                 loop.run_until_complete(loop.shutdown_asyncgens())
                 # not loop.shutdown_default_executor(): it starts one more thread to wait in
                 self._executor.shutdown(wait=True)
@@ -586,12 +577,21 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
     for task in pending:
         task.cancel()
     if pending:
-        await asyncio.gather(*pending, return_exceptions=True)
+        await settle_all(pending)
+
+
+def settle_all(jobs: Iterable[Awaitable[T]]) -> asyncio.Future[list[T | BaseException]]:
+    """Run ``jobs`` concurrently until every one has ended: each one's result or exception,
+    in order. For cleanup (aborting every writer, waiting for every worker thread's call),
+    where one failure must not stop the others; elsewhere :func:`run_all`. A future, not a
+    task: a loop's shutdown, which cancels every task, does not end it before its jobs."""
+    return asyncio.gather(*jobs, return_exceptions=True)
 
 
 async def run_all(jobs: Iterable[Awaitable[T]]) -> list[T]:
     """Run ``jobs`` concurrently and return their results in order; the first error cancels
-    the others (waiting for them to end) and is raised as it is."""
+    the others (waiting for them to end) and is raised as it is. The one task group of
+    streamrec (``asyncio.TaskGroup`` needs Python 3.11): nothing it starts outlives it."""
     tasks = [asyncio.ensure_future(job) for job in jobs]
     try:
         return await asyncio.gather(*tasks)

@@ -9,12 +9,14 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from . import REPO_ROOT
 
 __all__ = [
     "command_line",
     "cpu_model",
+    "given_outputs",
     "now",
     "publish",
     "replace_section",
@@ -50,6 +52,12 @@ def command_line(script: str, argv: Sequence[str] | None) -> str:
     return (
         "python benchmarks/" + script + " " + " ".join(sys.argv[1:] if argv is None else argv)
     ).strip()
+
+
+def given_outputs(args: Any) -> str:
+    """`` --out X --json Y`` as given to a script that rebuilds its command line (else "")."""
+    out = f" --out {args.out}" if getattr(args, "out", None) else ""
+    return out + (f" --json {args.json}" if getattr(args, "json", None) else "")
 
 
 def now() -> str:

@@ -10,6 +10,7 @@ import time
 
 from streamrec.cli.common import (
     EXIT_OK,
+    Commands,
     add_command,
     add_common_arguments,
     print_json,
@@ -55,7 +56,7 @@ def parse_duration(text: str) -> float:
     return float(match[1]) * _UNITS[match[2] or "s"]
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the ``cleanup`` subcommand."""
     parser = add_command(
         commands,

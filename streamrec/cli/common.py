@@ -9,13 +9,19 @@ usage errors by itself).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import re
 import sys
 import textwrap
 import unicodedata
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, TypeVar
 
+from streamrec._portal import run_all
+from streamrec.format.framing import OnCorrupt
+from streamrec.pipeline.options import ReadOptions
 from streamrec.storage.retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -24,9 +30,11 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_DATA_ERROR",
     "EXIT_OK",
+    "Commands",
     "Progress",
     "add_command",
     "add_common_arguments",
+    "add_prefetch_argument",
     "add_timeout_argument",
     "add_verbose_argument",
     "cli_text",
@@ -34,19 +42,47 @@ __all__ = [
     "display_width",
     "error",
     "human_bytes",
+    "map_bounded",
     "non_negative_int",
     "pad",
+    "parse_bytes",
     "plural",
     "positive_int",
     "positive_float",
     "print_json",
+    "read_options_of",
     "retry_of",
     "source_url",
     "storage_options_of",
 ]
 
+T = TypeVar("T")
+R = TypeVar("R")
+
 EXIT_OK = 0
 EXIT_DATA_ERROR = 1
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "ki": 1 << 10,
+    "kib": 1 << 10,
+    "mi": 1 << 20,
+    "mib": 1 << 20,
+    "gi": 1 << 30,
+    "gib": 1 << 30,
+    "ti": 1 << 40,
+    "tib": 1 << 40,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 URLS_HELP = (
     "local path, glob, directory or prefix, manifest (.json), file://, s3://, gs://, "
@@ -57,8 +93,17 @@ URLS_HELP = (
 )
 
 
+class Commands(Protocol):
+    """What ``register(commands)`` is given: the object ``ArgumentParser.add_subparsers()``
+    returns (argparse names its type only privately)."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        """Add the subcommand ``name``; ``kwargs`` as for ``ArgumentParser``, plus ``help``."""
+        ...
+
+
 def add_command(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    commands: Commands,
     name: str,
     *,
     summary: str,
@@ -117,6 +162,20 @@ def positive_int(text: str) -> int:
     return value
 
 
+def parse_bytes(text: str) -> int:
+    """A byte count from ``"1048576"``, ``"256MiB"``, ``"1GB"``, ``"1.5 GiB"`` (>= 1)."""
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"not a byte size: {text!r} (e.g. 1048576, 64KiB, 256MiB, 1GiB, 1GB)"
+        )
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte: {text!r}")
+    return value
+
+
 def add_common_arguments(
     parser: argparse.ArgumentParser, *, urls: bool = True, compression: bool = True
 ) -> None:
@@ -152,6 +211,21 @@ def add_common_arguments(
             choices=["auto", "none", "gzip", "zlib"],
             help="codec of the files (default: auto, from the suffix, else the first bytes)",
         )
+
+
+def add_prefetch_argument(parser: argparse.ArgumentParser) -> None:
+    """``--prefetch-bytes SIZE``: the read-ahead budget of a command that reads records."""
+    default = ReadOptions.prefetch_bytes  # open_dataset's default
+    parser.add_argument(
+        "--prefetch-bytes",
+        type=parse_bytes,
+        default=default,
+        metavar="SIZE",
+        help=(
+            "most bytes read ahead and not yet decoded, all shards together, as open_dataset's "
+            f"prefetch_bytes (default: {human_bytes(default)}; e.g. 256MiB)"
+        ),
+    )
 
 
 def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
@@ -194,6 +268,18 @@ def retry_of(args: argparse.Namespace) -> RetryPolicy:
     if timeout is None:
         return RetryPolicy()
     return RetryPolicy(timeout_s=timeout, deadline_s=max(RetryPolicy.deadline_s, timeout))
+
+
+def read_options_of(args: argparse.Namespace, on_corrupt: OnCorrupt = "raise") -> ReadOptions:
+    """How a command reads: its ``--compression``, ``--storage-options``, ``--timeout`` and
+    ``--prefetch-bytes``, the rest as ``open_dataset``'s defaults."""
+    return ReadOptions(
+        compression=compression_of(args),
+        on_corrupt=on_corrupt,
+        prefetch_bytes=getattr(args, "prefetch_bytes", ReadOptions.prefetch_bytes),
+        retry=retry_of(args),
+        storage_options=storage_options_of(args),
+    )
 
 
 def compression_of(args: argparse.Namespace) -> str | None:
@@ -332,3 +418,14 @@ class Progress:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+async def map_bounded(items: Sequence[T], jobs: int, work: Callable[[T], Awaitable[R]]) -> list[R]:
+    """``[await work(item) for item in items]``, at most ``jobs`` at a time, results in order."""
+    gate = asyncio.Semaphore(jobs)
+
+    async def one(item: T) -> R:
+        async with gate:
+            return await work(item)
+
+    return await run_all(one(item) for item in items)

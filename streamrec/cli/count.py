@@ -10,21 +10,21 @@ from typing import Any
 from streamrec.cli.common import (
     EXIT_DATA_ERROR,
     EXIT_OK,
+    Commands,
     Progress,
     add_command,
     add_common_arguments,
+    add_prefetch_argument,
     cli_text,
-    compression_of,
     error,
+    map_bounded,
     positive_int,
     print_json,
-    retry_of,
-    storage_options_of,
+    read_options_of,
 )
-from streamrec.cli.io import ShardReader, Stores, list_shards, map_bounded
 from streamrec.errors import CorruptRecordError, FormatError, StreamrecError
 from streamrec.format.framing import OnCorrupt
-from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.stream.scan import ShardScan
 from streamrec.storage.stores import ObjectInfo
 
 __all__ = ["ShardResult", "register", "run_count", "run_verify", "scan_shards"]
@@ -66,7 +66,7 @@ exit status: 0 every CRC matched; 1 any damage or an unreadable object; 2 usage 
 """
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the ``count`` and ``verify`` subcommands."""
     count = add_command(
         commands,
@@ -103,6 +103,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _add_jobs(parser: argparse.ArgumentParser) -> None:
+    add_prefetch_argument(parser)
     parser.add_argument(
         "--jobs",
         type=positive_int,
@@ -134,21 +135,13 @@ class ShardResult:
 
 async def scan_shards(args: argparse.Namespace, on_corrupt: OnCorrupt) -> list[ShardResult]:
     """Read every shard the urls name, ``args.jobs`` at a time; results in shard order."""
-    async with Stores(storage_options_of(args), retry_of(args)) as stores:
-        shards = await list_shards(stores, args.urls)
-        budget = ByteBudget(64 << 20)
+    async with ShardScan(read_options_of(args, on_corrupt)) as scan:
+        shards = await scan.list_shards(args.urls)
         total = sum(shard.size for shard in shards)
         with Progress(args, total=total, unit="B", desc=args.command) as bar:
 
             async def one(shard: ObjectInfo) -> ShardResult:
-                reader = ShardReader(
-                    stores,
-                    shard,
-                    budget,
-                    compression=compression_of(args),
-                    on_corrupt=on_corrupt,
-                    on_bytes=bar.update,
-                )
+                reader = scan.shard(shard, on_bytes=bar.update)
                 result = ShardResult(shard)
                 try:
                     await reader.count()

@@ -12,19 +12,19 @@ from typing import Any
 from streamrec.cli.common import (
     EXIT_DATA_ERROR,
     EXIT_OK,
+    Commands,
     add_command,
     add_common_arguments,
+    add_prefetch_argument,
     cli_text,
-    compression_of,
     error,
     non_negative_int,
     print_json,
-    retry_of,
-    storage_options_of,
+    read_options_of,
 )
-from streamrec.cli.io import Located, Stores, iter_records, list_shards
 from streamrec.errors import ExampleError, StreamrecError
 from streamrec.format.inspect import DEFAULT_MAX_INLINE_BYTES, render_payload
+from streamrec.pipeline.stream.scan import Located, ShardScan
 
 __all__ = ["compact_json", "preview", "register", "run"]
 
@@ -52,7 +52,7 @@ missing object; 2 usage error
 """
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the ``head`` subcommand."""
     parser = add_command(
         commands,
@@ -65,6 +65,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         epilog=EPILOG,
     )
     add_common_arguments(parser)
+    add_prefetch_argument(parser)
     parser.add_argument(
         "-n",
         "--records",
@@ -194,10 +195,9 @@ async def _head(args: argparse.Namespace, found: list[dict[str, Any]]) -> None:
         return
     renderer = _Renderer(args)
     current: str | None = None
-    async with Stores(storage_options_of(args), retry_of(args)) as stores:
-        shards = await list_shards(stores, args.urls)
-        records = iter_records(stores, shards, compression=compression_of(args))
-        async with aclosing(records) as located:
+    async with ShardScan(read_options_of(args)) as scan:
+        shards = await scan.list_shards(args.urls)
+        async with aclosing(scan.located(shards)) as located:
             async for record in located:
                 document = renderer.document(record)
                 found.append(document)

@@ -23,25 +23,24 @@ from streamrec._portal import run_all
 from streamrec.cli.common import (
     EXIT_DATA_ERROR,
     EXIT_OK,
+    Commands,
     Progress,
     add_command,
     add_common_arguments,
+    add_prefetch_argument,
     cli_text,
-    compression_of,
     error,
     plural,
     positive_int,
     print_json,
-    retry_of,
-    storage_options_of,
+    read_options_of,
 )
-from streamrec.cli.io import ShardReader, Stores, list_shards
 from streamrec.errors import FormatError, IndexMismatchError, StreamrecError
 from streamrec.format.codecs import Compression
 from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.format.index import ShardIndex, index_url
-from streamrec.pipeline.budget import ByteBudget
-from streamrec.pipeline.listing.sidecars import find_indexes, load_index, shard_compression
+from streamrec.pipeline.listing.sidecars import find_indexes, load_index
+from streamrec.pipeline.stream.scan import ShardScan
 from streamrec.storage.sinks import SinkContext
 from streamrec.storage.stores import ObjectInfo
 
@@ -91,7 +90,7 @@ that could not be written (the others are still indexed); 2 usage error
 """
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the ``index`` subcommand."""
     parser = add_command(
         commands,
@@ -101,6 +100,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         epilog=EPILOG,
     )
     add_common_arguments(parser)
+    add_prefetch_argument(parser)
     parser.add_argument(
         "--force",
         action="store_true",
@@ -138,17 +138,15 @@ class IndexResult:
 
 
 async def build_index(
-    stores: Stores,
+    scan: ShardScan,
     shard: ObjectInfo,
-    budget: ByteBudget,
-    compression: str | None,
     on_bytes: Callable[[int], None] | None = None,
     on_records: Callable[[int], None] | None = None,
 ) -> tuple[ShardIndex, Compression]:
     """Read ``shard`` (streamed, every CRC checked; damage raises) and return its plain index
     and the codec it was read with (an index of a compressed shard gives counts only).
     ``on_bytes(n)``: a block of n bytes was read; ``on_records(n)``: n more records."""
-    reader = ShardReader(stores, shard, budget, compression=compression, lengths_only=True)
+    reader = scan.shard(shard, lengths_only=True)
     lengths_of = reader.decoder.framing.lengths  # the scanner appends a block's lengths per call
     assert lengths_of is not None
     found = lengths_of
@@ -180,9 +178,9 @@ async def build_index(
     return index, codec
 
 
-async def _put(stores: Stores, url: str, data: bytes) -> None:
+async def _put(scan: ShardScan, url: str, data: bytes) -> None:
     """Make the object ``url`` hold ``data``, atomically (it appears complete or not at all)."""
-    sink = stores.get(url).open_sink(url, SinkContext(retry=stores.retry))
+    sink = scan.stores.get(url).open_sink(url, SinkContext(retry=scan.options.retry))
     try:
         await sink.write(data)
         await sink.commit()
@@ -197,13 +195,10 @@ def _same_records(a: ShardIndex, b: ShardIndex) -> bool:
 
 async def index_shards(args: argparse.Namespace) -> list[IndexResult]:
     """Index every shard the urls name, ``args.concurrency`` at a time; results in order."""
-    compression = compression_of(args)
-    async with Stores(storage_options_of(args), retry_of(args)) as stores:
-        shards = await list_shards(stores, args.urls)
-        sidecars = await find_indexes(
-            shards, stores.get, stores.retry, concurrency=args.concurrency
-        )
-        budget = ByteBudget(64 << 20)
+    async with ShardScan(read_options_of(args)) as scan:
+        shards = await scan.list_shards(args.urls)
+        retry = scan.options.retry
+        sidecars = await find_indexes(shards, scan.stores.get, retry, concurrency=args.concurrency)
         total = sum(shard.size for shard in shards)
         records_seen = 0
         with Progress(args, total=total, unit="B", desc="index") as bar:
@@ -236,7 +231,7 @@ async def index_shards(args: argparse.Namespace) -> list[IndexResult]:
                         return _described(result, "skipped", old, codec, sidecar.size)
                     async with writing:
                         data = await asyncio.to_thread(index.to_bytes)
-                        await _put(stores, result.index, data)
+                        await _put(scan, result.index, data)
                     _described(result, "indexed", index, codec, len(data))
                     if isinstance(old, str):
                         result.note = f"replaced an index that did not fit the shard: {old}"
@@ -251,17 +246,14 @@ async def index_shards(args: argparse.Namespace) -> list[IndexResult]:
                 the one there is valid and kept) and the shard's codec."""
                 old: ShardIndex | str | None = None
                 if sidecar is not None and not args.force:
-                    store = stores.get(shard.url)
-                    codec = await shard_compression(shard, store, stores.retry, compression)
-                    old = await _existing(stores, shard, sidecar, codec)
+                    codec = await scan.compression(shard)
+                    old = await _existing(scan, shard, sidecar, codec)
                     if isinstance(old, ShardIndex):
                         bar.update(shard.size)
                         return old, None, codec
-                index, codec = await build_index(
-                    stores, shard, budget, compression, bar.update, count_records
-                )
+                index, codec = await build_index(scan, shard, bar.update, count_records)
                 if sidecar is not None and args.force and codec is not None:
-                    old = await _existing(stores, shard, sidecar, codec)
+                    old = await _existing(scan, shard, sidecar, codec)
                 return old, index, codec
 
             return await run_all(
@@ -270,13 +262,12 @@ async def index_shards(args: argparse.Namespace) -> list[IndexResult]:
 
 
 async def _existing(
-    stores: Stores, shard: ObjectInfo, sidecar: ObjectInfo, codec: Compression
+    scan: ShardScan, shard: ObjectInfo, sidecar: ObjectInfo, codec: Compression
 ) -> ShardIndex | str:
     """The valid index in ``sidecar``, or why it does not fit ``shard``."""
+    store, retry = scan.stores.get(sidecar.url), scan.options.retry
     try:
-        return await load_index(
-            shard, sidecar, stores.get(sidecar.url), stores.retry, compressed=codec is not None
-        )
+        return await load_index(shard, sidecar, store, retry, compressed=codec is not None)
     except IndexMismatchError as exc:
         return exc.problem
 

@@ -10,21 +10,21 @@ from typing import Any
 
 from streamrec.cli.common import (
     EXIT_OK,
+    Commands,
     Progress,
     add_command,
     add_common_arguments,
-    compression_of,
+    add_prefetch_argument,
     display_width,
     non_negative_int,
     pad,
     plural,
     print_json,
-    retry_of,
-    storage_options_of,
+    read_options_of,
 )
-from streamrec.cli.io import Stores, iter_records, list_shards
 from streamrec.errors import ExampleError
 from streamrec.format.inspect import FeatureStats, Inspector, spec_source
+from streamrec.pipeline.stream.scan import ShardScan
 
 __all__ = ["register", "run"]
 
@@ -66,7 +66,7 @@ _SECTION_TITLES = {
 }
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the ``inspect`` subcommand."""
     parser = add_command(
         commands,
@@ -79,6 +79,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         epilog=EPILOG,
     )
     add_common_arguments(parser)
+    add_prefetch_argument(parser)
     how_many = parser.add_mutually_exclusive_group()
     how_many.add_argument(
         "-n",
@@ -115,14 +116,13 @@ class _Coverage:
 async def _sample(args: argparse.Namespace, inspector: Inspector) -> _Coverage:
     """Feed the first ``args.sample`` records (every one with ``--all``) to ``inspector``."""
     limit = None if args.all else args.sample
-    async with Stores(storage_options_of(args), retry_of(args)) as stores:
-        shards = await list_shards(stores, args.urls)
+    async with ShardScan(read_options_of(args)) as scan:
+        shards = await scan.list_shards(args.urls)
         coverage = _Coverage(len(shards), len(shards))
         if limit == 0:
             return _Coverage(0, len(shards), complete=not shards)
-        records = iter_records(stores, shards, compression=compression_of(args))
         with Progress(args, total=limit, unit="rec", desc="inspect") as bar:
-            async with aclosing(records) as located:
+            async with aclosing(scan.located(shards)) as located:
                 async for shard, index, offset, payload in located:
                     if limit is not None and inspector.records >= limit:
                         # one record past the sample: there is more than it saw

@@ -8,15 +8,16 @@ from typing import Any
 
 from streamrec.cli.common import (
     EXIT_OK,
+    Commands,
     add_command,
     add_common_arguments,
     human_bytes,
+    map_bounded,
     positive_int,
     print_json,
-    retry_of,
-    storage_options_of,
+    read_options_of,
 )
-from streamrec.cli.io import Stores, detect_compression, list_shards, map_bounded
+from streamrec.pipeline.stream.scan import ShardScan
 from streamrec.storage.stores import ObjectInfo
 
 __all__ = ["register"]
@@ -35,7 +36,7 @@ exit status: 0 ok; 1 nothing matched or storage failed; 2 usage error
 """
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the ``ls`` subcommand."""
     parser = add_command(
         commands,
@@ -59,11 +60,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 async def _list(args: argparse.Namespace) -> list[tuple[ObjectInfo, str]]:
-    async with Stores(storage_options_of(args), retry_of(args)) as stores:
-        shards = await list_shards(stores, args.urls)
+    async with ShardScan(read_options_of(args)) as scan:
+        shards = await scan.list_shards(args.urls)
 
         async def describe(shard: ObjectInfo) -> tuple[ObjectInfo, str]:
-            return shard, await detect_compression(stores, shard) or "none"
+            return shard, await scan.compression(shard) or "none"
 
         return await map_bounded(shards, args.jobs, describe)
 

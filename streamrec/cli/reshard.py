@@ -9,16 +9,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Sequence
 
 from streamrec.cli.common import (
+    Commands,
     add_timeout_argument,
     add_verbose_argument,
     error,
     human_bytes,
     json_object,
+    parse_bytes,
     positive_int,
     retry_of,
     source_url,
@@ -29,28 +30,6 @@ __all__ = ["main", "parse_bytes", "register"]
 EXIT_OK = 0
 EXIT_DATA_ERROR = 1
 EXIT_USAGE = 2
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "m": 10**6,
-    "mb": 10**6,
-    "g": 10**9,
-    "gb": 10**9,
-    "t": 10**12,
-    "tb": 10**12,
-    "ki": 1 << 10,
-    "kib": 1 << 10,
-    "mi": 1 << 20,
-    "mib": 1 << 20,
-    "gi": 1 << 30,
-    "gib": 1 << 30,
-    "ti": 1 << 40,
-    "tib": 1 << 40,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 DESCRIPTION = """\
 Read TFRecord shards (paths, globs or urls; GZIP/ZLIB detected; every record's CRCs
@@ -94,21 +73,7 @@ sizes take units: 1048576, 64KiB, 256MiB, 1GiB (powers of 1024) or 1MB, 1GB (pow
 exit status: 0 done, 1 data or storage error (one line on stderr), 2 usage error."""
 
 
-def parse_bytes(text: str) -> int:
-    """A byte count from ``"1048576"``, ``"256MiB"``, ``"1GB"``, ``"1.5 GiB"`` (>= 1)."""
-    match = _SIZE.match(text)
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(
-            f"not a byte size: {text!r} (e.g. 1048576, 64KiB, 256MiB, 1GiB, 1GB)"
-        )
-    value = int(float(match.group(1)) * _UNITS[unit])
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 byte: {text!r}")
-    return value
-
-
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     """Add the ``reshard`` subcommand to a ``streamrec`` parser's subcommands."""
     parser = commands.add_parser(
         "reshard",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import zlib
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +41,25 @@ PIECE_BYTES = 1 << 20
 Int64Array = npt.NDArray[np.int64]
 _WBITS = {"gzip": 31, "zlib": 15}
 _RAW_DEFLATE = -15
+
+
+class Inflater(Protocol):
+    """What the decoder uses of a ``zlib.decompressobj()`` (zlib names its type only
+    privately)."""
+
+    @property
+    def unconsumed_tail(self) -> bytes:
+        """Input held back by a ``max_length`` cut, to be fed again."""
+        ...
+
+    @property
+    def eof(self) -> bool:
+        """Whether the end of the compressed stream was reached."""
+        ...
+
+    def decompress(self, data: bytes, max_length: int = 0, /) -> bytes:
+        """Up to ``max_length`` bytes (0: no limit) inflated from ``data``."""
+        ...
 
 
 class SpanDecoder:
@@ -74,7 +94,7 @@ class SpanDecoder:
             start_index=index,
             max_record_bytes=max(self._lengths, default=OVERHEAD_BYTES) - OVERHEAD_BYTES,
         )
-        self._inflater: zlib._Decompress | None = None
+        self._inflater: Inflater | None = None
         if compression is not None:
             wbits = _WBITS[compression] if at_stream_start else _RAW_DEFLATE
             self._inflater = zlib.decompressobj(wbits)

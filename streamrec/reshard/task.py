@@ -19,7 +19,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from streamrec._portal import owned, run_all
+from streamrec._portal import owned, run_all, settle_all
 from streamrec.errors import FormatError
 from streamrec.manifest.core import ManifestEntry
 from streamrec.pipeline.dataset import open_dataset
@@ -127,7 +127,7 @@ async def run_task(
         _check_count(spec, records, final=True)
         await run_all(w.close() for w in writers)
     except BaseException:
-        await asyncio.gather(*(w.abort() for w in writers), return_exceptions=True)
+        await settle_all(w.abort() for w in writers)  # every one, whatever the others do
         raise
     if on_progress is not None and dataset.stats.bytes_read > reported:
         on_progress(0, dataset.stats.bytes_read - reported)

@@ -9,14 +9,19 @@ request before it is read: stores that can (:meth:`FsspecStore._read_head`) ask 
 bytes straight away and learn its size and version from that answer (``Content-Range``, ETag,
 generation). The bytes are kept (up to :attr:`FsspecStore.head_cache_bytes` per store) and
 serve the object's first range reads, so the first record costs one round trip, not two.
+
+The filesystem's coroutines are called by their underscore names (``_glob``, ``_info``,
+``_rm_file``): that is fsspec's documented async API (the ``async def`` versions of the
+``AbstractFileSystem`` methods, https://filesystem-spec.readthedocs.io/en/latest/async.html),
+not a private attribute.
 """
 
 from __future__ import annotations
 
 import abc
-import asyncio
 from typing import Any
 
+from streamrec._portal import run_all
 from streamrec.errors import ObjectNotFoundError, StorageError
 from streamrec.storage.base import ObjectInfo, ObjectStore, has_glob
 from streamrec.storage.translate import translate
@@ -42,6 +47,15 @@ class FsspecStore(ObjectStore):
     def url_of(self, name: str) -> str:
         """The url of a path as fsspec names it (``bucket/key`` -> ``s3://bucket/key``)."""
         return name if "://" in name else f"{self.scheme}://{name}"
+
+    def path_of(self, url: str) -> str:
+        """``url`` as the filesystem names it (``gs://bucket/key`` -> ``bucket/key``), by
+        fsspec's public ``strip_protocol`` (the rule of the filesystem class registered for
+        the url's scheme)."""
+        from fsspec.core import strip_protocol
+
+        path: str = strip_protocol(url)
+        return path
 
     @abc.abstractmethod
     def version_of(self, info: dict[str, Any]) -> str | None:
@@ -69,7 +83,7 @@ class FsspecStore(ObjectStore):
                 obj, pieces = head
                 self._keep_head(obj, pieces, room)
                 return [obj]
-        path = pattern if self.scheme == "http" else self.fs._strip_protocol(pattern)
+        path = pattern if self.scheme == "http" else self.path_of(pattern)
         try:
             if has_glob(pattern):
                 found = await self._glob(path)
@@ -84,7 +98,7 @@ class FsspecStore(ObjectStore):
             # Some listings (HTML indexes over HTTP) carry no sizes: ask each object.
             missing = [i for i in infos if i.get("size") is None]
             if missing:
-                filled = await asyncio.gather(*(self._info(i["name"]) for i in missing))
+                filled = await run_all(self._info(i["name"]) for i in missing)
                 infos = [i for i in infos if i.get("size") is not None] + list(filled)
         except Exception as exc:
             raise translate(exc, pattern, "listing") from exc
@@ -102,7 +116,7 @@ class FsspecStore(ObjectStore):
         if self.scheme == "http":
             await super().delete(url)  # read-only
         await self._connect()
-        path = self.fs._strip_protocol(url)
+        path = self.path_of(url)
         try:
             if getattr(self.fs, "async_impl", False):
                 await self.fs._rm_file(path)

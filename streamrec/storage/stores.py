@@ -128,7 +128,7 @@ def open_store(
 
 def prewarm(urls: list[str], storage_options: dict[str, Any] | None) -> None:
     """Start, in the background, the start-up work the stores of ``urls`` will need
-    (:mod:`streamrec.storage.warmup`; today S3's: :func:`streamrec.storage.s3.client.prewarm`).
+    (:mod:`streamrec.storage.warmup`; today S3's: :func:`streamrec.storage.s3.tls.prewarm`).
     Never raises: whatever would fail fails on first use, as without it."""
     warmed: list[dict[str, Any] | None] = []
     for url in urls:
@@ -139,7 +139,7 @@ def prewarm(urls: list[str], storage_options: dict[str, Any] | None) -> None:
             if options in warmed:
                 continue
             warmed.append(options)
-            from streamrec.storage.s3.client import prewarm as prewarm_s3
+            from streamrec.storage.s3.tls import prewarm as prewarm_s3
 
             prewarm_s3(options)
         except Exception:  # an optimisation only

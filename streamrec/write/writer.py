@@ -88,7 +88,7 @@ from collections.abc import Coroutine, Iterable, Mapping
 from types import TracebackType
 from typing import Any, NoReturn
 
-from streamrec._portal import cancel_and_wait
+from streamrec._portal import cancel_and_wait, run_all, settle_all
 from streamrec.errors import ArgumentError, ObjectNotFoundError, StorageError
 from streamrec.format.codecs import Compression, normalize_compression
 from streamrec.format.crc import BytesLike
@@ -349,7 +349,7 @@ class ShardWriter:
             self._plan.finish()
             await self._drain_ops()
             while self._finishing:
-                await asyncio.gather(*list(self._finishing))
+                await run_all(list(self._finishing))
             self._context.raise_failure()
             if self.manifest_url is not None:
                 await self._write_manifest(self.manifest_url)
@@ -473,7 +473,7 @@ class ShardWriter:
         self._sinks.clear()
         self._removing.clear()  # (their tasks were among those cancelled)
         if sinks:
-            await asyncio.gather(*(sink.abort() for sink in sinks), return_exceptions=True)
+            await settle_all(sink.abort() for sink in sinks)
         await self._close_store()
 
     async def _close_store(self) -> None:

@@ -1,4 +1,4 @@
-"""The start-up work ``open_dataset`` begins for S3 (storage/warmup.py, storage/s3_client.py):
+"""The start-up work ``open_dataset`` begins for S3 (storage/warmup.py, storage/s3/tls.py):
 it changes nothing a reader sees, raises nothing of its own, and leaves nothing running."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from streamrec.pipeline.stream.prefetch import ObjectReader
 from streamrec.storage import warmup
 from streamrec.storage.http.range_get import RangeClient
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.s3 import client as s3_client
+from streamrec.storage.s3 import tls as s3_tls
 from streamrec.storage.s3.store import S3Store
 from support.servers import MotoS3Server
 
@@ -42,9 +42,7 @@ def cold(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The process as if it had made no S3 client yet: the warm-up has work to do again (the
     parsed models stay: loading them twice is what the warm-up saves, not what it changes)."""
     warmup.wait()
-    monkeypatch.setattr(s3_client, "_models_loaded", False)
-    monkeypatch.setattr(s3_client, "_tls_contexts", {})
-    monkeypatch.setattr(s3_client, "_parked", [])
+    monkeypatch.setattr(s3_tls, "_tls_contexts", {})
     yield
     warmup.wait()
 
@@ -80,14 +78,11 @@ def test_records_and_state_are_the_same_with_the_warm_up(
     ds = streamrec.open_dataset(shards, storage_options=s3_server.client_storage_options)
     if when == "after the warm-up":
         warmup.wait()
-        assert s3_client._parked and s3_client._tls_contexts  # the work was done ahead
     records = iter(ds)
     got = [next(records) for _ in range(70)]
     state = ds.state_dict()
     got += list(records)
     assert got == EXPECTED
-    if when != "without it":
-        assert not s3_client._parked  # the first client took the session made for it
     again = streamrec.open_dataset(shards, storage_options=s3_server.client_storage_options)
     again.load_state_dict(state)
     assert list(again) == EXPECTED[70:]
@@ -105,7 +100,6 @@ def test_closing_a_dataset_never_iterated_leaves_no_thread(cold: None) -> None:
     )
     ds.close()
     assert _warm_threads() == []
-    assert s3_client._parked  # close waited for the work, it did not skip it
 
 
 @pytest.mark.parametrize("warm", [True, False])
@@ -126,9 +120,8 @@ def test_set_up_errors_surface_as_without_the_warm_up(
     with pytest.raises(StorageError, match=r"s3://bucket/d/\*\.tfrecord") as raised:
         list(ds)
     assert not _warm_threads()
-    assert not s3_client._tls_contexts.get(client_kwargs.get("verify"))  # no failure kept
+    assert not s3_tls._tls_contexts.get(client_kwargs.get("verify", True))  # no failure kept
     # the same error either way: its type and its words (the url, the cause)
-    monkeypatch.setattr(s3_client, "_models_loaded", False)
     _no_prewarm(monkeypatch)
     with pytest.raises(type(raised.value)) as plain:
         list(
@@ -170,17 +163,17 @@ def test_a_forked_child_waits_for_none_of_its_parents_threads(
     """A child forked while a thread of the parent (a client's set-up, in an executor thread)
     builds a TLS context, or holds the set-up lock: that thread is not in the child, whose
     clients build their own context instead of waiting for it forever."""
-    monkeypatch.setattr(s3_client, "_tls_contexts", {})
+    monkeypatch.setattr(s3_tls, "_tls_contexts", {})
     verify = "/no/such/ca-bundle.pem"
     held, release = threading.Event(), threading.Event()
     holder = None
     if left == "a TLS context being built":
-        claimed = s3_client._claim_tls(verify)  # its builder: a thread the child will not have
-        assert claimed is not None and claimed[1]
+        claimed = s3_tls._claim(verify)  # its builder: a thread the child will not have
+        assert claimed[1]
     else:
 
         def hold() -> None:
-            with s3_client._lock:
+            with s3_tls._lock:
                 held.set()
                 release.wait()
 
@@ -190,8 +183,8 @@ def test_a_forked_child_waits_for_none_of_its_parents_threads(
     pid = os.fork()
     if pid == 0:  # the child
         signal.alarm(20)  # a bound, not a pace: a child stuck on the lock is killed
-        again = s3_client._claim_tls(verify)
-        os._exit(0 if again is not None and again[1] else 1)  # its own to build
+        again = s3_tls._claim(verify)
+        os._exit(0 if again[1] else 1)  # its own to build
     release.set()
     if holder is not None:
         holder.join()
@@ -466,7 +459,7 @@ def test_paged_glob_lists_what_expand_lists(
             pages = store.glob_pages(url)
             assert pages is not None
             paged = [page async for page in pages]
-            assert store.early_pages == 1  # the first page listed before the client was made
+            assert store._client is None  # listed through the door: no client made
             listed = sorted((o for page in paged for o in page), key=lambda o: o.url)
             return listed, await store.expand(url), len(paged)
         finally:
@@ -485,32 +478,26 @@ def test_globs_not_listed_page_by_page(pattern: str) -> None:
     assert store.glob_pages(f"s3://bucket/{pattern}") is None
 
 
-@pytest.mark.parametrize("where", ["the warm-up thread", "its TLS thread"])
 def test_a_warm_up_that_cannot_start_leaves_nothing_to_wait_for(
-    cold: None,
-    shards: str,
-    s3_server: MotoS3Server,
-    monkeypatch: pytest.MonkeyPatch,
-    where: str,
+    cold: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No thread to spare: the TLS context the warm-up claimed is given up, not waited for."""
-    start = warmup.start
+    """No thread to spare: the TLS context the warm-up claimed is given up, not waited for;
+    the store's first request builds its own."""
 
     def no_thread(name: str, job: Any, **kwargs: Any) -> None:
-        if (name == "s3") == (where == "the warm-up thread"):
-            raise RuntimeError("can't start new thread")
-        start(name, job, **kwargs)
+        raise RuntimeError("can't start new thread")
 
     monkeypatch.setattr(warmup, "start", no_thread)
-    ds = streamrec.open_dataset(shards, storage_options=s3_server.client_storage_options)
-    warmup.wait()
+    options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "https://h:9"}}
+    with pytest.raises(RuntimeError):
+        s3_tls.prewarm(options)
+    assert s3_tls._tls_contexts == {}  # nothing claimed is left unbuilt
 
-    async def read() -> list[bytes]:
-        return [record async for record in ds]
+    async def built() -> Any:
+        return await asyncio.wait_for(s3_tls.start_tls_context(True), 60)
 
-    # (a bound, not a pace: a claimed context nobody builds would hang here)
-    assert asyncio.run(asyncio.wait_for(read(), 60)) == EXPECTED
-    assert s3_client._tls_contexts  # the reader built and kept its own
+    assert asyncio.run(built()) is not None
+    assert s3_tls._tls_contexts  # the reader built and kept its own
 
 
 @pytest.mark.parametrize("early", [True, False], ids=["early-start", "after-listing"])
@@ -545,9 +532,8 @@ def test_the_first_reader_asks_for_its_first_block_alone(
     assert second.count(False) > 1  # primed ahead, its whole ramp at once
 
 
-@pytest.mark.parametrize("direct", [True, False], ids=["no client", "client"])
 def test_a_glob_opens_the_first_gets_connection_beside_its_listing(
-    s3_server: MotoS3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch, direct: bool
+    s3_server: MotoS3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     payloads = [b"warm %d" % i for i in range(30)]
     s3_server.put(s3_bucket, "warm/only.tfrecord", RecordEncoder().encode_many(payloads))
@@ -567,13 +553,12 @@ def test_a_glob_opens_the_first_gets_connection_beside_its_listing(
     monkeypatch.setattr(RangeClient, "warm", spying_warm)
     monkeypatch.setattr(RangeClient, "_take", spying_take)
     url = f"s3://{s3_bucket}/warm/*.tfrecord"
-    options = s3_server.storage_options if direct else s3_server.client_storage_options
+    options = s3_server.storage_options  # (the door: a store reading through its client
+    # sends get_object on the client's own pool)
     assert list(streamrec.open_dataset(url, storage_options=options)) == payloads
     assert len(warmed) == 1  # as the listing started
     takes: dict[RangeClient, list[bool]] = {}  # per client, in order: was one pooled
     for client, taken in found:
         takes.setdefault(client, []).append(taken)
-    if direct:  # the store's own client: the listing's page opened one, the GET found one
-        assert [False, True] in [taken[:2] for taken in takes.values()]
-    else:  # the range GETs' first connection was open already
-        assert list(takes.values())[-1][0] is True
+    # the listing's page opened one, the GET found the warmed one
+    assert [False, True] in [taken[:2] for taken in takes.values()]

@@ -2,9 +2,10 @@
 ``bytes`` pieces of at most PIECE_BYTES, keep-alive reuse (and when a connection must not be
 reused: ``Connection: close``, HTTP/1.0, an error body cut short, bytes past the body, a read
 timeout, a cancel), the retry of a stale idle connection, the limits (BodyTooLong at once,
-bodies ending with the connection), malformed answers (BadAnswer), answers the client leaves to
-the session (Unsupported), header injection, the safety of refilled pieces (C ``Receiver``; plain
-``bytes`` in pure-Python mode), and S3Store's use of it (session fallback, too-long bodies).
+bodies ending with the connection), malformed answers (BadAnswer), chunked bodies (decoded
+whatever the split, bounded, malformed framing, keep-alive), header injection, the safety of
+refilled pieces (C ``Receiver``; plain ``bytes`` in pure-Python mode), and S3Store's use of it
+(chunked answers, too-long bodies).
 
 The servers are plain asyncio sockets on 127.0.0.1 port 0 that count their connections, record
 every request and play one scripted handler per request, in order; nothing waits on a sleep."""
@@ -16,7 +17,7 @@ import contextlib
 import hashlib
 import random
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -24,13 +25,13 @@ import pytest
 from streamrec.errors import StorageError, TransientStorageError
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.http import range_get as http_range
+from streamrec.storage.http.chunked import FRAMING_BYTES, LINE_BYTES
 from streamrec.storage.http.range_get import (
     HEAD_BYTES,
     PIECE_BYTES,
     BadAnswer,
     BodyTooLong,
     RangeClient,
-    Unsupported,
 )
 from streamrec.storage.s3.store import S3Store
 
@@ -272,14 +273,242 @@ async def test_a_malformed_head_is_a_bad_answer(client: RangeClient, name: str) 
     assert fake.connections == 2
 
 
-async def test_chunked_bodies_are_unsupported(client: RangeClient) -> None:
-    data = (
-        head_of("HTTP/1.1 206 Partial Content", "Transfer-Encoding: chunked\r\n")
-        + b"5\r\nhello\r\n0\r\n\r\n"
-    )
-    async with Fake(raw(data), answer(b"after")) as fake:
-        with pytest.raises(Unsupported):
+CHUNKED = "Transfer-Encoding: chunked\r\n"
+
+
+def encode(
+    chunks: list[bytes], ext: bytes = b"", trailers: bytes = b"", upper: bool = False
+) -> bytes:
+    """``chunks`` in the chunked coding (each size line with ``ext``), then ``trailers``."""
+    size = b"%X" if upper else b"%x"
+    lines = [size % len(chunk) + ext + b"\r\n" + chunk + b"\r\n" for chunk in chunks]
+    return b"".join(lines) + b"0" + ext + b"\r\n" + trailers + b"\r\n"
+
+
+def split(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def chunked_head(status: str = "HTTP/1.1 206 Partial Content", headers: str = "") -> bytes:
+    return head_of(status, CHUNKED + headers)
+
+
+TRAILERS = b"X-Checksum: abc\r\nX-Other: 1\r\n"
+EXT = b';name=value;q="a b" ; x'
+CHUNKINGS = {
+    "one": (pattern(5000, 50), 5000, b"", b""),
+    "several": (pattern(300_000, 51), 70_000, b"", b""),
+    "tiny": (pattern(2000, 52), 1, b"", b""),
+    "extensions-trailers": (pattern(10_000, 53), 999, EXT, TRAILERS),
+    "multi-piece": (pattern(2 * PIECE_BYTES + 1000, 54), 300_000, b"", b""),
+    "empty": (b"", 1, b"", TRAILERS),
+}
+
+
+@pytest.mark.parametrize("name", list(CHUNKINGS))
+@pytest.mark.parametrize("upper", [False, True], ids=["hex", "HEX"])
+async def test_a_chunked_body_is_decoded_and_its_connection_reused(
+    client: RangeClient, name: str, upper: bool
+) -> None:
+    data, size, ext, trailers = CHUNKINGS[name]
+    encoded = encode(split(data, size), ext, trailers, upper)
+    async with Fake(raw(chunked_head() + encoded), answer(b"after")) as fake:
+        got = await fetch(client, fake)
+        assert (got.status, b"".join(got.pieces)) == (206, data)
+        assert got.headers["transfer-encoding"] == "chunked"
+        assert await body(client, fake) == b"after"  # the next GET, on the same connection
+    assert fake.connections == 1 and [number for number, _ in fake.requests] == [0, 0]
+
+
+def deliver(stream: bytes, cuts: Iterable[int], limit: int = LIMIT) -> tuple[Any, Recorder, int]:
+    """``stream`` given to a connection in reads that end at each of ``cuts``: the answer's
+    future, the transport and the bytes given."""
+    conn = http_range._Connection([])
+    transport = Recorder()
+    conn.connection_made(transport)
+    waiter = conn.request(b"GET / HTTP/1.1\r\n\r\n", limit, ERROR_LIMIT, None)
+    sent, ends = 0, sorted(set(cuts) | {len(stream)})
+    for end in ends:
+        while sent < end and not transport.aborted:
+            buffer = conn.get_buffer(-1)
+            taken = min(len(buffer), end - sent)
+            buffer[:taken] = stream[sent : taken + sent]
+            conn.buffer_updated(taken)
+            sent += taken
+    return waiter, transport, sent
+
+
+SMALL = pattern(40, 55)
+SMALL_STREAM = chunked_head() + encode([SMALL[:1], SMALL[1:17], SMALL[17:]], EXT, TRAILERS)
+
+
+async def test_a_chunked_body_split_anywhere_is_read_exactly() -> None:
+    for cuts in [range(len(SMALL_STREAM))] + [[cut] for cut in range(len(SMALL_STREAM))]:
+        waiter, transport, sent = deliver(SMALL_STREAM, cuts)
+        got = waiter.result()
+        assert (got.status, b"".join(got.pieces), sent) == (206, SMALL, len(SMALL_STREAM)), cuts
+        assert not transport.aborted  # ended exactly at its end: kept for the next request
+
+
+@pytest.mark.parametrize("apart", [False, True], ids=["same-read", "next-read"])
+async def test_bytes_past_a_chunked_body_drop_the_connection(apart: bool) -> None:
+    stream = SMALL_STREAM + b"JUNK"
+    waiter, transport, sent = deliver(stream, [len(SMALL_STREAM)] if apart else [])
+    assert b"".join(waiter.result().pieces) == SMALL and sent == len(stream)
+    assert transport.aborted
+
+
+def trickle(data: bytes) -> Play:
+    """Send ``data`` one byte per write; then read the next request."""
+
+    async def play(
+        fake: Fake, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        for byte in data:
+            writer.write(bytes([byte]))
+            await writer.drain()
+        return True
+
+    return play
+
+
+async def test_a_chunked_body_sent_a_byte_at_a_time_is_read(client: RangeClient) -> None:
+    async with Fake(trickle(SMALL_STREAM), answer(b"after")) as fake:
+        assert await body(client, fake) == SMALL
+        assert await body(client, fake) == b"after"
+    assert fake.connections == 1
+
+
+@pytest.mark.parametrize("past", [0, 1])
+async def test_a_chunked_body_past_the_limit_is_too_long(client: RangeClient, past: int) -> None:
+    data = pattern(1000 + past, 56)
+    async with Fake(raw(chunked_head() + encode(split(data, 300))), answer(b"after")) as fake:
+        if past:
+            with pytest.raises(BodyTooLong):
+                await fetch(client, fake, limit=1000)
+        else:
+            assert await body(client, fake, limit=1000) == data
+        assert await body(client, fake) == b"after"
+    assert fake.connections == 1 + past
+
+
+async def test_a_chunk_past_the_limit_fails_before_its_data(client: RangeClient) -> None:
+    start = chunked_head() + encode([b"x" * 600])[:-5] + b"%x\r\n" % 500  # then nothing
+    async with Fake(raw(start, "stall"), answer(b"after")) as fake:
+        with pytest.raises(BodyTooLong):  # the chunk's data never comes
+            await fetch(client, fake, limit=1000)
+        assert await body(client, fake) == b"after"
+    assert fake.connections == 2
+
+
+FLOOD = b"".join(b"1;%s\r\nx\r\n" % (b"e" * 3000) for _ in range(100))  # framing >> 100 + 64 KiB
+BAD_CHUNKS = {
+    "not-hex": b"zz\r\nhello\r\n0\r\n\r\n",
+    "0x": b"0x5\r\nhello\r\n0\r\n\r\n",
+    "plus": b"+5\r\nhello\r\n0\r\n\r\n",
+    "underscore": b"1_0\r\n" + b"h" * 16 + b"\r\n0\r\n\r\n",
+    "leading-space": b" 5\r\nhello\r\n0\r\n\r\n",
+    "empty-size": b"\r\nhello\r\n0\r\n\r\n",
+    "17-digits": b"0" * 16 + b"5\r\nhello\r\n0\r\n\r\n",
+    "no-crlf-after-data": b"5\r\nhelloXX0\r\n\r\n",
+    "cr-only-after-data": b"5\r\nhello\r0\r\n\r\n",
+    "lf-only-size-line": b"5\nhello\r\n0\r\n\r\n",
+    "lf-only-trailer": b"5\r\nhello\r\n0\r\nX-T: 1\n\r\n",
+    "long-size-line": b"5;" + b"e" * LINE_BYTES + b"\r\nhello\r\n0\r\n\r\n",
+    "framing-flood": FLOOD + b"0\r\n\r\n",
+    "long-trailers": b"0\r\n" + b"X-T: %s\r\n" % (b"t" * 1000) * (HEAD_BYTES // 1000 + 1) + b"\r\n",
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CHUNKS))
+async def test_malformed_chunks_are_a_bad_answer(client: RangeClient, name: str) -> None:
+    async with Fake(raw(chunked_head() + BAD_CHUNKS[name], "stall"), answer(b"after")) as fake:
+        with pytest.raises(BadAnswer):
+            await fetch(client, fake, limit=100)
+        assert await body(client, fake) == b"after"
+    assert fake.connections == 2
+
+
+def test_the_framing_flood_is_past_its_bound() -> None:
+    assert len(FLOOD) > 100 + FRAMING_BYTES  # (what the test above relies on)
+
+
+@pytest.mark.parametrize("coding", ["gzip", "gzip, chunked", "chunked, identity", "identity"])
+async def test_a_success_body_in_another_transfer_coding_is_a_bad_answer(
+    client: RangeClient, coding: str
+) -> None:
+    head = head_of("HTTP/1.1 206 Partial Content", f"Transfer-Encoding: {coding}\r\n")
+    async with Fake(raw(head + encode([b"hello"]), "stall"), answer(b"after")) as fake:
+        with pytest.raises(BadAnswer):
             await fetch(client, fake)
+        assert await body(client, fake) == b"after"
+    assert fake.connections == 2
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        b"",
+        b"5",
+        b"5\r\nhel",
+        b"5\r\nhello\r",
+        b"5\r\nhello\r\n0\r\n",
+        b"5\r\nhello\r\n0\r\nX: 1\r\n",
+    ],
+    ids=["no-chunk", "size", "data", "data-end", "last-chunk", "trailer"],
+)
+async def test_a_connection_closed_mid_chunked_body_is_a_reset(
+    client: RangeClient, cut: bytes
+) -> None:
+    async with Fake(raw(chunked_head() + cut, "close")) as fake:
+        with pytest.raises(ConnectionResetError):
+            await fetch(client, fake)
+    assert fake.connections == 1 and len(fake.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "headers", ["Connection: close\r\n", "Content-Length: 5\r\n"], ids=["close", "with-length"]
+)
+async def test_a_chunked_answer_that_forbids_reuse_drops_its_connection(
+    client: RangeClient, headers: str
+) -> None:
+    data = pattern(3000, 57)
+    async with Fake(raw(chunked_head(headers=headers) + encode(split(data, 1000))),
+                    answer(b"after")) as fake:  # fmt: skip
+        assert await body(client, fake) == data  # (the chunks, not the Content-Length)
+        assert await body(client, fake) == b"after"
+    assert fake.connections == 2 and fake.on(1) == [1]
+
+
+async def test_a_chunked_error_body_is_read_and_its_connection_reused(
+    client: RangeClient,
+) -> None:
+    head = chunked_head("HTTP/1.1 404 Not Found", "Content-Type: application/xml\r\n")
+    async with Fake(raw(head + encode(split(XML, 10), EXT, TRAILERS)), answer(b"after")) as fake:
+        got = await fetch(client, fake)
+        assert (got.status, b"".join(got.pieces)) == (404, XML)
+        assert await body(client, fake) == b"after"
+    assert fake.connections == 1
+
+
+@pytest.mark.parametrize("error_limit", [0, 7, ERROR_LIMIT])
+async def test_a_long_chunked_error_body_is_cut_and_its_connection_dropped(
+    client: RangeClient, error_limit: int
+) -> None:
+    error = pattern(5 * ERROR_LIMIT, 58)
+    head = chunked_head("HTTP/1.1 500 Internal")
+    async with Fake(raw(head + encode(split(error, 7))), answer(b"after")) as fake:
+        got = await fetch(client, fake, error_limit=error_limit)
+        assert (got.status, b"".join(got.pieces)) == (500, error[:error_limit])
+        assert await body(client, fake) == b"after"
+    assert fake.connections == 2 and fake.on(1) == [1]
+
+
+async def test_an_error_body_in_another_transfer_coding_is_not_read(client: RangeClient) -> None:
+    head = head_of("HTTP/1.1 500 Internal", "Transfer-Encoding: gzip\r\n")
+    async with Fake(raw(head + b"zzzz", "stall"), answer(b"after")) as fake:
+        got = await fetch(client, fake)
+        assert (got.status, got.pieces) == (500, [])
         assert await body(client, fake) == b"after"
     assert fake.connections == 2
 
@@ -582,41 +811,26 @@ def s3_options(fake: Fake) -> dict[str, Any]:
     }
 
 
-async def test_s3_falls_back_to_the_session_for_a_chunked_answer() -> None:
-    async with Fake(*[s3_range(chunked=True)] * 3) as fake:
-        # (a setting the direct requests do not follow: the store makes its client)
-        store = S3Store({**s3_options(fake), "config_kwargs": {"signature_version": "s3v4"}})
+@pytest.mark.parametrize("door", [True, False], ids=["door", "client"])
+async def test_s3_reads_a_chunked_answer_either_way(door: bool) -> None:
+    async with Fake(*[s3_range(chunked=True)] * 2) as fake:
+        options = s3_options(fake)
+        if not door:  # (a setting the door does not follow: the store reads through its client)
+            options = {**options, "config_kwargs": {"signature_version": "s3v4"}}
+        store = S3Store(options)
         try:
-            assert store._getter.direct
+            assert (store.door_settings is not None) == door
             with guard():
                 first = await store.read_range_pieces(OBJECT, 1000, 2_600_000)
             assert b"".join(first) == OBJECT_BYTES[1000:2_600_000]
-            assert store._getter.direct is False
             with guard():
                 later = await store.read_range_pieces(OBJECT, 5, 70_000)
             assert b"".join(later) == OBJECT_BYTES[5:70_000]
         finally:
             await store.close()
-    assert len(fake.requests) == 3  # direct (refused), session, session: no direct retry
+    assert len(fake.requests) == 2  # one request per read: no second path
+    assert fake.connections == (1 if door else fake.connections)
     assert all(b"/bucket/dir/shard-1.bin " in head for _, head in fake.requests)
-    assert all(b"AWS4-HMAC-SHA256" in head for _, head in fake.requests)
-
-
-async def test_s3_without_its_client_goes_back_to_it_for_a_chunked_answer() -> None:
-    async with Fake(*[s3_range(chunked=True)] * 4) as fake:
-        store = S3Store(s3_options(fake))
-        try:
-            with guard():
-                first = await store.read_range_pieces(OBJECT, 1000, 2_600_000)
-            assert b"".join(first) == OBJECT_BYTES[1000:2_600_000]
-            assert store._direct_reads() is None and store._getter.direct is False
-            with guard():
-                later = await store.read_range_pieces(OBJECT, 5, 70_000)
-            assert b"".join(later) == OBJECT_BYTES[5:70_000]
-        finally:
-            await store.close()
-    # without the client (refused), the client's own connections (refused), its session x2
-    assert len(fake.requests) == 4
     assert all(b"AWS4-HMAC-SHA256" in head for _, head in fake.requests)
 
 

@@ -426,27 +426,3 @@ def test_child_processes_read_with_their_own_connections(
     with multiprocessing.get_context(method).Pool(2) as pool:
         counts = pool.starmap(_count_records, [(url, s3_server.storage_options)] * 2)
     assert counts == [300, 300]
-
-
-def test_s3_shared_loader_reads_what_botocore_reads() -> None:
-    """The process-wide botocore loader (plain dicts, for speed) loads the same data as
-    botocore's own loader, from the same places."""
-    import botocore.exceptions
-    import botocore.session
-
-    from streamrec.storage.s3.client import _fast_loader
-
-    default = botocore.session.get_session().get_component("data_loader")
-    fast = _fast_loader(default)
-    assert list(fast.search_paths) == list(default.search_paths)
-    for name, kind in (("s3", "service-2"), ("s3", "endpoint-rule-set-1")):
-        loaded = fast.load_service_model(name, kind)
-        assert type(loaded) is dict
-        assert loaded == default.load_service_model(name, kind)
-    assert fast.load_data("endpoints") == default.load_data("endpoints")
-    names = fast.list_available_services("service-2")
-    assert "s3" in names and "sts" in names and "no-such-service" not in names
-    assert "../s3" not in names
-    assert list(names) == default.list_available_services("service-2")
-    with pytest.raises(botocore.exceptions.UnknownServiceError):
-        fast.load_service_model("no-such-service", "service-2")

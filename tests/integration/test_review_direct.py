@@ -1,4 +1,5 @@
-"""Review of storage/s3_direct.py (S3 without its client): failing tests for what is wrong."""
+"""Review of the S3 door (storage/s3/door.py: S3 reads without the client): connections,
+TLS context and close, each a test that failed on its first version."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ async def test_a_get_in_flight_when_the_store_closes_leaves_no_open_connection()
     read in flight at close; the server never sees the connection end)."""
     async with HeldServer() as server:
         store = S3Store(_options(server.endpoint))
-        direct = store._direct_reads()
+        direct = store._door_reads()
         assert direct is not None  # the options name everything: no client
         obj = ObjectInfo("s3://bucket/key", 10, '"e"')
         reading = asyncio.ensure_future(store.read_range(obj, 0, 4))
@@ -122,7 +123,7 @@ async def test_a_read_cancelled_while_the_tls_context_builds_does_not_poison_the
     build.set_running_or_notify_cancel()  # as s3_client._claim_tls hands it out
     monkeypatch.setattr(
         "streamrec.storage.s3.store.start_tls_context",
-        lambda fs: ("verify", asyncio.wrap_future(build)),
+        lambda verify: asyncio.wrap_future(build),
     )
     async with HeldServer(server_tls, hold=False) as server:
         store = S3Store(_options(server.endpoint))
@@ -130,7 +131,7 @@ async def test_a_read_cancelled_while_the_tls_context_builds_does_not_poison_the
             obj = ObjectInfo("s3://bucket/key", 10, '"e"')
             first = asyncio.ensure_future(store.read_range(obj, 0, 4))
             await asyncio.sleep(0)  # (a yield, not a wait: its first step ends at the context)
-            assert not first.done() and store._direct is not None
+            assert not first.done() and store._door is not None
             first.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await first
@@ -143,16 +144,14 @@ async def test_a_read_cancelled_while_the_tls_context_builds_does_not_poison_the
 async def test_closing_while_the_tls_context_builds_makes_no_client_after_close(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A read whose first direct request waits for the TLS context when the store closes:
-    DirectS3._connections then raises UseClient("closed"), the store takes that for an
-    answer sending it back to its client (_use_client: direct requests off for good) and
-    creates the aiobotocore client of a closed store, which nothing closes afterwards."""
+    """A read whose first door request waits for the TLS context when the store closes: no
+    aiobotocore client is made for the closed store (nothing would close it)."""
     server_tls, client_tls = _self_signed(tmp_path)
     build: concurrent.futures.Future[ssl.SSLContext] = concurrent.futures.Future()
     build.set_running_or_notify_cancel()
     monkeypatch.setattr(
         "streamrec.storage.s3.store.start_tls_context",
-        lambda fs: ("verify", asyncio.wrap_future(build)),
+        lambda verify: asyncio.wrap_future(build),
     )
     async with HeldServer(server_tls, hold=False) as server:
         store = S3Store(_options(server.endpoint))
@@ -164,12 +163,10 @@ async def test_closing_while_the_tls_context_builds_makes_no_client_after_close(
         build.set_result(client_tls)
         with contextlib.suppress(Exception):  # (an error: fair for a read in flight at close)
             await reading
-        made_after_close = store._session_ready
-        direct_off = store._direct_off
+        made_after_close = store._client is not None
         if made_after_close:
             await store.close()  # (the test's own clean-up)
         assert not made_after_close, "a closed store made its aiobotocore client"
-        assert not direct_off, "a close in flight switched the store off its direct path"
 
 
 async def test_the_first_bytes_error_names_what_the_client_path_names(

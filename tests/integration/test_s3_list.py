@@ -1,6 +1,6 @@
-"""A glob's first listing page sent before the S3 client exists (storage/s3_list.py), against
-the moto server: the page botocore would have listed, sent first, and dropped for the
-client's listing on any answer but a good page."""
+"""A glob's listing pages through the S3 door (storage/s3/door.py, listing.py), against the
+moto server: the page botocore would have listed, no client made, and a page refused, cut or
+stalled an error of that page (retried alone by the retry policy), never a second path."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 import streamrec
-from streamrec.errors import ObjectNotFoundError
+from streamrec.errors import ObjectNotFoundError, StorageError
 from streamrec.format.framing import RecordEncoder
 from streamrec.storage.http.range_get import RangeClient
-from streamrec.storage.s3.direct import DirectS3
-from streamrec.storage.s3.listing import early_listing
+from streamrec.storage.retry import RetryPolicy
+from streamrec.storage.s3.door import S3Door
+from streamrec.storage.s3.settings import door_settings
 from streamrec.storage.s3.store import S3Store
 from support.fault_proxy import FaultProxy
 from support.servers import MotoS3Server
@@ -55,11 +56,11 @@ def _options(endpoint: str) -> dict[str, Any]:
 def test_the_early_page_is_the_page_botocore_lists(
     tricky: str, s3_server: MotoS3Server, max_keys: int
 ) -> None:
-    listing = early_listing(s3_server.storage_options, os.environ)
+    listing = door_settings(s3_server.storage_options, os.environ)
     assert listing is not None
 
     async def both() -> tuple[Any, Any]:
-        direct = DirectS3(listing)
+        direct = S3Door(listing)
         try:
             early = await direct.list_page(tricky, "e/", max_keys)
             if early.get("NextContinuationToken"):  # the next page too, by its token
@@ -114,14 +115,16 @@ def test_a_glob_is_listed_and_read_without_a_client(
     assert events[0] == "LIST" and set(events[1:]) == {"GET"}  # no client made
 
 
-def _glob(options: dict[str, Any], url: str) -> tuple[list[str], int]:
-    async def run() -> tuple[list[str], int]:
+FAST = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=10)
+
+
+def _glob(options: dict[str, Any], url: str, retry: RetryPolicy | None = None) -> list[str]:
+    async def run() -> list[str]:
         store = S3Store(options)
         try:
-            pages = store.glob_pages(url)
+            pages = store.glob_pages(url, retry)
             assert pages is not None
-            listed = [o.url async for page in pages for o in page]
-            return listed, store.early_pages
+            return [o.url async for page in pages for o in page]
         finally:
             await store.close()
 
@@ -132,33 +135,40 @@ def _glob(options: dict[str, Any], url: str) -> tuple[list[str], int]:
     "fault",
     [
         lambda proxy: proxy.status(503, path="list-type", times=1),
-        lambda proxy: proxy.status(301, path="list-type", times=1),
         lambda proxy: proxy.truncate_body(40, path="list-type", times=1),
         lambda proxy: proxy.reset_mid_body(0, path="list-type", times=1),
+    ],
+)
+def test_a_page_refused_or_cut_is_retried_alone(tricky: str, proxy: FaultProxy, fault: Any) -> None:
+    url = f"s3://{tricky}/e/*.tfrecord"
+    expected = [f"s3://{tricky}/{key}" for key in sorted(KEYS)]
+    assert _glob(_options(proxy.url), url) == expected
+    added = fault(proxy)
+    assert _glob(_options(proxy.url), url, FAST) == expected
+    assert added.fired == 1
+    assert [r.fault for r in proxy.records if "list-type" in r.target][-2:] == [added.kind, None]
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        lambda proxy: proxy.status(301, path="list-type", times=1),
         lambda proxy: proxy.status(
             200, path="list-type", times=1, body=b"<ListBucketResult><Name>x</Name>"
         ),
     ],
 )
-def test_an_early_page_refused_or_cut_is_listed_through_the_client(
-    tricky: str, proxy: FaultProxy, fault: Any
-) -> None:
-    url = f"s3://{tricky}/e/*.tfrecord"
-    expected = [f"s3://{tricky}/{key}" for key in sorted(KEYS)]
-    assert _glob(_options(proxy.url), url) == (expected, 1)  # (the fault's path is right)
-    added = fault(proxy)
-    assert _glob(_options(proxy.url), url) == (expected, 0)
-    assert added.fired == 1
-    assert [r.fault for r in proxy.records if "list-type" in r.target][-2:] == [added.kind, None]
+def test_a_page_that_is_no_page_is_an_error(tricky: str, proxy: FaultProxy, fault: Any) -> None:
+    fault(proxy)
+    with pytest.raises(StorageError, match="listing"):
+        _glob(_options(proxy.url), f"s3://{tricky}/e/*.tfrecord", FAST)
 
 
-def test_a_stalled_early_page_is_dropped_for_the_clients_listing(
-    tricky: str, proxy: FaultProxy
-) -> None:
+def test_a_stalled_page_is_given_up_on_and_retried(tricky: str, proxy: FaultProxy) -> None:
     options = {**_options(proxy.url), "config_kwargs": {"read_timeout": 0.2}}
     proxy.stall(30, path="list-type", times=1)
-    listed, early = _glob(options, f"s3://{tricky}/e/*.tfrecord")
-    assert listed == [f"s3://{tricky}/{key}" for key in sorted(KEYS)] and early == 0
+    listed = _glob(options, f"s3://{tricky}/e/*.tfrecord", FAST)
+    assert listed == [f"s3://{tricky}/{key}" for key in sorted(KEYS)]
 
 
 def test_a_missing_bucket_is_the_clients_error(
@@ -167,7 +177,7 @@ def test_a_missing_bucket_is_the_clients_error(
     url = "s3://no-such-bucket-here/d/*.tfrecord"
     with pytest.raises(ObjectNotFoundError) as early:
         list(streamrec.open_dataset(url, storage_options=s3_server.storage_options))
-    monkeypatch.setattr("streamrec.storage.s3.store.early_listing", lambda *args: None)
+    monkeypatch.setattr("streamrec.storage.s3.store.door_settings", lambda *args: None)
     with pytest.raises(ObjectNotFoundError) as late:
         list(streamrec.open_dataset(url, storage_options=s3_server.storage_options))
     assert str(early.value) == str(late.value)

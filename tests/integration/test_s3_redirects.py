@@ -20,7 +20,7 @@ from streamrec.format.encoder import RecordEncoder
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import open_store
 from support.fault_proxy import FaultProxy
-from support.s3_paths import force_range_get_path
+from support.s3_paths import RANGE_GET_PATHS, force_range_get_path
 from support.servers import MotoS3Server
 
 FOREIGN = RecordEncoder().encode_many([b"foreign record"] * 3)
@@ -61,10 +61,10 @@ def foreign() -> Iterator[tuple[str, list[tuple[str, str, dict[str, str]]]]]:
         thread.join(10)
 
 
-@pytest.fixture(params=["direct", "own-connections", "session", "get_object"])
+@pytest.fixture(params=RANGE_GET_PATHS)
 def s3_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each way an S3 read goes: without the client (storage/s3_direct.py), the client's
-    signed range GETs on streamrec's connections or on its HTTP session, get_object."""
+    """Each way an S3 read goes: through the store's door (storage/s3/door.py), or through
+    the client (a store whose options the door does not follow)."""
     force_range_get_path(request.param, monkeypatch)
     return str(request.param)
 
@@ -76,8 +76,6 @@ def _options(proxy: FaultProxy, path: str) -> dict[str, Any]:
         "token": "session-token-to-keep",
         "client_kwargs": {"endpoint_url": proxy.url, "region_name": "us-east-1"},
     }
-    if path != "direct":  # (a setting the direct requests do not follow: the client)
-        options["config_kwargs"] = {"signature_version": "s3v4"}
     return options
 
 

@@ -1,6 +1,6 @@
-"""Which way the S3 client's range GETs go, forced for a test (storage/s3_get.py): signed
-GETs on streamrec's own connections (the default), on the client's HTTP session, or
-``get_object``."""
+"""Which way an S3 store reads, forced for a test: through its door (storage/s3/door.py, the
+default wherever the door follows the options) or through the aiobotocore client (what a
+store whose options the door does not follow does, for its whole life)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,18 @@ from typing import Any
 
 import pytest
 
-from streamrec.storage.s3 import signed_get as s3_get
+import streamrec.storage.s3.store as s3_store
 
 __all__ = ["RANGE_GET_PATHS", "force_range_get_path"]
 
-RANGE_GET_PATHS = ("own-connections", "session", "get_object")
+RANGE_GET_PATHS = ("door", "client")
 
 
 def force_range_get_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the client's range GETs go ``path`` (one of :data:`RANGE_GET_PATHS`)."""
-    if path == "session":
+    """Make S3 stores made from now on read ``path`` (one of :data:`RANGE_GET_PATHS`)."""
+    if path == "client":
 
-        async def no_own_connections(self: Any, client: Any, url: str) -> None:
-            self.direct = False
+        def no_door(*args: Any, **kwargs: Any) -> None:
             return None
 
-        monkeypatch.setattr(s3_get.RangeGetter, "_range_client", no_own_connections)
-    elif path == "get_object":
-        monkeypatch.setattr(s3_get.RangeGetter, "serves", lambda self, client, bucket: False)
+        monkeypatch.setattr(s3_store, "door_settings", no_door)

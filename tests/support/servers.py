@@ -237,9 +237,9 @@ class MotoS3Server:
 
     @property
     def client_storage_options(self) -> dict[str, Any]:
-        """:attr:`storage_options` with a setting the store's direct requests do not follow
-        (``signature_version``), so that it makes its aiobotocore client: the path of every
-        store without an explicit endpoint and credentials (storage/s3_direct.py)."""
+        """:attr:`storage_options` with a setting the store's door does not follow
+        (``signature_version``), so that it reads through its aiobotocore client
+        (storage/s3/settings.py)."""
         return {**self.storage_options, "config_kwargs": {"signature_version": "s3v4"}}
 
     def reset(self) -> None:

@@ -9,7 +9,7 @@ from streamrec.errors import StorageError
 from streamrec.pipeline.listing.plan import shards_digest
 from streamrec.redact import redact
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.s3.listing import EarlyListing
+from streamrec.storage.s3.settings import DoorSettings
 
 PRESIGNED = (
     "https://b.s3.amazonaws.com/k.tfrecord?X-Amz-Algorithm=AWS4-HMAC-SHA256"
@@ -52,8 +52,13 @@ def test_storage_errors_carry_no_signature() -> None:
 
 
 def test_reprs_show_no_secret() -> None:
-    listing = EarlyListing(
-        "http://127.0.0.1:9000", "us-east-1", ("AKID", "SECRETKEY", "TOK"), 5, 15
+    listing = DoorSettings(
+        "http://127.0.0.1:9000",
+        "us-east-1",
+        ("AKID", "SECRETKEY", "TOK"),
+        5,
+        15,
+        params={"SSECustomerKey": "SECRETKEY"},
     )
     assert "SECRETKEY" not in repr(listing) and "TOK" not in repr(listing)
     info = ObjectInfo(PRESIGNED, 10, '"etag"')

@@ -1,5 +1,5 @@
-"""The early listing page's sans-I/O parts (storage/s3_list.py): when it is sent, its url as
-botocore builds it, and the answers it refuses."""
+"""The S3 door's sans-I/O parts: when it serves a store (storage/s3/settings.py), and the
+listing answers it refuses (storage/s3/listing.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ import pytest
 from streamrec.storage.s3.listing import (
     ELEMENTS_PER_KEY,
     PAGE_BYTES,
-    EarlyListing,
     HostilePage,
-    early_listing,
     parse_page,
     refuse_hostile_page,
 )
+from streamrec.storage.s3.settings import DoorSettings, door_settings, param_headers
 
 ENDPOINT = "http://127.0.0.1:9000"
 NO_CONFIG = {"AWS_CONFIG_FILE": os.path.join(os.sep, "nonexistent", "aws-config")}
@@ -87,34 +86,68 @@ def test_anything_but_a_page_of_what_was_asked_is_refused(body: bytes) -> None:
 
 
 def _listing(options: dict[str, Any], environ: dict[str, str] | None = None) -> Any:
-    return early_listing(options, {**NO_CONFIG, **(environ or {})})
+    return door_settings(options, {**NO_CONFIG, **(environ or {})})
+
+
+def _settings(
+    endpoint: str | None, region: str | None, credentials: Any, *timeouts: float, **more: Any
+) -> DoorSettings:
+    return DoorSettings(endpoint, region, credentials, *timeouts, **more)
 
 
 def test_options_that_name_all_the_request_needs() -> None:
     # (s3fs's timeouts where the options name none: connect 5 s, read 15 s)
-    assert _listing(BASE) == EarlyListing(ENDPOINT, "us-east-1", ("k", "s", None), 5.0, 15.0)
-    assert _listing({**BASE, "token": "t", "endpoint_url": "https://h:1/"}) == EarlyListing(
+    assert _listing(BASE) == _settings(ENDPOINT, "us-east-1", ("k", "s", None), 5.0, 15.0)
+    assert _listing({**BASE, "token": "t", "endpoint_url": "https://h:1/"}) == _settings(
         "https://h:1", "us-east-1", ("k", "s", "t"), 5.0, 15.0
     )
-    from_env = _listing(
-        {"client_kwargs": {"endpoint_url": ENDPOINT, "region_name": "eu-west-1"}},
-        {"AWS_ACCESS_KEY_ID": "ek", "AWS_SECRET_ACCESS_KEY": "es", "AWS_SESSION_TOKEN": "et"},
-    )
-    assert from_env == EarlyListing(ENDPOINT, "eu-west-1", ("ek", "es", "et"), 5.0, 15.0)
     anonymous = _listing(
         {"anon": True, "endpoint_url": ENDPOINT, "config_kwargs": {"connect_timeout": 2}},
         {"AWS_DEFAULT_REGION": "ap-south-1", "AWS_REGION": "botocore-ignores-this"},
     )
-    assert anonymous == EarlyListing(ENDPOINT, "ap-south-1", None, 2.0, 15.0)
+    assert anonymous == _settings(ENDPOINT, "ap-south-1", "anon", 2.0, 15.0)
+
+
+def test_credentials_the_options_do_not_name_are_botocores_to_resolve() -> None:
+    """The environment's keys, a profile's, SSO, roles: botocore's resolver, for AWS and for
+    an explicit endpoint alike (storage/s3/credentials.py)."""
+    from_env = _listing(
+        {"client_kwargs": {"endpoint_url": ENDPOINT, "region_name": "eu-west-1"}},
+        {"AWS_ACCESS_KEY_ID": "ek", "AWS_SECRET_ACCESS_KEY": "es"},
+    )
+    assert from_env == _settings(ENDPOINT, "eu-west-1", "resolve", 5.0, 15.0)
+    profile = _listing({"profile": "p"}, {"AWS_DEFAULT_REGION": "us-west-2"})
+    assert profile == _settings(None, "us-west-2", "resolve", 5.0, 15.0, profile="p")
+    # no region named for AWS: learnt per bucket from S3's answers
+    assert _listing({}) == _settings(None, None, "resolve", 5.0, 15.0)
+    # the endpoint from the environment, as botocore reads it
+    env_endpoint = _listing({}, {"AWS_ENDPOINT_URL_S3": "http://h:2", "AWS_ENDPOINT_URL": "x"})
+    assert env_endpoint == _settings("http://h:2", "us-east-1", "resolve", 5.0, 15.0)
+    ignored = {"AWS_ENDPOINT_URL": "http://h:2", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS": "true"}
+    assert _listing({}, ignored) == _settings(None, None, "resolve", 5.0, 15.0)
+
+
+def test_request_parameters_become_the_headers_botocore_sends() -> None:
+    payer = _listing({**BASE, "requester_pays": True}, {})
+    assert payer is not None
+    params = {
+        "RequestPayer": "requester",
+        "SSECustomerAlgorithm": "AES256",
+        "SSECustomerKey": "k" * 32,
+    }
+    settings = door_settings(BASE, NO_CONFIG, params=params)
+    assert settings is not None and dict(settings.params) == params
+    headers = param_headers(params, "GetObject")
+    assert headers["x-amz-request-payer"] == "requester"
+    assert headers["x-amz-server-side-encryption-customer-key-MD5"]  # added, as botocore does
+    assert param_headers(params, "ListObjectsV2") == {"x-amz-request-payer": "requester"}
+    assert door_settings(BASE, NO_CONFIG, params={"VersionId": "v"}) is None  # not a header
 
 
 @pytest.mark.parametrize(
     ("options", "environ"),
     [
-        ({"key": "k", "secret": "s"}, {}),  # no endpoint: botocore's endpoint rules
-        ({**BASE, "requester_pays": True}, {}),
         ({**BASE, "session": object()}, {}),
-        ({**BASE, "profile": "p"}, {}),
         ({**BASE, "config_kwargs": {"s3": {"addressing_style": "virtual"}}}, {}),
         ({**BASE, "config_kwargs": {"proxies": {"http": "http://p:1"}}}, {}),
         ({**BASE, "client_kwargs": {"endpoint_url": ENDPOINT, "config": object()}}, {}),
@@ -122,9 +155,9 @@ def test_options_that_name_all_the_request_needs() -> None:
         ({**BASE, "client_kwargs": {"endpoint_url": "ftp://h:1"}}, {}),
         ({**BASE, "client_kwargs": {"endpoint_url": "http://u:p@h:1"}}, {}),
         ({**BASE, "client_kwargs": {"endpoint_url": "http://h:port"}}, {}),
-        ({"client_kwargs": {"endpoint_url": ENDPOINT}}, {}),  # credentials: botocore's chain
-        ({"client_kwargs": {"endpoint_url": ENDPOINT}}, {"AWS_ACCESS_KEY_ID": "k"}),
+        ({"key": "k", "client_kwargs": {"endpoint_url": ENDPOINT}}, {}),  # no secret
         ({**BASE, "endpoint_url": "https://s3-accelerate.amazonaws.com"}, {}),
+        ({"client_kwargs": {"region_name": "cn-north-1"}}, {}),  # another partition
         (BASE, {"AWS_USE_FIPS_ENDPOINT": "true"}),
         (BASE, {"AWS_USE_DUALSTACK_ENDPOINT": "true"}),
         (BASE, {"AWS_CONFIG_FILE": "/"}),  # a config file that cannot be read
@@ -132,7 +165,7 @@ def test_options_that_name_all_the_request_needs() -> None:
         (BASE, {"all_proxy": "socks5://proxy:1080"}),
     ],
 )
-def test_options_it_does_not_follow_send_no_early_page(
+def test_options_it_does_not_follow_send_the_store_to_its_client(
     options: dict[str, Any], environ: dict[str, str]
 ) -> None:
     assert _listing(options, environ) is None
@@ -146,6 +179,8 @@ def test_a_config_file_is_looked_into_for_what_changes_the_url(tmp_path: Any) ->
         "s3 =\n  addressing_style = virtual",
         "ca_bundle = /x.pem",
         "use_fips_endpoint = true",
+        "endpoint_url = http://elsewhere:1",
+        "services = mine",
     ):
         config.write_text(f"[profile other]\n{setting}\n")
         assert _listing(BASE, {"AWS_CONFIG_FILE": str(config)}) is None, setting

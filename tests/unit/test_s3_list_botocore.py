@@ -1,6 +1,6 @@
-"""The early listing page (storage/s3_list.py) against botocore itself: pages its own parser
-returns, the settings that change its url, timeouts or TLS trust (from the adversarial review
-of the first version, each of which failed on it)."""
+"""The S3 door (storage/s3/door.py, settings.py, listing.py) against botocore itself: pages
+its own parser returns, the urls it sends, the settings that change its url, timeouts or TLS
+trust (from the adversarial review of the first version, each of which failed on it)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from streamrec.storage.s3.listing import early_listing, list_url, parse_page
+from streamrec.storage.s3.listing import list_query, parse_page
+from streamrec.storage.s3.settings import DoorSettings, door_settings
 
 ENDPOINT = "http://127.0.0.1:9000"
 BASE = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": ENDPOINT}}
@@ -113,7 +114,7 @@ def test_the_early_timeouts_are_the_clients(monkeypatch: pytest.MonkeyPatch) -> 
     from streamrec.storage.s3.store import S3Store
 
     store = S3Store(BASE)
-    listing = store._early_listing
+    listing = store.door_settings
     assert listing is not None
     config = store.fs._prepare_config_kwargs()
     assert (listing.connect_timeout_s, listing.read_timeout_s) == (
@@ -122,35 +123,66 @@ def test_the_early_timeouts_are_the_clients(monkeypatch: pytest.MonkeyPatch) -> 
     )
 
 
-def _client(endpoint: str) -> Any:
+def _client(endpoint: str | None, region: str = "us-east-1") -> Any:
     import botocore.session
 
     return botocore.session.get_session().create_client(
         "s3",
         endpoint_url=endpoint,
-        region_name="us-east-1",
+        region_name=region,
         aws_access_key_id="k",
         aws_secret_access_key="s",
     )
 
 
-def _botocore_url(endpoint: str, bucket: str = "my-bucket", prefix: str = "d/s") -> str:
-    """The url botocore sends for a ``ListObjectsV2`` page (7 keys, ``/`` as delimiter)."""
+class _Sent(Exception):
+    pass
 
-    class Sent(Exception):
-        pass
 
+def _sent(client: Any, call: Any) -> str:
+    """The url botocore sends for ``call(client)`` (captured before it is sent)."""
     urls: list[str] = []
 
     def capture(request: Any, **_: Any) -> None:
         urls.append(request.url)
-        raise Sent
+        raise _Sent
 
-    client = _client(endpoint)
     client.meta.events.register("before-send", capture)
-    with pytest.raises(Sent):
-        client.list_objects_v2(Bucket=bucket, Prefix=prefix, Delimiter="/", MaxKeys=7)
+    with pytest.raises(_Sent):
+        call(client)
     return urls[-1]
+
+
+def _botocore_url(
+    endpoint: str | None, bucket: str = "my-bucket", prefix: str = "d/s", region: str = "us-east-1"
+) -> str:
+    """The url botocore sends for a ``ListObjectsV2`` page (7 keys, ``/`` as delimiter)."""
+    return _sent(
+        _client(endpoint, region),
+        lambda c: c.list_objects_v2(Bucket=bucket, Prefix=prefix, Delimiter="/", MaxKeys=7),
+    )
+
+
+@pytest.mark.parametrize("region", ["us-east-1", "eu-west-1", "us-gov-west-1", "ap-south-2"])
+@pytest.mark.parametrize("bucket", ["my-bucket", "b12", "my.dotted.bucket", "Upper_Case", "a--b"])
+def test_aws_urls_are_the_ones_botocore_sends(
+    region: str, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Virtual-hosted for DNS-compatible names without dots, path-style otherwise, regional
+    hosts: the url of a GET and of a listing page, as botocore's endpoint rules build them."""
+    no_config = os.path.join(os.sep, "nonexistent", "aws-config")
+    monkeypatch.setenv("AWS_CONFIG_FILE", no_config)
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    settings = door_settings({"key": "k", "secret": "s"}, {"AWS_CONFIG_FILE": no_config})
+    assert isinstance(settings, DoorSettings) and settings.endpoint is None
+    key = "d ir/é+%&=~_x-.y/shard-0"
+    get = _sent(
+        _client(None, region), lambda c: c.get_object(Bucket=bucket, Key=key, Range="bytes=0-1")
+    )
+    assert settings.object_url(bucket, key, region) == get
+    query = list_query("d/s", "/", 7)
+    assert settings.list_url(bucket, region, query) == _botocore_url(None, bucket, "d/s", region)
 
 
 def test_the_url_is_the_one_botocore_sends() -> None:
@@ -158,10 +190,10 @@ def test_the_url_is_the_one_botocore_sends() -> None:
     for endpoint in (ENDPOINT, "https://s3.example.com", "http://[::1]:9000", "http://Host:80"):
         prefix = "d ir/é+%&=?#~_x-.y/shard-"
         options = {**BASE, "client_kwargs": {"endpoint_url": endpoint}}
-        listing = early_listing(options, no_config)
+        listing = door_settings(options, no_config)
         assert listing is not None
         sent = _botocore_url(endpoint, "my.b-1", prefix)
-        assert list_url(listing.endpoint, "my.b-1", prefix, "/", 7) == sent
+        assert listing.list_url("my.b-1", "us-east-1", list_query(prefix, "/", 7)) == sent
 
 
 def test_a_config_file_addressing_style_is_followed(
@@ -177,8 +209,9 @@ def test_a_config_file_addressing_style_is_followed(
     sent = _botocore_url(endpoint)
     assert sent.startswith("https://my-bucket.s3.example.com/")  # botocore: virtual-hosted
     options = {**BASE, "client_kwargs": {"endpoint_url": endpoint}}
-    listing = early_listing(options, os.environ)
-    assert listing is None or list_url(listing.endpoint, "my-bucket", "d/s", "/", 7) == sent
+    listing = door_settings(options, os.environ)
+    query = list_query("d/s", "/", 7)
+    assert listing is None or listing.list_url("my-bucket", "us-east-1", query) == sent
 
 
 def test_the_early_tls_context_verifies_as_the_client_does(
@@ -198,9 +231,9 @@ def test_the_early_tls_context_verifies_as_the_client_does(
     seen: list[Any] = []
     real = s3.start_tls_context
 
-    def spying(fs: Any) -> Any:
-        seen.append(real(fs))
-        return seen[-1]
+    def spying(verify: Any) -> Any:
+        seen.append(verify)
+        return real(verify)
 
     monkeypatch.setattr(s3, "start_tls_context", spying)
 
@@ -210,15 +243,14 @@ def test_the_early_tls_context_verifies_as_the_client_does(
             pages = store.glob_pages("s3://b/d/*")
             assert pages is not None
             await pages.aclose()  # (never started: no request)
-            listing = asyncio.ensure_future(store._direct_page("s3://b/d/*", "b", "d/", None))
+            listing = asyncio.ensure_future(store._list_page("s3://b/d/*", "b", "d/", None, 0))
             await asyncio.sleep(0)  # (its TLS context asked for: the request waits for it)
             await cancel_and_wait([listing])
         finally:
             await store.close()
 
     asyncio.run(run())
-    assert seen and seen[0] is not None
-    assert seen[0][0] == str(bundle)
+    assert seen == [str(bundle)]
 
 
 @pytest.mark.parametrize(
@@ -242,11 +274,11 @@ def test_fsspec_config_options_are_seen(
     store = S3Store(BASE)
     for name, value in conf.items():
         assert getattr(store.fs, name, None) == value or store.fs.kwargs.get(name) == value
-    listing = store._early_listing
+    listing = store.door_settings
     if "anon" in conf:
-        assert listing is None or listing.credentials is None
+        assert listing is None or listing.credentials == "anon"
     else:
-        assert listing is None
+        assert listing is None or listing.profile == "other"
 
 
 @pytest.mark.parametrize(
@@ -289,6 +321,6 @@ def test_the_signing_region_is_the_clients(
     client = botocore.session.Session().create_client(
         "s3", aws_access_key_id="k", aws_secret_access_key="s", **client_kwargs
     )
-    listing = early_listing({**BASE, "client_kwargs": client_kwargs}, os.environ)
+    listing = door_settings({**BASE, "client_kwargs": client_kwargs}, os.environ)
     assert listing is not None
     assert listing.region == client.meta.region_name

@@ -7,7 +7,9 @@
 * ``read.py``: one shard's blocks through the format core, chunk by chunk;
 * ``direct.py``: large records of a local uncompressed shard read straight into ``bytes``;
 * ``interleave.py``: tf.data's deterministic interleave, or first-ready;
-* ``shuffle.py``: the seeded record shuffle buffer (tf.data's semantics).
+* ``shuffle.py``: the seeded record shuffle buffer (tf.data's semantics);
+* ``scan.py``: whole shards read for the command line's tools with these same parts (the
+  records located by shard and offset, dropped damage, lengths only).
 
 Rules: bytes read ahead are reserved in the dataset's ``ByteBudget``; readers hand on pieces
 with their events (position/) and never track the consumer themselves.

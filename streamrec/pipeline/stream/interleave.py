@@ -18,10 +18,12 @@ exactly.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
+from typing import Generic, TypeVar
 
-from streamrec._portal import cancel_and_wait, owned_generator
+from streamrec._portal import cancel_and_wait, owned_generator, run_all
 from streamrec.format.framing import framed_bytes
 from streamrec.pipeline.position.events import Event, Open, Piece, rounds_event, take_event
 from streamrec.pipeline.position.state import CycleState
@@ -34,6 +36,7 @@ Pieces = AsyncGenerator[Piece, None]
 OpenShard = Callable[[int, int, "int | None"], Chunks]
 # Interleaving small blocks makes small lists; hand them on in batches of about this many.
 _OUTPUT_RECORDS = 1024
+T = TypeVar("T")
 
 
 class _Slot:
@@ -186,6 +189,67 @@ def _whole_rounds(
     return merged, rounds_event(order, block_length, rounds, nbytes)
 
 
+class _ChannelClosed(Exception):
+    """Sending on a channel its receiver closed (it stopped reading)."""
+
+
+class _Channel(Generic[T]):
+    """A channel without a buffer (trio's ``open_memory_channel(0)``) from a task group's
+    senders to one receiver: ``send`` returns once the receiver has taken the item, so each
+    sender holds at most one item not yet taken and nothing piles up between them.
+
+    ``close(error)``: the senders' group ended (``None``: ``receive`` ends the iteration) or
+    failed (``receive`` raises its error at once, not after the items still offered). Every
+    ``send`` waiting or to come then raises :class:`_ChannelClosed`: a receiver that stops
+    closes it too, so that even a sender that swallowed its cancellation stops there."""
+
+    def __init__(self) -> None:
+        self._senders: deque[tuple[T, asyncio.Future[None]]] = deque()
+        self._wake: asyncio.Future[None] | None = None  # the receiver waiting for a sender
+        self._closed = False
+        self._error: BaseException | None = None
+
+    async def send(self, item: T) -> None:
+        if self._closed:
+            raise _ChannelClosed
+        taken = asyncio.get_running_loop().create_future()
+        self._senders.append((item, taken))
+        self._notify()
+        await taken  # cancelled while waiting: the receiver skips the item
+
+    def close(self, error: BaseException | None = None) -> None:
+        if self._closed:
+            return
+        self._closed, self._error = True, error
+        for _, taken in self._senders:
+            if not taken.done():
+                taken.set_exception(_ChannelClosed())
+        self._senders.clear()
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    async def receive(self) -> T:
+        """The next item sent; StopAsyncIteration once closed (or its error)."""
+        while True:
+            if self._error is not None:
+                raise self._error
+            while self._senders:
+                item, taken = self._senders.popleft()
+                if not taken.done():
+                    taken.set_result(None)
+                    return item
+            if self._closed:
+                raise StopAsyncIteration
+            self._wake = asyncio.get_running_loop().create_future()
+            try:
+                await self._wake
+            finally:
+                self._wake = None
+
+
 @owned_generator
 async def interleave_first_ready(
     jobs: Sequence[tuple[int, int, int | None]],
@@ -196,67 +260,39 @@ async def interleave_first_ready(
 
     ``jobs`` are ``(ordinal, records, offset)``: the shards to read and where to resume each.
     """
-    # Each open shard has at most one chunk decoded and not yet handed on: its pump waits
-    # until that chunk is taken before it asks its shard for the next one (whose reader then
-    # gives back the first one's bytes: ObjectReader.settle). A queue of decoded chunks, and
-    # one more chunk in each pump's hands, would wait outside the prefetch budget.
-    ready: asyncio.Queue[tuple[int, list[bytes] | None]] = asyncio.Queue()
-    taken: dict[int, asyncio.Event] = {}  # of the open shards
-    inputs = iter(jobs)
-    tasks: dict[int, asyncio.Task[None]] = {}
+    # One lane per open shard, in a task group (run_all) feeding a channel without a buffer:
+    # a lane asks its shard for the next chunk only once the last one is taken (whose reader
+    # then gives back the first one's bytes: ObjectReader.settle). A queue of decoded chunks,
+    # and one more chunk in each lane's hands, would wait outside the prefetch budget.
+    channel: _Channel[tuple[int, list[bytes] | None]] = _Channel()
+    inputs = iter(jobs)  # shared: a lane whose shard ends takes the next job
 
-    closing = False
+    async def lane() -> None:
+        for ordinal, records, offset in inputs:
+            async with aclosing(open_shard(ordinal, records, offset)) as chunks:
+                async for chunk in chunks:
+                    await channel.send((ordinal, chunk))
+            await channel.send((ordinal, None))  # its end: the next job starts once taken
 
-    async def pump(ordinal: int, records: int, offset: int | None) -> None:
-        async with aclosing(open_shard(ordinal, records, offset)) as chunks:
-            async for chunk in chunks:
-                if closing:  # a cancellation some library swallowed must not leave us here
-                    return
-                taken[ordinal].clear()
-                ready.put_nowait((ordinal, chunk))
-                await taken[ordinal].wait()
-        ready.put_nowait((ordinal, None))
+    async def lanes() -> None:
+        try:
+            await run_all(lane() for _ in range(min(cycle_length, len(jobs))))
+        except BaseException as exc:  # the first lane's error, raised to the consumer
+            channel.close(exc)
+            raise
+        channel.close()
 
-    def start_next() -> None:
-        job = next(inputs, None)
-        if job is not None:
-            taken[job[0]] = asyncio.Event()
-            tasks[job[0]] = asyncio.ensure_future(pump(*job))
-
+    group = asyncio.ensure_future(lanes())
     try:
-        for _ in range(cycle_length):
-            start_next()
-        getter: asyncio.Task[tuple[int, list[bytes] | None]] | None = None
-        while tasks:
-            if getter is None:
-                getter = asyncio.ensure_future(ready.get())
-            # Wake on a chunk, or on a pump that failed: its error must surface, not hang.
-            running = [task for task in tasks.values() if not task.done()]
-            await asyncio.wait([getter, *running], return_when=asyncio.FIRST_COMPLETED)
-            for task in tasks.values():
-                if task.done() and not task.cancelled() and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
-            if not getter.done():
-                continue
-            ordinal, chunk = getter.result()
-            getter = None
-            taken[ordinal].set()
+        while True:
+            try:
+                ordinal, chunk = await channel.receive()
+            except StopAsyncIteration:
+                break
             if chunk is None:
-                await tasks.pop(ordinal)
-                del taken[ordinal]
-                start_next()
                 yield [], [take_event(ordinal, [], True)]
             elif chunk:
                 yield chunk, [take_event(ordinal, chunk, False)]
     finally:
-        closing = True
-        if getter is not None:
-            getter.cancel()
-        for task in tasks.values():
-            task.cancel()
-        while not all(task.done() for task in tasks.values()):
-            for event in taken.values():  # wake pumps waiting for their chunk to be taken
-                event.set()
-            running = [task for task in tasks.values() if not task.done()]
-            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-        await cancel_and_wait(tasks.values())  # all ended: collects their outcomes
+        channel.close()  # a lane that swallowed its cancellation stops at its next send
+        await cancel_and_wait([group])

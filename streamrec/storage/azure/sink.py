@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from streamrec._portal import cancel_and_wait
-from streamrec.storage.sinks import ObjectSink, SinkContext, bucket_and_key
+from streamrec._portal import cancel_and_wait, run_all
+from streamrec.storage.sinks import ObjectSink, SinkContext
 from streamrec.storage.translate import translate
-
-if TYPE_CHECKING:
-    from streamrec.storage.azure.store import AzureStore
 
 __all__ = ["AzureBlockSink"]
 
@@ -43,10 +41,19 @@ NO_RETRIES: dict[str, Any] = {"retry_total": 0}
 class AzureBlockSink(ObjectSink):
     """One block blob, staged in blocks while it is written; it appears on commit only."""
 
-    def __init__(self, store: AzureStore, url: str, context: SinkContext | None = None) -> None:
+    def __init__(
+        self,
+        blob_client: Callable[[str], Any],
+        url: str,
+        container: str,
+        blob: str,
+        context: SinkContext | None = None,
+    ) -> None:
+        """``blob_client(url)``: the SDK's ``BlobClient`` of the blob (its store's, with the
+        SDK's retries off); ``container`` and ``blob``: the url's parts."""
         super().__init__(url, context)
-        self._store = store
-        self.container, self.blob = bucket_and_key(store.fs, url, "an Azure blob url")
+        self._blob_client = blob_client
+        self.container, self.blob = container, blob
         self._tag = uuid.uuid4().hex[:17]
         self._buffer = bytearray()
         self._blocks: list[asyncio.Task[str]] = []  # block i -> its id, once staged
@@ -57,7 +64,7 @@ class AzureBlockSink(ObjectSink):
         """One request through the retry policy; errors translated, with the url."""
 
         async def attempt() -> Any:
-            client = self._store.blob_client(self.url)
+            client = self._blob_client(self.url)
             try:
                 return await getattr(client, method)(*args, **kwargs, **NO_RETRIES)
             except Exception as exc:
@@ -129,7 +136,7 @@ class AzureBlockSink(ObjectSink):
             return
         from azure.storage.blob import BlobBlock
 
-        ids = await asyncio.gather(*self._blocks)
+        ids = await run_all(self._blocks)
         response = await self._call(
             f"committing the list of {len(ids)} blocks",
             "commit_block_list",

@@ -1,15 +1,17 @@
 """``az://`` and ``abfs://`` through adlfs: listing via adlfs, range GETs on its client directly.
 
-adlfs lists and globs blobs with an ``azure.storage.blob.aio`` ``BlobServiceClient``; range
-reads call that client's generated ``Get Blob`` operation ourselves, one HTTP request per call,
-with ``If-Match`` pinned to the listed ETag (and the ETag of every answer compared), so a
-replaced blob raises :class:`~streamrec.errors.ObjectChangedError`. The SDK's retry policy
-(10 attempts with exponential backoff by default) is switched off for every request this store
-and its sink send, so that streamrec's :class:`~streamrec.storage.retry.RetryPolicy` is the only
-one. The public ``download_blob`` is not used: it reads the first 32 MiB into one ``bytes``,
-asks again by itself when a body is short, and retries underneath. Bodies are read off
-aiohttp's stream in pieces (:func:`~streamrec.storage.http.body.read_pieces`), never joined into a
-second copy.
+adlfs lists and globs blobs with an ``azure.storage.blob.aio`` ``BlobServiceClient``, which
+the store makes again from the public properties of adlfs's (its url, credential and hosts)
+with the SDK's retries off (``retry_total=0``; 10 attempts with exponential backoff by
+default), so that streamrec's :class:`~streamrec.storage.retry.RetryPolicy` is the only one
+for every request of the store and its sink, listing included. Range reads are one ``Get
+Blob`` request per call, with ``If-Match`` pinned to the listed ETag (and the ETag of every
+answer compared), so a replaced blob raises :class:`~streamrec.errors.ObjectChangedError`.
+They are sent by the public ``download_blob``, whose own reading of the body is not used (it
+would read the answer into one ``bytes`` whatever its size, and ask again by itself when a
+body is short): the SDK's documented ``raw_response_hook`` hands the streamed answer over
+before the SDK reads it (:class:`_Answer`), and the body is read off aiohttp's stream in
+pieces (:func:`~streamrec.storage.http.body.read_pieces`), no more than the range asked for.
 
 Credentials are adlfs's ``storage_options`` (see the README): ``connection_string``;
 ``account_name`` with ``account_key``, ``sas_token`` or ``credential``; or
@@ -25,6 +27,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import ObjectChangedError, ObjectNotFoundError, StorageError
+from streamrec.storage.azure.sink import AzureBlockSink
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, split_scheme
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.http.body import (
@@ -37,7 +40,6 @@ from streamrec.storage.http.body import (
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
-    from streamrec.storage.azure.sink import AzureBlockSink
     from streamrec.storage.sinks import SinkContext
 
 __all__ = ["AzureStore"]
@@ -46,6 +48,26 @@ logger = logging.getLogger("streamrec")
 
 NO_RETRIES: dict[str, Any] = {"retry_total": 0}
 """Per-request option that turns the Azure SDK's own retries off (ours decide)."""
+ONE_REQUEST = 1 << 62
+"""``max_single_get_size`` of the store's client: a range read is one request, whatever its
+length (the SDK's default, 32 MiB, would ask for the first 32 MiB only)."""
+
+
+class _Answer(Exception):
+    """Raised by the ``raw_response_hook`` of a range read to take the answer (its body not
+    read yet) out of the SDK."""
+
+    def __init__(self, response: Any) -> None:
+        super().__init__("the answer of a range read")
+        self.response = response
+
+
+def _take_answer(pipeline_response: Any) -> None:
+    """``raw_response_hook``: a success's answer is handed over unread; an error's goes on to
+    the SDK, which raises its exception for it."""
+    response = pipeline_response.http_response
+    if 200 <= response.status_code < 300:
+        raise _Answer(response)
 
 
 class AzureStore(FsspecStore):
@@ -64,11 +86,9 @@ class AzureStore(FsspecStore):
             raise StorageError(f"az://: cannot set up the Azure client: {exc}") from exc
         super().__init__(fs)
         _detach_finalizers(fs)
-        # Listing through adlfs too: one attempt per request (the policy object is shared by
-        # every container and blob client made from this service client).
-        policy = getattr(getattr(fs.service_client, "_config", None), "retry_policy", None)
-        if policy is not None and hasattr(policy, "total_retries"):
-            policy.total_retries = 0
+        # Listing through adlfs too: one attempt per request (every container and blob client
+        # made from this service client shares its configuration).
+        fs.service_client = _without_retries(fs.service_client)
         self._blobs: dict[tuple[str, str], Any] = {}
 
     # ------------------------------------------------------------------ clients
@@ -111,16 +131,23 @@ class AzureStore(FsspecStore):
         """One ``Get Blob`` of bytes ``start:end`` (pinned to ``etag``): the raw response,
         its body not read yet. HTTP errors raise the SDK's exceptions (the caller
         translates)."""
-        from azure.storage.blob._generated.models import ModifiedAccessConditions
+        from azure.core import MatchConditions
 
-        conditions = ModifiedAccessConditions(if_match=etag) if etag else None
-        pipeline_response = await self.blob_client(url)._client.blob.download(
-            range=f"bytes={start}-{end - 1}",
-            modified_access_conditions=conditions,
-            cls=lambda raw, _deserialized, _headers: raw,
-            **NO_RETRIES,
+        pinned: dict[str, Any] = (
+            {"etag": etag, "match_condition": MatchConditions.IfNotModified} if etag else {}
         )
-        return pipeline_response.http_response
+        try:
+            await self.blob_client(url).download_blob(
+                offset=start,
+                length=end - start,
+                max_concurrency=1,
+                raw_response_hook=_take_answer,
+                **pinned,
+                **NO_RETRIES,
+            )
+        except _Answer as answer:
+            return answer.response
+        raise StorageError(f"{url}: the Azure SDK read the answer itself")  # (never: the hook)
 
     async def _read_head(self, url: str, length: int) -> tuple[ObjectInfo, list[bytes]] | None:
         if "?" in url or "#" in url:
@@ -188,9 +215,8 @@ class AzureStore(FsspecStore):
     def open_sink(self, url: str, context: SinkContext | None = None) -> AzureBlockSink:
         """Blocks staged while bytes arrive, committed in one ``Put Block List``: the blob
         appears on commit only."""
-        from streamrec.storage.azure.sink import AzureBlockSink
-
-        return AzureBlockSink(self, url, context)
+        container, blob = container_and_blob(self.fs, url)
+        return AzureBlockSink(self.blob_client, url, container, blob, context)
 
     async def delete(self, url: str) -> None:
         try:
@@ -265,12 +291,35 @@ class AzureStore(FsspecStore):
 
 def _detach_finalizers(fs: Any) -> None:
     """Drop the finalizers adlfs registers to close its clients on ``fs``'s loop when ``fs`` is
-    collected: they fail (and print a traceback at exit) once that loop is gone, and the store
-    closes the clients itself (:meth:`AzureStore.close`), inside its loop."""
-    for ref in list(weakref.finalize._registry):  # type: ignore[attr-defined]
-        held = ref.peek()
-        if held is not None and held[0] is fs:
-            ref.detach()
+    collected: they fail (and print a traceback at exit) once that loop is gone, they keep
+    ``fs`` alive until then (they hold it), and the store closes the clients itself
+    (:meth:`AzureStore.close`), inside its loop. A ``weakref.finalize`` is the callback of a
+    weak reference to its object: found through ``weakref.getweakrefs``."""
+    for ref in weakref.getweakrefs(fs):
+        finalizer = ref.__callback__
+        if isinstance(finalizer, weakref.finalize):
+            finalizer.detach()
+
+
+def _without_retries(client: Any) -> Any:
+    """adlfs's ``BlobServiceClient`` made again from its public properties (url with any SAS,
+    credential, hosts, location mode, adlfs's User-Agent), with the SDK's retries off and
+    range reads of any length in one request (:data:`ONE_REQUEST`). No connection is open
+    yet: the old one is dropped."""
+    from adlfs import __version__
+    from azure.storage.blob.aio import BlobServiceClient
+
+    made = BlobServiceClient(
+        account_url=client.primary_endpoint,
+        credential=client.credential,
+        secondary_hostname=client.secondary_hostname,
+        max_single_get_size=ONE_REQUEST,
+        user_agent=f"adlfs/{__version__}",
+        **NO_RETRIES,
+    )
+    if made.location_mode != client.location_mode:
+        made.location_mode = client.location_mode
+    return made
 
 
 def container_and_blob(fs: Any, url: str, *, key_required: bool = True) -> tuple[str, str]:

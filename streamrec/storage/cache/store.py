@@ -57,6 +57,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, cast
 
+from streamrec._portal import settle_all
 from streamrec.errors import StorageError
 from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.cache.files import (
@@ -143,7 +144,7 @@ class _Handle:
         if not self._pending:
             os.close(self.fd)
             return
-        ended = asyncio.gather(*self._pending, return_exceptions=True)
+        ended = settle_all(self._pending)
         ended.add_done_callback(lambda _: os.close(self.fd))  # even if this close is cancelled
         await asyncio.shield(ended)
 

@@ -1,4 +1,5 @@
-"""The gcsfs filesystem of a ``gs://`` store: made off the event loop, and failing fast.
+"""The gcsfs filesystem of a ``gs://`` store (made off the event loop, and failing fast), and
+the store's own session, headers and location for the requests it sends itself.
 
 Two things gcsfs does on its own would otherwise take the time and hide the cause:
 
@@ -17,6 +18,13 @@ Two things gcsfs does on its own would otherwise take the time and hide the caus
   connection is then reported as refused, with the url). Not when the caller's
   ``session_kwargs`` bring their own connector, nor when google-auth is set up for client
   certificates (gcsfs then makes the connector that presents them).
+
+Range reads and uploads go on the store's own aiohttp session (:func:`open_session`, made with
+the same ``session_kwargs``), with the headers of gcsfs's public credentials object
+(:func:`request_headers`) and the JSON API location of gcsfs's public ``base``
+(:func:`location_of`): gcsfs offers no public way to make its own session, headers or
+location, and streamrec reads no private attribute of another library. Listing (gcsfs's
+calls) keeps gcsfs's session, so a store holds two connection pools.
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import ssl
+import tempfile
 import threading
 from typing import Any
 
@@ -31,7 +42,15 @@ import aiohttp
 
 from streamrec.storage.translate import ConnectFailed
 
-__all__ = ["LOOKING_FOR_CREDENTIALS", "SLOW_LOOKUP_S", "FailFastConnector", "start_filesystem"]
+__all__ = [
+    "LOOKING_FOR_CREDENTIALS",
+    "SLOW_LOOKUP_S",
+    "FailFastConnector",
+    "location_of",
+    "open_session",
+    "request_headers",
+    "start_filesystem",
+]
 
 logger = logging.getLogger("streamrec")
 
@@ -102,6 +121,73 @@ def _with_connector(options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "session_kwargs": session_kwargs}
 
 
+def location_of(fs: Any) -> str:
+    """The JSON API's ``scheme://host`` that gcsfs's own requests go to (Google's, its mTLS
+    endpoint, ``endpoint_url`` or ``STORAGE_EMULATOR_HOST``), from its public ``base``."""
+    base = str(fs.base)
+    suffix = "/storage/v1/"
+    if not base.endswith(suffix):  # (a gcsfs that changed its url layout: say so)
+        raise RuntimeError(f"gs://: unexpected gcsfs base url {base!r}")
+    return base[: -len(suffix)]
+
+
+def request_headers(fs: Any, extra: dict[str, str]) -> dict[str, str]:
+    """``extra`` with the headers gcsfs sends: its User-Agent, and the credentials' own
+    (``Authorization``; the token refreshed first when due) through the public
+    ``fs.credentials.apply``."""
+    from gcsfs import __version__
+
+    headers = dict(extra)
+    headers.setdefault("User-Agent", f"python-gcsfs/{__version__}")
+    fs.credentials.apply(headers)
+    return headers
+
+
+async def open_session(options: dict[str, Any], location: str) -> aiohttp.ClientSession:
+    """The store's own session for its range reads and uploads to ``location``: the
+    options' ``session_kwargs``, on a :class:`FailFastConnector`; on the caller's connector
+    when ``session_kwargs`` brings one (shared with gcsfs's session, which owns it); on a
+    connector presenting google-auth's client certificate where gcsfs would present it
+    (mutual TLS to an https location)."""
+    kwargs = dict(options.get("session_kwargs") or {})
+    given = kwargs.pop("connector", None)
+    if given is not None:
+        return aiohttp.ClientSession(connector=given, connector_owner=False, **kwargs)
+    connector: aiohttp.TCPConnector
+    if location.startswith("https://") and _presents_client_certificate():
+        context = await asyncio.to_thread(client_certificate_context)
+        connector = aiohttp.TCPConnector(ssl=context)
+    else:
+        connector = FailFastConnector()
+    return aiohttp.ClientSession(connector=connector, **kwargs)
+
+
+def client_certificate_context() -> ssl.SSLContext:
+    """A context that verifies servers like aiohttp's default and presents google-auth's
+    default client certificate (what gcsfs presents under mutual TLS). Blocking."""
+    from google.auth import exceptions
+    from google.auth.transport import mtls
+
+    mtls_module: Any = mtls  # (google-auth is untyped)
+    errors: Any = exceptions
+    cert, key = mtls_module.default_client_cert_source()()
+    if not cert or not key:
+        raise errors.MutualTLSChannelError(
+            "google-auth is configured to use a client certificate, but its default client "
+            "certificate source returned no certificate or key"
+        )
+    context = ssl.create_default_context()
+    context.set_alpn_protocols(["http/1.1"])
+    # load_cert_chain reads files only; the directory is private to this user
+    with tempfile.TemporaryDirectory() as folder:
+        paths = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
+        for path, data in zip(paths, (cert, key), strict=True):
+            with open(path, "wb") as file:
+                file.write(data)
+        context.load_cert_chain(*paths)
+    return context
+
+
 def _client_certificates() -> bool:
     """Whether google-auth is set up to present a client certificate (mutual TLS)."""
     try:
@@ -113,6 +199,21 @@ def _client_certificates() -> bool:
         )
     except Exception:  # an older google-auth, or a broken configuration: gcsfs decides
         return True
+
+
+def _presents_client_certificate() -> bool:
+    """Whether gcsfs presents a client certificate (its own test: google-auth says one should
+    be used, and a default source exists)."""
+    try:
+        from google.auth.transport import mtls
+
+        mtls_module: Any = mtls  # (google-auth is untyped)
+        should_use = getattr(mtls_module, "should_use_client_cert", None)
+        return bool(
+            should_use is not None and should_use() and mtls_module.has_default_client_cert_source()
+        )
+    except Exception:  # no usable google-auth set-up: none is presented
+        return False
 
 
 def _say_what_it_waits_for(made: asyncio.Future[Any], options: dict[str, Any]) -> None:

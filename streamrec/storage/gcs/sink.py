@@ -1,8 +1,10 @@
 """``gs://`` sink: a resumable upload that runs while the bytes arrive.
 
-The JSON API's resumable protocol, spoken directly on gcsfs's authenticated aiohttp session
+The JSON API's resumable protocol, spoken directly on the store's authenticated aiohttp session
 (``gcsfs.core.initiate_upload`` / ``upload_chunk`` go through ``GCSFileSystem._call``, which
-retries every request 6 times over ~35 s whatever streamrec's policy says):
+retries every request 6 times over ~35 s whatever streamrec's policy says). The sink is given
+what it uses of its store (:class:`GCSAccess`: the session, the location, the headers, the
+requester-pays billing), not the store:
 
 - the session is initiated with the first full chunk (``POST ...?uploadType=resumable``);
 - chunks are ``part_bytes`` rounded up to a multiple of 256 KiB, sent in order with
@@ -24,22 +26,30 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import logging
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import quote
+
+import aiohttp
 
 from streamrec._portal import cancel_and_wait
 from streamrec.errors import StorageError, TransientStorageError
 from streamrec.storage.http.body import ERROR_DETAIL_BYTES, read_at_most
-from streamrec.storage.sinks import ObjectSink, SinkContext, bucket_and_key
+from streamrec.storage.sinks import ObjectSink, SinkContext
 from streamrec.storage.translate import from_status, translate
 
-if TYPE_CHECKING:
-    from streamrec.storage.gcs.store import GCSStore
-
-__all__ = ["ANSWER_BYTES", "CHUNK_ALIGN", "GCSResumableSink", "chunk_size", "next_offset"]
+__all__ = [
+    "ANSWER_BYTES",
+    "CHUNK_ALIGN",
+    "GCSAccess",
+    "GCSResumableSink",
+    "chunk_size",
+    "next_offset",
+]
 
 logger = logging.getLogger("streamrec")
 
@@ -64,13 +74,35 @@ def next_offset(range_header: str | None) -> int:
     return int(match.group(2)) + 1
 
 
+@dataclasses.dataclass(frozen=True)
+class GCSAccess:
+    """What a sink uses to send its requests (its store makes it); the ``str`` argument of
+    the coroutines is the url a request is for (named in an error)."""
+
+    session: Callable[[str], Awaitable[aiohttp.ClientSession]]
+    """The authenticated session."""
+    location: Callable[[str], Awaitable[str]]
+    """The JSON API's ``scheme://host`` (Google's, or an emulator's)."""
+    headers: Callable[[dict[str, str]], dict[str, str]]
+    """The given headers with the credentials' (call once the session is made)."""
+    billed: Callable[[str], str]
+    """A request url with ``userProject`` added where the options ask for requester pays."""
+
+
 class GCSResumableSink(ObjectSink):
     """One GCS object, uploaded in chunks while it is written; it appears on commit only."""
 
-    def __init__(self, store: GCSStore, url: str, context: SinkContext | None = None) -> None:
+    def __init__(
+        self,
+        access: GCSAccess,
+        url: str,
+        bucket: str,
+        key: str,
+        context: SinkContext | None = None,
+    ) -> None:
         super().__init__(url, context)
-        self._store = store
-        self.bucket, self.key = bucket_and_key(store, url, "a GCS object url")
+        self._access = access
+        self.bucket, self.key = bucket, key
         self.chunk_bytes = chunk_size(self.context.part_bytes)
         self._buffer = bytearray()
         self.session_url: str | None = None
@@ -78,15 +110,13 @@ class GCSResumableSink(ObjectSink):
         self._inflight: asyncio.Task[None] | None = None
         self._metadata: dict[str, Any] | None = None
 
-    @property
-    def query_status(self) -> bool:
+    async def _queries_status(self) -> bool:
         """Only Google's own service is trusted with status queries (see the module
-        docstring). Known once the store's filesystem is made (after a first request)."""
-        return "googleapis.com" in str(self._store.fs._location)
+        docstring)."""
+        return "googleapis.com" in await self._location()
 
     async def _location(self) -> str:
-        fs = await self._store.filesystem(self.url)
-        return str(fs._location)
+        return await self._access.location(self.url)
 
     async def _upload_url(self, kind: str) -> str:
         """The JSON API url that starts an upload of ``kind`` (resumable, media)."""
@@ -95,20 +125,16 @@ class GCSResumableSink(ObjectSink):
             f"?uploadType={kind}&name={quote(self.key, safe='')}"
         )
 
-    def _headers(self, extra: dict[str, str]) -> dict[str, str]:
-        headers: dict[str, str] = self._store.fs._get_headers(extra)
-        return headers
-
     async def _request(
         self, method: str, url: str, action: str, data: Any = None, headers: Any = None
     ) -> tuple[int, Any, bytes]:
-        session = await self._store._session(self.url)
+        session = await self._access.session(self.url)
         try:
             async with session.request(
                 method,
-                self._store.billed(url),  # every request of a requester-pays upload
+                self._access.billed(url),  # every request of a requester-pays upload
                 data=data,
-                headers=self._headers(headers or {}),
+                headers=self._access.headers(headers or {}),
                 allow_redirects=False,
             ) as response:
                 # never a whole answer of any size: an error's start, a success's metadata
@@ -189,7 +215,7 @@ class GCSResumableSink(ObjectSink):
 
         async def attempt() -> None:
             nonlocal confirmed, tried
-            if tried and self.query_status:
+            if tried and await self._queries_status():
                 kept = await self._query(total)
                 if kept is None:
                     return  # the last request had completed the upload before the fault

@@ -1,12 +1,13 @@
-"""``gs://`` through gcsfs: listing via gcsfs, range GETs on its aiohttp session directly.
+"""``gs://`` through gcsfs: listing via gcsfs, range GETs on the store's own session.
 
 gcsfs retries every request 6 times over ~35 s, and that cannot be changed at run time; range
-reads therefore go straight to its authenticated session, with ``ifGenerationMatch`` pinned to
-the listed generation (and the ``X-Goog-Generation`` of every answer compared), so that
-streamrec's retry policy is the only one on the data path. Bodies are read off aiohttp's
+reads therefore go straight to the JSON API on the store's own aiohttp session, authenticated
+with gcsfs's credentials (:mod:`streamrec.storage.gcs.client`), with ``ifGenerationMatch``
+pinned to the listed generation (and the ``X-Goog-Generation`` of every answer compared), so
+that streamrec's retry policy is the only one on the data path. Bodies are read off aiohttp's
 stream in pieces (:func:`~streamrec.storage.http.body.read_pieces`), never joined into a
 second copy.
-gcsfs's aiohttp connector allows 100 connections (aiohttp's default), which does not cap a
+The session's connector allows 100 connections (aiohttp's default), which does not cap a
 dataset's range reads.
 """
 
@@ -16,10 +17,19 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, quote_plus
 
+import aiohttp
+
 from streamrec.errors import ObjectChangedError, PermissionDeniedError, StorageError
 from streamrec.storage.base import ObjectInfo, split_scheme
 from streamrec.storage.fsspec_store import FsspecStore
-from streamrec.storage.gcs.client import LOOKING_FOR_CREDENTIALS, start_filesystem
+from streamrec.storage.gcs.client import (
+    LOOKING_FOR_CREDENTIALS,
+    location_of,
+    open_session,
+    request_headers,
+    start_filesystem,
+)
+from streamrec.storage.gcs.sink import GCSAccess, GCSResumableSink
 from streamrec.storage.http.body import (
     error_detail,
     probe_first_bytes,
@@ -27,10 +37,10 @@ from streamrec.storage.http.body import (
     read_pieces,
 )
 from streamrec.storage.retry import waiting_for
+from streamrec.storage.sinks import bucket_and_key
 from streamrec.storage.translate import from_status, translate
 
 if TYPE_CHECKING:
-    from streamrec.storage.gcs.sink import GCSResumableSink
     from streamrec.storage.sinks import SinkContext
 
 __all__ = ["GCSStore"]
@@ -49,7 +59,7 @@ class GCSStore(FsspecStore):
         super().__init__(None)
         self._options = options
         self._making: asyncio.Future[Any] | None = None
-        self._session_ready = False
+        self._http: aiohttp.ClientSession | None = None  # (kept once closed: no second one)
 
     async def filesystem(self, url: str = "gs://") -> Any:
         """The gcsfs filesystem, made on first use (see :mod:`~streamrec.storage.gcs.client`);
@@ -107,18 +117,37 @@ class GCSStore(FsspecStore):
         bucket, _, key = path.partition("/")
         return bucket, key, None
 
-    async def _session(self, url: str = "gs://") -> Any:
-        fs = await self.filesystem(url)
-        if not self._session_ready:
-            await fs._set_session()
-            self._session_ready = True
-        return fs.session
+    async def location(self, url: str = "gs://") -> str:
+        """The JSON API's ``scheme://host`` (``url``: what it is for, named in an error)."""
+        return location_of(await self.filesystem(url))
+
+    def headers(self, extra: dict[str, str]) -> dict[str, str]:
+        """``extra`` with the credentials' headers. Call after :meth:`filesystem`."""
+        return request_headers(self.fs, extra)
+
+    async def session(self, url: str = "gs://") -> aiohttp.ClientSession:
+        """The store's own session for range reads and uploads, made on first use
+        (``url``: what it is for, named in an error)."""
+        location = await self.location(url)
+        if self._http is None:
+            http = await open_session(self._options, location)
+            if self._http is None:
+                self._http = http
+            else:  # (another first use made one meanwhile)
+                await http.close()
+        return self._http
+
+    def access(self) -> GCSAccess:
+        """What a sink needs of this store to send its requests."""
+        return GCSAccess(
+            session=self.session, location=self.location, headers=self.headers, billed=self.billed
+        )
 
     async def _connect(self) -> None:
-        await self._session()
+        await self.filesystem()
 
     async def expand(self, pattern: str) -> list[ObjectInfo]:
-        await self._session(pattern)
+        await self.filesystem(pattern)  # (listing is gcsfs's: it makes its own session)
         return await super().expand(pattern)
 
     def version_of(self, info: dict[str, Any]) -> str | None:
@@ -128,18 +157,18 @@ class GCSStore(FsspecStore):
     async def _read_head(self, url: str, length: int) -> tuple[ObjectInfo, list[bytes]] | None:
         if "?" in url or "#" in url:
             return None
-        session = await self._session(url)
-        headers = self.fs._get_headers({"Range": f"bytes=0-{length - 1}"})
+        session = await self.session(url)
+        headers = self.headers({"Range": f"bytes=0-{length - 1}"})
         return await probe_first_bytes(
             session, self.billed(self.fs.url(url)), url, headers, length, "X-Goog-Generation"
         )
 
     async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
-        session = await self._session(obj.url)
+        session = await self.session(obj.url)
         url = self.billed(self.fs.url(obj.url))
         if obj.version:
             url += f"&ifGenerationMatch={obj.version}"
-        headers = self.fs._get_headers({"Range": f"bytes={start}-{end - 1}"})
+        headers = self.headers({"Range": f"bytes={start}-{end - 1}"})
         action = f"reading bytes {start}-{end - 1}"
         try:
             async with session.get(url, headers=headers) as response:
@@ -169,14 +198,29 @@ class GCSStore(FsspecStore):
 
     def open_sink(self, url: str, context: SinkContext | None = None) -> GCSResumableSink:
         """A resumable upload that runs while bytes arrive; the object appears on commit."""
-        from streamrec.storage.gcs.sink import GCSResumableSink
-
-        return GCSResumableSink(self, url, context)
+        bucket, key = bucket_and_key(self, url, "a GCS object url")
+        return GCSResumableSink(self.access(), url, bucket, key, context)
 
     async def close(self) -> None:
         self._heads.clear()
-        if self._session_ready:
-            self._session_ready = False
-            await self.fs.session.close()
+        if self._http is not None:
+            await self._http.close()
+        if self.fs is not None:
+            await _close_filesystem_session(self.fs)
+            # a connector of the caller's session_kwargs: gcsfs's session owns it, and may
+            # never have been made
+            given = (self._options.get("session_kwargs") or {}).get("connector")
+            if given is not None and not given.closed:
+                await given.close()
         elif self._making is not None and not self._making.done():
             self._making.cancel()  # (the thread finishes on its own; its result is dropped)
+
+
+async def _close_filesystem_session(fs: Any) -> None:
+    """Close gcsfs's own session (its listing requests), if it made one."""
+    try:
+        session = fs.session
+    except RuntimeError:  # gcsfs (asynchronous) says it has not made one
+        return
+    if session is not None:
+        await session.close()

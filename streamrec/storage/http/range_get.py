@@ -14,8 +14,13 @@ connection at a time; a status line and headers of at most :data:`HEAD_BYTES`; a
 (2xx) of at most the ``limit`` asked for, by Content-Length (more is :class:`BodyTooLong`
 before a byte of it is kept); an error body of at most ``error_limit`` bytes. A body is the
 bytes sent (a stored ``Content-Encoding`` is not undone: the object's bytes, as the session's
-reads give them). What it does not do (a chunked success body) raises :class:`Unsupported`:
-the caller goes back to its HTTP session, which does.
+reads give them).
+
+A chunked body (AWS S3's listing pages) is decoded as it arrives by
+:mod:`streamrec.storage.http.chunked` (bounds and memory stated there: at most the decoded
+bytes + :data:`PIECE_BYTES` + 2 * :data:`HEAD_BYTES`), received into the header buffer (grown
+to :data:`HEAD_BYTES`), bounded by the same limits; another transfer coding of a success body
+is :class:`BadAnswer` (an error body's is not read). Content-Length bodies never take that path.
 
 Everything the server sends is checked before it is followed: a malformed status line or
 header, a second Content-Length that disagrees, headers past :data:`HEAD_BYTES`, an interim
@@ -40,6 +45,7 @@ from urllib.parse import urlsplit
 
 from streamrec.format.accel import load_accelerator
 from streamrec.storage.http.body import too_long
+from streamrec.storage.http.chunked import ChunkedBody, ChunkError, ChunkTooLong
 
 __all__ = [
     "HEAD_BYTES",
@@ -48,7 +54,6 @@ __all__ = [
     "BadAnswer",
     "BodyTooLong",
     "RangeClient",
-    "Unsupported",
 ]
 
 PIECE_BYTES = 1 << 20
@@ -80,11 +85,6 @@ class BadAnswer(Exception):
 class BodyTooLong(Exception):
     """A success body longer than the range asked for (the caller names the object: a storage
     error, not retried)."""
-
-
-class Unsupported(Exception):
-    """An answer this client does not read (a chunked success body): the caller is to send
-    the request through its HTTP session instead."""
 
 
 @dataclass
@@ -135,6 +135,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._left = 0  # body bytes still to come
         self._target: Any = None
         self._view: memoryview | None = None
+        self._chunks: ChunkedBody | None = None  # a chunked body being read
+        self._chunks_reusable = False
         self._filled = 0
         self._watch: asyncio.TimerHandle | None = None
 
@@ -160,8 +162,11 @@ class _Connection(asyncio.BufferedProtocol):
             return
         self._head_len += nbytes
         try:
-            self._read_head(self._head_len - nbytes)
-        except (BadAnswer, BodyTooLong, Unsupported) as exc:
+            if self._chunks is not None:  # (received into the header buffer)
+                self._read_chunks(0)
+            else:
+                self._read_head(self._head_len - nbytes)
+        except (BadAnswer, BodyTooLong) as exc:
             self._fail(exc)
 
     def eof_received(self) -> bool:
@@ -227,13 +232,15 @@ class _Connection(asyncio.BufferedProtocol):
         self._answer = Answer(status, headers, [])
         success = 200 <= status < 300
         length = _content_length(headers)
-        if success and "transfer-encoding" in headers:
-            raise Unsupported(f"HTTP {status} with a chunked body")
         limit = self._limit if success else self._error_limit
         if status in (204, 304):
             length = 0
-        elif "transfer-encoding" in headers:  # an error body of unknown length: not read
-            length, keep_alive = 0, False
+        elif "transfer-encoding" in headers:
+            if _chunked(headers["transfer-encoding"], success):
+                # (a Content-Length beside it is overridden, and the connection not trusted)
+                self._start_chunks(limit, success, keep_alive and length is None, end + 4)
+                return
+            length, keep_alive = 0, False  # an error body of unknown length: not read
         if success and length is not None and length > limit:
             raise BodyTooLong(too_long(limit))
         if length is None:  # the body ends with the connection (a success body: one byte
@@ -254,6 +261,40 @@ class _Connection(asyncio.BufferedProtocol):
         self._view[:taken] = extra[:taken]
         self._reusable = keep_alive and taken == len(extra)
         self._body_received(taken)
+
+    def _start_chunks(self, limit: int, success: bool, keep_alive: bool, start: int) -> None:
+        """Read a chunked body, its first bytes at ``start`` in the header buffer."""
+        self._chunks = ChunkedBody(
+            limit, cut=not success, piece_bytes=PIECE_BYTES, trailer_bytes=HEAD_BYTES
+        )
+        self._chunks_reusable = keep_alive
+        if not self._read_chunks(start) and len(self._head) < HEAD_BYTES:
+            # a new buffer (the transport may still hold a view of this one), empty now
+            self._head = bytearray(HEAD_BYTES)
+            self._head_view = memoryview(self._head)
+
+    def _read_chunks(self, start: int) -> bool:
+        """Decode the header buffer's bytes from ``start``; True once the body has ended."""
+        assert self._chunks is not None and self._answer is not None
+        try:
+            ended = self._chunks.feed(self._head, start, self._head_len)
+        except ChunkTooLong:
+            raise BodyTooLong(too_long(self._limit)) from None
+        except ChunkError as exc:
+            raise BadAnswer(str(exc)) from None
+        if ended < 0:
+            self._head_len = 0  # all used: receive into the whole buffer again
+            return False
+        chunks, self._chunks = self._chunks, None
+        self._answer.pieces = chunks.pieces()
+        # reused only when the answer ended exactly at its end (nothing after, nothing left)
+        self._reusable = self._chunks_reusable and ended == self._head_len and not chunks.cut_short
+        self._head_len = 0
+        if len(self._head) > FIRST_HEAD_BYTES:  # (back to a small one for the next answer)
+            self._head = bytearray(FIRST_HEAD_BYTES)
+            self._head_view = memoryview(self._head)
+        self._complete()
+        return True
 
     def _body_received(self, nbytes: int) -> None:
         self._filled += nbytes
@@ -308,6 +349,7 @@ class _Connection(asyncio.BufferedProtocol):
         waiter = self._waiter
         self._waiter = self._answer = None
         self._view = self._target = None
+        self._chunks = None
         self._reusable = False
         if waiter is not None and not waiter.done():
             waiter.set_exception(error)
@@ -342,6 +384,17 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:
     tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
     keep_alive = "keep-alive" in tokens if version == "HTTP/1.0" else "close" not in tokens
     return status, headers, keep_alive
+
+
+def _chunked(value: str, success: bool) -> bool:
+    """True for a body in the chunked transfer coding alone (``value``: its
+    Transfer-Encoding); a success body in another is a :class:`BadAnswer` (one this client does
+    not undo), an error body's is not read (False)."""
+    if [coding.strip().lower() for coding in value.split(",")] == ["chunked"]:
+        return True
+    if success:
+        raise BadAnswer(f"a transfer coding this client does not read: {value[:80]!r}")
+    return False
 
 
 def _content_length(headers: Mapping[str, str]) -> int | None:

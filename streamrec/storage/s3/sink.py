@@ -20,7 +20,7 @@ import io
 import logging
 from typing import TYPE_CHECKING, Any
 
-from streamrec._portal import cancel_and_wait
+from streamrec._portal import cancel_and_wait, run_all
 from streamrec.errors import ObjectNotFoundError, StorageError
 from streamrec.storage.sinks import ObjectSink, SinkContext, bucket_and_key
 from streamrec.storage.translate import translate
@@ -159,7 +159,7 @@ class S3MultipartSink(ObjectSink):
             return
         assert self._create is not None
         upload_id = await asyncio.shield(self._create)
-        etags = await asyncio.gather(*self._parts)
+        etags = await run_all(self._parts)
         parts = [{"PartNumber": i + 1, "ETag": etag} for i, etag in enumerate(etags)]
         try:
             response = await self._call(

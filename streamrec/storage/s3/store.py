@@ -1,29 +1,21 @@
-"""``s3://`` through s3fs (aiobotocore): listing via s3fs, range GETs on its client directly.
+"""``s3://`` through one door: every read signed here, the aiobotocore client for writes.
 
-Range reads are sent by us, with ``If-Match`` pinned to the listed ETag and botocore's own
-retries off, so that streamrec's retry policy is the only one (s3fs and botocore would
-otherwise retry for ~10 s underneath, and pass short bodies on): signed with SigV4 headers
-on the object's url resolved once, through the client's HTTP session
-(:mod:`streamrec.storage.s3.signed_get`: a fraction of ``get_object``'s CPU per request), else with
-the client's ``get_object``. Either way a body longer than the range asked for is an error
-before the extra bytes are kept.
-Bodies are read off aiohttp's stream in pieces (:func:`~streamrec.storage.http.body.read_pieces`),
-never gathered and joined into a second copy.
+Every range GET, listing page and first-bytes read of a store goes through its door
+(:mod:`streamrec.storage.s3.door`), signed with the credentials botocore's resolver gives,
+on streamrec's own connections, with ``If-Match`` pinned to the listed ETag and no retry but
+streamrec's own. The door serves the store when its options say nothing it does not follow
+(:mod:`streamrec.storage.s3.settings`); else the store reads through the client
+(``get_object``, ``list_objects_v2``) for its whole life: chosen once, at set-up, never per
+request. Either way a body longer than the range asked for is an error before the extra
+bytes are kept, and listing pages are parsed within bounds
+(:mod:`streamrec.storage.s3.listing`), each checked against the ones before
+(:mod:`streamrec.storage.pages`).
 
-Client set-up, sized for streaming unless ``storage_options`` say otherwise:
-
-* botocore's connection pool (``max_pool_connections``, default 10) would cap the range GETs
-  in flight across all shards; it is sized from ``max_connections`` (what the dataset may have
-  in flight), through ``config_kwargs``.
-* botocore's shared data loader, the process's TLS context and the start-up work done ahead
-  for them: :mod:`streamrec.storage.s3.client`.
-* listing pages, the client's too, parsed within bounds (:mod:`streamrec.storage.s3.listing`),
-  each page checked against the ones before (:mod:`streamrec.storage.pages`).
-* where the options name everything a request needs (an explicit endpoint and credentials:
-  :func:`~streamrec.storage.s3.listing.early_listing`), listing pages, range GETs and first
-  bytes go without the client (:mod:`streamrec.storage.s3.direct`), which is made only if an
-  answer sends the store back to it (or for what the direct requests do not do: multipart
-  uploads, listing uploads, a HEAD of an empty object).
+The client (s3fs's aiobotocore client, made on first use) serves multipart uploads, open
+uploads, globs s3fs lists itself and the reads of a store the door does not serve. It is
+sized for streaming: botocore's connection pool (``max_pool_connections``, default 10) is
+sized from ``max_connections``; its own retries are off; it follows no redirect
+(:mod:`streamrec.storage.s3.session`).
 """
 
 from __future__ import annotations
@@ -41,11 +33,11 @@ from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, has_glob, 
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.http.body import parse_content_range, read_pieces_within, too_long
 from streamrec.storage.pages import PageTrail
-from streamrec.storage.s3.client import share_loader, start_tls_context, use_tls_context
-from streamrec.storage.s3.direct import DirectClosed, DirectS3, UseClient
-from streamrec.storage.s3.listing import HostilePage, early_listing, refuse_hostile_page
+from streamrec.storage.s3.door import S3Door
+from streamrec.storage.s3.listing import HostilePage, refuse_hostile_page
 from streamrec.storage.s3.params import RequestParams, extra_params
-from streamrec.storage.s3.signed_get import RangeGetter, UseGetObject
+from streamrec.storage.s3.settings import DoorSettings, door_settings
+from streamrec.storage.s3.tls import start_tls_context
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
@@ -94,33 +86,30 @@ class S3Store(FsspecStore):
         fs.retries = 1  # listing too: the retry policy is ours
         # (from the filesystem's options: the caller's with fsspec's configured defaults)
         timeouts = (float(fs.connect_timeout), float(fs.read_timeout))
-        self._early_listing = early_listing(_as_given(fs.storage_options), os.environ, timeouts)
-        self.early_pages = 0  # first pages listed without the client (for tests)
-        # requester pays, SSE-C...: on every request sent here too (storage/s3_params.py)
-        self._params = RequestParams(extra_params(fs))
-        self._direct: DirectS3 | None = None  # requests without the client (s3_direct.py)
-        self._direct_off = self._early_listing is None or bool(self._params)
+        # requester pays, SSE-C...: on every request sent here too (s3/params.py)
+        params = extra_params(fs)
+        self._params = RequestParams(params)
+        self.door_settings: DoorSettings | None = door_settings(
+            _as_given(fs.storage_options), os.environ, timeouts, params
+        )
+        """How the door reads (None: the client reads; decided here, once)."""
+        self._door: S3Door | None = None
         super().__init__(fs)
-        self._session_ready = False
-        self._getter = RangeGetter()  # signed range GETs (storage/s3_get.py)
+        self._client: Any = None
 
     async def client(self) -> Any:
         """The aiobotocore S3 client (its session set up on first use), for sinks and tools
         that send their own requests: they get the client, not the store's internals."""
-        if not self._session_ready:
+        if self._client is None:
             await warmup.settled()  # what open_dataset started, not done twice
-            share_loader(self.fs)
-            tls = start_tls_context(self.fs)
-            await self.fs.set_session()
-            if tls is not None:
-                await use_tls_context(self.fs._s3, *tls)
-            events = self.fs._s3.meta.events
+            client = await self.fs.set_session()
+            events = client.meta.events
             for operation in _LISTINGS:  # bounded before botocore parses them whole
                 # (a wildcard in the middle: called before botocore's own handlers of
                 # "before-parse.s3.*", which parse a 200's whole body to look for an error)
                 events.register_first(f"before-parse.*.{operation}", refuse_hostile_page)
-            self._session_ready = True
-        return self.fs._s3
+            self._client = client
+        return self._client
 
     def request_params(self, client: Any, method: str) -> dict[str, Any]:
         """The parameters the caller asked every request to carry (``requester_pays``,
@@ -132,7 +121,7 @@ class S3Store(FsspecStore):
         await self.client()
 
     async def expand(self, pattern: str) -> list[ObjectInfo]:
-        if has_glob(pattern) or self._direct_reads() is None:
+        if has_glob(pattern) or self._door_reads() is None:
             await self.client()  # (an object's first bytes may not need it: _read_head)
         return await super().expand(pattern)
 
@@ -140,19 +129,16 @@ class S3Store(FsspecStore):
         await self.client()
         return await super()._info(path)
 
-    def _direct_reads(self) -> DirectS3 | None:
-        """The store's requests without the client, while they may go that way."""
-        if self._direct_off or self._early_listing is None:
+    def _door_reads(self, bucket: str = "") -> S3Door | None:
+        """The store's door (None: the client reads; S3 Express directory buckets too: their
+        endpoints and session auth are the client's)."""
+        settings = self.door_settings
+        if settings is None or bucket.endswith(DIRECTORY_BUCKET):
             return None
-        if self._direct is None:
-            tls = start_tls_context(self.fs) if self._early_listing.tls else None
-            self._direct = DirectS3(self._early_listing, None if tls is None else tls[1])
-        return self._direct
-
-    def _use_client(self) -> None:
-        """An answer sent the store back to its client: every later request goes there (the
-        direct connections close with the store: reads in flight still use them)."""
-        self._direct_off = True
+        if self._door is None:
+            tls = start_tls_context(settings.verify) if settings.tls else None
+            self._door = S3Door(settings, tls)
+        return self._door
 
     list_page_keys = 1000
     """Keys per listing page (S3's maximum; tests make it small to list in many pages)."""
@@ -173,7 +159,7 @@ class S3Store(FsspecStore):
         alone, from its own continuation token. ``warm``: the first GET's connection opens
         beside the first page (for a listing whose objects are read next). Other globs, and
         version-aware filesystems: None."""
-        path = self.fs._strip_protocol(pattern)
+        path = _strip_scheme(pattern)
         head, _, last = path.rpartition("/")
         if not head or not has_glob(last) or has_glob(head) or "**" in last:
             return None
@@ -243,14 +229,13 @@ class S3Store(FsspecStore):
         else through it; one attempt, errors translated. ``warm``: the first GET's
         connection opens beside it."""
         try:
-            page = await self._direct_page(pattern, bucket, prefix, token, warm)
-            if before == 0:
-                self.early_pages += page is not None
-            if page is not None:
-                return page
+            door = self._door_reads(bucket)
+            if door is not None:
+                opens = bucket if warm else None  # the first GET's connection opens beside it
+                keys = self.list_page_keys
+                action = f"listing (page {before + 1})"
+                return await door.list_page(bucket, prefix, keys, token, opens, pattern, action)
             client = await self.client()
-            if warm:
-                self._getter.warm(client, bucket)  # the first GET's connection opens beside it
             markers = {} if token is None else {"ContinuationToken": token}
             listed: dict[str, Any] = await client.list_objects_v2(
                 Bucket=bucket,
@@ -266,22 +251,6 @@ class S3Store(FsspecStore):
         except Exception as exc:
             raise translate(exc, pattern, f"listing (page {before + 1})") from exc
 
-    async def _direct_page(
-        self, pattern: str, bucket: str, prefix: str, token: str | None, warm: bool = True
-    ) -> dict[str, Any] | None:
-        """A listing page of ``pattern`` without the client (None: the client lists it)."""
-        direct = self._direct_reads()
-        if direct is None:
-            return None
-        try:
-            opens = bucket if warm and token is None else None  # the first GET's connection
-            return await direct.list_page(bucket, prefix, self.list_page_keys, token, opens)
-        except (DirectClosed, HostilePage):  # (the client would get that page too)
-            raise
-        except Exception:  # refused, cut, stalled, not a page...: the client's listing says
-            self._use_client()
-            return None
-
     def version_of(self, info: dict[str, Any]) -> str | None:
         etag = info.get("ETag") or info.get("etag")
         return str(etag) if etag else None
@@ -290,18 +259,16 @@ class S3Store(FsspecStore):
         bucket, key, version_id = self.fs.split_path(url)
         if not key or version_id:
             return None
-        direct = self._direct_reads()
-        if direct is not None:
+        door = self._door_reads(bucket)
+        if door is not None:
             try:
-                head = await direct.head(bucket, key, length, url)
-                if head is None:
-                    return None  # an empty object: looked up through the client
-                size, etag, got = head
-                return ObjectInfo(url, size, etag), first_bytes(got, length)
-            except UseClient:
-                self._use_client()
+                head = await door.head(bucket, key, length, url)
             except Exception as exc:
                 raise translate(exc, url, "reading its first bytes") from exc
+            if head is None:
+                return None  # an empty object: looked up
+            size, etag, got = head
+            return ObjectInfo(url, size, etag), first_bytes(got, length)
         client = await self.client()
         try:
             response = await client.get_object(
@@ -330,25 +297,13 @@ class S3Store(FsspecStore):
     async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
         bucket, key, _ = self.fs.split_path(obj.url)
         action = f"reading bytes {start}-{end - 1}"
-        direct = self._direct_reads()
-        if direct is not None:
+        door = self._door_reads(bucket)
+        if door is not None:
             try:
-                return await direct.get(bucket, key, start, end, obj.version, obj.url)
-            except UseClient:
-                self._use_client()
+                return await door.get(bucket, key, start, end, obj.version, obj.url)
             except Exception as exc:
                 raise translate(exc, obj.url, action) from exc
         client = await self.client()
-        headers = self._params.get_headers(client)  # (None: get_object sends them)
-        if headers is not None and self._getter.serves(client, bucket):  # a fraction of its CPU
-            try:
-                return await self._getter.get(
-                    client, bucket, key, start, end, obj.version, obj.url, headers
-                )
-            except UseGetObject:
-                pass  # the bucket is elsewhere: get_object's region redirector follows it
-            except Exception as exc:
-                raise translate(exc, obj.url, action) from exc
         extra = self._params.for_call(client, "get_object")
         if obj.version:
             extra["IfMatch"] = obj.version
@@ -419,17 +374,14 @@ class S3Store(FsspecStore):
 
     async def close(self) -> None:
         self._heads.clear()
-        await self._getter.aclose()
-        direct, self._direct = self._direct, None
-        if direct is not None:
-            opening = direct.opening()
-            direct.close()
+        door, self._door = self._door, None
+        if door is not None:
+            opening = door.opening()
+            door.close()
             await cancel_and_wait(opening)
-        if self._session_ready:
-            self._session_ready = False
-            client = self.fs._s3
-            if client is not None:
-                await client.__aexit__(None, None, None)
+        client, self._client = self._client, None
+        if client is not None:
+            await client.__aexit__(None, None, None)
 
 
 def _as_given(storage_options: dict[str, Any]) -> dict[str, Any]:
@@ -476,6 +428,12 @@ def _error_code(exc: BaseException) -> str:
     code = str(response.get("Error", {}).get("Code", ""))
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     return code or str(status or "")
+
+
+def _strip_scheme(url: str) -> str:
+    """``bucket/key`` of ``s3://bucket/key`` (or of ``bucket/key``)."""
+    _, rest = split_scheme(url)
+    return rest.rstrip("/")
 
 
 def _bucket_key(url: str) -> tuple[str, str]:
