@@ -89,7 +89,7 @@ def cpu_seconds() -> float:
 def blocks(objects: Sequence[tuple[str, int]]) -> list[tuple[str, int, int]]:
     """The range reads streamrec's prefetcher makes at its defaults, in order: per object
     blocks of 256 KiB doubling up to 4 MiB."""
-    from streamrec.pipeline.prefetch import DEFAULT_BLOCK_BYTES, DEFAULT_FIRST_BLOCK_BYTES
+    from streamrec.pipeline.stream.prefetch import DEFAULT_BLOCK_BYTES, DEFAULT_FIRST_BLOCK_BYTES
 
     out = []
     for key, size in objects:
@@ -150,7 +150,7 @@ async def _bare(job: dict[str, Any], first: list[float]) -> int:
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
 
-    from streamrec.pipeline.prefetch import DEFAULT_MAX_CONCURRENCY
+    from streamrec.pipeline.stream.prefetch import DEFAULT_MAX_CONCURRENCY
 
     signer = S3SigV4Auth(Credentials(S3_KEY, S3_SECRET), "s3", "us-east-1")
     ranges = blocks(job["objects"])
@@ -188,7 +188,7 @@ async def _obstore(job: dict[str, Any], first: list[float]) -> int:
     import obstore
     from obstore.store import S3Store
 
-    from streamrec.pipeline.prefetch import DEFAULT_MAX_CONCURRENCY
+    from streamrec.pipeline.stream.prefetch import DEFAULT_MAX_CONCURRENCY
 
     store = S3Store(
         BUCKET,

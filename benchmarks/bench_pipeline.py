@@ -165,7 +165,7 @@ def parse_for(path: str) -> int:
 
 
 def _parsed(path: str) -> Any:
-    from streamrec.pipeline.transform import ParsedDataset
+    from streamrec.pipeline.transforms.chainable import ParsedDataset
 
     return ParsedDataset(streamrec.open_dataset(path), SPEC)
 

@@ -181,7 +181,7 @@ def planned_reads(data: Dataset, sets: Sequence[Sequence[int]]) -> list[int]:
     import numpy as np
 
     from streamrec.format.index.core import parse_index
-    from streamrec.pipeline.random_access import RecordTable, plan_spans
+    from streamrec.pipeline.indexed.table import RecordTable, plan_spans
     from streamrec.storage.base import ObjectInfo
 
     shards, indexes = [], []

@@ -21,10 +21,11 @@ loaded into a fresh dataset, which reads the rest of the epoch. Columns:
 * ``refetch s``: wall time of the refetch on the local disk, page cache warm (for scale only:
   on a remote store the number of round trips dominates).
 
-``--gaps 1024,256,64`` repeats the measurement with ``_GAP_BYTES`` (streamrec/pipeline/opener.py)
-set to each of these KiB values, and adds ``model s``: the refetch's seconds on the emulated cloud
-link of bench_remote.py, modelled as ``max(sum(60 ms + bytes / 25 MB/s over reads) / 16,
-bytes / 125 MB/s)`` (16 reads in flight, 25 MB/s per connection, ~1 Gbit in all).
+``--gaps 1024,256,64`` repeats the measurement with ``_GAP_BYTES``
+(streamrec/pipeline/stream/opener.py) set to each of these KiB values, and adds ``model s``: the
+refetch's seconds on the emulated cloud link of bench_remote.py, modelled as
+``max(sum(60 ms + bytes / 25 MB/s over reads) / 16, bytes / 125 MB/s)`` (16 reads in flight,
+25 MB/s per connection, ~1 Gbit in all).
 
 Range reads are counted by wrapping ``LocalStore.read_range`` (every local read goes through it)
 and the refetch is told apart by wrapping ``ShardOpener.fetch``: instrumentation, nothing is
@@ -45,7 +46,7 @@ from _harness import DATA_DIR, KIB, MIB
 
 import streamrec
 from streamrec.format.framing import RecordEncoder
-from streamrec.pipeline import opener as opener_module
+from streamrec.pipeline.stream import opener as opener_module
 from streamrec.storage.local.store import LocalStore
 
 SHARDS = 16
@@ -142,7 +143,7 @@ def _locations(state: dict[str, Any]) -> list[list[int]]:
     buffer = state["shuffle"]["buffer"]
     if isinstance(buffer, list):  # states of version 1
         return [list(loc) for loc in buffer]
-    from streamrec.pipeline.buffer_codec import decode_buffer  # version 2
+    from streamrec.pipeline.position.buffer_codec import decode_buffer  # version 2
 
     return decode_buffer(buffer, "shuffle.buffer")
 

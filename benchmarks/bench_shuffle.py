@@ -24,7 +24,7 @@ order:
   records) / ``1_000`` (100 KiB), what one writes with tf.data (shard shuffle, interleave,
   shuffle buffer).
 * ``block``: ``shuffle="block"``, defaults (windows of 1 MiB to one ``block_bytes`` read's
-  worth of records, mixed within runs of up to 16 windows: ``pipeline/indexed.py``).
+  worth of records, mixed within runs of up to 16 windows: ``pipeline/indexed/engine.py``).
 * ``global``: ``shuffle="global"``, defaults (a permutation of all records, one range GET per
   record, neighbours within 256 KiB coalesced). For 1 KiB records only the first
   ``--global-cap`` records of the epoch are read (default: two of its read chunks, 2 x
@@ -212,7 +212,7 @@ def record_ranges(data: Dataset, seed: int, count: int) -> list[tuple[str, int, 
 def chunk_records(data: Dataset, prefetch_bytes: int = 64 * MIB) -> int:
     """Records in one of the indexed engine's read chunks at the defaults (``prefetch_bytes /
     CHUNK_PART`` over the mean framed record, from the local sidecars)."""
-    from streamrec.pipeline.indexed import CHUNK_PART
+    from streamrec.pipeline.indexed.engine import CHUNK_PART
 
     total = 0
     for shard in data.files:
@@ -440,7 +440,7 @@ reads move about all of it (`link MB`), and the rate is about the link's times t
 share of the dataset (here 21 MiB / 1 GiB).
 
 Block shuffle's window, when `window_records` is not given, comes from the record size and
-the link (`pipeline/indexed.py`, `window_records()`): a sixteenth of a read chunk's records
+the link (`pipeline/indexed/engine.py`, `window_records()`): a sixteenth of a read chunk's records
 (a chunk being a third of `prefetch_bytes`), but at least 1 MiB of them (a range read on a
 cloud link must carry many times what a request costs: a round trip of one connection's
 rate, ~1-5 MB; with 16 reads in flight, 1 MiB reads keep this link full) and at most one

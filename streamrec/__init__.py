@@ -21,8 +21,8 @@ from streamrec import errors, sync
 from streamrec._version import __version__
 from streamrec.manifest.core import ManifestEntry, read_manifest
 from streamrec.pipeline.dataset import Dataset, open_dataset
-from streamrec.pipeline.mix import MixedDataset, mix
-from streamrec.pipeline.state import merge_states
+from streamrec.pipeline.mix.mixed import MixedDataset, mix
+from streamrec.pipeline.position.state import merge_states
 from streamrec.reshard.job import ReshardSummary, reshard
 from streamrec.write.writer import ShardWriter, open_writer
 

@@ -63,9 +63,9 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("streamrec.torch needs PyTorch: pip install torch") from error
 
-from streamrec.pipeline.source import Source
-from streamrec.pipeline.stage import root_of
 from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.transforms.chain import Source
+from streamrec.pipeline.transforms.stage import root_of
 
 __all__ = ["IterableDataset", "worker_states"]
 

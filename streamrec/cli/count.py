@@ -24,7 +24,7 @@ from streamrec.cli.common import (
 )
 from streamrec.errors import CorruptRecordError, FormatError, StreamrecError
 from streamrec.format.framing import OnCorrupt
-from streamrec.pipeline.scan import ShardScan
+from streamrec.pipeline.stream.scan import ShardScan
 from streamrec.storage.stores import ObjectInfo
 
 __all__ = ["ShardResult", "register", "run_count", "run_verify", "scan_shards"]

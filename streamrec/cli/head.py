@@ -24,7 +24,7 @@ from streamrec.cli.common import (
 )
 from streamrec.errors import ExampleError, StreamrecError
 from streamrec.format.inspect import DEFAULT_MAX_INLINE_BYTES, render_payload
-from streamrec.pipeline.scan import Located, ShardScan
+from streamrec.pipeline.stream.scan import Located, ShardScan
 
 __all__ = ["compact_json", "preview", "register", "run"]
 

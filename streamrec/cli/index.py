@@ -39,8 +39,8 @@ from streamrec.errors import FormatError, IndexMismatchError, StreamrecError
 from streamrec.format.codecs import Compression
 from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.format.index.core import ShardIndex, index_url
-from streamrec.pipeline.indexes import find_indexes, load_index
-from streamrec.pipeline.scan import ShardScan
+from streamrec.pipeline.listing.sidecars import find_indexes, load_index
+from streamrec.pipeline.stream.scan import ShardScan
 from streamrec.storage.sinks import SinkContext
 from streamrec.storage.stores import ObjectInfo
 

@@ -24,7 +24,7 @@ from streamrec.cli.common import (
 )
 from streamrec.errors import ExampleError
 from streamrec.format.inspect import FeatureStats, Inspector, spec_source
-from streamrec.pipeline.scan import ShardScan
+from streamrec.pipeline.stream.scan import ShardScan
 
 __all__ = ["register", "run"]
 

@@ -17,7 +17,7 @@ from streamrec.cli.common import (
     print_json,
     read_options_of,
 )
-from streamrec.pipeline.scan import ShardScan
+from streamrec.pipeline.stream.scan import ShardScan
 from streamrec.storage.stores import ObjectInfo
 
 __all__ = ["register"]

@@ -15,28 +15,31 @@ from streamrec._portal import EventLoopThread, iterate_ahead, iterate_blocking, 
 from streamrec.format.accel import log_fallback_once
 from streamrec.format.framing import OnCorrupt
 from streamrec.pipeline.arguments import PathOrUrls, check_url, check_urls
-from streamrec.pipeline.counts import RecordCounts, ShardCounts, count_for, counts_key, list_counts
-from streamrec.pipeline.engine import ReadEngine
-from streamrec.pipeline.events import Piece
-from streamrec.pipeline.indexed import IndexedEngine
-from streamrec.pipeline.lookup import Indices, RecordLookup
+from streamrec.pipeline.indexed.engine import IndexedEngine
+from streamrec.pipeline.indexed.lookup import Indices, RecordLookup
+from streamrec.pipeline.listing.lengths import (
+    RecordCounts,
+    ShardCounts,
+    count_for,
+    counts_key,
+    list_counts,
+)
+from streamrec.pipeline.listing.plan import ShardPlan
+from streamrec.pipeline.listing.urls import list_shards
 from streamrec.pipeline.options import FOR_CHUNK_BYTES, ReadOptions
-from streamrec.pipeline.shards import ShardPlan, seeded_random
-from streamrec.pipeline.state import CycleState, DatasetState, IndexedState, ReadyState, parse_state
-from streamrec.pipeline.stats import Stats
-from streamrec.pipeline.trackers import (
+from streamrec.pipeline.position.events import Piece
+from streamrec.pipeline.position.state import DatasetState, parse_state
+from streamrec.pipeline.position.trackers import (
     Countdown,
     Cursor,
-    CycleTracker,
-    IndexedTracker,
     Locate,
-    ReadyTracker,
-    ShuffleTracker,
-    Tracker,
     Where,
+    tracker_for,
     where_from,
 )
-from streamrec.pipeline.transform import Chainable
+from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.stream.engine import ReadEngine
+from streamrec.pipeline.transforms.chainable import Chainable
 from streamrec.redact import redact
 from streamrec.storage import warmup
 from streamrec.storage.retry import RetryPolicy
@@ -54,7 +57,7 @@ class Dataset(Chainable[bytes]):
     closed when the iteration ends. ``stats`` accumulates counters. :meth:`get` reads records
     by their index instead (indexed shards). The transforms (``parse``, ``batch``, ``map``,
     ``filter``, ``take``, ``skip``, ``repeat``, ``unbatch``) come from
-    :class:`~streamrec.pipeline.transform.Chainable`.
+    :class:`~streamrec.pipeline.transforms.chainable.Chainable`.
     """
 
     def __init__(self, urls: PathOrUrls, options: ReadOptions | None = None) -> None:
@@ -95,12 +98,11 @@ class Dataset(Chainable[bytes]):
 
     async def shards(self) -> list[ObjectInfo]:
         """Every shard to read, in reading order, with its size and version."""
-        engine = ReadEngine(self.urls, self.options, self.epoch, self._stats)
         async with StoreSet(
             self.options.storage_options,
             lookup_reads_first_bytes=self.options.cache_dir is None,
         ) as stores:
-            return await engine.list_shards(stores)
+            return await list_shards(self.urls, self.options, stores.get, self._stats)
 
     # Settings a DDP launcher (torch.py splits by rank) or the user may change between epochs.
     @property
@@ -152,8 +154,8 @@ class Dataset(Chainable[bytes]):
 
         Raises :class:`~streamrec.errors.StateError` when the state comes from a different
         configuration (the message lists the differences) or any field has the wrong type or
-        range (states are untrusted: see :mod:`streamrec.pipeline.state`); a different set of
-        shards, or positions past them, are detected when the iteration lists them.
+        range (states are untrusted: see :mod:`streamrec.pipeline.position.state`); a different set
+        of shards, or positions past them, are detected when the iteration lists them.
         """
         resume = parse_state(state, self._config())  # every field, before any use
         self.epoch = resume.epoch
@@ -173,27 +175,7 @@ class Dataset(Chainable[bytes]):
             self._finished = True
         else:
             self._finished = False
-        read_state = resume.read if resume else None
-        options = self.options
-        if options.indexed:
-            assert read_state is None or isinstance(read_state, IndexedState)
-            cursor = Cursor(IndexedTracker(read_state))
-            self._set_cursor(cursor)
-            return cursor, resume
-        assert not isinstance(read_state, IndexedState)  # (parse_state: by the configuration)
-        upstream: CycleTracker | ReadyTracker
-        if options.deterministic or options.cycle_length == 1:
-            assert not isinstance(read_state, ReadyState)  # (parse_state: by the configuration)
-            upstream = CycleTracker(options.cycle_length, read_state)
-        else:
-            assert not isinstance(read_state, CycleState)
-            upstream = ReadyTracker(read_state)
-        tracker: Tracker = upstream
-        if options.shuffle_buffer:
-            rng = seeded_random(options.seed, self.epoch, "records")
-            shuffle_state = resume.shuffle if resume else None
-            tracker = ShuffleTracker(upstream, options.shuffle_buffer, rng, shuffle_state)
-        cursor = Cursor(tracker)
+        cursor = Cursor(tracker_for(self.options, self.epoch, resume))
         self._set_cursor(cursor)
         return cursor, resume
 
@@ -376,7 +358,7 @@ class Dataset(Chainable[bytes]):
         (:attr:`num_records`) and ``consumer``, what this consumer reads in the current epoch
         (``len(ds)``). Counts come from manifests, else index sidecars (``streamrec index``);
         :class:`~streamrec.errors.RecordCountUnknownError` if a shard has neither. Listed
-        once and kept, known or not (see :mod:`streamrec.pipeline.counts`)."""
+        once and kept, known or not (see :mod:`streamrec.pipeline.listing.lengths`)."""
         counts = self._known_counts()
         if counts is None:
             counts = self._counts = await list_counts(self.urls, self.options, self._stats)
@@ -424,7 +406,7 @@ class Dataset(Chainable[bytes]):
         once within ``prefetch_bytes``; CRCs are checked. Batch indices into one call: a call
         costs about one round trip. Needs every shard's index
         (:class:`~streamrec.errors.RandomAccessUnavailableError` names what to run);
-        IndexError out of range. See :mod:`streamrec.pipeline.lookup`."""
+        IndexError out of range. See :mod:`streamrec.pipeline.indexed.lookup`."""
         return self._lookup_of().get(indices, self._known_counts(), self._keep_counts)
 
     async def aget(self, indices: Indices) -> list[bytes]:
@@ -504,7 +486,7 @@ def open_dataset(
             ``tf.io.gfile.glob``; ``**`` at any depth; names starting with ``_`` or ``.``
             skipped), a writer's manifest (a url ending in ``.json``: its shards, in index
             order), a directory or prefix (its ``_manifest.json``, else its files), or a list
-            of them (read in the order given); see :mod:`streamrec.pipeline.sources`.
+            of them (read in the order given); see :mod:`streamrec.pipeline.listing.urls`.
         compression: ``"auto"`` (by suffix ``.gz``/``.gzip``/``.zlib``/``.zz``, else by the
             first bytes), ``None``, ``"gzip"`` or ``"zlib"`` (TF's ``"GZIP"``/``"ZLIB"``/``""``
             spellings work too).

@@ -1,7 +1,7 @@
 """The order of an indexed epoch: which record each position holds, and who reads it (sans-I/O).
 
 With every shard indexed, the records are numbered ``0 .. N-1`` (shard by shard, in listing
-order: :class:`~streamrec.pipeline.random_access.RecordTable`) and an epoch is a fixed
+order: :class:`~streamrec.pipeline.indexed.table.RecordTable`) and an epoch is a fixed
 sequence of positions ``0 .. N-1``, each holding one record, decided by ``(seed, epoch)`` alone:
 
 * ``"none"``: position ``p`` holds record ``p``;

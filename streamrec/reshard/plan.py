@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from streamrec.format.index.core import INDEX_SUFFIX
 from streamrec.manifest.core import MANIFEST_NAME
-from streamrec.pipeline.shards import seeded_random
+from streamrec.pipeline.listing.plan import seeded_random
 from streamrec.redact import redact
 from streamrec.storage.base import ObjectInfo
 from streamrec.write.template import parse_fields, template_directory

@@ -111,7 +111,7 @@ class ObjectStore(abc.ABC):
     own; a remote store needs many to fill a link, a local disk gains nothing past a few)."""
     direct_reads: bool = False
     """True when the store reads records straight into their final objects (local files:
-    ``LocalStore.open_file``); see :mod:`streamrec.pipeline.direct`."""
+    ``LocalStore.open_file``); see :mod:`streamrec.pipeline.stream.direct`."""
 
     lookup_reads_first_bytes: bool = True
     """Whether :meth:`expand` looks a single object up by reading its first bytes (one GET

@@ -1,4 +1,4 @@
-"""The subcommands read through the pipeline's parts (:mod:`streamrec.pipeline.scan`): the
+"""The subcommands read through the pipeline's parts (:mod:`streamrec.pipeline.stream.scan`): the
 ``--prefetch-bytes`` budget (``open_dataset``'s default), the listing and codec choice of
 ``open_dataset``, records located by shard and offset."""
 
@@ -16,7 +16,7 @@ from streamrec.cli import build_parser, main
 from streamrec.cli.common import map_bounded, read_options_of
 from streamrec.format.framing import FOOTER_BYTES, HEADER_BYTES
 from streamrec.pipeline.options import ReadOptions
-from streamrec.pipeline.scan import ShardScan
+from streamrec.pipeline.stream.scan import ShardScan
 
 READING_COMMANDS = ["count", "verify", "head", "inspect", "index"]
 

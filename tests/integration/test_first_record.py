@@ -22,8 +22,8 @@ from streamrec.errors import (
     TransientStorageError,
 )
 from streamrec.format.framing import RecordEncoder
-from streamrec.pipeline.engine import ReadEngine, _EarlyStart
-from streamrec.pipeline.prefetch import ObjectReader
+from streamrec.pipeline.stream.engine import ReadEngine, _EarlyStart
+from streamrec.pipeline.stream.prefetch import ObjectReader
 from streamrec.storage import warmup
 from streamrec.storage.http.range_get import RangeClient
 from streamrec.storage.retry import RetryPolicy

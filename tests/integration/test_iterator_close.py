@@ -23,7 +23,7 @@ import pytest
 import streamrec
 from streamrec.example import FixedLenFeature, VarLenFeature, encode
 from streamrec.pipeline.options import ReadOptions
-from streamrec.pipeline.transform import BatchedDataset, ParsedDataset
+from streamrec.pipeline.transforms.chainable import BatchedDataset, ParsedDataset
 
 SPEC = {"idx": FixedLenFeature(np.int64), "pad": VarLenFeature(bytes)}
 KINDS = ["raw", "parsed", "batched", "raw-batched"]

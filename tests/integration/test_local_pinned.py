@@ -22,7 +22,7 @@ from streamrec.format.framing import RecordEncoder
 
 KIB, MIB = 1 << 10, 1 << 20
 # small records: the block path; large ones (over the pure-Python twin's 1 MiB threshold
-# too): read directly (pipeline/direct.py)
+# too): read directly (pipeline/stream/direct.py)
 SHAPES = {"blocks": (2000, KIB), "direct": (10, MIB + 100 * KIB)}
 # a budget far below the file: most of it is read after the change
 READ = {

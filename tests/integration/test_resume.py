@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import streamrec
 from streamrec.errors import StateError
 from streamrec.format.framing import RecordEncoder
-from streamrec.pipeline.buffer_codec import decode_buffer
+from streamrec.pipeline.position.buffer_codec import decode_buffer
 from support.resume import payload, resume_rest, stop_after, write_shards
 
 
@@ -316,8 +316,8 @@ def test_rounds_event_applies_as_its_take_events(
 ) -> None:
     """Whole rounds taken at once describe exactly the position that one event per turn
     describes, wherever the consumer stops inside them."""
-    from streamrec.pipeline.events import rounds_event, take_event
-    from streamrec.pipeline.trackers import CycleTracker
+    from streamrec.pipeline.position.events import rounds_event, take_event
+    from streamrec.pipeline.position.trackers import CycleTracker
 
     open_slots = [n for n in range(cycle) if n not in gaps] or [0]
     first = start % cycle

@@ -141,10 +141,10 @@ PUBLIC_GENERATORS = {
     "streamrec/pipeline/dataset.py:Dataset._pieces",
     "streamrec/pipeline/dataset.py:Dataset.record_chunks",
     "streamrec/pipeline/dataset.py:Dataset.__aiter__",
-    "streamrec/pipeline/ledger.py:handed_out_async",
-    "streamrec/pipeline/mix.py:MixedDataset.record_chunks",
-    "streamrec/pipeline/repeat.py:RepeatStage.record_chunks",
-    "streamrec/pipeline/stage.py:Stage.record_chunks",
+    "streamrec/pipeline/transforms/ledger.py:handed_out_async",
+    "streamrec/pipeline/mix/mixed.py:MixedDataset.record_chunks",
+    "streamrec/pipeline/transforms/repeat.py:RepeatStage.record_chunks",
+    "streamrec/pipeline/transforms/stage.py:Stage.record_chunks",
 }
 
 

@@ -18,7 +18,7 @@ import streamrec
 import streamrec.torch
 from streamrec.example import FixedLenFeature, VarLenFeature, decode, encode
 from streamrec.format.framing import RecordEncoder
-from streamrec.pipeline.transform import ParsedDataset
+from streamrec.pipeline.transforms.chainable import ParsedDataset
 from support.servers import MotoS3Server
 
 SPEC = {"idx": FixedLenFeature(np.int64), "ids": VarLenFeature(np.int64)}

@@ -331,7 +331,7 @@ MODULES = scan(ROOT, "streamrec")
 
 def test_the_scan_sees_the_package() -> None:
     assert "streamrec.format.example.batch" in MODULES
-    assert "streamrec.pipeline.transform" in MODULES
+    assert "streamrec.pipeline.transforms.chainable" in MODULES
     batch = MODULES["streamrec.format.example.batch"]
     assert any(i.target == "streamrec.format.example.spec" for i in batch.imports)
 

@@ -19,8 +19,8 @@ import pytest
 
 import streamrec
 from streamrec.errors import StateError
-from streamrec.pipeline.ledger import Ledger
-from streamrec.pipeline.source import Source
+from streamrec.pipeline.transforms.chain import Source
+from streamrec.pipeline.transforms.ledger import Ledger
 from support.chains import CHAINS, keep, key, make_dataset, model, shards, stop_and_save, tag
 
 MODES: dict[str, dict[str, Any]] = {

@@ -1,5 +1,5 @@
 """Large records of local, uncompressed shards read straight into their ``bytes`` objects
-(pipeline/direct.py, storage/records.py and its C twin): the same records, errors, resume
+(pipeline/stream/direct.py, storage/records.py and its C twin): the same records, errors, resume
 offsets and budget as the block path, on the C and the pure-Python path (``scanner``)."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from streamrec.errors import CorruptRecordError, FormatError, TruncatedRecordErr
 from streamrec.format.crc import masked_crc32c
 from streamrec.format.framing import RecordEncoder
 from streamrec.format.shard import ShardDecoder
-from streamrec.pipeline import direct
 from streamrec.pipeline.budget import ByteBudget
-from streamrec.pipeline.direct import DIRECT_RECORD_BYTES, DirectRead
-from streamrec.pipeline.prefetch import ObjectReader
+from streamrec.pipeline.stream import direct
+from streamrec.pipeline.stream.direct import DIRECT_RECORD_BYTES, DirectRead
+from streamrec.pipeline.stream.prefetch import ObjectReader
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.local import records as local_records
 from streamrec.storage.local.store import LocalStore

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamrec.pipeline.indexed import chunk_records, window_records
+from streamrec.pipeline.indexed.engine import chunk_records, window_records
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.order import EpochOrder, feistel_permute, part_of, remaining_after
 

@@ -16,9 +16,9 @@ from tfrecord.tools.tfrecord2idx import create_index
 from streamrec.errors import IndexMismatchError, ObjectNotFoundError
 from streamrec.format.framing import RecordEncoder
 from streamrec.format.index.core import index_size_limit
-from streamrec.pipeline.indexes import find_indexes, load_indexes_and_codecs, record_counts
-from streamrec.pipeline.shards import plan_shards, planned_records
-from streamrec.pipeline.sources import list_sources
+from streamrec.pipeline.listing.plan import plan_shards, planned_records
+from streamrec.pipeline.listing.sidecars import find_indexes, load_indexes_and_codecs, record_counts
+from streamrec.pipeline.listing.urls import list_sources
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.stores import StoreSet

@@ -1,4 +1,4 @@
-"""Indexed reading's chunks (streamrec.pipeline.indexed): cut by the index's record lengths,
+"""Indexed reading's chunks (streamrec.pipeline.indexed.engine): cut by the index's record lengths,
 so that skewed record sizes keep the memory bound (issue 29, B.9)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from streamrec.format.index.core import IndexBuilder
-from streamrec.pipeline.indexed import CHUNK_PART, IndexedEngine
+from streamrec.pipeline.indexed.engine import CHUNK_PART, IndexedEngine
+from streamrec.pipeline.indexed.table import RecordTable
 from streamrec.pipeline.options import ReadOptions
-from streamrec.pipeline.random_access import RecordTable
 from streamrec.pipeline.stats import Stats
 from streamrec.storage.base import ObjectInfo
 

@@ -10,8 +10,8 @@ from contextlib import aclosing
 
 import pytest
 
-from streamrec.pipeline.events import Take
-from streamrec.pipeline.interleave import interleave_first_ready
+from streamrec.pipeline.position.events import Take
+from streamrec.pipeline.stream.interleave import interleave_first_ready
 
 
 class Shards:

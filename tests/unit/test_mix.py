@@ -18,7 +18,7 @@ import streamrec
 from streamrec.errors import StateError
 from streamrec.example import FixedLenFeature, decode, encode
 from streamrec.format.framing import RecordEncoder
-from streamrec.pipeline import mix_order
+from streamrec.pipeline.mix import order as mix_order
 
 SPEC = {"src": FixedLenFeature(np.int64), "i": FixedLenFeature(np.int64)}
 SIZES = (130, 61, 23)  # uneven: every stop mode ends differently

@@ -12,8 +12,8 @@ from streamrec.format.encoder import ShardEncoder
 from streamrec.format.framing import RecordEncoder
 from streamrec.format.shard import ShardDecoder
 from streamrec.pipeline.budget import ByteBudget
-from streamrec.pipeline.prefetch import ObjectReader
-from streamrec.pipeline.read import GROUP_BYTES, decode_blocks
+from streamrec.pipeline.stream.prefetch import ObjectReader
+from streamrec.pipeline.stream.read import GROUP_BYTES, decode_blocks
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.http.body import read_pieces
 from streamrec.storage.local.memory import MemoryStore

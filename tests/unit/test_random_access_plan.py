@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from streamrec.errors import RandomAccessUnavailableError
 from streamrec.format.index.core import ShardIndex
-from streamrec.pipeline.random_access import RecordTable, Span, as_indices, plan_spans
+from streamrec.pipeline.indexed.table import RecordTable, Span, as_indices, plan_spans
 from streamrec.storage.base import ObjectInfo
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from streamrec.errors import StorageError
-from streamrec.pipeline.shards import shards_digest
+from streamrec.pipeline.listing.plan import shards_digest
 from streamrec.redact import redact
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.s3.settings import DoorSettings

@@ -24,7 +24,7 @@ def buffer_locations(state: dict[str, Any]) -> list[list[int]]:
     buffer = state["shuffle"]["buffer"]
     if isinstance(buffer, list):
         return buffer
-    from streamrec.pipeline.buffer_codec import decode_buffer
+    from streamrec.pipeline.position.buffer_codec import decode_buffer
 
     return decode_buffer(buffer, "shuffle.buffer")
 
@@ -101,7 +101,7 @@ locations = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(buffer=locations)
 def test_packed_buffer_round_trips(buffer: list[list[int]]) -> None:
-    from streamrec.pipeline.buffer_codec import decode_buffer, encode_buffer
+    from streamrec.pipeline.position.buffer_codec import decode_buffer, encode_buffer
 
     packed = encode_buffer(buffer)
     assert packed == encode_buffer([list(loc) for loc in buffer])  # deterministic

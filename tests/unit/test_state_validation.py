@@ -18,7 +18,7 @@ import pytest
 
 import streamrec
 from streamrec.errors import StateError
-from streamrec.pipeline.buffer_codec import decode_buffer
+from streamrec.pipeline.position.buffer_codec import decode_buffer
 from support.resume import payload, write_shards
 
 SIZES = [23, 0, 31, 17, 29, 11]

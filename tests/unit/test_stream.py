@@ -21,7 +21,7 @@ from streamrec.errors import (
     TransientStorageError,
 )
 from streamrec.pipeline.budget import ByteBudget
-from streamrec.pipeline.prefetch import ObjectReader
+from streamrec.pipeline.stream.prefetch import ObjectReader
 from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.local.memory import MemoryStore
 from streamrec.storage.retry import RetryPolicy

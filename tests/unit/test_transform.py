@@ -23,7 +23,7 @@ from streamrec.example import (
 )
 from streamrec.format.example import batch as example_batch
 from streamrec.pipeline.stats import Stats
-from streamrec.pipeline.transform import BatchedDataset, ParsedDataset
+from streamrec.pipeline.transforms.chainable import BatchedDataset, ParsedDataset
 
 SPEC = {
     "idx": FixedLenFeature(np.int64),

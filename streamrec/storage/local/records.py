@@ -1,5 +1,5 @@
 """Large records of a local file read straight into their final ``bytes`` (blocking: called
-from worker threads by :mod:`streamrec.pipeline.direct`).
+from worker threads by :mod:`streamrec.pipeline.stream.direct`).
 
 :func:`walk` reads record headers from one to the next (the next header's offset is known as
 soon as one header is read) and lists the clean large records; :func:`read_records` reads

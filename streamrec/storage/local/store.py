@@ -101,7 +101,7 @@ class LocalStore(ObjectStore):
 
     direct_reads = True
     """Records can be read straight into their final objects (:meth:`open_file`, used by
-    :mod:`streamrec.pipeline.direct` in worker threads) instead of through blocks."""
+    :mod:`streamrec.pipeline.stream.direct` in worker threads) instead of through blocks."""
 
     def open_file(self, obj: ObjectInfo) -> LocalFile:
         """``obj`` opened for positional reads into the caller's buffers (blocking: call it

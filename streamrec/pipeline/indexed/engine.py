@@ -1,0 +1,301 @@
+"""Indexed reading: one epoch as a fixed order of record numbers, read by coalesced range reads.
+
+Used when ``shuffle="global"`` or ``"block"`` or ``even`` is set (every shard needs an index
+sidecar: records are read by position). One iteration:
+
+1. list the shards and load their indexes (:mod:`~streamrec.pipeline.listing.sidecars`) into a
+   :class:`~streamrec.pipeline.indexed.table.RecordTable`;
+2. the epoch's order (:class:`~streamrec.pipeline.order.EpochOrder`) and this consumer's part
+   of the positions still to read (:func:`~streamrec.pipeline.order.part_of`: hosts x
+   DataLoader workers, ``even`` drop/pad), from the resume state or the start;
+3. positions in *chunks* (at most a third of ``prefetch_bytes`` of records each, cut by
+   the index's record lengths, so skewed sizes keep the bound; a record larger than that is
+   a chunk alone; in block mode whole runs of ``mix`` positions where they fit): each chunk's
+   records read with :func:`~streamrec.pipeline.indexed.table.read_records` while the one
+   before is consumed. At most three chunks exist at once - the one the consumer has, the
+   one awaited and the next - so reads in flight and decoded records stay within
+   ``prefetch_bytes`` (plus the bytes between coalesced records, which the budget counts
+   while they are in flight). The reads of all chunks share one gate of
+   ``max_concurrency`` slots, first come first served: the next chunk's reads take slots as
+   the current chunk's free them, and no more reads are in flight than one chunk would have.
+   Pieces carry :class:`~streamrec.pipeline.position.events.Begin` /
+   :class:`~streamrec.pipeline.position.events.Advance` events, so the consumer's state is one
+   number.
+
+Block mode's window (records read by one range read, when ``window_records`` is not given),
+chosen from the record size and the link by :func:`window_records`: a sixteenth of a chunk
+(so that a run mixes 16 windows), but at least :data:`MIN_WINDOW_BYTES` of records (a range
+read must carry many times what a request costs on a cloud link) and at most one
+``block_bytes`` read. The link is assumed, not measured (see :data:`MIN_WINDOW_BYTES`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import numpy as np
+
+from streamrec._portal import cancel_and_wait, owned_generator
+from streamrec.errors import StateError
+from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.indexed.table import Int64Array, RecordTable, build_table, read_records
+from streamrec.pipeline.indexed.trust import BoundaryTrust
+from streamrec.pipeline.listing.plan import dataloader_worker, indexed_digest_v1, shards_digest
+from streamrec.pipeline.listing.urls import list_shards
+from streamrec.pipeline.options import ReadOptions
+from streamrec.pipeline.order import EpochOrder, Intervals, Part, part_of
+from streamrec.pipeline.position.events import Advance, Begin, Event, Piece
+from streamrec.pipeline.position.state import DatasetState, IndexedState
+from streamrec.pipeline.position.trackers import Where
+from streamrec.pipeline.stats import Stats
+from streamrec.storage.stores import StoreSet
+
+__all__ = ["IndexedEngine", "chunk_records", "window_records"]
+
+_NONE: Int64Array = np.zeros(0, dtype=np.int64)
+_GLOBAL_CONCURRENCY = 64  # single-record GETs in flight (global shuffle): a link's worth
+CHUNK_PART = 3
+"""A read chunk holds about ``prefetch_bytes / CHUNK_PART`` of records; three exist at once."""
+MIN_WINDOW_BYTES = 1 << 20
+"""The smallest default window of block shuffle. A request on a cloud link costs about a round
+trip (30-100 ms) of one connection's rate (25-100 MB/s): roughly 1-5 MB, the bytes it could
+have carried meanwhile. ``max_concurrency`` reads in flight hide that cost only while each
+carries a good part of it: at 1 MiB and 16 reads in flight a 60 ms, 25 MB/s-per-connection
+link stays full (benchmarks/README.md, "Shuffled reading")."""
+_MIX_WINDOWS = 16  # block mode's default run: at most this many windows
+_PIECES_LOCATED = 64  # pieces whose records where() finds (more than are ever pending)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    order: EpochOrder
+    part: Part
+    pool: Intervals
+    begin: Begin
+    mean_bytes: float  # framed bytes of a record, on average
+
+
+def mean_record_bytes(table: RecordTable) -> float:
+    total = sum(int(index.lengths.sum()) for index in table.indexes)
+    return max(total / max(len(table), 1), 1.0)
+
+
+def chunk_records(options: ReadOptions, mean_bytes: float) -> int:
+    """Records in a read chunk (about ``prefetch_bytes / CHUNK_PART`` of them)."""
+    return max(1, int(options.prefetch_bytes // CHUNK_PART // mean_bytes))
+
+
+def window_records(options: ReadOptions, mean_bytes: float) -> int:
+    """Block shuffle's window: ``options.window_records``, else chosen from the record size
+    and the link (see the module docstring): a sixteenth of a chunk's records, but at least
+    :data:`MIN_WINDOW_BYTES` of them and at most one read (``block_bytes``); one at least."""
+    if options.window_records:
+        return options.window_records
+    low = max(1, int(MIN_WINDOW_BYTES // mean_bytes))
+    high = max(1, int(options.block_bytes // mean_bytes))
+    return min(high, max(low, chunk_records(options, mean_bytes) // _MIX_WINDOWS))
+
+
+class IndexedEngine:
+    """Reads this consumer's part of an indexed epoch (see the module docstring)."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        options: ReadOptions,
+        epoch: int,
+        stats: Stats,
+        trust: BoundaryTrust | None = None,
+    ):
+        self.urls = list(urls)
+        self.options = options
+        self.epoch = epoch
+        self.stats = stats
+        self.trust = trust  # what is verified of the indexes (the dataset's, across epochs)
+        self._table: RecordTable | None = None
+        # the record ids of the last pieces made, by the id() of their record list (lists
+        # cannot be weakly referenced; a list not made here is never looked up: see where)
+        self._ids: OrderedDict[int, Int64Array] = OrderedDict()
+
+    def _count_retry(self, error: Exception) -> None:
+        self.stats.retries += 1
+
+    def where(self, pending: Sequence[Piece], payload: object) -> Where | None:
+        """Where ``payload`` (the very object), a record of the ``pending`` pieces this engine
+        made, comes from: its shard's url, index in it and byte offset."""
+        table = self._table
+        if table is None:
+            return None
+        for records, _ in pending:
+            ids = self._ids.get(id(records))
+            if ids is None:
+                continue
+            for k, record in enumerate(records):
+                if record is payload:
+                    ordinals, local = table.locate(ids[k : k + 1])
+                    ordinal, index = int(ordinals[0]), int(local[0])
+                    offset = int(table.indexes[ordinal].offsets[index])
+                    return table.shards[ordinal].url, index, offset
+        return None
+
+    def _plan(self, table: RecordTable, resume: IndexedState | None) -> _Plan:
+        options = self.options
+        workers, worker = dataloader_worker()
+        consumers = options.num_hosts * workers
+        consumer = options.host_index * workers + worker
+        records = len(table)
+        pool: Intervals = [(0, records)] if records else []
+        taken = 0
+        if resume is not None:
+            if resume.records != records:
+                raise StateError(
+                    f"the state was saved over {resume.records} records; the shards now hold "
+                    f"{records}: it cannot resume here"
+                )
+            pool = list(resume.remaining)
+            if resume.consumers:
+                if (resume.consumers, resume.consumer) != (consumers, consumer):
+                    raise StateError(
+                        f"this state belongs to consumer {resume.consumer} of "
+                        f"{resume.consumers}; this is consumer {consumer} of {consumers} "
+                        "(hosts x DataLoader workers). To continue with other consumers, merge "
+                        "the states of all of them with streamrec.merge_states(states) and "
+                        "load the merged state into every new consumer"
+                    )
+                taken = resume.taken
+        even = options.even_mode
+        part = part_of(pool, consumers, consumer, even)
+        kind = options.shuffle or "none"
+        window, mix = 1, 1
+        mean = mean_record_bytes(table)
+        if kind == "block":
+            window = window_records(options, mean)
+            mix = options.shuffle_buffer or max(
+                window, min(_MIX_WINDOWS * window, chunk_records(options, mean))
+            )
+        order = EpochOrder(records, kind, options.seed, self.epoch, window, mix)
+        begin = Begin(records, consumers, consumer, tuple(pool), taken)
+        return _Plan(order, part, pool, begin, mean)
+
+    @owned_generator
+    async def pieces(
+        self,
+        resume: DatasetState | None,
+        *,
+        on_planned: Callable[[str], None] | None = None,
+    ) -> AsyncGenerator[Piece, None]:
+        """This consumer's records of the epoch, in pieces, from ``resume`` or the start."""
+        options = self.options
+        budget = ByteBudget(options.prefetch_bytes)
+        async with StoreSet(options.storage_options, options.max_concurrency * 4) as stores:
+            try:
+                shards = await list_shards(self.urls, options, stores.get, self.stats)
+                table = self._table = await build_table(
+                    self.urls, options, self.stats, stores, shards, self.trust
+                )
+                digest = shards_digest(table.shards, table.counts())
+                known = (None, digest, indexed_digest_v1(table.shards, table.counts()))
+                if resume is not None and resume.shards not in known:
+                    raise StateError(
+                        "the state was saved over different shards (other files, sizes or "
+                        "versions); it cannot resume here"
+                    )
+                if on_planned is not None:
+                    on_planned(digest)
+                start = resume.read if resume is not None else None
+                assert start is None or isinstance(start, IndexedState)
+                plan = self._plan(table, start)
+                # closed here, before the stores: an Owned generator dropped open is closed
+                # by the garbage collector, synchronously ("ignored GeneratorExit")
+                async with aclosing(self._read(table, plan, stores, budget)) as pieces:
+                    async for piece in pieces:
+                        yield piece
+            finally:
+                self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
+
+    def _chunks(self, table: RecordTable, plan: _Plan) -> Iterator[Int64Array]:
+        """The records at the part's positions still to read, in reading order, cut into
+        chunks of at most ``prefetch_bytes / CHUNK_PART`` framed bytes by the index's lengths
+        (a record larger than that alone): a mean size says nothing of how the sizes are
+        spread. In block mode a chunk is whole runs of ``mix`` positions where they fit.
+        Positions are looked up a mean-sized chunk's worth at a time, and what one chunk
+        did not take starts the next."""
+        limit = max(1, self.options.prefetch_bytes // CHUNK_PART)
+        mix = plan.order.mix if plan.order.shuffle == "block" else 1
+        step = chunk_records(self.options, plan.mean_bytes)
+        if mix > 1:
+            step = max(mix, step // mix * mix)
+        position, end = plan.begin.taken, plan.part.length
+        records, sizes = _NONE, _NONE
+        while position < end or len(records):
+            while int(sizes.sum()) <= limit and position < end:
+                stop = min(position + step, end)
+                more = plan.order.records_at(plan.part.positions(position, stop, plan.pool))
+                records = np.concatenate((records, more))
+                sizes = np.concatenate((sizes, table.lengths_of(more)))
+                position = stop
+            take = max(1, int(np.searchsorted(np.cumsum(sizes), limit, side="right")))
+            if mix < take < len(records):
+                take = take // mix * mix
+            yield records[:take]
+            records, sizes = records[take:], sizes[take:]
+
+    @owned_generator
+    async def _read(
+        self, table: RecordTable, plan: _Plan, stores: StoreSet, budget: ByteBudget
+    ) -> AsyncGenerator[Piece, None]:
+        options = self.options
+        concurrency = options.max_concurrency
+        if plan.order.shuffle == "global":
+            concurrency = max(concurrency, _GLOBAL_CONCURRENCY)
+        gate = asyncio.Semaphore(concurrency)  # shared by the chunks' reads (module docstring)
+        opened: set[int] = set()  # shards read from in this iteration, for stats.shards_opened
+
+        async def fetch(records: Int64Array) -> list[bytes]:
+            touched = set(np.unique(table.locate(records)[0]).tolist()) - opened
+            opened.update(touched)
+            self.stats.shards_opened += len(touched)
+            got = await read_records(
+                table,
+                records,
+                store_of=stores.get,
+                budget=budget,
+                policy=options.retry,
+                max_concurrency=concurrency,
+                gate=gate,
+                span_bytes=options.block_bytes,
+                verify_crc=options.verify_crc,
+                on_retry=self._count_retry,
+            )
+            self.stats.records_read += len(got)
+            self.stats.bytes_read += sum(map(len, got))
+            self._ids[id(got)] = records
+            while len(self._ids) > _PIECES_LOCATED:
+                self._ids.popitem(last=False)
+            return got
+
+        chunks = self._chunks(table, plan)
+        events: list[Event] = [plan.begin]
+        pending: asyncio.Task[list[bytes]] | None = None
+        try:
+            chunk = next(chunks, None)
+            while chunk is not None:
+                task = pending or asyncio.ensure_future(fetch(chunk))
+                pending = None
+                chunk = next(chunks, None)
+                if chunk is not None:  # the next chunk is read while this one is consumed
+                    pending = asyncio.ensure_future(fetch(chunk))
+                records = await task
+                events.append(Advance(len(records)))
+                yield records, events
+                del records  # the consumer's: not kept here while the next chunks are read
+                events = []
+            if events:
+                yield [], events
+        finally:
+            if pending is not None:
+                await cancel_and_wait([pending])

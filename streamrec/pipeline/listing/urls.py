@@ -1,0 +1,237 @@
+"""What the urls a user gives stand for: the one listing rule of ``open_dataset`` and every CLI
+command.
+
+Each url is, in this order of checks:
+
+* a **manifest** (a url ending in ``.json``): the shards it lists, in index order, with the
+  sizes it records;
+* a **glob** (``*``, ``?``, ``[``; ``**`` matches any depth): the matching objects sorted by
+  name, except names starting with ``_`` or ``.`` in the part the glob matched (the
+  Hadoop/Spark convention: a writer's ``_manifest.json``, ``_reshard/`` scratch, dot files)
+  and record index sidecars (names ending in ``.idx``, :mod:`streamrec.format.index.core`) where
+  the glob matched the name; such a name can still be read by naming it explicitly, or by a
+  glob whose literal part names it;
+* an **object**: itself;
+* a **directory or prefix** (a local directory, an S3/GCS prefix): its ``_manifest.json`` when
+  it has one, else the visible objects directly in it (no ``_``/``.`` names, no ``.idx``
+  sidecars, no directory markers ending in ``/``), sorted by name. A url ending in ``/`` is
+  always one, whatever a lookup of its name would answer (some stores answer a HEAD of
+  ``prefix/`` with an empty object); a directory in which no shard is found is an error,
+  never an empty dataset.
+
+Index sidecars a listing returns anyway are not thrown away: each shard's
+:class:`~streamrec.storage.base.ObjectInfo` carries its sidecar (``index``, url and size) and
+whether the listing would have seen one (``index_known``), so a reader learns which shards have
+an index without a lookup per shard. A directory listing sees every sidecar beside its shards
+(also those of the shards its manifest lists directly in it); a glob sees them when it also
+matches ``<name>.idx`` (``data/*`` does, ``data/*.tfrecord`` does not); a manifest named by
+its url or an object named explicitly leaves ``index_known`` False.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from streamrec.errors import ObjectNotFoundError, StorageError, TransientStorageError
+from streamrec.format.index.core import INDEX_SUFFIX, index_url
+from streamrec.manifest.check import manifest_shards
+from streamrec.manifest.core import MANIFEST_NAME, is_manifest_url
+from streamrec.storage.base import GLOB_CHARS, ObjectInfo, ObjectStore, has_glob
+from streamrec.storage.pages import list_glob
+from streamrec.storage.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from streamrec.pipeline.options import ReadOptions
+    from streamrec.pipeline.stats import Stats
+
+__all__ = ["HIDDEN_PREFIXES", "HIDDEN_SUFFIXES", "is_hidden", "list_shards", "list_sources"]
+
+HIDDEN_PREFIXES = ("_", ".")
+"""Names starting with these are skipped by globs and directory listings."""
+HIDDEN_SUFFIXES = (INDEX_SUFFIX,)
+"""Object names ending with these (record index sidecars) are skipped by globs that match the
+name and by directory listings."""
+
+OnRetry = Callable[[TransientStorageError], None]
+OnFirst = Callable[[ObjectInfo], None]
+"""Told the first shard of a listing as soon as it is certain (see :func:`list_sources`)."""
+
+
+def is_hidden(url: str, pattern: str) -> bool:
+    """True when a part of ``url`` that a glob component of ``pattern`` matched is hidden: a
+    name starting with ``_`` or ``.``, or an object name ending in ``.idx`` that the glob's
+    last component matched; and a name ending in ``/``, a directory marker (an empty object
+    some stores list, and answer for, as ``prefix/``), never a shard."""
+    if url.endswith("/"):
+        return True
+    parts = pattern.split("/")
+    first = next((i for i, part in enumerate(parts) if not GLOB_CHARS.isdisjoint(part)), None)
+    if first is None:
+        return False
+    names = url.split("/")
+    if any(name.startswith(HIDDEN_PREFIXES) for name in names[first:]):
+        return True
+    return names[-1].endswith(HIDDEN_SUFFIXES) and not GLOB_CHARS.isdisjoint(parts[-1])
+
+
+def _with_sidecars(
+    shards: list[ObjectInfo], listed: list[ObjectInfo], sees: Callable[[str], bool]
+) -> list[ObjectInfo]:
+    """``shards`` with the index sidecars among ``listed`` (what one listing returned);
+    ``sees(url)``: that listing would have returned ``url``'s sidecar had there been one.
+    Shards the listing did not return themselves are left as they are."""
+    by_url = {obj.url: obj for obj in listed}
+    found: list[ObjectInfo] = []
+    for shard in shards:
+        if shard.url in by_url:
+            sidecar = by_url.get(index_url(shard.url))
+            if sidecar is not None or sees(shard.url):
+                shard = replace(shard, index=sidecar, index_known=True)
+        found.append(shard)
+    return found
+
+
+async def _list_glob(
+    store: ObjectStore,
+    pattern: str,
+    retry: RetryPolicy,
+    on_retry: OnRetry | None,
+    on_first: OnFirst | None = None,
+) -> list[ObjectInfo]:
+    """The objects the glob ``pattern`` matches (:func:`~streamrec.storage.pages.list_glob`:
+    a page at a time where the store lists so), telling ``on_first`` the first shard (a
+    visible match) as soon as a page holds one."""
+    told = on_first is None
+
+    def on_page(page: list[ObjectInfo]) -> None:
+        nonlocal told
+        visible = [obj for obj in page if not is_hidden(obj.url, pattern)]
+        if visible and not told:
+            told = True
+            assert on_first is not None
+            on_first(min(visible, key=lambda obj: obj.url))
+
+    return await list_glob(store, pattern, retry, on_retry, on_page, warm=not told)
+
+
+def _glob_sees(pattern: str) -> Callable[[str], bool]:
+    """Whether the glob ``pattern`` also matches a match's sidecar: a sidecar lives beside its
+    shard, so it does when the last component matches the name with ``.idx`` appended."""
+    last = pattern.rsplit("/", 1)[-1]
+    return lambda url: fnmatch.fnmatchcase(index_url(url.rsplit("/", 1)[-1]), last)
+
+
+async def list_shards(
+    urls: Sequence[str],
+    options: ReadOptions,
+    store_of: Callable[[str], ObjectStore],
+    stats: Stats,
+    on_first: OnFirst | None = None,
+) -> list[ObjectInfo]:
+    """Every shard a dataset of ``urls`` read with ``options`` reads, in reading order, with
+    its size and version: :func:`list_sources` with the options' retry policy and
+    ``allow_absolute_urls``, retries counted in ``stats`` (``on_first``: see there). The one
+    listing of the streaming and the indexed engine, ``len()`` and ``get()``."""
+
+    def count_retry(_: Exception) -> None:
+        stats.retries += 1
+
+    return await list_sources(
+        urls,
+        store_of,
+        options.retry,
+        allow_absolute_urls=options.allow_absolute_urls,
+        on_retry=count_retry,
+        on_first=on_first,
+    )
+
+
+async def list_sources(
+    urls: Sequence[str],
+    store_of: Callable[[str], ObjectStore],
+    retry: RetryPolicy,
+    *,
+    allow_absolute_urls: bool = False,
+    on_retry: OnRetry | None = None,
+    on_first: OnFirst | None = None,
+) -> list[ObjectInfo]:
+    """Every shard the urls stand for (see the module docstring), in the order given.
+
+    Shards of a manifest are checked against it (see
+    :func:`~streamrec.manifest.check.manifest_shards`); ``allow_absolute_urls`` trusts its
+    names beyond its own directory.
+
+    Globs and directories a store lists page by page
+    (:meth:`~streamrec.storage.base.ObjectStore.glob_pages`) are listed so, each page timed
+    and retried alone. ``on_first(shard)``: when the first url is such a glob, called with
+    the first shard as soon as a page shows it, while the rest is listed (at most once).
+    The result is the same either way."""
+    found: list[ObjectInfo] = []
+    for i, url in enumerate(urls):
+        first = on_first if i == 0 else None
+        found += await _one(url, store_of, retry, allow_absolute_urls, on_retry, first)
+    return found
+
+
+async def _one(
+    url: str,
+    store_of: Callable[[str], ObjectStore],
+    retry: RetryPolicy,
+    allow_absolute_urls: bool,
+    on_retry: OnRetry | None,
+    on_first: OnFirst | None = None,
+) -> list[ObjectInfo]:
+    store = store_of(url)
+
+    async def expand(pattern: str) -> list[ObjectInfo]:
+        return await retry.run(
+            lambda: store.expand(pattern), describe=f"listing {pattern}", on_retry=on_retry
+        )
+
+    async def manifest(at: str) -> list[ObjectInfo]:
+        return await manifest_shards(
+            at, store_of, retry, allow_absolute_urls=allow_absolute_urls, on_retry=on_retry
+        )
+
+    if is_manifest_url(url):
+        return await manifest(url)
+    if has_glob(url):
+        matches = await _list_glob(store, url, retry, on_retry, on_first)
+        shards = [obj for obj in matches if not is_hidden(obj.url, url)]
+        if not shards:
+            raise ObjectNotFoundError(
+                f"{url}: the glob matched only names starting with '_' or '.' or ending in "
+                "'.idx' (skipped: name such a file explicitly to read it)"
+            )
+        return _with_sidecars(shards, matches, _glob_sees(url))
+    not_object: StorageError | None = None
+    if not url.endswith("/"):  # (a url ending in / names a directory: no object lookup)
+        try:
+            return await expand(url)
+        except ObjectNotFoundError as missing:
+            not_object = missing
+        except StorageError as exc:  # a local directory ("not a regular file")
+            if type(exc) is not StorageError:
+                raise
+            not_object = exc
+    directory = url.rstrip("/")
+    try:
+        children = await _list_glob(store, directory + "/*", retry, on_retry)
+    except ObjectNotFoundError:
+        children = []
+    if any(obj.url.rsplit("/", 1)[-1] == MANIFEST_NAME for obj in children):
+        listed = await manifest(f"{directory}/{MANIFEST_NAME}")
+        return _with_sidecars(listed, children, lambda _: True)
+    shards = [obj for obj in children if not is_hidden(obj.url, directory + "/*")]
+    if shards:
+        return _with_sidecars(shards, children, lambda _: True)
+    if children or (not_object is not None and type(not_object) is StorageError):
+        raise ObjectNotFoundError(f"{url}: the directory holds no shard files") from not_object
+    if not_object is None:
+        raise ObjectNotFoundError(
+            f"{url}: no shard found: no object directly under this directory or prefix"
+        )
+    raise not_object

@@ -1,0 +1,366 @@
+"""One iteration of reading: list, plan, open, read, interleave, shuffle, hand over.
+
+:class:`ReadEngine` turns urls and :class:`~streamrec.pipeline.options.ReadOptions` into an
+async stream of ``(records, events)`` pieces in reading order (see
+:mod:`streamrec.pipeline.position.events`). It owns everything one pass over the shards
+uses - stores, the prefetch budget, the shard opener, the readers - and releases all of it when
+the stream is closed, however it ends. It knows nothing of consumers: the
+:class:`~streamrec.pipeline.dataset.Dataset` (the user's object) drives it and keeps the
+consumer's position.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from contextlib import aclosing
+
+from streamrec._portal import owned_generator
+from streamrec.errors import StateError
+from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.listing.plan import (
+    ShardPlan,
+    dataloader_worker,
+    plan_shards,
+    seeded_random,
+    shards_digest,
+)
+from streamrec.pipeline.listing.urls import list_shards
+from streamrec.pipeline.options import READ_AHEAD_PART, ReadOptions
+from streamrec.pipeline.position.events import Event, Open, Piece, take_event
+from streamrec.pipeline.position.state import (
+    CycleState,
+    DatasetState,
+    IndexedState,
+    ReadState,
+    ReadyState,
+)
+from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.stream.interleave import interleave_deterministic, interleave_first_ready
+from streamrec.pipeline.stream.opener import ShardOpener
+from streamrec.pipeline.stream.prefetch import ObjectReader, OpenCache
+from streamrec.pipeline.stream.shuffle import shuffle_pieces
+from streamrec.storage.cache.store import (
+    CacheFill,
+    CacheHit,
+    ShardCache,
+    cache_namespace,
+    is_cacheable,
+)
+from streamrec.storage.stores import ObjectInfo, StoreSet
+
+__all__ = ["Piece", "ReadEngine"]
+
+
+class ReadEngine:
+    """Reads the shards ``urls`` name for one epoch, with ``options``, counting in ``stats``."""
+
+    def __init__(self, urls: Sequence[str], options: ReadOptions, epoch: int, stats: Stats):
+        self.urls = list(urls)
+        self.options = options
+        self.epoch = epoch
+        self.stats = stats
+        self.shards_digest: str | None = None
+        """The fingerprint of the shards read (set once they are listed and planned)."""
+        self.plan: ShardPlan[ObjectInfo] | None = None
+        """Which shards this consumer reads, in order (set with :attr:`shards_digest`)."""
+        self.cache: ShardCache | None = None
+        if options.cache_dir is not None and options.cache_bytes is not None:
+            # a download that made no progress for one attempt's time is not waited for
+            stall_s = options.retry.timeout_s
+            self.cache = ShardCache(options.cache_dir, options.cache_bytes, stall_s=stall_s)
+        # Records split across consumers (fewer shards than consumers): every consumer of this
+        # host reads each shard whole, paced by its own consumer, in lockstep with the others
+        # (DDP, the DataLoader's round robin): waiting for another's download could wait for a
+        # reader whose consumer waits for us. Such readers read without the cache meanwhile.
+        self._wait_for_downloads = True
+
+    def _starts_early(self, resume: DatasetState | None) -> bool:
+        """Whether the listing's first shard is certainly the plan's first, read first from
+        its start: one shard at a time, no shard shuffle, no split across hosts or workers,
+        not resuming. Then its first blocks are requested as soon as a listing page shows it
+        (:class:`_EarlyStart`), while the rest of the listing arrives."""
+        options = self.options
+        return (
+            resume is None
+            and options.cycle_length == 1
+            and not options.shuffle_shards
+            and options.num_hosts == 1
+            and dataloader_worker()[0] == 1
+        )
+
+    def _count_retry(self, error: Exception) -> None:
+        self.stats.retries += 1
+
+    def _reader(
+        self,
+        stores: StoreSet,
+        shard: ObjectInfo,
+        budget: ByteBudget,
+        start: int = 0,
+        ahead: bool = False,
+    ) -> ObjectReader:
+        """A prefetching reader of ``shard`` from ``start``, sized for this iteration."""
+        options = self.options
+        self.stats.shards_opened += 1
+        share = cap = options.stream_share()
+        block_bytes = options.block_bytes
+        if share is not None:
+            # a few blocks per share, so that one arrives while another is decoded
+            block_bytes = max(1, min(block_bytes, share // 4))
+            if ahead:  # a part is kept for it; up to a full share if nobody needs it
+                share //= READ_AHEAD_PART
+        return ObjectReader(
+            stores.get(shard.url),
+            shard,
+            budget,
+            start=start,
+            block_bytes=block_bytes,
+            max_concurrency=options.max_concurrency,
+            share_bytes=share,
+            max_held_bytes=cap,
+            policy=options.retry,
+            on_retry=self._count_retry,
+            open_cache=self._open_cache(shard, start),
+        )
+
+    def _open_cache(self, shard: ObjectInfo, start: int) -> OpenCache | None:
+        """How a reader of ``shard`` from ``start`` uses the local cache: reads its copy, or
+        fills one when it reads the whole object (remote shards only)."""
+        cache = self.cache
+        if cache is None or not is_cacheable(shard.url):
+            return None
+        namespace = cache_namespace(shard.url, self.options.storage_options)
+
+        async def open_cache() -> CacheHit | CacheFill | None:
+            wait = self._wait_for_downloads
+            route = await cache.open(shard, namespace, fill=start == 0, wait=wait)
+            if isinstance(route, CacheHit):
+                self.stats.cache_hits += 1
+            return route
+
+        return open_cache
+
+    @owned_generator
+    async def pieces(
+        self,
+        resume: DatasetState | None,
+        *,
+        timed: bool = True,
+        on_planned: Callable[[str], None] | None = None,
+    ) -> AsyncGenerator[Piece, None]:
+        """The pipeline: ``(records, events)`` pieces in reading order, from ``resume`` (a
+        parsed state) or the start. ``timed``: add the time
+        spent waiting for each piece to ``stats.wait_s`` (the blocking path times its own).
+        ``on_planned(digest)`` is called once the shards are listed and planned, before the
+        first piece (``digest``: :attr:`shards_digest`)."""
+        options = self.options
+        budget = ByteBudget(options.prefetch_bytes)
+        closers: list[Callable[[], Awaitable[None]]] = []
+        connections = options.max_concurrency * (options.cycle_length + 1)
+        async with StoreSet(
+            options.storage_options,
+            connections,
+            lookup_reads_first_bytes=options.cache_dir is None,
+        ) as stores:
+            early = _EarlyStart(lambda shard: self._reader(stores, shard, budget))
+            closers.append(early.aclose)
+            try:
+                on_first = early.start if self._starts_early(resume) else None
+                listed = await list_shards(
+                    self.urls, self.options, stores.get, self.stats, on_first
+                )
+                plan = self._plan(listed)
+                first = await early.take(plan.shards[0] if plan.shards else None)
+                self._wait_for_downloads = plan.record_stride == 1
+                digest = shards_digest(plan.shards, plan.record_stride, plan.record_offset)
+                if resume is not None and resume.shards not in (None, digest):
+                    raise StateError(
+                        "the state was saved over different shards (other files, sizes or "
+                        "versions, or another host/worker split); it cannot resume here"
+                    )
+                self.shards_digest = digest
+                self.plan = plan  # (where each record comes from: Dataset.locate)
+                if on_planned is not None:
+                    on_planned(digest)
+                share = options.stream_share()
+                if share is not None:  # see ByteBudget: room kept for every stream's share
+                    streams = min(options.cycle_length, len(plan.shards))
+                    ahead = min(options.cycle_length, len(plan.shards) - streams)
+                    ahead = ahead if options.deterministic else 0
+                    # (more than the limit only with tiny budgets, where shares have a floor)
+                    kept = streams * share + ahead * (share // READ_AHEAD_PART)
+                    budget.kept = min(budget.limit, kept)
+
+                def make_reader(shard: ObjectInfo, start: int, ahead: bool) -> ObjectReader:
+                    return self._reader(stores, shard, budget, start, ahead)
+
+                opener = ShardOpener(options, stores, budget, plan, self.stats, make_reader)
+                closers.append(opener.aclose)
+                await opener.prepare(resume)
+                pieces = read = self._read(opener, resume.read if resume else None, first)
+
+                async def close_read() -> None:
+                    # the shuffle wrapping it does not close it when closed early; not while
+                    # it is closing already (a loop's shutdown closes every generator at once)
+                    if not getattr(read, "ag_running", False):
+                        await read.aclose()
+
+                closers.insert(0, close_read)
+                if options.shuffle_buffer:
+                    shuffle_state = resume.shuffle if resume else None
+                    rng = seeded_random(options.seed, self.epoch, "records")
+                    buffer: list[bytes] = []
+                    draining = False
+                    if shuffle_state is not None:
+                        rng.setstate(shuffle_state.rng)
+                        buffer = await opener.fetch(shuffle_state.buffer)
+                        draining = shuffle_state.draining
+                    pieces = shuffle_pieces(
+                        pieces, options.shuffle_buffer, rng, buffer=buffer, draining=draining
+                    )
+                async with aclosing(pieces) as ordered:
+                    waited = time.monotonic()
+                    async for piece in ordered:
+                        if timed:
+                            self.stats.wait_s += time.monotonic() - waited
+                        yield piece
+                        waited = time.monotonic()
+            finally:
+                for close in closers:
+                    await close()
+                self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
+
+    def _plan(self, shards: list[ObjectInfo]) -> ShardPlan[ObjectInfo]:
+        num_workers, worker_index = dataloader_worker()
+        options = self.options
+        return plan_shards(
+            shards,
+            shuffle=options.shuffle_shards,
+            seed=options.seed,
+            epoch=self.epoch,
+            num_hosts=options.num_hosts,
+            host_index=options.host_index,
+            num_workers=num_workers,
+            worker_index=worker_index,
+        )
+
+    def _read(
+        self, opener: ShardOpener, start: ReadState | None, first: ObjectReader | None = None
+    ) -> AsyncGenerator[Piece, None]:
+        """The shards' pieces in reading order; ``first``: shard 0's reader, started early
+        (one shard at a time only)."""
+        options = self.options
+        assert not isinstance(start, IndexedState)  # (parse_state: by the configuration)
+        if options.cycle_length > 1 and not options.deterministic:
+            assert not isinstance(start, CycleState)
+            return self._first_ready(opener, start)
+        assert not isinstance(start, ReadyState)
+        if options.cycle_length == 1:
+            return self._sequential(opener, start, first)
+        return interleave_deterministic(
+            len(opener.plan.shards),
+            opener.chunks,
+            options.cycle_length,
+            options.block_length,
+            start,
+            prefetch=opener.prefetch,
+        )
+
+    def _first_ready(
+        self, opener: ShardOpener, start: ReadyState | None
+    ) -> AsyncGenerator[Piece, None]:
+        jobs: list[tuple[int, int, int | None]] = []
+        started: set[int] = set()
+        if start is not None:
+            jobs = [(p.ordinal, p.records, p.offset) for p in start.open]
+            started = {job[0] for job in jobs} | set(start.done)
+        num_shards = len(opener.plan.shards)
+        jobs += [(ordinal, 0, 0) for ordinal in range(num_shards) if ordinal not in started]
+        return interleave_first_ready(jobs, opener.chunks, self.options.cycle_length)
+
+    @owned_generator
+    async def _sequential(
+        self, opener: ShardOpener, start: CycleState | None, early: ObjectReader | None = None
+    ) -> AsyncGenerator[Piece, None]:
+        """One shard after another; the next shard's first blocks are requested as soon as
+        the current one has requested its last, so its first-byte latency hides (``early``:
+        shard 0's reader, already requesting)."""
+        jobs: list[tuple[int, int, int | None]] = []
+        first = 0
+        if start is not None:
+            first = start.next
+            if start.slots[0] is not None:
+                position = start.slots[0]
+                jobs.append((position.ordinal, position.records, position.offset))
+        jobs += [(ordinal, 0, 0) for ordinal in range(first, len(opener.plan.shards))]
+        upcoming: ObjectReader | None = early if jobs and jobs[0] == (0, 0, 0) else None
+        try:
+            for index, (ordinal, records, offset) in enumerate(jobs):
+                reader, upcoming = upcoming or opener.reader(ordinal, records, offset), None
+                if index == 0:
+                    reader.hold_ramp()  # the consumer's first records: their block alone
+                reader.prime()
+                following = jobs[index + 1] if index + 1 < len(jobs) else None
+                events: list[Event] = [Open(0, ordinal, records, offset or 0)]
+                chunks = opener.chunks(ordinal, records, offset, reader)
+                async with aclosing(chunks) as source:
+                    async for chunk in source:
+                        if following and upcoming is None and reader.fully_requested:
+                            upcoming = opener.reader(*following)
+                            upcoming.prime()
+                        events.append(take_event(0, chunk, False))
+                        yield chunk, events
+                        events = []
+                events.append(take_event(0, [], True))
+                yield [], events
+        finally:
+            if upcoming is not None:
+                await upcoming.aclose()
+
+
+class _EarlyStart:
+    """Shard 0's reader, started from the first listing page that shows it (``start``), and
+    handed to the read (``take``) only if the complete listing's plan starts with the very
+    same object (name, size, version); otherwise, or if anything fails first, its requests
+    are cancelled and its budget returned (``aclose``, idempotent).
+
+    Until then it requests its first block only: the rest of its ramp (up to
+    ``max_concurrency`` blocks at once) would share the link with the listing's next pages
+    and slow them (measured: 2,500 objects, three pages, a connection's handshake charged:
+    the first record later than without the early start)."""
+
+    def __init__(self, make_reader: Callable[[ObjectInfo], ObjectReader]) -> None:
+        self._make_reader = make_reader
+        self.reader: ObjectReader | None = None
+        self._concurrency = 1
+
+    def start(self, shard: ObjectInfo) -> None:
+        if self.reader is None:  # a retried listing tells the same shard again
+            self.reader = reader = self._make_reader(shard)
+            self._concurrency, reader.max_concurrency = reader.max_concurrency, 1
+            reader.prime()
+
+    async def take(self, planned: ObjectInfo | None) -> ObjectReader | None:
+        """The early reader if it reads ``planned`` (the plan's first shard), else None."""
+        reader = self.reader
+        if reader is None:
+            return None
+        obj = reader.obj
+        if planned is None or (planned.url, planned.size, planned.version) != (
+            obj.url,
+            obj.size,
+            obj.version,
+        ):
+            await self.aclose()
+            return None
+        # the rest of its ramp once its first piece is handed on (see hold_ramp; the
+        # cache's answer may have raised its concurrency already)
+        reader.max_concurrency = max(reader.max_concurrency, self._concurrency)
+        reader.hold_ramp()
+        return reader
+
+    async def aclose(self) -> None:
+        reader, self.reader = self.reader, None
+        if reader is not None:
+            await reader.aclose()
