@@ -20,7 +20,7 @@ one ``--base`` names, imported through ``STREAMREC_BENCH_TREE``, see ``_harness/
 Every process first imports what the job needs (s3fs, aiohttp, streamrec: not timed), and
 records timestamps of the requests: the client's creation (``AioSession._create_client``),
 each request sent and its answer's headers (aiobotocore's ``AIOHTTPSession.send``, and
-streamrec's own range GETs, ``storage/http_range.py``, where the tree has them), the first
+streamrec's own range GETs, ``storage/http/range_get.py``, where the tree has them), the first
 new TCP connection (aiohttp's connector). ``again`` is a second iteration in the same
 process (a new client; botocore's parsed data reused).
 """
@@ -92,7 +92,7 @@ class Timeline:
         self._patch_range_client()
 
     def _patch_range_client(self) -> None:
-        """The range GETs streamrec sends on its own connections (storage/http_range.py), if
+        """The range GETs streamrec sends on its own connections (storage/http/range_get.py), if
         the tree has them: sent, answered (the head parsed), connected."""
         try:
             from streamrec.storage.http import range_get as http_range
@@ -109,7 +109,7 @@ class Timeline:
             if "list-type" not in url:
                 timeline.mark("GET sent")
                 return await get(self, url, *args, **kwargs)
-            timeline.mark("LIST sent")  # a glob's first page, listed early (storage/s3_list.py)
+            timeline.mark("LIST sent")  # a glob's first page, listed early (storage/s3/listing.py)
             try:
                 return await get(self, url, *args, **kwargs)
             finally:

@@ -20,7 +20,7 @@
  *
  * Receiver(n, kept=None, max_kept=0): a bytes object of n bytes (`payload`, uninitialised)
  *   behind a writable buffer: a network read lands straight in the bytes it is handed out as
- *   (streamrec.storage.http_range). Nobody may see `payload` before it is filled and every
+ *   (streamrec.storage.http.range_get). Nobody may see `payload` before it is filled and every
  *   view of the receiver is released. With `kept` (a list), a bytes object of n bytes in it
  *   that nothing but the list refers to is filled again instead of a fresh one (fresh
  *   megabytes from malloc are often fresh pages: a page fault per 4 KiB); a fresh one is

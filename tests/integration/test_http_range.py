@@ -158,7 +158,7 @@ def guard() -> Iterator[None]:
 async def fetch(
     client: RangeClient, fake: Fake, limit: int = LIMIT, error_limit: int = ERROR_LIMIT
 ) -> http_range.Answer:
-    with guard():  # awaited directly, as storage/s3_get.py does (wait_for adds a task hop)
+    with guard():  # awaited directly, as storage/s3/door.py does (wait_for adds a task hop)
         got = await client.get(fake.url, {"Range": "bytes=0-"}, limit, error_limit)
     assert all(type(piece) is bytes and 0 < len(piece) <= PIECE_BYTES for piece in got.pieces)
     return got

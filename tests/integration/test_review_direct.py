@@ -120,7 +120,7 @@ async def test_a_read_cancelled_while_the_tls_context_builds_does_not_poison_the
     nobody cancelled (listing too: _direct_page catches Exception only)."""
     server_tls, client_tls = _self_signed(tmp_path)
     build: concurrent.futures.Future[ssl.SSLContext] = concurrent.futures.Future()
-    build.set_running_or_notify_cancel()  # as s3_client._claim_tls hands it out
+    build.set_running_or_notify_cancel()  # as storage/s3/tls.py hands it out
     monkeypatch.setattr(
         "streamrec.storage.s3.store.start_tls_context",
         lambda verify: asyncio.wrap_future(build),

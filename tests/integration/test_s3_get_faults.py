@@ -1,6 +1,6 @@
 """S3 range reads against servers that misbehave at the transport level (a closed port, a
 connection dropped before or during the answer, a body longer than the range asked for), on
-both ways a read can go (signed range GETs, storage/s3_get.py, and ``get_object`` for clients
+both ways a read can go (signed range GETs, storage/s3/door.py, and ``get_object`` for clients
 configured for another signature): no credential in any error, no body kept past the range."""
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"
 os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 # nor the machine's AWS config files, nor settings that change botocore's urls or TLS trust
-# (they would also turn off the early listing page the tests expect: storage/s3_list.py)
+# (they would also turn off the early listing page the tests expect: storage/s3/listing.py)
 os.environ["AWS_CONFIG_FILE"] = os.path.join(os.sep, "nonexistent", "streamrec-tests", "config")
 os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.environ["AWS_CONFIG_FILE"] + "-credentials"
 for _name in (

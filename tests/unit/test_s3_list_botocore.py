@@ -305,7 +305,7 @@ def test_the_signing_region_is_the_clients(
 ) -> None:
     """The region the direct requests sign with is the one botocore's client resolves: the
     client's ``region_name``, ``AWS_DEFAULT_REGION``, the config file's profile, us-east-1
-    (the review of s3_direct: the profile's region was not read)."""
+    (the review of the door: the profile's region was not read)."""
     import botocore.session
 
     path = tmp_path / "config"
