@@ -1,5 +1,6 @@
 """A paged S3 listing is untrusted input, checked and retried a page at a time
-(storage/pages.py, storage/s3/store.py, storage/s3/listing.py), against a server whose pages the test
+(storage/pages.py, storage/s3/store.py, storage/s3/listing.py), against a server whose
+pages the test
 writes (support/listing_server.py), through the store's direct requests and its client:
 
 * a key on two pages, keys out of order, a continuation token again, a truncated page without

@@ -1,4 +1,5 @@
-"""The local shard cache's directory (storage/cache/store.py), driven directly: keys, the size bound,
+"""The local shard cache's directory (storage/cache/store.py), driven directly: keys, the size
+bound,
 least-recently-used eviction, publish and abort, dead downloads, waiting for another holder.
 The read path through a real S3 server is tested in tests/integration/test_cache.py."""
 

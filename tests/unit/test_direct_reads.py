@@ -1,5 +1,6 @@
 """Large records of local, uncompressed shards read straight into their ``bytes`` objects
-(pipeline/stream/direct.py, storage/local/records.py and its C twin): the same records, errors, resume
+(pipeline/stream/direct.py, storage/local/records.py and its C twin): the same records, errors,
+resume
 offsets and budget as the block path, on the C and the pure-Python path (``scanner``)."""
 
 from __future__ import annotations
