@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections import deque
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator
 from contextlib import aclosing
 from dataclasses import replace
@@ -30,9 +29,9 @@ from streamrec.pipeline.options import FOR_CHUNK_BYTES, ReadOptions
 from streamrec.pipeline.position.events import Piece
 from streamrec.pipeline.position.state import DatasetState, parse_state
 from streamrec.pipeline.position.trackers import (
-    Countdown,
     Cursor,
     Locate,
+    Reported,
     Where,
     tracker_for,
     where_from,
@@ -40,6 +39,7 @@ from streamrec.pipeline.position.trackers import (
 from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.stream.engine import ReadEngine
 from streamrec.pipeline.transforms.chainable import Chainable
+from streamrec.pipeline.transforms.ledger import Consumption
 from streamrec.redact import redact
 from streamrec.storage import warmup
 from streamrec.storage.retry import RetryPolicy
@@ -76,6 +76,8 @@ class Dataset(Chainable[bytes]):
         self._handed_before = 0  # records handed out by the cursors before the current one
         self._resume: DatasetState | None = None  # loaded state, for the next iteration
         self._cursor: Cursor | None = None  # the consumer's position in this epoch
+        # pieces handed to a consumer that reports later what it took (auto_consume=False)
+        self._ledger: Consumption[Piece] | None = None
         self._finished = False  # this epoch has been read to its end
         self._shards_digest: str | None = None
         # a consumer that reports records handed out lazily (a transform's hand-out counter):
@@ -183,7 +185,7 @@ class Dataset(Chainable[bytes]):
         """The consumer's new position (None: none yet); what the old one counted is kept."""
         if self._cursor is not None:
             self._handed_before += self._cursor.handed_out()
-        self._cursor = cursor
+        self._cursor, self._ledger = cursor, None
         self._report_consumed = self._handed_out = None  # that consumer is done reporting
 
     @property
@@ -233,7 +235,8 @@ class Dataset(Chainable[bytes]):
 
     def locate(self, payload: object) -> Where | None:
         """Where a record handed out and not yet consumed (the very object) comes from."""
-        pending, plan = getattr(self, "_pending", ()), getattr(self, "_plan", None)
+        pending = () if self._ledger is None else self._ledger.pieces
+        plan = getattr(self, "_plan", None)
         return where_from(self._cursor, pending, plan, payload, self.options.on_corrupt)
 
     # ------------------------------------------------------------------ consumers
@@ -262,59 +265,32 @@ class Dataset(Chainable[bytes]):
         cursor, resume = self._begin()
         self._report_consumed = None if auto_consume else report_consumed
         self._handed_out = None if auto_consume else handed_out
-        self._pending: deque[Piece] = deque()
-        self._marked = 0  # records of the pending pieces marked consumed
-        self._in_hand: Piece | None = None
-        self._left = Countdown(0)
-        self._source_done = False
+        ledger = None if auto_consume else Consumption(Reported(cursor))
+        self._ledger = ledger
         async with owning(self._pieces(resume)) as pieces:
             async for records, events in pieces:
-                if auto_consume:
+                if ledger is None:
                     cursor.take(records, events)
                 else:
-                    self._pending.append((records, events))
-                    self._advance()
+                    ledger.add((records, events))
                 if records:
                     yield records
-        if auto_consume:
+        if ledger is None:
             self._end(cursor)
         else:
-            self._source_done = True
-            self._advance()
+            ledger.end(partial(self._end, cursor))
 
     def mark_consumed(self, n: int) -> None:
         """``n`` more records from ``record_chunks(auto_consume=False)`` reached the consumer
         (in order); :meth:`state_dict` then counts them."""
-        self._marked += n
-        self._advance()
-
-    def _advance(self) -> None:
-        cursor, pending = self._cursor, self._pending
-        assert cursor is not None
-        while pending:
-            head = pending[0]
-            records, events = head
-            if self._in_hand is not head:
-                self._left = Countdown(len(records))
-                cursor.take(records, events, self._left)
-                self._in_hand = head
-            left = len(records) - self._marked
-            if left > 0:
-                self._left.n = left
-                return
-            cursor.settle()
-            pending.popleft()
-            self._marked -= len(records)
-            self._in_hand = None
-        if self._source_done:
-            self._end(cursor)
+        if self._ledger is not None:  # (None: an iteration set_epoch/load_state_dict ended)
+            self._ledger.consume(n)
 
     def __getstate__(self) -> dict[str, Any]:
         # pickled into DataLoader workers: configuration and position, never records in hand
         state = dict(self.__dict__)
-        state["_report_consumed"] = state["_handed_out"] = None
-        for transient in ("_pending", "_in_hand", "_left", "_marked", "_source_done", "_plan"):
-            state.pop(transient, None)
+        state["_report_consumed"] = state["_handed_out"] = state["_ledger"] = None
+        state.pop("_plan", None)
         if self._cursor is not None and not self._finished:
             state["_resume"], state["_cursor"] = self._position(), None
             state["_handed_before"] = self.stats.records

@@ -35,7 +35,6 @@ own state - is always the position after the last record consumed, whatever was 
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -57,7 +56,11 @@ from streamrec.pipeline.position.state import parse_state
 from streamrec.pipeline.position.trackers import Where
 from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.transforms.chainable import Chainable
-from streamrec.pipeline.transforms.ledger import handed_out_async, handed_out_blocking
+from streamrec.pipeline.transforms.ledger import (
+    Consumption,
+    handed_out_async,
+    handed_out_blocking,
+)
 
 __all__ = ["MixedDataset", "Stop", "mix"]
 
@@ -80,6 +83,29 @@ class _Run:
     length: int
     choices: IntArray
     start: _Position
+
+
+class _Passing:
+    """The account of the mix's :class:`Consumption` of runs: each source is marked with
+    exactly its own records among those consumed; a run consumed moves the mix's position."""
+
+    def __init__(self, mix: MixedDataset) -> None:
+        self._mix = mix
+
+    def size(self, run: _Run) -> int:
+        return run.length
+
+    def opened(self, run: _Run) -> None:
+        pass
+
+    def consumed(self, run: _Run, start: int, stop: int) -> None:
+        sources = run.start.sources
+        counts = np.bincount(run.choices[start:stop], minlength=len(sources))
+        for i in np.flatnonzero(counts):
+            sources[i].mark_consumed(int(counts[i]))
+
+    def closed(self, run: _Run) -> None:
+        self._mix._at = dataclasses.replace(run.start, draws=run.start.draws + run.length)
 
 
 class _Source:
@@ -177,10 +203,7 @@ class MixedDataset(Chainable[bytes]):
         self._resume: _Position | None = None  # loaded, for the next iteration
         self._finished = False
         self._at = self._start_position()  # after the last record consumed
-        self._runs: deque[_Run] = deque()  # handed on, not all consumed yet
-        self._marked = 0  # records of the first run consumed
-        self._passed_on = np.zeros(len(self.datasets), dtype=np.int64)  # ... marked at sources
-        self._ended = False  # the iteration's draws ended (stop reached)
+        self._runs: Consumption[_Run] | None = None  # handed on, not all consumed yet
         self._copies: list[Dataset] = []  # restarted sources (stop="never"), for stats
         self._retired = Stats()  # the counters of copies read to their end (then dropped)
         self._consumed = 0  # records consumed in this iteration
@@ -239,9 +262,10 @@ class MixedDataset(Chainable[bytes]):
             self._report_consumed()
         if self._resume is not None:
             return self._resume
-        if self._runs and self._marked:
-            run = self._runs[0]
-            return dataclasses.replace(run.start, draws=run.start.draws + self._marked)
+        runs = self._runs
+        if runs is not None and runs.pos:
+            run = runs.pieces[0]
+            return dataclasses.replace(run.start, draws=run.start.draws + runs.pos)
         return self._at
 
     def locate(self, payload: object) -> Where | None:
@@ -289,10 +313,7 @@ class MixedDataset(Chainable[bytes]):
         a loaded state of a finished epoch, nothing to read)."""
         self._consumed_before += self._consumed
         self._consumed = 0
-        self._runs.clear()
-        self._marked = 0
-        self._passed_on[:] = 0
-        self._ended = False
+        self._runs = Consumption(_Passing(self))
         resume, self._resume = self._resume, None
         if resume is None:
             for ds in self.datasets:  # (a state loaded into a source directly is dropped)
@@ -321,35 +342,24 @@ class MixedDataset(Chainable[bytes]):
         self._handed_out = None if auto_consume else handed_out
         if start is None:
             return
-        async with owning(self._draw(start)) as chunks:
+        runs = self._runs
+        assert runs is not None
+        async with owning(self._draw(start, runs)) as chunks:
             async for chunk in chunks:
                 if auto_consume:
                     self.mark_consumed(len(chunk))
                 yield chunk
-        self._ended = True
-        self.mark_consumed(0)
+        runs.end(self._finish)
 
     def mark_consumed(self, n: int) -> None:
         """``n`` more records from ``record_chunks(auto_consume=False)`` reached the consumer
         (in order); each source is marked with its own among them."""
-        self._marked += n
         self._consumed += n
-        runs = self._runs
-        while runs:
-            run = runs[0]
-            upto = min(self._marked, run.length)
-            counts = np.bincount(run.choices[:upto], minlength=len(self.datasets))
-            for i in np.flatnonzero(counts != self._passed_on):
-                run.start.sources[i].mark_consumed(int(counts[i] - self._passed_on[i]))
-            self._passed_on = counts
-            if self._marked < run.length:
-                return
-            runs.popleft()
-            self._marked -= run.length
-            self._passed_on = np.zeros(len(self.datasets), dtype=np.int64)
-            self._at = dataclasses.replace(run.start, draws=run.start.draws + run.length)
-        if self._ended:
-            self._finished = True
+        if self._runs is not None:
+            self._runs.consume(n)
+
+    def _finish(self) -> None:
+        self._finished = True  # the draws ended and every record drawn was consumed
 
     def _report(self) -> None:
         # a source describing its position first has the mix's consumer report its records
@@ -357,7 +367,9 @@ class MixedDataset(Chainable[bytes]):
             self._report_consumed()
 
     @owned_generator
-    async def _draw(self, start: _Position) -> AsyncGenerator[list[bytes], None]:
+    async def _draw(
+        self, start: _Position, runs: Consumption[_Run]
+    ) -> AsyncGenerator[list[bytes], None]:
         """The runs of records of the draws from ``start`` on, until ``stop`` says so."""
         key = mix_key(self.seed, self.epoch)
         draws, exhausted = start.draws, list(start.exhausted)
@@ -376,7 +388,7 @@ class MixedDataset(Chainable[bytes]):
                     choices = window.choices[draws - window.start : reach - window.start]
                     position = _Position(draws, tuple(exhausted), tuple(objects))
                     records = _gather(choices, sources)
-                    self._runs.append(_Run(len(records), choices, position))
+                    runs.add(_Run(len(records), choices, position))
                     draws = reach
                     yield records
                     continue
@@ -463,7 +475,7 @@ class MixedDataset(Chainable[bytes]):
         # pickled into DataLoader workers: configuration and position, no iteration in hand
         state = dict(self.__dict__)
         state["_report_consumed"] = state["_handed_out"] = None
-        state["_runs"] = deque()
+        state["_runs"] = None
         return state
 
     def __repr__(self) -> str:

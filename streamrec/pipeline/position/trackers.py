@@ -55,6 +55,7 @@ __all__ = [
     "Place",
     "ReadyTracker",
     "Remaining",
+    "Reported",
     "ShuffleTracker",
     "Tracker",
     "Where",
@@ -548,3 +549,29 @@ class Countdown:
 
     def __length_hint__(self) -> int:
         return self.n
+
+
+class Reported:
+    """A :class:`Cursor` moved by what a consumer reports consumed after it was handed on:
+    the account of a dataset's :class:`~streamrec.pipeline.transforms.ledger.Consumption` of
+    pieces. The piece in hand is taken with a :class:`Countdown` of its records left."""
+
+    __slots__ = ("_left", "cursor")
+
+    def __init__(self, cursor: Cursor) -> None:
+        self.cursor = cursor
+        self._left = Countdown(0)
+
+    def size(self, piece: Piece) -> int:
+        return len(piece[0])
+
+    def opened(self, piece: Piece) -> None:
+        records, events = piece
+        self._left = Countdown(len(records))
+        self.cursor.take(records, events, self._left)
+
+    def consumed(self, piece: Piece, start: int, stop: int) -> None:
+        self._left.n = len(piece[0]) - stop
+
+    def closed(self, piece: Piece) -> None:
+        self.cursor.settle()

@@ -5,7 +5,9 @@
 * ``chainable.py``: :class:`~streamrec.pipeline.transforms.chainable.Chainable` (the methods)
   and the public dataset classes each one returns;
 * ``stage.py``: the :class:`~streamrec.pipeline.transforms.stage.Stage` every transform shares;
-* ``ledger.py``: items handed out -> records of the source consumed (exact resume);
+* ``ledger.py``: the one consumed-records ledger (``Consumption``: pieces handed on -> how far
+  the consumer got) that ``Dataset``, every transform and ``MixedDataset`` keep, each with its
+  own account of a piece (the cursor moved, ``Ledger``'s source records, each source marked);
 * one module per op, each with its Stage (arguments, length, counters) and its chunk
   algorithm: ``batch.py`` (parse, batch, unbatch), ``map.py`` (inline or on worker threads or
   processes), ``filter.py``, ``slice.py`` (take, skip), ``repeat.py``.

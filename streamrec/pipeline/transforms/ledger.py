@@ -1,5 +1,15 @@
-"""Counting what a consumer took: :class:`Handout` (items handed out by an iterator) and
-:class:`Ledger` (items a link handed on -> records of its source consumed).
+"""Counting what a consumer took: :class:`Consumption` (pieces handed on -> how far the
+consumer got in them: the one implementation every link of a chain uses), :class:`Ledger`
+(a transform's items consumed -> records of its source consumed) and :class:`Handout` (items
+handed out by an iterator).
+
+Every link hands on pieces and later learns "``n`` more items consumed", in order: the
+:class:`~streamrec.pipeline.dataset.Dataset` hands on pieces of records (its account moves the
+cursor over their events: :class:`~streamrec.pipeline.position.trackers.Reported`), a
+transform pieces of items (its account, :class:`Ledger`, adds up what they cost in source
+records), a mix runs of draws (its account marks each source with its own records).
+:class:`Consumption` walks the pieces for all of them; an :class:`Account` says what
+consuming part of a piece means.
 
 A transform turns its source's records into items piece by piece: each piece is a list of
 items, what each item costs in source records (``sizes``: a batch costs its records, a kept
@@ -14,13 +24,23 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterator
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from streamrec._portal import iterate_blocking, owned, owning
 
-__all__ = ["Handout", "Ledger", "ItemPiece", "handed_out_async", "handed_out_blocking"]
+__all__ = [
+    "Account",
+    "Consumption",
+    "Handout",
+    "ItemPiece",
+    "Ledger",
+    "handed_out_async",
+    "handed_out_blocking",
+]
 
 T = TypeVar("T")
+P = TypeVar("P")
+P_in = TypeVar("P_in", contravariant=True)
 
 #: A piece of a transform's items (the read pipeline's pieces of records and events are
 #: :data:`~streamrec.pipeline.position.events.Piece`): the items, each item's cost in source
@@ -66,8 +86,95 @@ class Handout:
             self._marked = total
 
 
+class Account(Protocol[P_in]):
+    """What consuming the pieces of a :class:`Consumption` means to the link that keeps it."""
+
+    def size(self, piece: P_in) -> int:
+        """Items in ``piece``."""
+        ...
+
+    def opened(self, piece: P_in) -> None:
+        """``piece`` is now the first not fully consumed: the next items consumed are its."""
+        ...
+
+    def consumed(self, piece: P_in, start: int, stop: int) -> None:
+        """Items ``start:stop`` of ``piece`` (the first) were consumed."""
+        ...
+
+    def closed(self, piece: P_in) -> None:
+        """Every item of ``piece`` was consumed: it leaves."""
+        ...
+
+
+class Consumption(Generic[P]):
+    """Pieces handed on, in order, and how many of their items the consumer took: "``n``
+    more items consumed" becomes, through ``account``, the source's position advanced.
+
+    A piece is opened once it is the first not fully consumed (at once if it is added
+    then), and closed (then dropped) once all its items are; ``end(then)`` says no piece
+    follows: ``then()`` runs once every piece handed on is closed. ``pieces`` (the one in
+    hand first) and ``pos`` (its items consumed) are for reading only.
+    """
+
+    __slots__ = ("_account", "_open", "_then", "pieces", "pos")
+
+    def __init__(self, account: Account[P]) -> None:
+        self._account = account
+        self.pieces: deque[P] = deque()
+        self.pos = 0  # items of the first piece consumed
+        self._open = False  # the first piece was opened
+        self._then: Callable[[], None] | None = None
+
+    def add(self, piece: P) -> None:
+        """``piece`` was handed on (after every piece added before it)."""
+        self.pieces.append(piece)
+        self._settle()
+
+    def end(self, then: Callable[[], None]) -> None:
+        """No piece follows: ``then()`` once every piece is consumed (now, if they are)."""
+        self._then = then
+        self._settle()
+
+    def pending(self) -> int:
+        """Items handed on and not consumed yet."""
+        return sum(self._account.size(piece) for piece in self.pieces) - self.pos
+
+    def consume(self, n: int) -> None:
+        """``n`` more items were consumed, in order."""
+        pieces, account = self.pieces, self._account
+        while n > 0:
+            if not pieces:
+                raise ValueError("more items marked consumed than were handed on")
+            head = pieces[0]
+            size = account.size(head)
+            take = min(n, size - self.pos)
+            account.consumed(head, self.pos, self.pos + take)
+            self.pos += take
+            n -= take
+            if self.pos == size:
+                self._settle()
+
+    def _settle(self) -> None:
+        """Open the first piece; close and drop consumed ones; at the end, ``then()``."""
+        pieces, account = self.pieces, self._account
+        while pieces:
+            head = pieces[0]
+            if not self._open:
+                account.opened(head)
+                self._open = True
+            if self.pos < account.size(head):
+                return
+            account.closed(head)
+            pieces.popleft()
+            self.pos, self._open = 0, False
+        if self._then is not None:
+            then, self._then = self._then, None
+            then()
+
+
 class Ledger:
-    """Pieces handed on, and how many of their items were consumed: in source records.
+    """A transform's pieces handed on, and how many of their items were consumed: in source
+    records (the :class:`Account` of a :class:`Consumption` of :data:`ItemPiece` parts).
 
     ``add`` and ``consume`` return the source records newly consumed (the caller marks them
     on the source). ``items``: items consumed; ``upstream``: source records consumed;
@@ -75,75 +182,40 @@ class Ledger:
     the items of the current batch already handed out), starting from ``tail``.
     """
 
-    __slots__ = ("_pieces", "_pos", "items", "tail", "upstream")
+    __slots__ = ("_cost", "_pieces", "items", "tail", "upstream")
 
     def __init__(self, tail: int = 0) -> None:
-        self._pieces: deque[list[Any]] = deque()  # [count, sizes, skipped not yet applied]
-        self._pos = 0  # items of the head piece consumed
+        # each piece: [count, sizes, skipped not yet applied]
+        self._pieces: Consumption[list[Any]] = Consumption(self)
+        self._cost = 0  # source records consumed, not yet returned
         self.items = 0
         self.upstream = 0
         self.tail = tail
 
     def add(self, count: int, sizes: list[int] | None, skipped: int) -> int:
         """A piece of ``count`` items was handed on."""
-        self._pieces.append([count, sizes, skipped])
-        return self._settle()
-
-    def pending(self) -> int:
-        """Items handed on and not consumed yet."""
-        return sum(int(piece[0]) for piece in self._pieces) - self._pos
-
-    def _settle(self) -> int:
-        """Apply the head's skipped records; drop consumed pieces."""
-        consumed = 0
-        pieces = self._pieces
-        while pieces:
-            head = pieces[0]
-            if head[2]:
-                consumed += head[2]
-                head[2] = 0
-            if self._pos < head[0]:
-                break
-            pieces.popleft()
-            self._pos = 0
-        self.upstream += consumed
-        return consumed
+        self._pieces.add([count, sizes, skipped])
+        return self._newly()
 
     def consume(self, n: int) -> int:
         """``n`` more items were consumed, in order."""
-        cost = settled = 0
-        pieces = self._pieces
         self.items += n
-        while n > 0:
-            if not pieces:
-                raise ValueError("more items marked consumed than were handed on")
-            count, sizes, _ = pieces[0]
-            take = min(n, count - self._pos)
-            if sizes is None:
-                cost += take
-                self.tail = 0
-            else:
-                part = sizes[self._pos : self._pos + take]
-                part_cost = sum(part)
-                if part_cost:
-                    last = len(part) - 1
-                    while not part[last]:
-                        last -= 1
-                    self.tail = take - 1 - last
-                else:
-                    self.tail += take
-                cost += part_cost
-            self._pos += take
-            n -= take
-            if self._pos == count:
-                settled += self._settle()  # (counts itself in upstream)
+        self._pieces.consume(n)
+        return self._newly()
+
+    def pending(self) -> int:
+        """Items handed on and not consumed yet."""
+        return self._pieces.pending()
+
+    def _newly(self) -> int:
+        cost, self._cost = self._cost, 0
         self.upstream += cost
-        return cost + settled
+        return cost
 
     def peek(self, n: int) -> int:
         """Source records that ``n`` more consumed items would cost (no side effect)."""
-        total, pos = 0, self._pos
-        for count, sizes, skipped in tuple(self._pieces):  # (a copy: any thread may ask)
+        total, pos = 0, self._pieces.pos
+        for count, sizes, skipped in tuple(self._pieces.pieces):  # (a copy: any thread may ask)
             if n <= 0:
                 break
             total += skipped
@@ -152,6 +224,37 @@ class Ledger:
             n -= take
             pos = 0
         return total
+
+    # ---------------------------------------------------------------- the account
+
+    def size(self, piece: list[Any]) -> int:
+        return int(piece[0])
+
+    def opened(self, piece: list[Any]) -> None:
+        # its skipped records are consumed once the items before them are
+        self._cost += piece[2]
+        piece[2] = 0  # (applied: peek no longer counts them)
+
+    def consumed(self, piece: list[Any], start: int, stop: int) -> None:
+        sizes: list[int] | None = piece[1]
+        take = stop - start
+        if sizes is None:
+            self._cost += take
+            self.tail = 0
+            return
+        part = sizes[start:stop]
+        part_cost = sum(part)
+        if part_cost:
+            last = len(part) - 1
+            while not part[last]:
+                last -= 1
+            self.tail = take - 1 - last
+        else:
+            self.tail += take
+        self._cost += part_cost
+
+    def closed(self, piece: list[Any]) -> None:
+        pass
 
 
 class _Counted(Protocol[T]):
