@@ -212,7 +212,7 @@ def record_ranges(data: Dataset, seed: int, count: int) -> list[tuple[str, int, 
 def chunk_records(data: Dataset, prefetch_bytes: int = 64 * MIB) -> int:
     """Records in one of the indexed engine's read chunks at the defaults (``prefetch_bytes /
     CHUNK_PART`` over the mean framed record, from the local sidecars)."""
-    from streamrec.pipeline.indexed.engine import CHUNK_PART
+    from streamrec.pipeline.budget import CHUNK_PART
 
     total = 0
     for shard in data.files:

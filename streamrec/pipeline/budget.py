@@ -1,11 +1,29 @@
-"""The prefetch budget: a hard bound on bytes read ahead, shared by every stream of a dataset."""
+"""The prefetch budget: a hard bound on bytes read ahead, shared by every stream of a dataset.
+
+:class:`ByteBudget` is the bound itself (reservations, shares, wake-ups); :class:`BudgetPlan`
+is the policy: how one iteration spends ``prefetch_bytes`` (each stream's share, what one reader
+may hold, the indexed engine's chunks, ``get()``'s reads). Every reader of the number asks the
+plan; no other module computes with it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
 
-__all__ = ["ByteBudget"]
+if TYPE_CHECKING:
+    from streamrec.pipeline.options import ReadOptions
+
+__all__ = ["CHUNK_PART", "READ_AHEAD_PART", "BudgetPlan", "ByteBudget", "ReaderSizes"]
+
+READ_AHEAD_PART = 4
+"""A shard read ahead of its turn is kept ``1 / READ_AHEAD_PART`` of a share."""
+CHUNK_PART = 3
+"""An indexed read chunk holds about ``prefetch_bytes / CHUNK_PART`` of records; three exist at
+once (see :mod:`streamrec.pipeline.indexed.engine`)."""
+_MIN_STREAM_SHARE = 64 << 10  # a smaller share would mean tiny range reads
+_BLOCKS_PER_SHARE = 4  # a few blocks per share, so that one arrives while another is decoded
 
 
 class ByteBudget:
@@ -114,3 +132,86 @@ class ByteBudget:
                 self._wakers = {**dict.fromkeys(wakers[index:]), **self._wakers}
                 return
             callback()  # a stream still short of room asks again (goes to the back)
+
+
+class ReaderSizes(NamedTuple):
+    """How a streaming reader is sized within the plan (``ObjectReader``'s arguments)."""
+
+    block_bytes: int
+    share_bytes: int | None
+    """Room the budget keeps for the reader (``None``: none of its own)."""
+    max_held_bytes: int | None
+    """The most the reader holds at once (``None``: no cap but the budget)."""
+
+
+class BudgetPlan:
+    """How one iteration spends ``options.prefetch_bytes``, made once per iteration (a
+    streaming or indexed engine's pass, a ``get()`` session, a command-line scan).
+
+    It holds the iteration's one :class:`ByteBudget` (:attr:`budget`) and answers every
+    question about the number: a stream's share when several are read side by side
+    (:attr:`stream_share`, :meth:`reader_sizes`, :meth:`keep_shares`), the indexed engine's
+    chunks (:attr:`chunk_bytes`, :meth:`chunk_records`) and ``get()``'s reads
+    (:attr:`lookup_span_bytes`).
+    """
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self.budget = ByteBudget(options.prefetch_bytes)
+        self.stream_share = self._stream_share()
+        """The part of the budget kept for one shard's reader when several are read at once
+        (``None``: one shard at a time, no shares).
+
+        An interleave consumes its open shards side by side, so each gets an equal share.
+        Deterministic interleaving also starts the next ``cycle_length`` shards before their
+        turn: those only need to bridge their first round trips and are kept a quarter share
+        (``1 / READ_AHEAD_PART``) until they are opened."""
+
+    def _stream_share(self) -> int | None:
+        options = self.options
+        if options.cycle_length == 1:
+            return None
+        streams = float(options.cycle_length)
+        if options.deterministic:
+            streams *= 1 + 1 / READ_AHEAD_PART
+        return max(int(options.prefetch_bytes / streams), _MIN_STREAM_SHARE)
+
+    def reader_sizes(self, ahead: bool = False) -> ReaderSizes:
+        """The block size, share and cap of a streaming reader (``ahead``: a shard opened
+        before its turn, kept a part of a share; up to a full share if nobody needs it)."""
+        share = cap = self.stream_share
+        block_bytes = self.options.block_bytes
+        if share is not None:
+            block_bytes = max(1, min(block_bytes, share // _BLOCKS_PER_SHARE))
+            if ahead:
+                share //= READ_AHEAD_PART
+        return ReaderSizes(block_bytes, share, cap)
+
+    def keep_shares(self, num_shards: int) -> None:
+        """Keep room in the budget for the shares of every stream open at once when reading
+        ``num_shards`` shards (see :class:`ByteBudget`); nothing without shares."""
+        share = self.stream_share
+        if share is None:
+            return
+        options = self.options
+        streams = min(options.cycle_length, num_shards)
+        ahead = min(options.cycle_length, num_shards - streams)
+        ahead = ahead if options.deterministic else 0
+        # (more than the limit only with tiny budgets, where shares have a floor)
+        kept = streams * share + ahead * (share // READ_AHEAD_PART)
+        self.budget.kept = min(self.budget.limit, kept)
+
+    @property
+    def chunk_bytes(self) -> int:
+        """The most framed bytes of records in one indexed read chunk (a larger record is a
+        chunk alone)."""
+        return max(1, self.options.prefetch_bytes // CHUNK_PART)
+
+    def chunk_records(self, mean_bytes: float) -> int:
+        """Records in an indexed read chunk of records of ``mean_bytes`` on average."""
+        return max(1, int(self.options.prefetch_bytes // CHUNK_PART // mean_bytes))
+
+    @property
+    def lookup_span_bytes(self) -> int:
+        """Most bytes one of ``get()``'s range reads covers: a read, within the budget."""
+        return min(self.options.block_bytes, self.options.prefetch_bytes)

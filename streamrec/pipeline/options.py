@@ -50,11 +50,6 @@ CONFIG_KEYS = (
 # modelled seconds.
 DEFAULT_GAP_BYTES = 256 << 10
 
-_MIN_STREAM_SHARE = 64 << 10  # a smaller share would mean tiny range reads
-READ_AHEAD_PART = 4
-"""A shard read ahead of its turn is kept ``1 / READ_AHEAD_PART`` of a share."""
-
-
 FOR_CHUNK_BYTES = 2 << 20
 """``chunk_bytes`` of a blocking ``for``: each chunk crosses from the loop's thread to the
 consumer's, a hand-over of ~65 us of CPU (thread switches) that ``async for`` does not pay;
@@ -183,18 +178,3 @@ class ReadOptions:
         if self.indexed:
             del config["num_hosts"], config["host_index"]
         return config
-
-    def stream_share(self) -> int | None:
-        """The part of the budget kept for one shard's reader when several are read at once.
-
-        An interleave consumes its open shards side by side, so each gets an equal share.
-        Deterministic interleaving also starts the next ``cycle_length`` shards before their
-        turn: those only need to bridge their first round trips and are kept a quarter share
-        until they are opened. One shard at a time: no shares.
-        """
-        if self.cycle_length == 1:
-            return None
-        streams = float(self.cycle_length)
-        if self.deterministic:
-            streams *= 1 + 1 / READ_AHEAD_PART
-        return max(int(self.prefetch_bytes / streams), _MIN_STREAM_SHARE)

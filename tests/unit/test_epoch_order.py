@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamrec.pipeline.indexed.engine import chunk_records, window_records
+from streamrec.pipeline.budget import BudgetPlan
+from streamrec.pipeline.indexed.engine import window_records
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.order import EpochOrder, feistel_permute, part_of, remaining_after
 
@@ -125,8 +126,8 @@ def test_block_window_is_chosen_from_record_size_and_link(
     prefetch: int, block: int, record: int, window: int
 ) -> None:
     options = ReadOptions(prefetch_bytes=prefetch, block_bytes=block, shuffle="block")
-    assert window_records(options, record) == window
+    assert window_records(options, BudgetPlan(options), record) == window
     # a chunk (a third of the budget) holds whole runs of 16 windows at the defaults
-    assert chunk_records(options, record) == max(1, prefetch // 3 // record)
+    assert BudgetPlan(options).chunk_records(record) == max(1, prefetch // 3 // record)
     explicit = ReadOptions(shuffle="block", window_records=7)
-    assert window_records(explicit, record) == 7
+    assert window_records(explicit, BudgetPlan(explicit), record) == 7

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from streamrec.format.index.core import IndexBuilder
-from streamrec.pipeline.indexed.engine import CHUNK_PART, IndexedEngine
+from streamrec.pipeline.budget import CHUNK_PART
+from streamrec.pipeline.indexed.engine import IndexedEngine
 from streamrec.pipeline.indexed.table import RecordTable
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.stats import Stats

@@ -20,7 +20,7 @@ from streamrec.errors import (
     StorageError,
     TransientStorageError,
 )
-from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.budget import BudgetPlan, ByteBudget
 from streamrec.pipeline.stream.prefetch import ObjectReader
 from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.local.memory import MemoryStore
@@ -379,7 +379,7 @@ async def test_raising_a_readers_share_lets_it_request_more() -> None:
     reader = ObjectReader(store, obj, budget, first_block_bytes=10_000, share_bytes=40_000)
     reader.prime()
     assert budget.reserved <= 40_000
-    reader.share_bytes = 400_000  # its turn came: a full share
+    reader.set_share(400_000)  # its turn came: a full share
     reader.prime()
     assert 40_000 < budget.reserved <= 400_000
     await reader.aclose()
@@ -396,9 +396,10 @@ def test_interleaved_streams_shares_fit_in_the_budget(tmp_path: Path, determinis
         deterministic=deterministic,
         prefetch_bytes=64 << 20,
     )
-    share = ds.options.stream_share()
+    share = BudgetPlan(ds.options).stream_share
     assert share is not None and share >= 3 << 20
     read_ahead = 16 if deterministic else 0  # the next generation, started before its turn
     assert 16 * share + read_ahead * (share // 4) <= 64 << 20
     assert list(ds) == []
-    assert streamrec.open_dataset(str(tmp_path / "*.tfrecord")).options.stream_share() is None
+    one_at_a_time = streamrec.open_dataset(str(tmp_path / "*.tfrecord")).options
+    assert BudgetPlan(one_at_a_time).stream_share is None

@@ -8,16 +8,17 @@ sidecar: records are read by position). One iteration:
 2. the epoch's order (:class:`~streamrec.pipeline.order.EpochOrder`) and this consumer's part
    of the positions still to read (:func:`~streamrec.pipeline.order.part_of`: hosts x
    DataLoader workers, ``even`` drop/pad), from the resume state or the start;
-3. positions in *chunks* (at most a third of ``prefetch_bytes`` of records each, cut by
-   the index's record lengths, so skewed sizes keep the bound; a record larger than that is
-   a chunk alone; in block mode whole runs of ``mix`` positions where they fit): each chunk's
-   records read with :func:`~streamrec.pipeline.indexed.table.read_records` while the one
-   before is consumed. At most three chunks exist at once - the one the consumer has, the
-   one awaited and the next - so reads in flight and decoded records stay within
-   ``prefetch_bytes`` (plus the bytes between coalesced records, which the budget counts
-   while they are in flight). The reads of all chunks share one gate of
-   ``max_concurrency`` slots, first come first served: the next chunk's reads take slots as
-   the current chunk's free them, and no more reads are in flight than one chunk would have.
+3. positions in *chunks* (at most a third of ``prefetch_bytes`` of records each, as the
+   :class:`~streamrec.pipeline.budget.BudgetPlan` says, cut by the index's record lengths,
+   so skewed sizes keep the bound; a record larger than that is a chunk alone; in block
+   mode whole runs of ``mix`` positions where they fit): each chunk's records read with
+   :func:`~streamrec.pipeline.indexed.table.read_records` while the one before is consumed.
+   At most three chunks exist at once - the one the consumer has, the one awaited and the
+   next - so reads in flight and decoded records stay within ``prefetch_bytes`` (plus the
+   bytes between coalesced records, which the budget counts while they are in flight). The
+   reads of all chunks share one gate of ``max_concurrency`` slots, first come first served:
+   the next chunk's reads take slots as the current chunk's free them, and no more reads are
+   in flight than one chunk would have.
    Pieces carry :class:`~streamrec.pipeline.position.events.Begin` /
    :class:`~streamrec.pipeline.position.events.Advance` events, so the consumer's state is one
    number.
@@ -41,7 +42,7 @@ import numpy as np
 
 from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.errors import StateError
-from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.budget import BudgetPlan, ByteBudget
 from streamrec.pipeline.indexed.table import Int64Array, RecordTable, build_table, read_records
 from streamrec.pipeline.indexed.trust import BoundaryTrust
 from streamrec.pipeline.listing.plan import dataloader_worker, indexed_digest_v1, shards_digest
@@ -54,12 +55,10 @@ from streamrec.pipeline.position.trackers import Where
 from streamrec.pipeline.stats import Stats
 from streamrec.storage.stores import StoreSet
 
-__all__ = ["IndexedEngine", "chunk_records", "window_records"]
+__all__ = ["IndexedEngine", "window_records"]
 
 _NONE: Int64Array = np.zeros(0, dtype=np.int64)
 _GLOBAL_CONCURRENCY = 64  # single-record GETs in flight (global shuffle): a link's worth
-CHUNK_PART = 3
-"""A read chunk holds about ``prefetch_bytes / CHUNK_PART`` of records; three exist at once."""
 MIN_WINDOW_BYTES = 1 << 20
 """The smallest default window of block shuffle. A request on a cloud link costs about a round
 trip (30-100 ms) of one connection's rate (25-100 MB/s): roughly 1-5 MB, the bytes it could
@@ -84,12 +83,7 @@ def mean_record_bytes(table: RecordTable) -> float:
     return max(total / max(len(table), 1), 1.0)
 
 
-def chunk_records(options: ReadOptions, mean_bytes: float) -> int:
-    """Records in a read chunk (about ``prefetch_bytes / CHUNK_PART`` of them)."""
-    return max(1, int(options.prefetch_bytes // CHUNK_PART // mean_bytes))
-
-
-def window_records(options: ReadOptions, mean_bytes: float) -> int:
+def window_records(options: ReadOptions, budget_plan: BudgetPlan, mean_bytes: float) -> int:
     """Block shuffle's window: ``options.window_records``, else chosen from the record size
     and the link (see the module docstring): a sixteenth of a chunk's records, but at least
     :data:`MIN_WINDOW_BYTES` of them and at most one read (``block_bytes``); one at least."""
@@ -97,7 +91,7 @@ def window_records(options: ReadOptions, mean_bytes: float) -> int:
         return options.window_records
     low = max(1, int(MIN_WINDOW_BYTES // mean_bytes))
     high = max(1, int(options.block_bytes // mean_bytes))
-    return min(high, max(low, chunk_records(options, mean_bytes) // _MIX_WINDOWS))
+    return min(high, max(low, budget_plan.chunk_records(mean_bytes) // _MIX_WINDOWS))
 
 
 class IndexedEngine:
@@ -116,6 +110,8 @@ class IndexedEngine:
         self.epoch = epoch
         self.stats = stats
         self.trust = trust  # what is verified of the indexes (the dataset's, across epochs)
+        self.budget_plan = BudgetPlan(options)
+        """How this iteration spends its prefetch budget (the budget, the read chunks)."""
         self._table: RecordTable | None = None
         # the record ids of the last pieces made, by the id() of their record list (lists
         # cannot be weakly referenced; a list not made here is never looked up: see where)
@@ -173,9 +169,9 @@ class IndexedEngine:
         window, mix = 1, 1
         mean = mean_record_bytes(table)
         if kind == "block":
-            window = window_records(options, mean)
+            window = window_records(options, self.budget_plan, mean)
             mix = options.shuffle_buffer or max(
-                window, min(_MIX_WINDOWS * window, chunk_records(options, mean))
+                window, min(_MIX_WINDOWS * window, self.budget_plan.chunk_records(mean))
             )
         order = EpochOrder(records, kind, options.seed, self.epoch, window, mix)
         begin = Begin(records, consumers, consumer, tuple(pool), taken)
@@ -190,7 +186,7 @@ class IndexedEngine:
     ) -> AsyncGenerator[Piece, None]:
         """This consumer's records of the epoch, in pieces, from ``resume`` or the start."""
         options = self.options
-        budget = ByteBudget(options.prefetch_bytes)
+        budget = self.budget_plan.budget
         async with StoreSet(options.storage_options, options.max_concurrency * 4) as stores:
             try:
                 shards = await list_shards(self.urls, options, stores.get, self.stats)
@@ -219,14 +215,14 @@ class IndexedEngine:
 
     def _chunks(self, table: RecordTable, plan: _Plan) -> Iterator[Int64Array]:
         """The records at the part's positions still to read, in reading order, cut into
-        chunks of at most ``prefetch_bytes / CHUNK_PART`` framed bytes by the index's lengths
+        chunks of at most the plan's ``chunk_bytes`` framed bytes by the index's lengths
         (a record larger than that alone): a mean size says nothing of how the sizes are
         spread. In block mode a chunk is whole runs of ``mix`` positions where they fit.
         Positions are looked up a mean-sized chunk's worth at a time, and what one chunk
         did not take starts the next."""
-        limit = max(1, self.options.prefetch_bytes // CHUNK_PART)
+        limit = self.budget_plan.chunk_bytes
         mix = plan.order.mix if plan.order.shuffle == "block" else 1
-        step = chunk_records(self.options, plan.mean_bytes)
+        step = self.budget_plan.chunk_records(plan.mean_bytes)
         if mix > 1:
             step = max(mix, step // mix * mix)
         position, end = plan.begin.taken, plan.part.length

@@ -49,7 +49,7 @@ from typing import Any
 import numpy.typing as npt
 
 from streamrec._portal import EventLoopThread
-from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.budget import BudgetPlan
 from streamrec.pipeline.indexed.table import RecordTable, as_indices, build_table, read_records
 from streamrec.pipeline.indexed.trust import BoundaryTrust
 from streamrec.pipeline.listing.lengths import ShardCounts, counts_key
@@ -75,7 +75,8 @@ class _Session:
         self.pid = os.getpid()
         self.portal = EventLoopThread("streamrec-get")
         self.stores = StoreSet(options.storage_options, options.max_concurrency)
-        self.budget = ByteBudget(options.prefetch_bytes)
+        self.budget_plan = BudgetPlan(options)  # get()'s own budget and reads
+        self.budget = self.budget_plan.budget
         self.gate = asyncio.Semaphore(options.max_concurrency)
         self.building = asyncio.Lock()  # one table build at a time
         self._closing = threading.Lock()
@@ -177,7 +178,7 @@ class RecordLookup:
                 policy=options.retry,
                 max_concurrency=options.max_concurrency,
                 gate=session.gate,
-                span_bytes=min(options.block_bytes, options.prefetch_bytes),
+                span_bytes=session.budget_plan.lookup_span_bytes,
                 verify_crc=options.verify_crc,
                 stats=self.stats,
                 on_retry=self._count_retry,

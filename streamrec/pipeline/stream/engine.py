@@ -17,7 +17,7 @@ from contextlib import aclosing
 
 from streamrec._portal import owned_generator
 from streamrec.errors import StateError
-from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.budget import BudgetPlan
 from streamrec.pipeline.listing.plan import (
     ShardPlan,
     dataloader_worker,
@@ -26,7 +26,7 @@ from streamrec.pipeline.listing.plan import (
     shards_digest,
 )
 from streamrec.pipeline.listing.urls import list_shards
-from streamrec.pipeline.options import READ_AHEAD_PART, ReadOptions
+from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.position.events import Event, Open, Piece, take_event
 from streamrec.pipeline.position.state import (
     CycleState,
@@ -60,6 +60,8 @@ class ReadEngine:
         self.options = options
         self.epoch = epoch
         self.stats = stats
+        self.budget_plan = BudgetPlan(options)
+        """How this iteration spends its prefetch budget (the budget, the streams' shares)."""
         self.shards_digest: str | None = None
         """The fingerprint of the shards read (set once they are listed and planned)."""
         self.plan: ShardPlan[ObjectInfo] | None = None
@@ -93,32 +95,21 @@ class ReadEngine:
         self.stats.retries += 1
 
     def _reader(
-        self,
-        stores: StoreSet,
-        shard: ObjectInfo,
-        budget: ByteBudget,
-        start: int = 0,
-        ahead: bool = False,
+        self, stores: StoreSet, shard: ObjectInfo, start: int = 0, ahead: bool = False
     ) -> ObjectReader:
         """A prefetching reader of ``shard`` from ``start``, sized for this iteration."""
         options = self.options
         self.stats.shards_opened += 1
-        share = cap = options.stream_share()
-        block_bytes = options.block_bytes
-        if share is not None:
-            # a few blocks per share, so that one arrives while another is decoded
-            block_bytes = max(1, min(block_bytes, share // 4))
-            if ahead:  # a part is kept for it; up to a full share if nobody needs it
-                share //= READ_AHEAD_PART
+        sizes = self.budget_plan.reader_sizes(ahead)
         return ObjectReader(
             stores.get(shard.url),
             shard,
-            budget,
+            self.budget_plan.budget,
             start=start,
-            block_bytes=block_bytes,
+            block_bytes=sizes.block_bytes,
             max_concurrency=options.max_concurrency,
-            share_bytes=share,
-            max_held_bytes=cap,
+            share_bytes=sizes.share_bytes,
+            max_held_bytes=sizes.max_held_bytes,
             policy=options.retry,
             on_retry=self._count_retry,
             open_cache=self._open_cache(shard, start),
@@ -155,7 +146,7 @@ class ReadEngine:
         ``on_planned(digest)`` is called once the shards are listed and planned, before the
         first piece (``digest``: :attr:`shards_digest`)."""
         options = self.options
-        budget = ByteBudget(options.prefetch_bytes)
+        budget = self.budget_plan.budget
         closers: list[Callable[[], Awaitable[None]]] = []
         connections = options.max_concurrency * (options.cycle_length + 1)
         async with StoreSet(
@@ -163,7 +154,7 @@ class ReadEngine:
             connections,
             lookup_reads_first_bytes=options.cache_dir is None,
         ) as stores:
-            early = _EarlyStart(lambda shard: self._reader(stores, shard, budget))
+            early = _EarlyStart(lambda shard: self._reader(stores, shard))
             closers.append(early.aclose)
             try:
                 on_first = early.start if self._starts_early(resume) else None
@@ -183,19 +174,15 @@ class ReadEngine:
                 self.plan = plan  # (where each record comes from: Dataset.locate)
                 if on_planned is not None:
                     on_planned(digest)
-                share = options.stream_share()
-                if share is not None:  # see ByteBudget: room kept for every stream's share
-                    streams = min(options.cycle_length, len(plan.shards))
-                    ahead = min(options.cycle_length, len(plan.shards) - streams)
-                    ahead = ahead if options.deterministic else 0
-                    # (more than the limit only with tiny budgets, where shares have a floor)
-                    kept = streams * share + ahead * (share // READ_AHEAD_PART)
-                    budget.kept = min(budget.limit, kept)
+                # see ByteBudget: room kept for every stream's share
+                self.budget_plan.keep_shares(len(plan.shards))
 
                 def make_reader(shard: ObjectInfo, start: int, ahead: bool) -> ObjectReader:
-                    return self._reader(stores, shard, budget, start, ahead)
+                    return self._reader(stores, shard, start, ahead)
 
-                opener = ShardOpener(options, stores, budget, plan, self.stats, make_reader)
+                opener = ShardOpener(
+                    options, stores, self.budget_plan, plan, self.stats, make_reader
+                )
                 closers.append(opener.aclose)
                 await opener.prepare(resume)
                 pieces = read = self._read(opener, resume.read if resume else None, first)
@@ -333,12 +320,11 @@ class _EarlyStart:
     def __init__(self, make_reader: Callable[[ObjectInfo], ObjectReader]) -> None:
         self._make_reader = make_reader
         self.reader: ObjectReader | None = None
-        self._concurrency = 1
 
     def start(self, shard: ObjectInfo) -> None:
         if self.reader is None:  # a retried listing tells the same shard again
             self.reader = reader = self._make_reader(shard)
-            self._concurrency, reader.max_concurrency = reader.max_concurrency, 1
+            reader.limit_concurrency(1)
             reader.prime()
 
     async def take(self, planned: ObjectInfo | None) -> ObjectReader | None:
@@ -356,7 +342,7 @@ class _EarlyStart:
             return None
         # the rest of its ramp once its first piece is handed on (see hold_ramp; the
         # cache's answer may have raised its concurrency already)
-        reader.max_concurrency = max(reader.max_concurrency, self._concurrency)
+        reader.restore_concurrency()
         reader.hold_ramp()
         return reader
 

@@ -22,7 +22,7 @@ from streamrec.errors import FormatError, StateError
 from streamrec.format.codecs import compression_from_name, normalize_compression, sniff
 from streamrec.format.framing import HEADER_BYTES, OVERHEAD_BYTES
 from streamrec.format.span import coalesce
-from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.budget import BudgetPlan
 from streamrec.pipeline.listing.plan import ShardPlan
 from streamrec.pipeline.options import DEFAULT_GAP_BYTES
 from streamrec.pipeline.position.state import (
@@ -58,14 +58,15 @@ class ShardOpener:
         self,
         options: ReadOptions,
         stores: StoreSet,
-        budget: ByteBudget,
+        budget_plan: BudgetPlan,
         plan: ShardPlan[ObjectInfo],
         stats: Stats,
         make_reader: MakeReader,
     ) -> None:
         self.options = options
         self.stores = stores
-        self.budget = budget
+        self.budget_plan = budget_plan
+        self.budget = budget_plan.budget
         self.plan = plan
         self.stats = stats
         self._make_reader = make_reader
@@ -160,7 +161,7 @@ class ShardOpener:
         if reader is None and records == 0:
             reader = self._primed.pop(ordinal, None)
             if reader is not None:  # its turn: from now on it gets a full share
-                reader.share_bytes = self.options.stream_share()
+                reader.set_share(self.budget_plan.stream_share)
                 reader.prime()
         if reader is None:
             reader = self.reader(ordinal, records, offset)

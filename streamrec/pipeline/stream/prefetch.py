@@ -117,13 +117,13 @@ class ObjectReader:
         self._unsettled = 0  # bytes handed on whose records the consumer may not have taken
         self.carries: Callable[[], int] | None = None
         """How many bytes handed on the decoder holds in a record it has not completed (set
-        by the decoder; see :meth:`settle`)."""
+        by the decoder through :meth:`track_carried`; see :meth:`settle`)."""
         self._covered = 0  # the part of its share this reader holds
         self._share: int | None = None
         self._closed = False
         self.block_bytes = block_bytes
         self.max_held_bytes = max_held_bytes  # a hard cap on what it holds
-        self.share_bytes = share_bytes
+        self.set_share(share_bytes)
         self.max_concurrency = min(max_concurrency, store.concurrency_limit or max_concurrency)
         self.policy = policy or RetryPolicy()
         self._on_retry = on_retry
@@ -138,6 +138,7 @@ class ObjectReader:
         self._handed = False  # a piece was handed on
         self._paused = False  # no block requests: records are read directly
         self._ramp_held: int | None = None  # see hold_ramp: the concurrency to go back to
+        self._limited: int | None = None  # see limit_concurrency: the concurrency to go back to
         self._pinned = False  # the store was asked to pin the object (first request on)
         if open_cache is not None:
             # until the cache answers, as few reads as a local copy wants (more preads at once
@@ -147,12 +148,14 @@ class ObjectReader:
 
     @property
     def share_bytes(self) -> int | None:
-        """Room the budget keeps for this reader (``None``: none of its own)."""
+        """Room the budget keeps for this reader (``None``: none of its own; see
+        :meth:`set_share`)."""
         return self._share
 
-    @share_bytes.setter
-    def share_bytes(self, value: int | None) -> None:
-        self._share = value
+    def set_share(self, share_bytes: int | None) -> None:
+        """Keep ``share_bytes`` of the budget for this reader from now on (a shard read ahead
+        of its turn whose turn came gets a full share); :meth:`prime` to use it."""
+        self._share = share_bytes
         self._hold(0)
 
     def _hold(self, change: int) -> None:
@@ -179,6 +182,20 @@ class ObjectReader:
 
     def _release_ramp(self) -> None:
         held, self._ramp_held = self._ramp_held, None
+        if held is not None:
+            self.max_concurrency = max(self.max_concurrency, held)
+
+    def limit_concurrency(self, limit: int) -> None:
+        """Request at most ``limit`` blocks at once until :meth:`restore_concurrency` (a
+        reader started while something else needs the link: a listing's next pages)."""
+        if self._limited is None:
+            self._limited = self.max_concurrency
+        self.max_concurrency = limit
+
+    def restore_concurrency(self) -> None:
+        """Back to the concurrency :meth:`limit_concurrency` limited (or more, if the cache's
+        answer has raised it meanwhile)."""
+        held, self._limited = self._limited, None
         if held is not None:
             self.max_concurrency = max(self.max_concurrency, held)
 
@@ -282,6 +299,11 @@ class ObjectReader:
 
     def __aiter__(self) -> ObjectReader:
         return self
+
+    def track_carried(self, carries: Callable[[], int]) -> None:
+        """Ask ``carries()`` at each :meth:`settle` how many bytes handed on the decoder
+        still holds in a record it has not completed (see :attr:`carries`)."""
+        self.carries = carries
 
     def settle(self) -> None:
         """Give back the bytes of the pieces handed on so far: the decoder asks for more, so

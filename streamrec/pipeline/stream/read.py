@@ -129,7 +129,9 @@ async def decode_blocks(
     copy is removed (the next read downloads the object again)."""
     # Asked at each settle, not now: "auto" may find the shard compressed only once its first
     # bytes are fed, and inflated bytes are not the reader's bytes.
-    reader.carries = lambda: decoder.framing.buffered_bytes if decoder.compression is None else 0
+    reader.track_carried(
+        lambda: decoder.framing.buffered_bytes if decoder.compression is None else 0
+    )
     try:
         async for head in _after(first, reader):
             gathered: list[list[bytes]] = []

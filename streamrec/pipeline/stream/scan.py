@@ -22,7 +22,7 @@ from streamrec._portal import owned_generator
 from streamrec.format.codecs import Compression
 from streamrec.format.framing import FOOTER_BYTES, HEADER_BYTES
 from streamrec.format.shard import DEFAULT_PIECE_BYTES, ShardDecoder
-from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.budget import BudgetPlan
 from streamrec.pipeline.listing.sidecars import shard_compression
 from streamrec.pipeline.listing.urls import list_sources
 from streamrec.pipeline.options import ReadOptions
@@ -37,13 +37,15 @@ Located = tuple[ObjectInfo, int, int, bytes]
 
 
 class ShardScan:
-    """One run over shards with ``options``: one store per scheme and one prefetch budget of
-    ``options.prefetch_bytes`` shared by every shard read (an ``async with`` block)."""
+    """One run over shards with ``options``: one store per scheme and one prefetch budget
+    (its :class:`~streamrec.pipeline.budget.BudgetPlan`'s) shared by every shard read (an
+    ``async with`` block)."""
 
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self.stores = StoreSet(options.storage_options)
-        self.budget = ByteBudget(options.prefetch_bytes)
+        self.budget_plan = BudgetPlan(options)
+        self.budget = self.budget_plan.budget
 
     async def __aenter__(self) -> ShardScan:
         await self.stores.__aenter__()
