@@ -19,7 +19,7 @@ from urllib.parse import quote, quote_plus
 
 import aiohttp
 
-from streamrec.errors import ObjectChangedError, PermissionDeniedError, StorageError
+from streamrec.errors import PermissionDeniedError, StorageError
 from streamrec.storage.base import ObjectInfo, split_scheme
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.gcs.client import (
@@ -30,15 +30,9 @@ from streamrec.storage.gcs.client import (
     start_filesystem,
 )
 from streamrec.storage.gcs.sink import GCSAccess, GCSResumableSink
-from streamrec.storage.http.body import (
-    error_detail,
-    probe_first_bytes,
-    ranges_ignored,
-    read_pieces,
-)
+from streamrec.storage.http.body import get_range, probe_first_bytes
 from streamrec.storage.retry import waiting_for
 from streamrec.storage.sinks import bucket_and_key
-from streamrec.storage.translate import from_status, translate
 
 if TYPE_CHECKING:
     from streamrec.storage.sinks import SinkContext
@@ -168,30 +162,8 @@ class GCSStore(FsspecStore):
         url = self.billed(self.fs.url(obj.url))
         if obj.version:
             url += f"&ifGenerationMatch={obj.version}"
-        headers = self.headers({"Range": f"bytes={start}-{end - 1}"})
-        action = f"reading bytes {start}-{end - 1}"
-        try:
-            async with session.get(url, headers=headers) as response:
-                status = response.status
-                generation = response.headers.get("X-Goog-Generation")
-                if status not in (200, 206):
-                    detail = await error_detail(response.content)  # never the whole body
-                    raise from_status(status, obj.url, action, detail)
-                # Also compare the generation served: not every server honours
-                # ifGenerationMatch.
-                if obj.version and generation and generation != obj.version:
-                    raise ObjectChangedError(
-                        f"{obj.url}: the object changed while it was being read"
-                    )
-                if status == 200 and (start, end) != (0, obj.size):
-                    raise ranges_ignored(obj, start, end)
-                return await read_pieces(
-                    response.content, limit=end - start, what=f"{obj.url}: {action}"
-                )
-        except StorageError:
-            raise
-        except Exception as exc:
-            raise translate(exc, obj.url, action) from exc
+        headers = self.headers({})
+        return await get_range(session, url, obj, start, end, headers, "X-Goog-Generation")
 
     async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
         return await self._read_joined(obj, start, end)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from streamrec.errors import StorageError
+from streamrec.errors import ObjectChangedError, StorageError
 from streamrec.storage.base import PIECE_BYTES, ObjectInfo
 from streamrec.storage.translate import from_status, translate
 
@@ -23,6 +23,7 @@ __all__ = [
     "error_detail",
     "read_at_most",
     "parse_content_range",
+    "get_range",
     "ranges_ignored",
     "read_pieces",
     "read_pieces_within",
@@ -181,3 +182,39 @@ async def probe_first_bytes(
     if pieces is None:
         return None  # more than was asked: look the object up instead
     return ObjectInfo(url, size, version), pieces
+
+
+async def get_range(
+    session: Any,
+    request_url: str,
+    obj: ObjectInfo,
+    start: int,
+    end: int,
+    headers: dict[str, str],
+    version_header: str,
+) -> list[bytes]:
+    """Bytes ``start:end`` of ``obj`` as pieces, by a GET of ``request_url`` with ``headers``
+    (the ``Range`` added here) on an aiohttp ``session``: an error answer is its error (its
+    first bytes as the detail), a version other than ``obj.version`` in the
+    ``version_header`` answer header is :class:`~streamrec.errors.ObjectChangedError` (not
+    every server honours a conditional request), a 200 to a partial range is
+    :func:`ranges_ignored`, and a body longer than the range is an error before it is kept."""
+    action = f"reading bytes {start}-{end - 1}"
+    headers = {**headers, "Range": f"bytes={start}-{end - 1}"}
+    try:
+        async with session.get(request_url, headers=headers) as response:
+            status = response.status
+            if status not in (200, 206):
+                raise from_status(status, obj.url, action, await error_detail(response.content))
+            served = response.headers.get(version_header)
+            if obj.version and served and served != obj.version:
+                raise ObjectChangedError(f"{obj.url}: the object changed while it was being read")
+            if status == 200 and (start, end) != (0, obj.size):
+                raise ranges_ignored(obj, start, end)
+            return await read_pieces(
+                response.content, limit=end - start, what=f"{obj.url}: {action}"
+            )
+    except StorageError:
+        raise
+    except Exception as exc:
+        raise translate(exc, obj.url, action) from exc

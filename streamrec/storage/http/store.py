@@ -16,16 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamrec.errors import ObjectChangedError, StorageError
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.fsspec_store import FsspecStore
-from streamrec.storage.http.body import (
-    error_detail,
-    probe_first_bytes,
-    ranges_ignored,
-    read_pieces,
-)
-from streamrec.storage.translate import from_status, translate
+from streamrec.storage.http.body import get_range, probe_first_bytes
 
 __all__ = ["HTTPStore"]
 
@@ -61,29 +54,9 @@ class HTTPStore(FsspecStore):
         return await probe_first_bytes(await self._get_session(), url, url, headers, length, "ETag")
 
     async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
+        headers = {"If-Match": obj.version} if obj.version else {}
         session = await self._get_session()
-        headers = {"Range": f"bytes={start}-{end - 1}"}
-        if obj.version:
-            headers["If-Match"] = obj.version
-        action = f"reading bytes {start}-{end - 1}"
-        try:
-            async with session.get(obj.url, headers=headers) as response:
-                status, etag = response.status, response.headers.get("ETag")
-                if status not in (200, 206):
-                    raise from_status(status, obj.url, action, await error_detail(response.content))
-                if obj.version and etag and etag != obj.version:
-                    raise ObjectChangedError(
-                        f"{obj.url}: the object changed while it was being read"
-                    )
-                if status == 200 and (start, end) != (0, obj.size):
-                    raise ranges_ignored(obj, start, end)
-                return await read_pieces(
-                    response.content, limit=end - start, what=f"{obj.url}: {action}"
-                )
-        except StorageError:
-            raise
-        except Exception as exc:
-            raise translate(exc, obj.url, action) from exc
+        return await get_range(session, obj.url, obj, start, end, headers, "ETag")
 
     async def read_range(self, obj: ObjectInfo, start: int, end: int) -> bytes:
         return await self._read_joined(obj, start, end)
