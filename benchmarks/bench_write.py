@@ -65,7 +65,7 @@ from _harness.results import JSON_HELP, save_results
 from _harness.servers import S3_KEY, S3_SECRET, Services
 from _harness.servers import storage_options as server_options
 
-from streamrec.storage.sinks import DEFAULT_MAX_CONCURRENCY as DEFAULT_C
+from streamrec.storage.sink_base import DEFAULT_MAX_CONCURRENCY as DEFAULT_C
 
 START_MARK = "<!-- bench_write:start -->"
 END_MARK = "<!-- bench_write:end -->"

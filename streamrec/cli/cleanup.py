@@ -17,7 +17,7 @@ from streamrec.cli.common import (
     retry_of,
 )
 from streamrec.storage.leftovers import Leftover, find_leftovers, remove_leftover
-from streamrec.storage.stores import open_store
+from streamrec.storage.registry import open_store
 
 __all__ = ["parse_duration", "register"]
 

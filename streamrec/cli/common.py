@@ -134,7 +134,7 @@ def json_object(text: str) -> dict[str, Any]:
 def source_url(text: str) -> str:
     """argparse type: a path or url of a scheme streamrec reads (others are usage errors)."""
     from streamrec.errors import StorageError
-    from streamrec.storage.stores import store_key
+    from streamrec.storage.registry import store_key
 
     try:
         store_key(text)

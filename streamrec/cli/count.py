@@ -25,7 +25,7 @@ from streamrec.cli.common import (
 from streamrec.errors import CorruptRecordError, FormatError, StreamrecError
 from streamrec.format.framing import OnCorrupt
 from streamrec.pipeline.stream.scan import ShardScan
-from streamrec.storage.stores import ObjectInfo
+from streamrec.storage.registry import ObjectInfo
 
 __all__ = ["ShardResult", "register", "run_count", "run_verify", "scan_shards"]
 

@@ -41,8 +41,8 @@ from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.format.index.core import ShardIndex, index_url
 from streamrec.pipeline.listing.sidecars import find_indexes, load_index
 from streamrec.pipeline.stream.scan import ShardScan
-from streamrec.storage.sinks import SinkContext
-from streamrec.storage.stores import ObjectInfo
+from streamrec.storage.registry import ObjectInfo
+from streamrec.storage.sink_base import SinkContext
 
 __all__ = ["COUNTS_ONLY", "IndexResult", "build_index", "index_shards", "register", "run"]
 

@@ -18,7 +18,7 @@ from streamrec.cli.common import (
     read_options_of,
 )
 from streamrec.pipeline.stream.scan import ShardScan
-from streamrec.storage.stores import ObjectInfo
+from streamrec.storage.registry import ObjectInfo
 
 __all__ = ["register"]
 

@@ -71,8 +71,8 @@ from urllib.parse import unquote
 from streamrec.errors import FormatError, StorageError
 from streamrec.pipeline.arguments import check_url
 from streamrec.storage.base import split_scheme
+from streamrec.storage.registry import ObjectStore, open_store
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.stores import ObjectStore, open_store
 
 __all__ = [
     "MANIFEST_NAME",

@@ -42,8 +42,8 @@ from streamrec.pipeline.transforms.chainable import Chainable
 from streamrec.pipeline.transforms.ledger import Consumption
 from streamrec.redact import redact
 from streamrec.storage import warmup
+from streamrec.storage.registry import ObjectInfo, StoreSet, prewarm, store_key
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.stores import ObjectInfo, StoreSet, prewarm, store_key
 
 __all__ = ["Dataset", "open_dataset"]
 

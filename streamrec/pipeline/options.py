@@ -20,8 +20,8 @@ from streamrec.pipeline.arguments import (
     check_optional_int,
     check_url,
 )
+from streamrec.storage.registry import is_per_scheme
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.stores import is_per_scheme
 
 __all__ = ["CONFIG_KEYS", "DEFAULT_GAP_BYTES", "FOR_CHUNK_BYTES", "ReadOptions"]
 

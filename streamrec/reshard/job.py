@@ -111,8 +111,8 @@ from streamrec.reshard.state import (
 )
 from streamrec.reshard.task import TaskOptions, TaskResult, run_task
 from streamrec.storage.base import ObjectInfo
+from streamrec.storage.registry import store_key
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.stores import store_key
 
 __all__ = ["ReshardProgress", "ReshardSummary", "reshard"]
 

@@ -25,9 +25,9 @@ from streamrec.manifest.core import Manifest, ManifestEntry, dumps, loads, manif
 from streamrec.reshard.plan import PLAN_VERSION, Naming, Plan, TaskSpec
 from streamrec.storage.base import ObjectInfo, ObjectStore, split_scheme
 from streamrec.storage.leftovers import find_leftovers, remove_leftover
+from streamrec.storage.registry import open_store
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.sinks import SinkContext
-from streamrec.storage.stores import open_store
+from streamrec.storage.sink_base import SinkContext
 
 __all__ = ["delete_objects", "load_done_tasks", "remove_manifest", "same_url", "write_manifest"]
 

@@ -2,10 +2,10 @@
 
 * ``base.py``: :class:`~streamrec.storage.base.ObjectStore` (the interface every scheme
   implements) and :class:`~streamrec.storage.base.ObjectInfo`;
-* ``stores.py``: url -> store (one per scheme and options), and the start-up warm-up;
+* ``registry.py``: url -> store (one per scheme and options), and the start-up warm-up;
 * ``translate.py``: foreign exceptions -> ``streamrec.errors``; ``retry.py``: the retry policy
   (retries decided by exception type); ``pages.py``: a paged listing checked page by page;
-* ``sinks.py``: the sink interface writers upload through; ``leftovers.py``: what killed
+* ``sink_base.py``: the sink interface writers upload through; ``leftovers.py``: what killed
   writers left behind; ``fsspec_store.py``: listing through fsspec's async filesystems;
   ``warmup.py``: start-up work done ahead in threads;
 * wings per scheme: ``s3/``, ``gcs/``, ``azure/``, ``http/``, ``local/``; ``cache/``.

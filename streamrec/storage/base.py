@@ -13,7 +13,7 @@ from streamrec.redact import redact
 if TYPE_CHECKING:
     from streamrec.errors import TransientStorageError
     from streamrec.storage.retry import RetryPolicy
-    from streamrec.storage.sinks import ObjectSink, SinkContext
+    from streamrec.storage.sink_base import ObjectSink, SinkContext
 
 __all__ = [
     "GLOB_CHARS",

@@ -6,7 +6,7 @@ left is visible as an object:
 * **S3**: multipart uploads stay open, invisible but billed, until aborted or a lifecycle rule
   removes them. They are listed with ``ListMultipartUploads`` under the prefix.
 * **local files**: the hidden temporary files local sinks write under
-  (:data:`~streamrec.storage.sinks.TEMP_NAME`: ``.NAME.<12 hex>.tmp`` beside ``NAME``). Only
+  (:data:`~streamrec.storage.sink_base.TEMP_NAME`: ``.NAME.<12 hex>.tmp`` beside ``NAME``). Only
   names of that exact shape are ever considered.
 * **GCS**: resumable upload sessions cannot be listed by anyone; they are never visible and the
   service discards them after a week, so there is nothing to find.

@@ -103,15 +103,15 @@ from streamrec.pipeline.arguments import (
     check_url,
 )
 from streamrec.storage.base import ObjectStore
+from streamrec.storage.registry import open_store, store_key
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.sinks import (
+from streamrec.storage.sink_base import (
     DEFAULT_MAX_CONCURRENCY,
     DEFAULT_PART_BYTES,
     ObjectSink,
     SinkContext,
     run_to_completion,
 )
-from streamrec.storage.stores import open_store, store_key
 from streamrec.write.misuse import ASYNC_WRITER, check_in_loop, unawaited
 from streamrec.write.planner import Order, Planner
 from streamrec.write.template import ShardTemplate

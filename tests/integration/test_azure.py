@@ -191,7 +191,7 @@ def test_cleanup_leaves_a_blob_committed_since_it_was_listed_and_takes_404_as_go
 
     async def run() -> None:
         from streamrec.storage.leftovers import find_leftovers, remove_leftover
-        from streamrec.storage.stores import open_store
+        from streamrec.storage.registry import open_store
 
         prefix = f"az://{azure_container}/out/"
         store = open_store(prefix, store_options)

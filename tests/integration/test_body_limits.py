@@ -17,9 +17,9 @@ import pytest
 
 from streamrec.errors import StorageError, TransientStorageError
 from streamrec.storage.base import ObjectInfo, ObjectStore
+from streamrec.storage.registry import open_store
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.sinks import SinkContext
-from streamrec.storage.stores import open_store
+from streamrec.storage.sink_base import SinkContext
 from support.azurite import AzuriteServer
 
 SIZE = 1_000_000

@@ -22,7 +22,7 @@ from integration.test_reshard import (
 )
 from streamrec.cli.reshard import main as cli_main
 from streamrec.reshard.job import reshard
-from streamrec.storage.sinks import temp_name
+from streamrec.storage.sink_base import temp_name
 
 
 def damaged_inputs(root: Path, records: list[bytes]) -> list[bytes]:

@@ -17,8 +17,8 @@ import pytest
 import streamrec
 from streamrec.errors import StorageError
 from streamrec.format.encoder import RecordEncoder
+from streamrec.storage.registry import open_store
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.stores import open_store
 from support.fault_proxy import FaultProxy
 from support.s3_paths import RANGE_GET_PATHS, force_range_get_path
 from support.servers import MotoS3Server

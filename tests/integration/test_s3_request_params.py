@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import streamrec
-from streamrec.storage.stores import open_store
+from streamrec.storage.registry import open_store
 from support.fault_proxy import FaultProxy, ProxyRecord
 from support.s3_paths import RANGE_GET_PATHS, force_range_get_path
 from support.servers import MotoS3Server

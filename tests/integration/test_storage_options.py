@@ -8,7 +8,7 @@ import pytest
 
 import streamrec
 from streamrec.errors import StorageError
-from streamrec.storage.stores import options_for
+from streamrec.storage.registry import options_for
 from support.server_fixtures import HttpDir
 from support.servers import MotoS3Server
 

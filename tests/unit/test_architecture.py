@@ -11,8 +11,8 @@
 * no Python module over 600 lines (generated ``*_pb2.py`` excluded);
 * at most 8 modules directly in ``streamrec/``, at most 12 in any package folder (``__init__``
   counted, generated ``*_pb2.py`` not);
-* no two modules of one folder, and no two classes of the package, whose names differ by a
-  plural (``source``/``sources``, ``Piece``/``Pieces``);
+* no two modules (or package folders) and no two classes of the package whose names differ by
+  a plural (``source``/``sources``, ``Piece``/``Pieces``), in whichever folders they are;
 * ``streamrec/format/`` (the sans-I/O core) imports neither asyncio, fsspec nor aiofiles, and
   calls no ``open()``;
 * no bare ``asyncio.gather`` (it leaves the others running when one fails): tasks run in
@@ -400,11 +400,14 @@ def plural_problems(root: Path) -> list[str]:
     """Modules of one folder, and classes anywhere under ``root``, whose names differ by a
     plural."""
     problems = []
-    for folder in sorted({p.parent for p in root.rglob("*.py")}):
-        stems = [p.stem for p in folder.glob("*.py")]
-        for one, many in _plural_twins(stems):
-            where = folder.relative_to(root.parent)
-            problems.append(f"{where}/: modules {one}.py and {many}.py (rule: no plural twins)")
+    modules: dict[str, str] = {}  # name -> its first path (modules and package folders)
+    for path in sorted(root.rglob("*.py")):
+        name = path.parent.name if path.name == "__init__.py" else path.stem
+        modules.setdefault(name, str(path.relative_to(root.parent)))
+    for one, many in _plural_twins(modules):
+        problems.append(
+            f"modules {modules[one]} and {modules[many]} (rule: no plural twins, anywhere)"
+        )
     classes: dict[str, str] = {}
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -436,11 +439,16 @@ def test_checker_finds_crowded_folders_and_plural_twins(tmp_path: Path) -> None:
         f"pkg/sub/ holds {MAX_MODULES_PER_FOLDER + 1} modules (rule: at most "
         f"{MAX_MODULES_PER_FOLDER} per package folder; group them in a wing)"
     ]
+    (pkg / "sub" / "source.py").write_text("")
+    (pkg / "sources.py").write_text("")
     found = plural_problems(pkg)
-    assert any("stage.py and stages.py" in p for p in found), found
+    assert any("pkg/stage.py and pkg/stages.py" in p for p in found), found
+    assert any("pkg/sub/source.py and pkg/sources.py" in p for p in found), found
     assert any("classes Piece (pkg/stage.py) and Pieces" in p for p in found), found
     (pkg / "sub" / "m0.py").unlink()
     (pkg / "stages.py").unlink()
+    (pkg / "sources.py").unlink()
+    (pkg / "sub" / "source.py").unlink()
     assert crowded_folders(pkg) == [] and plural_problems(pkg) == []
 
 

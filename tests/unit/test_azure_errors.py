@@ -13,7 +13,7 @@ from streamrec.errors import (
     TransientStorageError,
 )
 from streamrec.redact import redact
-from streamrec.storage.stores import open_store, store_key
+from streamrec.storage.registry import open_store, store_key
 from streamrec.storage.translate import translate
 
 URL = "az://container/shard.tfrecord"

@@ -20,8 +20,8 @@ from streamrec.pipeline.listing.plan import plan_shards, planned_records
 from streamrec.pipeline.listing.sidecars import find_indexes, load_indexes_and_codecs, record_counts
 from streamrec.pipeline.listing.urls import list_sources
 from streamrec.storage.base import ObjectInfo
+from streamrec.storage.registry import StoreSet
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.stores import StoreSet
 
 RETRY = RetryPolicy(max_attempts=1)
 

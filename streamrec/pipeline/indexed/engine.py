@@ -53,7 +53,7 @@ from streamrec.pipeline.position.events import Advance, Begin, Event, Piece
 from streamrec.pipeline.position.state import DatasetState, IndexedState
 from streamrec.pipeline.position.trackers import Where
 from streamrec.pipeline.stats import Stats
-from streamrec.storage.stores import StoreSet
+from streamrec.storage.registry import StoreSet
 
 __all__ = ["IndexedEngine", "window_records"]
 

@@ -55,7 +55,7 @@ from streamrec.pipeline.indexed.trust import BoundaryTrust
 from streamrec.pipeline.listing.lengths import ShardCounts, counts_key
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.stats import Stats
-from streamrec.storage.stores import StoreSet
+from streamrec.storage.registry import StoreSet
 
 __all__ = ["RecordLookup"]
 

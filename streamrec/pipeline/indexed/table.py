@@ -53,8 +53,8 @@ from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.stream.prefetch import read_exact
 from streamrec.redact import redact
 from streamrec.storage.base import ObjectInfo, ObjectStore
+from streamrec.storage.registry import StoreSet
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.stores import StoreSet
 
 __all__ = ["RecordTable", "Span", "as_indices", "build_table", "plan_spans", "read_records"]
 

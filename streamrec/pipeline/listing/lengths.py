@@ -30,7 +30,7 @@ from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.order import part_of
 from streamrec.pipeline.stats import Stats
 from streamrec.redact import redact
-from streamrec.storage.stores import ObjectInfo, StoreSet
+from streamrec.storage.registry import ObjectInfo, StoreSet
 
 __all__ = [
     "RecordCounts",

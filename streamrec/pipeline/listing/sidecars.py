@@ -61,8 +61,8 @@ from streamrec.format.index.core import (
 )
 from streamrec.storage.base import GLOB_CHARS, ObjectInfo, ObjectStore
 from streamrec.storage.pages import list_glob
+from streamrec.storage.registry import store_key
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.stores import store_key
 
 __all__ = [
     "DEFAULT_CONCURRENCY",

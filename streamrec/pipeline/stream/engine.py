@@ -47,7 +47,7 @@ from streamrec.storage.cache.store import (
     cache_namespace,
     is_cacheable,
 )
-from streamrec.storage.stores import ObjectInfo, StoreSet
+from streamrec.storage.registry import ObjectInfo, StoreSet
 
 __all__ = ["Piece", "ReadEngine"]
 

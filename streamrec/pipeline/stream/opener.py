@@ -40,7 +40,7 @@ from streamrec.storage.base import ObjectInfo, ObjectStore
 if TYPE_CHECKING:
     from streamrec.pipeline.options import ReadOptions
     from streamrec.pipeline.stats import Stats
-    from streamrec.storage.stores import StoreSet
+    from streamrec.storage.registry import StoreSet
 
 #: ``make_reader(shard, start, ahead)``: a prefetching reader of ``shard`` from byte
 #: ``start``, sized for this iteration (``ahead``: opened before its turn)

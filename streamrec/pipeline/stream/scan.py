@@ -28,7 +28,7 @@ from streamrec.pipeline.listing.urls import list_sources
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.stream.prefetch import ObjectReader
 from streamrec.pipeline.stream.read import decode_blocks
-from streamrec.storage.stores import ObjectInfo, StoreSet
+from streamrec.storage.registry import ObjectInfo, StoreSet
 
 __all__ = ["Located", "ShardRead", "ShardScan"]
 

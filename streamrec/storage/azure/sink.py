@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from streamrec._portal import cancel_and_wait, run_all
-from streamrec.storage.sinks import ObjectSink, SinkContext
+from streamrec.storage.sink_base import ObjectSink, SinkContext
 from streamrec.storage.translate import translate
 
 __all__ = ["AzureBlockSink"]

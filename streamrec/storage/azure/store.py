@@ -40,7 +40,7 @@ from streamrec.storage.http.body import (
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
-    from streamrec.storage.sinks import SinkContext
+    from streamrec.storage.sink_base import SinkContext
 
 __all__ = ["AzureStore"]
 

@@ -83,7 +83,7 @@ from streamrec.storage.cache.files import (
     unlink_if_same,
     unlock,
 )
-from streamrec.storage.stores import options_for, store_key
+from streamrec.storage.registry import options_for, store_key
 from streamrec.storage.translate import translate
 
 __all__ = ["CacheFill", "CacheHit", "ShardCache", "cache_namespace", "is_cacheable"]

@@ -39,7 +39,7 @@ import aiohttp
 from streamrec._portal import cancel_and_wait
 from streamrec.errors import StorageError, TransientStorageError
 from streamrec.storage.http.body import ERROR_DETAIL_BYTES, read_at_most
-from streamrec.storage.sinks import ObjectSink, SinkContext
+from streamrec.storage.sink_base import ObjectSink, SinkContext
 from streamrec.storage.translate import from_status, translate
 
 __all__ = [

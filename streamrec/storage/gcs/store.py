@@ -32,10 +32,10 @@ from streamrec.storage.gcs.client import (
 from streamrec.storage.gcs.sink import GCSAccess, GCSResumableSink
 from streamrec.storage.http.body import get_range, probe_first_bytes
 from streamrec.storage.retry import waiting_for
-from streamrec.storage.sinks import bucket_and_key
+from streamrec.storage.sink_base import bucket_and_key
 
 if TYPE_CHECKING:
-    from streamrec.storage.sinks import SinkContext
+    from streamrec.storage.sink_base import SinkContext
 
 __all__ = ["GCSStore"]
 

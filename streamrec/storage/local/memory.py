@@ -6,7 +6,7 @@ from typing import Any
 
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.fsspec_store import FsspecStore
-from streamrec.storage.sinks import MemorySink, SinkContext
+from streamrec.storage.sink_base import MemorySink, SinkContext
 from streamrec.storage.translate import translate
 
 __all__ = ["MemoryStore"]

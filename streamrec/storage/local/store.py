@@ -18,7 +18,7 @@ import threading
 
 from streamrec.errors import ObjectChangedError, ObjectNotFoundError, StorageError
 from streamrec.storage.base import Leftover, ObjectInfo, ObjectStore, has_glob
-from streamrec.storage.sinks import TEMP_NAME, AtomicLocalSink, SinkContext
+from streamrec.storage.sink_base import TEMP_NAME, AtomicLocalSink, SinkContext
 from streamrec.storage.translate import translate
 
 __all__ = ["LocalFile", "LocalStore"]
@@ -119,7 +119,7 @@ class LocalStore(ObjectStore):
             raise translate(exc, url, "removing it") from exc
 
     async def unfinished_writes(self, prefix: str) -> list[Leftover]:
-        """The hidden temporary files of local sinks (:data:`~streamrec.storage.sinks.
+        """The hidden temporary files of local sinks (:data:`~streamrec.storage.sink_base.
         TEMP_NAME` only) under ``prefix``, a directory or a path prefix."""
         return await asyncio.to_thread(_local_temp_files, prefix)
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamrec._portal import cancel_and_wait, run_all
 from streamrec.errors import ObjectNotFoundError, StorageError
-from streamrec.storage.sinks import ObjectSink, SinkContext, bucket_and_key
+from streamrec.storage.sink_base import ObjectSink, SinkContext, bucket_and_key
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:

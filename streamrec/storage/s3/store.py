@@ -44,7 +44,7 @@ from streamrec.storage.translate import translate
 if TYPE_CHECKING:
     from streamrec.storage.retry import RetryPolicy
     from streamrec.storage.s3.sink import S3MultipartSink
-    from streamrec.storage.sinks import SinkContext
+    from streamrec.storage.sink_base import SinkContext
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "S3Store"]
 
