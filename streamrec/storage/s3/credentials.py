@@ -50,15 +50,15 @@ class ResolvedCredentials:
                 if not self._resolved:
                     self._credentials = await self._resolve()
                     self._resolved = True
-        if self._credentials is None:
+        frozen = None
+        if self._credentials is not None:
+            frozen = await self._credentials.get_frozen_credentials()
+        if frozen is None or not frozen.access_key or not frozen.secret_key:
             raise StorageError(
                 "no AWS credentials found (botocore's chain: the environment, the shared "
                 "credentials and config files, SSO, container and instance roles); pass "
                 "storage_options={'anon': True} for a public bucket"
             )
-        frozen = await self._credentials.get_frozen_credentials()
-        if frozen is None or not frozen.access_key or not frozen.secret_key:
-            return None
         return Frozen(frozen.access_key, frozen.secret_key, frozen.token or None)
 
     async def _resolve(self) -> Any:
