@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["SECRET_QUERY_PARAMETERS", "redact"]
+__all__ = ["SECRET_QUERY_PARAMETERS", "redact", "unsigned_name"]
 
 # scheme://userinfo@ : userinfo holds no "/", "?", "#", "@" or whitespace (RFC 3986). Azure's
 # abfs://container@account.dfs.core.windows.net/... names a container there, not a credential
@@ -51,3 +51,11 @@ def redact(text: str) -> str:
     if "=" in text:
         text = _QUERY.sub(r"\1***", text)
     return text
+
+
+def unsigned_name(url: str) -> str:
+    """``url`` without what signing it adds, to name the object in fingerprints: a signed url
+    (credentials in its user-info or query) by its redacted path alone (its date, expiry and
+    signature change with every signing), any other url as it is."""
+    redacted = redact(url)
+    return url if redacted == url else redacted.split("?", 1)[0].split("#", 1)[0]

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from streamrec.format.index.core import INDEX_SUFFIX
 from streamrec.manifest.core import MANIFEST_NAME
 from streamrec.pipeline.listing.plan import seeded_random
-from streamrec.redact import redact
+from streamrec.redact import unsigned_name
 from streamrec.storage.base import ObjectInfo
 from streamrec.write.template import parse_fields, template_directory
 
@@ -334,21 +334,13 @@ def _task_seed(seed: int, task: int) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
-def _unsigned(url: str) -> str:
-    """``url`` without what signing it adds: a signed url (its credentials in its user-info
-    or query) named by its path alone, so that a job resumes through freshly signed urls of
-    the same objects (their size and version still pin each one); other urls as they are
-    (the fingerprints of earlier jobs unchanged)."""
-    redacted = redact(url)
-    return url if redacted == url else redacted.split("?", 1)[0].split("#", 1)[0]
-
-
 def fingerprint_of(inputs: Sequence[ObjectInfo], settings: dict[str, Any]) -> str:
     """16 hex digits naming the job: the inputs (url, size, version) and every setting that
-    changes the output."""
+    changes the output. Signed urls are named by their path (:func:`~streamrec.redact.
+    unsigned_name`): a job resumes through freshly signed urls of the same objects."""
     document = {
         "plan": PLAN_VERSION,
-        "inputs": [[_unsigned(obj.url), obj.size, obj.version] for obj in inputs],
+        "inputs": [[unsigned_name(obj.url), obj.size, obj.version] for obj in inputs],
         **settings,
     }
     text = json.dumps(document, sort_keys=True, separators=(",", ":"))

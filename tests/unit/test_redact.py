@@ -67,7 +67,11 @@ def test_reprs_show_no_secret() -> None:
 
 
 def test_a_state_fingerprint_is_the_same_for_freshly_signed_urls() -> None:
-    fresh = PRESIGNED.replace("deadbeefsig", "cafef00d")
+    fresh = (
+        PRESIGNED.replace("deadbeefsig", "cafef00d")
+        .replace("20261127T000000Z", "20261128T093000Z")  # signed again a day later
+        .replace("X-Amz-Expires=3600", "X-Amz-Expires=600")
+    )
     assert shards_digest([ObjectInfo(PRESIGNED, 10, "e")]) == shards_digest(
         [ObjectInfo(fresh, 10, "e")]
     )
@@ -88,3 +92,15 @@ def test_options_that_hold_storage_options_show_none_of_them() -> None:
         ),
     ):
         assert "S3SECRETKEY" not in repr(options) and "S3TOKEN" not in repr(options), repr(options)
+
+
+def test_states_named_by_the_earlier_digest_still_load() -> None:
+    """shards_digest_v2 (redacted urls with their date) is what states saved before
+    2026-11-27 hold; the engines accept it, and it equals the new digest for plain urls."""
+    from streamrec.pipeline.listing.plan import shards_digest_v2
+
+    plain = [ObjectInfo("s3://b/k.tfrecord", 10, "e")]
+    assert shards_digest_v2(plain, 1, 0) == shards_digest(plain, 1, 0)
+    signed = [ObjectInfo(PRESIGNED, 10, "e")]
+    assert shards_digest_v2(signed) != shards_digest(signed)
+    assert "SESSIONTOKEN" not in shards_digest_v2(signed)

@@ -45,7 +45,12 @@ from streamrec.errors import StateError
 from streamrec.pipeline.budget import BudgetPlan, ByteBudget
 from streamrec.pipeline.indexed.table import Int64Array, RecordTable, build_table, read_records
 from streamrec.pipeline.indexed.trust import BoundaryTrust
-from streamrec.pipeline.listing.plan import dataloader_worker, indexed_digest_v1, shards_digest
+from streamrec.pipeline.listing.plan import (
+    dataloader_worker,
+    indexed_digest_v1,
+    shards_digest,
+    shards_digest_v2,
+)
 from streamrec.pipeline.listing.urls import list_shards
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.order import EpochOrder, Intervals, Part, part_of
@@ -194,7 +199,12 @@ class IndexedEngine:
                     self.urls, options, self.stats, stores, shards, self.trust
                 )
                 digest = shards_digest(table.shards, table.counts())
-                known = (None, digest, indexed_digest_v1(table.shards, table.counts()))
+                known = (
+                    None,
+                    digest,
+                    shards_digest_v2(table.shards, table.counts()),
+                    indexed_digest_v1(table.shards, table.counts()),
+                )
                 if resume is not None and resume.shards not in known:
                     raise StateError(
                         "the state was saved over different shards (other files, sizes or "

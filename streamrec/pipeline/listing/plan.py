@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from streamrec.redact import redact
+from streamrec.redact import redact, unsigned_name
 from streamrec.storage.base import ObjectInfo
 
 __all__ = [
@@ -34,15 +34,24 @@ __all__ = [
     "planned_records",
     "seeded_random",
     "shards_digest",
+    "shards_digest_v2",
 ]
 
 
 def shards_digest(shards: Sequence[ObjectInfo], *extra: object) -> str:
     """A short fingerprint of ``shards`` (names, sizes, versions) and of ``extra`` (how they
     are read): a resume state names it, so that it is never loaded over other shards.
-    Names without their credentials (:func:`~streamrec.redact.redact`), as the state's
-    configuration holds them: a state taken through signed urls resumes through freshly
-    signed ones of the same objects (the size and version still pin each object)."""
+    Signed urls are named without what signing adds (:func:`~streamrec.redact.unsigned_name`):
+    a state taken through signed urls resumes through freshly signed ones of the same objects
+    (the size and version still pin each object)."""
+    described = [[[unsigned_name(s.url), s.size, s.version] for s in shards], *extra]
+    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+
+
+def shards_digest_v2(shards: Sequence[ObjectInfo], *extra: object) -> str:
+    """The digest states named their shards by until 2026-11-27 (signed urls redacted but
+    with their date and expiry): still accepted on resume, so that those states still load.
+    The same as :func:`shards_digest` for urls that are not signed."""
     described = [[[redact(s.url), s.size, s.version] for s in shards], *extra]
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 

@@ -24,6 +24,7 @@ from streamrec.pipeline.listing.plan import (
     plan_shards,
     seeded_random,
     shards_digest,
+    shards_digest_v2,
 )
 from streamrec.pipeline.listing.urls import list_shards
 from streamrec.pipeline.options import ReadOptions
@@ -165,7 +166,8 @@ class ReadEngine:
                 first = await early.take(plan.shards[0] if plan.shards else None)
                 self._wait_for_downloads = plan.record_stride == 1
                 digest = shards_digest(plan.shards, plan.record_stride, plan.record_offset)
-                if resume is not None and resume.shards not in (None, digest):
+                legacy = shards_digest_v2(plan.shards, plan.record_stride, plan.record_offset)
+                if resume is not None and resume.shards not in (None, digest, legacy):
                     raise StateError(
                         "the state was saved over different shards (other files, sizes or "
                         "versions, or another host/worker split); it cannot resume here"
