@@ -199,13 +199,17 @@ class IndexedEngine:
                     self.urls, options, self.stats, stores, shards, self.trust
                 )
                 digest = shards_digest(table.shards, table.counts())
-                known = (
-                    None,
-                    digest,
-                    shards_digest_v2(table.shards, table.counts()),
-                    indexed_digest_v1(table.shards, table.counts()),
-                )
-                if resume is not None and resume.shards not in known:
+                if (
+                    resume is not None
+                    and resume.shards not in (None, digest)
+                    and all(
+                        resume.shards != older(table.shards, table.counts())
+                        for older in (
+                            shards_digest_v2,
+                            indexed_digest_v1,
+                        )  # earlier versions' states
+                    )
+                ):
                     raise StateError(
                         "the state was saved over different shards (other files, sizes or "
                         "versions); it cannot resume here"

@@ -44,15 +44,20 @@ def shards_digest(shards: Sequence[ObjectInfo], *extra: object) -> str:
     Signed urls are named without what signing adds (:func:`~streamrec.redact.unsigned_name`):
     a state taken through signed urls resumes through freshly signed ones of the same objects
     (the size and version still pin each object)."""
-    described = [[[unsigned_name(s.url), s.size, s.version] for s in shards], *extra]
-    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+    return _digest(unsigned_name, shards, extra)
 
 
 def shards_digest_v2(shards: Sequence[ObjectInfo], *extra: object) -> str:
     """The digest states named their shards by until 2026-11-27 (signed urls redacted but
     with their date and expiry): still accepted on resume, so that those states still load.
     The same as :func:`shards_digest` for urls that are not signed."""
-    described = [[[redact(s.url), s.size, s.version] for s in shards], *extra]
+    return _digest(redact, shards, extra)
+
+
+def _digest(
+    name_of: Callable[[str], str], shards: Sequence[ObjectInfo], extra: tuple[object, ...]
+) -> str:
+    described = [[[name_of(s.url), s.size, s.version] for s in shards], *extra]
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
 

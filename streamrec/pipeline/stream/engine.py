@@ -165,9 +165,11 @@ class ReadEngine:
                 plan = self._plan(listed)
                 first = await early.take(plan.shards[0] if plan.shards else None)
                 self._wait_for_downloads = plan.record_stride == 1
-                digest = shards_digest(plan.shards, plan.record_stride, plan.record_offset)
-                legacy = shards_digest_v2(plan.shards, plan.record_stride, plan.record_offset)
-                if resume is not None and resume.shards not in (None, digest, legacy):
+                how = (plan.record_stride, plan.record_offset)
+                digest = shards_digest(plan.shards, *how)
+                saved = None if resume is None else resume.shards
+                # (the earlier digest, of states saved by earlier versions: only then computed)
+                if saved not in (None, digest) and saved != shards_digest_v2(plan.shards, *how):
                     raise StateError(
                         "the state was saved over different shards (other files, sizes or "
                         "versions, or another host/worker split); it cannot resume here"

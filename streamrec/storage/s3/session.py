@@ -23,6 +23,8 @@ import asyncio
 import socket
 from typing import Any
 
+from streamrec.storage.s3.settings import config_file_names, proxied, verify_of
+
 __all__ = ["NoRedirectSender", "sender_for"]
 
 
@@ -141,20 +143,12 @@ def sender_for(
         or config.get("client_cert")
         or config.get("proxies_config")
         or config.get("connector_args")
-        or any(
-            value and name.lower() in ("http_proxy", "https_proxy", "all_proxy")
-            for name, value in environ.items()
-        )
+        or proxied(environ)
+        or config_file_names(environ, (b"ca_bundle", b"proxy", b"client_cert"))
     ):
-        return None
-    from streamrec.storage.s3.settings import config_file_names
-
-    if config_file_names(environ, (b"ca_bundle", b"proxy", b"client_cert")):
         return None  # (what the config file says of these, botocore reads)
-    verify = client.get("verify")
+    verify = verify_of(client, environ)
     if verify is None:
-        verify = environ.get("AWS_CA_BUNDLE") or environ.get("REQUESTS_CA_BUNDLE") or True
-    if not isinstance(verify, (bool, str)):
         return None
     pool = config.get("max_pool_connections", max_connections)
     if not isinstance(pool, int) or pool < 1:

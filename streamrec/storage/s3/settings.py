@@ -44,7 +44,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-__all__ = ["HEADER_PARAMS", "DoorSettings", "config_file_names", "door_settings", "param_headers"]
+__all__ = [
+    "HEADER_PARAMS",
+    "DoorSettings",
+    "config_file_names",
+    "door_settings",
+    "param_headers",
+    "proxied",
+    "verify_of",
+]
 
 HEADER_PARAMS: dict[str, dict[str, str]] = {
     "GetObject": {
@@ -172,7 +180,7 @@ def door_settings(
         or set(config) - _CONFIG_OPTIONS
         or set(params) - set(HEADER_PARAMS["GetObject"])
         or any(not isinstance(value, str) for value in params.values())
-        or _proxied(environ)
+        or proxied(environ)
     ):
         return None
     config_file = _config_text(environ)
@@ -181,10 +189,8 @@ def door_settings(
     endpoint = _endpoint(options, client, environ)
     if endpoint == "":
         return None  # an endpoint the door cannot address
-    verify = client.get("verify")
+    verify = verify_of(client, environ)
     if verify is None:
-        verify = environ.get("AWS_CA_BUNDLE") or environ.get("REQUESTS_CA_BUNDLE") or True
-    if not isinstance(verify, (bool, str)):
         return None
     profile = options.get("profile")
     if profile is not None and not isinstance(profile, str):
@@ -338,7 +344,16 @@ def _profile_region(config: bytes, profile: str) -> str | bool | None:
     return None
 
 
-def _proxied(environ: Mapping[str, str]) -> bool:
+def verify_of(client: Mapping[str, Any], environ: Mapping[str, str]) -> bool | str | None:
+    """TLS verification as botocore resolves it for a client: ``client_kwargs``' ``verify``,
+    else ``AWS_CA_BUNDLE``, ``REQUESTS_CA_BUNDLE``, True (None: not a value botocore takes)."""
+    verify = client.get("verify")
+    if verify is None:
+        verify = environ.get("AWS_CA_BUNDLE") or environ.get("REQUESTS_CA_BUNDLE") or True
+    return verify if isinstance(verify, (bool, str)) else None
+
+
+def proxied(environ: Mapping[str, str]) -> bool:
     """A proxy set in the environment (whatever ``no_proxy`` says: the client decides that,
     through its own rules)."""
     names = {"http_proxy", "https_proxy", "all_proxy"}

@@ -160,7 +160,7 @@ class S3Store(FsspecStore):
         alone, from its own continuation token. ``warm``: the first GET's connection opens
         beside the first page (for a listing whose objects are read next). Other globs, and
         version-aware filesystems: None."""
-        path = _strip_scheme(pattern)
+        path = self.path_of(pattern)
         head, _, last = path.rpartition("/")
         if not head or not has_glob(last) or has_glob(head) or "**" in last:
             return None
@@ -420,12 +420,6 @@ def _error_code(exc: BaseException) -> str:
     code = str(response.get("Error", {}).get("Code", ""))
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     return code or str(status or "")
-
-
-def _strip_scheme(url: str) -> str:
-    """``bucket/key`` of ``s3://bucket/key`` (or of ``bucket/key``)."""
-    _, rest = split_scheme(url)
-    return rest.rstrip("/")
 
 
 def _bucket_key(url: str) -> tuple[str, str]:

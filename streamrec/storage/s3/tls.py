@@ -72,10 +72,7 @@ def _build(verify: bool | str, future: Future[ssl.SSLContext]) -> None:
     try:
         context = build_tls_context(verify)
     except BaseException as exc:
-        with _lock:
-            if _tls_contexts.get(verify) is future:
-                del _tls_contexts[verify]
-        future.set_exception(exc)
+        _build_failed(verify, future, exc)
         if not isinstance(exc, Exception):
             raise
     else:
