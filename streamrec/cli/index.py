@@ -6,6 +6,11 @@ never the whole shard in memory), and the framed length of each record collected
 without damage, through the store's sink (:meth:`~streamrec.storage.base.ObjectStore.
 open_sink`: a temporary file renamed into place, one S3 PUT, a GCS upload), so a reader never
 sees half an index. Shards run ``--concurrency`` at a time over one prefetch budget.
+
+Once every shard has an index (written or kept), their entries are also written as one
+dataset index, ``_dataset_index.bin`` in the shards' common directory
+(:mod:`streamrec.format.index.dataset`): readers fetch that one object instead of a sidecar
+per shard. ``--no-dataset-index`` leaves it out.
 """
 
 from __future__ import annotations
@@ -39,6 +44,13 @@ from streamrec.errors import FormatError, IndexMismatchError, StreamrecError
 from streamrec.format.codecs import Compression
 from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.format.index.core import ShardIndex, index_url
+from streamrec.format.index.dataset import (
+    DATASET_INDEX_NAME,
+    EncodedShard,
+    dataset_index_bytes,
+    encode_shard,
+)
+from streamrec.pipeline.listing.dataset_index import dataset_index_url
 from streamrec.pipeline.listing.sidecars import find_indexes, load_index
 from streamrec.pipeline.stream.scan import ShardScan
 from streamrec.storage.registry import ObjectInfo
@@ -59,7 +71,11 @@ format DALI's tfrecord2idx and the tfrecord package's create_index write, so the
 readers can use it too; streamrec uses it for len(ds) and ds.num_records without reading the
 shards. Every shard is read once, streamed, with every CRC checked: a damaged shard gets no
 index (the error names the file and the byte offset). Each index appears complete or not at
-all. Listing inputs skips .idx names (like _ and . names), so 'data/*' means the shards only."""
+all. Listing inputs skips .idx names (like _ and . names), so 'data/*' means the shards only.
+Once every shard is indexed, the same entries go into one dataset index, _dataset_index.bin
+in the shards' common directory: readers (len, get, shuffle="global"/"block", even) then
+fetch one object, once per host, instead of a sidecar per shard. It describes the shards
+indexed by this run: index the whole dataset at once (data/, not data/train-*)."""
 
 EPILOG = """\
 which shards: those the urls stand for, as for every command. A shard whose index is present
@@ -107,6 +123,14 @@ def register(commands: Commands) -> None:
         help="rebuild indexes that are present and valid too",
     )
     parser.add_argument(
+        "--no-dataset-index",
+        dest="dataset_index",
+        action="store_false",
+        help=f"write no dataset index ({DATASET_INDEX_NAME}: every shard's index in one object, "
+        "which readers fetch instead of a sidecar per shard); written by default once every "
+        "shard is indexed",
+    )
+    parser.add_argument(
         "--concurrency",
         type=positive_int,
         default=8,
@@ -130,6 +154,8 @@ class IndexResult:
     index_bytes: int | None = None
     note: str | None = None
     error: StreamrecError | None = None
+    encoded: EncodedShard | None = None
+    """Its entries for the dataset index (a byte or two a record)."""
 
     @property
     def index(self) -> str:
@@ -193,72 +219,119 @@ def _same_records(a: ShardIndex, b: ShardIndex) -> bool:
     return len(a) == len(b) and bool(np.array_equal(a.lengths, b.lengths))
 
 
-async def index_shards(args: argparse.Namespace) -> list[IndexResult]:
-    """Index every shard the urls name, ``args.concurrency`` at a time; results in order."""
+@dataclass
+class Indexed:
+    """What ``streamrec index`` did: each shard's result, and the dataset index written."""
+
+    results: list[IndexResult]
+    dataset_index: str | None = None
+    """The dataset index's url, when one was written (every shard indexed or kept)."""
+    dataset_index_bytes: int = 0
+    why_not: str | None = None
+    """Why no dataset index was written."""
+
+
+async def index_shards(args: argparse.Namespace) -> Indexed:
+    """Index every shard the urls name, ``args.concurrency`` at a time (results in order),
+    then write the dataset index of them all in their common directory."""
     async with ShardScan(read_options_of(args)) as scan:
         shards = await scan.list_shards(args.urls)
-        retry = scan.options.retry
-        sidecars = await find_indexes(shards, scan.stores.get, retry, concurrency=args.concurrency)
-        total = sum(shard.size for shard in shards)
-        records_seen = 0
-        with Progress(args, total=total, unit="B", desc="index") as bar:
+        results = await _index_each(args, scan, shards)
+        return await _write_dataset_index(args, scan, shards, results)
 
-            def count_records(n: int) -> None:
-                nonlocal records_seen
-                records_seen += n
-                bar.note(f"{records_seen:,} records")
 
-            # a shard's slot is free once it is read: its index is written while the next
-            # shard is read (a local sidecar's fsyncs take a few ms)
-            reading = asyncio.Semaphore(args.concurrency)
-            writing = asyncio.Semaphore(args.concurrency)
+async def _write_dataset_index(
+    args: argparse.Namespace, scan: ShardScan, shards: list[ObjectInfo], results: list[IndexResult]
+) -> Indexed:
+    url = dataset_index_url(shards)
+    if not args.dataset_index:
+        return Indexed(results, why_not="--no-dataset-index")
+    if url is None:
+        return Indexed(results, why_not="the shards have no common directory")
+    if any(r.encoded is None for r in results):
+        return Indexed(results, why_not="not every shard has an index")
+    encoded = [r.encoded for r in results if r.encoded is not None]
+    data = await asyncio.to_thread(dataset_index_bytes, encoded)
+    await _put(scan, url, data)
+    return Indexed(results, url, len(data))
 
-            async def one(shard: ObjectInfo, sidecar: ObjectInfo | None) -> IndexResult:
-                result = IndexResult(shard)
-                try:
-                    async with reading:
-                        old, index, codec = await read(shard, sidecar)
-                    if index is None:
-                        assert isinstance(old, ShardIndex) and sidecar is not None
-                        return _described(result, "skipped", old, codec, sidecar.size)
-                    if (
-                        isinstance(old, ShardIndex)
-                        and old.random_access
-                        and _same_records(old, index)
-                        and sidecar is not None
-                    ):  # never replaced by a counts-only one
-                        result.note = "its random-access index agrees with the shard: kept"
-                        return _described(result, "skipped", old, codec, sidecar.size)
-                    async with writing:
-                        data = await asyncio.to_thread(index.to_bytes)
-                        await _put(scan, result.index, data)
-                    _described(result, "indexed", index, codec, len(data))
-                    if isinstance(old, str):
-                        result.note = f"replaced an index that did not fit the shard: {old}"
-                except StreamrecError as exc:
-                    result.action, result.error = "failed", exc
-                return result
 
-            async def read(
-                shard: ObjectInfo, sidecar: ObjectInfo | None
-            ) -> tuple[ShardIndex | str | None, ShardIndex | None, Compression]:
-                """The index there (str: why it does not fit), the shard's new index (None:
-                the one there is valid and kept) and the shard's codec."""
-                old: ShardIndex | str | None = None
-                if sidecar is not None and not args.force:
-                    codec = await scan.compression(shard)
-                    old = await _existing(scan, shard, sidecar, codec)
-                    if isinstance(old, ShardIndex):
-                        bar.update(shard.size)
-                        return old, None, codec
-                index, codec = await build_index(scan, shard, bar.update, count_records)
-                if sidecar is not None and args.force and codec is not None:
-                    old = await _existing(scan, shard, sidecar, codec)
-                return old, index, codec
+async def _index_each(
+    args: argparse.Namespace, scan: ShardScan, shards: list[ObjectInfo]
+) -> list[IndexResult]:
+    url = dataset_index_url(shards)
+    directory = None if url is None else url[: -len(DATASET_INDEX_NAME)]
+    retry = scan.options.retry
+    sidecars = await find_indexes(shards, scan.stores.get, retry, concurrency=args.concurrency)
+    total = sum(shard.size for shard in shards)
+    records_seen = 0
+    with Progress(args, total=total, unit="B", desc="index") as bar:
 
-            return await run_all(
-                one(shard, sidecar) for shard, sidecar in zip(shards, sidecars, strict=True)
-            )
+        def count_records(n: int) -> None:
+            nonlocal records_seen
+            records_seen += n
+            bar.note(f"{records_seen:,} records")
+
+        # a shard's slot is free once it is read: its index is written while the next
+        # shard is read (a local sidecar's fsyncs take a few ms)
+        reading = asyncio.Semaphore(args.concurrency)
+        writing = asyncio.Semaphore(args.concurrency)
+
+        async def one(shard: ObjectInfo, sidecar: ObjectInfo | None) -> IndexResult:
+            result = IndexResult(shard)
+            try:
+                async with reading:
+                    old, index, codec = await read(shard, sidecar)
+                if index is None:
+                    assert isinstance(old, ShardIndex) and sidecar is not None
+                    encoded(result, old, codec)
+                    return _described(result, "skipped", old, codec, sidecar.size)
+                if (
+                    isinstance(old, ShardIndex)
+                    and old.random_access
+                    and _same_records(old, index)
+                    and sidecar is not None
+                ):  # never replaced by a counts-only one
+                    encoded(result, old, codec)
+                    result.note = "its random-access index agrees with the shard: kept"
+                    return _described(result, "skipped", old, codec, sidecar.size)
+                async with writing:
+                    data = await asyncio.to_thread(index.to_bytes)
+                    await _put(scan, result.index, data)
+                encoded(result, index, codec)
+                _described(result, "indexed", index, codec, len(data))
+                if isinstance(old, str):
+                    result.note = f"replaced an index that did not fit the shard: {old}"
+            except StreamrecError as exc:
+                result.action, result.error = "failed", exc
+            return result
+
+        def encoded(result: IndexResult, index: ShardIndex, codec: Compression) -> None:
+            shard = result.shard
+            if directory is not None and shard.url.startswith(directory):
+                name = shard.url[len(directory) :]
+                result.encoded = encode_shard(name, shard.size, shard.version, codec, index)
+
+        async def read(
+            shard: ObjectInfo, sidecar: ObjectInfo | None
+        ) -> tuple[ShardIndex | str | None, ShardIndex | None, Compression]:
+            """The index there (str: why it does not fit), the shard's new index (None:
+            the one there is valid and kept) and the shard's codec."""
+            old: ShardIndex | str | None = None
+            if sidecar is not None and not args.force:
+                codec = await scan.compression(shard)
+                old = await _existing(scan, shard, sidecar, codec)
+                if isinstance(old, ShardIndex):
+                    bar.update(shard.size)
+                    return old, None, codec
+            index, codec = await build_index(scan, shard, bar.update, count_records)
+            if sidecar is not None and args.force and codec is not None:
+                old = await _existing(scan, shard, sidecar, codec)
+            return old, index, codec
+
+        return await run_all(
+            one(shard, sidecar) for shard, sidecar in zip(shards, sidecars, strict=True)
+        )
 
 
 async def _existing(
@@ -287,18 +360,20 @@ def _described(
 
 def run(args: argparse.Namespace) -> int:
     """Index every shard; print what was done."""
-    results = asyncio.run(index_shards(args))
+    indexed = asyncio.run(index_shards(args))
+    results = indexed.results
     failed = [r for r in results if r.error is not None]
     if args.json:
-        print_json(_document(results))
+        print_json(_document(indexed))
     else:
-        _print(results)
+        _print(indexed)
     for result in failed:
         error(result.error)
     return EXIT_DATA_ERROR if failed else EXIT_OK
 
 
-def _document(results: list[IndexResult]) -> dict[str, Any]:
+def _document(indexed: Indexed) -> dict[str, Any]:
+    results = indexed.results
     shards = [
         {
             "url": r.shard.url,
@@ -320,6 +395,9 @@ def _document(results: list[IndexResult]) -> dict[str, Any]:
         **{action: _count(results, action) for action in ("indexed", "skipped", "failed")},
         "total_records": sum(r.records or 0 for r in results),
         "complete": all(r.error is None for r in results),
+        "dataset_index": indexed.dataset_index,
+        "dataset_index_bytes": indexed.dataset_index_bytes if indexed.dataset_index else None,
+        "no_dataset_index": indexed.why_not,
     }
 
 
@@ -327,7 +405,8 @@ def _count(results: list[IndexResult], action: str) -> int:
     return sum(1 for r in results if r.action == action)
 
 
-def _print(results: list[IndexResult]) -> None:
+def _print(indexed: Indexed) -> None:
+    results = indexed.results
     for r in results:
         records = "" if r.records is None else f"{r.records:,}"
         if r.action == "failed":
@@ -344,3 +423,7 @@ def _print(results: list[IndexResult]) -> None:
     )
     total = plural(sum(r.records or 0 for r in results), "record")
     print(f"{plural(len(results), 'shard')}: {summary}; {total}")
+    if indexed.dataset_index is not None:
+        print(f"dataset index: {indexed.dataset_index} ({indexed.dataset_index_bytes:,} bytes)")
+    else:
+        print(f"no dataset index written: {indexed.why_not}")

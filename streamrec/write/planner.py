@@ -17,6 +17,7 @@ from streamrec.format.codecs import Compression
 from streamrec.format.crc import BytesLike
 from streamrec.format.encoder import ShardEncoder
 from streamrec.format.framing import OVERHEAD_BYTES
+from streamrec.format.index.core import ShardIndex
 from streamrec.write.template import ShardTemplate
 
 __all__ = ["Op", "Order", "Planner"]
@@ -40,7 +41,7 @@ class Op:
     """For the sink side: bytes for shard ``index``, and/or the end of that shard (with its
     record index sidecar's bytes, ``index_data``, when the shards are indexed)."""
 
-    __slots__ = ("data", "end", "index", "index_data", "records")
+    __slots__ = ("data", "end", "index", "index_data", "records", "shard_index")
 
     def __init__(
         self,
@@ -48,13 +49,15 @@ class Op:
         data: bytes,
         end: bool = False,
         records: int = 0,
-        index_data: bytes | None = None,
+        shard_index: ShardIndex | None = None,
     ) -> None:
         self.index = index
         self.data = data
         self.end = end
         self.records = records
-        self.index_data = index_data
+        self.shard_index = shard_index
+        """The shard's record index (indexed shards): its sidecar, its dataset index entries."""
+        self.index_data = None if shard_index is None else shard_index.to_bytes()
 
 
 class _Shard:
@@ -85,11 +88,10 @@ class _Shard:
             self.pieces.append(data)
             self.pending += len(data)
 
-    def finish(self) -> bytes | None:
-        """End the stream; the record index sidecar's bytes (None: not indexed)."""
+    def finish(self) -> ShardIndex | None:
+        """End the stream; the shard's record index (None: not indexed)."""
         self.emit(self.encoder.finish())
-        index = self.encoder.shard_index
-        return None if index is None else index.to_bytes()
+        return self.encoder.shard_index
 
     def take(self) -> bytes:
         data = b"".join(self.pieces) if len(self.pieces) != 1 else self.pieces[0]
@@ -148,9 +150,9 @@ class Planner:
         return shard
 
     def _end(self, shard: _Shard) -> None:
-        index_data = shard.finish()
+        shard_index = shard.finish()
         self.ops.append(
-            Op(shard.index, shard.take(), end=True, records=shard.records, index_data=index_data)
+            Op(shard.index, shard.take(), end=True, records=shard.records, shard_index=shard_index)
         )
         del self.open[shard.index]
         if self.current is shard:

@@ -92,7 +92,13 @@ from streamrec._portal import cancel_and_wait, run_all, settle_all
 from streamrec.errors import ArgumentError, ObjectNotFoundError, StorageError
 from streamrec.format.codecs import Compression, normalize_compression
 from streamrec.format.crc import BytesLike
-from streamrec.format.index.core import index_url
+from streamrec.format.index.core import ShardIndex, index_url
+from streamrec.format.index.dataset import (
+    DATASET_INDEX_NAME,
+    EncodedShard,
+    dataset_index_bytes,
+    encode_shard,
+)
 from streamrec.manifest.check import invalidate_manifest
 from streamrec.manifest.core import MANIFEST_NAME, Manifest, ManifestEntry, dumps, relative_name
 from streamrec.pipeline.arguments import (
@@ -241,6 +247,7 @@ class ShardWriter:
         self._committing: dict[int, ObjectSink] = {}  # sealed, commit under way
         self._removing: dict[int, asyncio.Task[None]] = {}  # older sidecars being removed
         self._entries: dict[int, ManifestEntry] = {}
+        self._encoded: dict[int, EncodedShard] = {}  # dataset index entries, by shard
         self._state = "open"  # open -> closed | aborted | failed
         self._failure: BaseException | None = None
         self._invalidated = False  # an earlier manifest at manifest_url is removed
@@ -352,6 +359,8 @@ class ShardWriter:
                 await run_all(list(self._finishing))
             self._context.raise_failure()
             if self.manifest_url is not None:
+                if self.indexed and len(self._encoded) == len(self._entries):
+                    await self._write_dataset_index(self.manifest_url)
                 await self._write_manifest(self.manifest_url)
             await self._close_store()
             self._state = "closed"
@@ -390,6 +399,10 @@ class ShardWriter:
             self._invalidated = True
             if self.manifest_url is not None:
                 await invalidate_manifest(self._store_now(), self.manifest_url, self._context.retry)
+                # an older dataset index here would describe other shards: gone before any
+                # shard is written (a new one is written with the manifest, when indexed)
+                base = self.manifest_url.rpartition("/")[0]
+                await self._remove(f"{base}/{DATASET_INDEX_NAME}")
         for op in self._plan.take_ops():
             self._context.raise_failure()
             sink = self._sinks.get(op.index)
@@ -408,7 +421,7 @@ class ShardWriter:
                 if removing is not None:
                     await removing  # gone before the shard can appear (sealing may commit it)
                 await sink.seal()  # the last part starts here: waits for upload capacity
-                self._background(self._commit(op.index, sink, op.records, op.index_data))
+                self._background(self._commit(op.index, sink, op.records, op.shard_index))
 
     def _background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """A task the writer awaits at close and cancels on failure; its error fails it."""
@@ -419,26 +432,39 @@ class ShardWriter:
         return task
 
     async def _remove_index(self, url: str) -> None:
-        """Remove an older sidecar of ``url`` if there is one (looked up first: a writer may
-        lack the right to delete, and needs it only when there is something to remove)."""
-        store, sidecar, retry = self._store_now(), index_url(url), self._context.retry
+        """Remove an older sidecar of ``url`` if there is one."""
+        await self._remove(index_url(url))
+
+    async def _remove(self, url: str) -> None:
+        """Remove the object ``url`` if there is one (looked up first: a writer may lack the
+        right to delete, and needs it only when there is something to remove)."""
+        store, retry = self._store_now(), self._context.retry
         try:
-            await retry.run(lambda: store.expand(sidecar), describe=f"{sidecar}: looking it up")
+            await retry.run(lambda: store.expand(url), describe=f"{url}: looking it up")
         except ObjectNotFoundError:
             return
-        await retry.run(lambda: store.delete(sidecar), describe=f"{sidecar}: removing it")
+        await retry.run(lambda: store.delete(url), describe=f"{url}: removing it")
 
     async def _commit(
-        self, index: int, sink: ObjectSink, records: int, index_data: bytes | None
+        self, index: int, sink: ObjectSink, records: int, shard_index: ShardIndex | None
     ) -> None:
         committed = await sink.commit()
         indexed = None
-        if index_data is not None:  # the index after its shard: never one without the shard
+        if shard_index is not None:  # the index after its shard: never one without the shard
             sidecar = index_url(committed.url)
             index_sink = self._store_now().open_sink(sidecar, self._context)
             self._committing[index] = index_sink
-            await index_sink.write(index_data)
+            await index_sink.write(shard_index.to_bytes())
             indexed = await index_sink.commit()
+            name = (
+                None
+                if self.manifest_url is None
+                else relative_name(committed.url, self.manifest_url)
+            )
+            if name is not None:  # its entries in the dataset index (a byte or two a record)
+                self._encoded[index] = encode_shard(
+                    name, committed.bytes, committed.version, self.compression, shard_index
+                )
         del self._committing[index]
         number = self._template.first_index + index  # the {index} in its name
         self._entries[index] = ManifestEntry(
@@ -451,6 +477,14 @@ class ShardWriter:
             index_url=None if indexed is None else indexed.url,
             index_bytes=None if indexed is None else indexed.bytes,
         )
+
+    async def _write_dataset_index(self, manifest_url: str) -> None:
+        """Every shard's entries in one object beside the manifest, before it."""
+        url = manifest_url.rpartition("/")[0] + "/" + DATASET_INDEX_NAME
+        data = dataset_index_bytes([self._encoded[k] for k in sorted(self._entries)])
+        sink = self._store_now().open_sink(url, self._context)
+        await sink.write(data)
+        await sink.commit()
 
     async def _write_manifest(self, url: str) -> None:
         manifest = Manifest(self.shards, compression=self.compression, template=self.template)

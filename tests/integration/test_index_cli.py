@@ -64,9 +64,12 @@ def test_sidecars_are_the_tfrecord_packages_and_a_second_run_skips_them(tmp_path
         assert shard["index"] == str(sidecar) and shard["index_bytes"] == sidecar.stat().st_size
         assert shard["random_access"] is True and shard["note"] is None
     # the sidecars appeared whole (nothing half-written or temporary is left) and are no shards
+    # (and the dataset index of them all beside them)
     assert sorted(os.listdir(data)) == sorted(
-        [p.name for p in paths] + [p.name + ".idx" for p in paths]
+        [p.name for p in paths] + [p.name + ".idx" for p in paths] + ["_dataset_index.bin"]
     )
+    assert doc["dataset_index"] == f"{data}/_dataset_index.bin"
+    assert doc["dataset_index_bytes"] == (data / "_dataset_index.bin").stat().st_size
     count = cli("count", "--json", f"{data}/*").json()
     assert (count["num_shards"], count["total_records"]) == (4, sum(COUNTS))
 
@@ -103,7 +106,8 @@ def test_text_output_and_a_stale_index_is_replaced(tmp_path: Path) -> None:
     assert lines[2].split() == ["INDEXED", "3", str(paths[2]), "->", f"{paths[2]}.idx"]
     assert lines[3].startswith("         replaced an index that did not fit the shard: ")
     assert "a stale index" in lines[3]  # its numbers go past the shard's end
-    assert lines[-1] == "4 shards: 1 indexed, 3 skipped, 0 failed; 10 records"
+    assert lines[-2] == "4 shards: 1 indexed, 3 skipped, 0 failed; 10 records"
+    assert lines[-1].startswith(f"dataset index: {tmp_path}/_dataset_index.bin (")
     assert Path(f"{paths[2]}.idx").read_bytes() == expected_index(paths[2], tmp_path)
 
 

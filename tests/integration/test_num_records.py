@@ -147,6 +147,8 @@ def test_counts_are_listed_once_and_planned_per_split(tmp_path: Path) -> None:
         sidecar.unlink()
     ds.split_hosts(3, 2)  # a new split: planned from the kept counts, no new listing
     assert len(ds) == len(list(ds)) == COUNTS[2] + COUNTS[5]
+    assert len(streamrec.open_dataset(url)) == sum(COUNTS)  # the dataset index has them
+    (tmp_path / "data" / "_dataset_index.bin").unlink()
     with pytest.raises(RecordCountUnknownError):
         len(streamrec.open_dataset(url))  # a new dataset lists again
 

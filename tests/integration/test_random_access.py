@@ -181,6 +181,8 @@ def test_the_table_is_kept_and_shared_with_the_counts(tmp_path: Path) -> None:
     assert (ds.num_records, len(ds)) == (200, 200)  # counts from the table: nothing listed
     copy = pickle.loads(pickle.dumps(ds))  # what a spawned DataLoader worker gets
     assert copy.get([42]) == [data[42]]
+    assert streamrec.open_dataset(url).get([0]) == [data[0]]  # the dataset index has it
+    (tmp_path / "_dataset_index.bin").unlink()
     with pytest.raises(RandomAccessUnavailableError):
         streamrec.open_dataset(url).get([0])  # a new dataset looks again
 
@@ -266,6 +268,8 @@ def test_a_manifest_count_that_disagrees_with_the_index(tmp_path: Path) -> None:
     shard = tmp_path / "part-000.tfrecord"
     size = shard.stat().st_size
     (tmp_path / "part-000.tfrecord.idx").write_text(f"0 {size}\n")  # fits the size: 1 record
+    (tmp_path / "_dataset_index.bin").unlink()  # (the sidecar's case; the dataset index's:
+    # tests/integration/test_dataset_index.py)
     with pytest.raises(IndexMismatchError, match="manifest says 8 records, its record index has 1"):
         streamrec.open_dataset(str(tmp_path)).get([0])
 
@@ -543,12 +547,16 @@ def test_remote_budget_and_concurrency(remote: Remote) -> None:
 
 
 def ranged_bytes(proxy: FaultProxy) -> int:
-    """Bytes of the shards (not sidecars; nor the first 12 bytes each listing reads to tell
-    the codec) the proxy's range GETs asked for."""
+    """Bytes of the shards (not sidecars or the dataset index's lookup; nor the first 12 bytes
+    each listing reads to tell the codec) the proxy's range GETs asked for."""
     total = 0
     for r in proxy.records:
         name = urllib.parse.unquote(r.target.partition("?")[0]).rsplit("/", 1)[-1]
-        if r.method == "GET" and r.range not in (None, "bytes=0-11") and not name.endswith(".idx"):
+        if (
+            r.method == "GET"
+            and r.range not in (None, "bytes=0-11")
+            and not name.endswith((".idx", "_dataset_index.bin"))
+        ):
             first, _, last = r.range.removeprefix("bytes=").partition("-")
             total += int(last) - int(first) + 1
     return total

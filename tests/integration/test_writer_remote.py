@@ -26,6 +26,7 @@ import pytest
 import streamrec
 from streamrec.errors import RetriesExhaustedError
 from streamrec.format.crc import crc32c
+from streamrec.format.index.dataset import DatasetIndex
 from streamrec.manifest.core import read_manifest
 from streamrec.storage.gcs.sink import CHUNK_ALIGN
 from streamrec.storage.retry import RetryPolicy
@@ -490,11 +491,20 @@ async def test_indexed_set_round_trip(
     shards = w.shards
     assert len(shards) >= 3
     names = [f"part-{i:05d}.tfrecord" for i in range(len(shards))]
-    assert target.names() == sorted(["_manifest.json", *names, *(n + ".idx" for n in names)])
+    assert target.names() == sorted(
+        ["_dataset_index.bin", "_manifest.json", *names, *(n + ".idx" for n in names)]
+    )
     assert target.uploads() == []
     start = 0
-    for name, entry in zip(names, shards, strict=True):
+    dataset_index = DatasetIndex(target.get("_dataset_index.bin"), source="written")
+    assert [s.name for s in dataset_index.shards] == names
+    for k, (name, entry) in enumerate(zip(names, shards, strict=True)):
         stored, sidecar = target.get(name), target.get(name + ".idx")
+        assert dataset_index.shard_index(k).to_bytes() == sidecar  # the same entries
+        assert (dataset_index.shards[k].size, dataset_index.shards[k].version) == (
+            entry.bytes,
+            entry.version,
+        )
         assert entry.bytes == len(stored) and entry.crc32c == crc32c(stored)
         assert (entry.index_url, entry.index_bytes) == (f"{target.base}/{name}.idx", len(sidecar))
         if rotation == "max_bytes":
@@ -595,4 +605,6 @@ async def test_an_indexed_writer_deletes_nothing_where_there_is_no_older_index(
         await w.write_many(payloads(80, seed=10, high=300))
     assert proxy.count("DELETE") == 0  # (a writer may lack the right to delete)
     names = ["p-0", "p-1", "p-2"]
-    assert served.names() == sorted(["_manifest.json", *names, *(n + ".idx" for n in names)])
+    assert served.names() == sorted(
+        ["_dataset_index.bin", "_manifest.json", *names, *(n + ".idx" for n in names)]
+    )

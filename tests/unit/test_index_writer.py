@@ -76,7 +76,9 @@ async def test_rotation_by_records_indexes_every_shard(
     check_indexed_set(shards, groups_of(payloads, shards), compression)
     names = sorted(p.name for p in tmp_path.iterdir())
     stems = [f"part-{i:03d}.tfrecord" for i in range(5)]
-    assert names == sorted(["_manifest.json", *stems, *(s + ".idx" for s in stems)])
+    assert names == sorted(
+        ["_dataset_index.bin", "_manifest.json", *stems, *(s + ".idx" for s in stems)]
+    )
     # the manifest lists each sidecar by its relative name and size
     document = json.loads((tmp_path / "_manifest.json").read_text())
     for item, entry in zip(document["shards"], shards, strict=True):

@@ -57,6 +57,7 @@ __all__ = [
     "index_size_limit",
     "index_url",
     "parse_index",
+    "stream_limit",
 ]
 
 INDEX_SUFFIX = ".idx"
@@ -80,7 +81,7 @@ def index_url(shard_url: str | os.PathLike[str]) -> str:
     return os.fspath(shard_url) + INDEX_SUFFIX
 
 
-def _stream_limit(stored_size: int, compressed: bool) -> int:
+def stream_limit(stored_size: int, compressed: bool) -> int:
     """The longest (uncompressed) stream a shard of ``stored_size`` bytes can hold."""
     return stored_size * _MAX_INFLATE_RATIO if compressed else stored_size
 
@@ -88,7 +89,7 @@ def _stream_limit(stored_size: int, compressed: bool) -> int:
 def _digits_limit(stored_size: int, compressed: bool) -> int:
     """The most digits a number of a valid index of such a shard has (none exceeds the
     stream's length)."""
-    return min(_MAX_DIGITS, len(str(max(_stream_limit(stored_size, compressed), 1))))
+    return min(_MAX_DIGITS, len(str(max(stream_limit(stored_size, compressed), 1))))
 
 
 def _line_limit(stored_size: int, compressed: bool) -> int:
@@ -103,7 +104,7 @@ def index_size_limit(stored_size: int, compressed: bool) -> int:
     records (16 framed bytes each at least, in a stream of at most ``stored_size`` bytes, or
     1032x that compressed) times the longest line such an index has (check an index object's
     size against this before reading it)."""
-    most_records = _stream_limit(stored_size, compressed) // OVERHEAD_BYTES
+    most_records = stream_limit(stored_size, compressed) // OVERHEAD_BYTES
     return most_records * _line_limit(stored_size, compressed)
 
 
@@ -251,7 +252,7 @@ class IndexParser:
         self._limit = index_size_limit(stored_size, compressed)
         self._line_limit = _line_limit(stored_size, compressed)
         self._digits = _digits_limit(stored_size, compressed)
-        self._stream = _stream_limit(stored_size, compressed)
+        self._stream = stream_limit(stored_size, compressed)
         longest = self._stream
         if compressed:
             longest = min(longest, max_record_bytes + OVERHEAD_BYTES)
@@ -410,21 +411,39 @@ class IndexParser:
         if int(full[-1]) + 1 < len(per_line):
             self._blank = first_line + int(full[-1]) + 1
         if not self._columns:
-            self._columns = int(per_line[full[0]])
-            if self._columns not in (2, 4):
-                raise self._bad(
-                    f"lines must all have 2 or 4 numbers (line 1 has {self._columns})", 0
-                )
-            if self._columns == 4 and not self.compressed:
-                raise self._bad("restart points (4 columns) in the index of an uncompressed shard")
-            if self.keep:
-                self._kept = [array("q") for _ in range(self._columns)]
+            self._set_columns(int(per_line[full[0]]))
         wrong = np.flatnonzero(per_line[full] != self._columns)
         if len(wrong):
             raise self._bad(
                 f"lines must all have 2 or 4 numbers (line 1 has {self._columns})",
                 first_line + int(full[wrong[0]]),
             )
+
+    def _set_columns(self, columns: int) -> None:
+        self._columns = columns
+        if columns not in (2, 4):
+            raise self._bad(f"lines must all have 2 or 4 numbers (line 1 has {columns})", 0)
+        if columns == 4 and not self.compressed:
+            raise self._bad("restart points (4 columns) in the index of an uncompressed shard")
+        if self.keep:
+            self._kept = [array("q") for _ in range(columns)]
+
+    def feed_rows(self, rows: Int64Array) -> None:
+        """The next records given as numbers, not text: an ``(n, 2)`` or ``(n, 4)`` array of
+        the sidecar's columns (the dataset index, :mod:`streamrec.format.index.dataset`),
+        checked exactly as parsed lines are (its errors count rows as lines)."""
+        if rows.ndim != 2 or rows.shape[1] not in (2, 4):
+            raise ValueError(f"rows must be (n, 2) or (n, 4), not {rows.shape}")
+        if not len(rows):
+            return
+        if not self._columns:
+            self._set_columns(int(rows.shape[1]))
+        elif rows.shape[1] != self._columns:
+            raise self._bad(
+                f"lines must all have 2 or 4 numbers (line 1 has {self._columns})", self._rows
+            )
+        self._lines += len(rows)
+        self._rows_of(np.ascontiguousarray(rows, dtype=np.int64))
 
     def _rows_of(self, table: Int64Array) -> None:
         """Records, checked against each other and the one before them."""

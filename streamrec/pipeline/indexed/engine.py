@@ -84,8 +84,7 @@ class _Plan:
 
 
 def mean_record_bytes(table: RecordTable) -> float:
-    total = sum(int(index.lengths.sum()) for index in table.indexes)
-    return max(total / max(len(table), 1), 1.0)
+    return max(table.framed_bytes / max(len(table), 1), 1.0)
 
 
 def window_records(options: ReadOptions, budget_plan: BudgetPlan, mean_bytes: float) -> int:

@@ -45,6 +45,7 @@ from streamrec.pipeline.indexed.trust import (
     verify_compressed,
     verify_plain,
 )
+from streamrec.pipeline.listing.dataset_index import MappedIndexes, load_dataset_index
 from streamrec.pipeline.listing.lengths import index_command
 from streamrec.pipeline.listing.sidecars import load_indexes_and_codecs
 from streamrec.pipeline.listing.urls import list_shards
@@ -89,6 +90,8 @@ class RecordTable:
     indexes: Sequence[ShardIndex]
     compressions: Sequence[Compression]
     starts: Int64Array  # global index of each shard's first record; then the total
+    framed_bytes: int
+    """Every record's framed bytes, in all (the mean record size, without the entries)."""
     trust: BoundaryTrust = field(default_factory=BoundaryTrust, repr=False)
     """Which entries of each index are verified against the shard (pipeline/indexed/trust.py)."""
     _keys: dict[int, ShardKey] = field(default_factory=dict, repr=False)
@@ -97,7 +100,12 @@ class RecordTable:
         """Shard ``ordinal`` with its index, as :attr:`trust` knows it (made once)."""
         key = self._keys.get(ordinal)
         if key is None:
-            key = self._keys[ordinal] = shard_key(self.shards[ordinal], self.indexes[ordinal])
+            shard = self.shards[ordinal]
+            if isinstance(self.indexes, MappedIndexes):  # keyed without decoding the entries
+                key = (shard.url, shard.size, shard.version, self.indexes.digest(ordinal))
+            else:
+                key = shard_key(shard, self.indexes[ordinal])
+            self._keys[ordinal] = key
         return key
 
     @classmethod
@@ -108,13 +116,33 @@ class RecordTable:
         compressions: Sequence[Compression],
         trust: BoundaryTrust | None = None,
     ) -> RecordTable:
-        """The table; ``trust``: what is verified of the shards' indexes, shared with other
-        tables of the same dataset (a new one by default)."""
-        counts = np.fromiter((len(index) for index in indexes), dtype=np.int64, count=len(indexes))
-        starts = np.zeros(len(indexes) + 1, dtype=np.int64)
-        np.cumsum(counts, out=starts[1:])
+        """The table of indexes in hand; ``trust``: what is verified of the shards' indexes,
+        shared with other tables of the same dataset (a new one by default)."""
+        counts = [len(index) for index in indexes]
+        framed = sum(int(index.lengths.sum()) for index in indexes)
+        return cls.of_counts(shards, list(indexes), compressions, counts, framed, trust)
+
+    @classmethod
+    def of_counts(
+        cls,
+        shards: Sequence[ObjectInfo],
+        indexes: Sequence[ShardIndex],
+        compressions: Sequence[Compression],
+        counts: Sequence[int],
+        framed_bytes: int,
+        trust: BoundaryTrust | None = None,
+    ) -> RecordTable:
+        """The table from each shard's record count: ``indexes`` may decode a shard's entries
+        only when asked (:class:`~streamrec.pipeline.listing.dataset_index.MappedIndexes`)."""
+        starts = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(np.asarray(counts, dtype=np.int64), out=starts[1:])
         return cls(
-            list(shards), list(indexes), list(compressions), starts, trust or BoundaryTrust()
+            list(shards),
+            indexes,
+            list(compressions),
+            starts,
+            framed_bytes,
+            trust or BoundaryTrust(),
         )
 
     def __len__(self) -> int:
@@ -422,6 +450,14 @@ async def build_table(
 
     if shards is None:
         shards = await list_shards(urls, options, stores.get, stats)
+    source = await load_dataset_index(shards, stores.get, options, stats)
+    if source is not None:
+        for shard, random_access in zip(shards, source.random_access, strict=True):
+            if not random_access:
+                raise _not_random_access(shard)
+        return RecordTable.of_counts(
+            shards, source.indexes, source.compressions, source.counts, source.framed_bytes, trust
+        )
     loaded = await load_indexes_and_codecs(
         shards, stores.get, options.retry, compression=options.compression, on_retry=count_retry
     )
@@ -438,12 +474,7 @@ async def build_table(
         assert found is not None
         index, codec = found
         if not index.random_access:
-            raise RandomAccessUnavailableError(
-                f"{redact(shard.url)}: reading records by index needs a GZIP/ZLIB shard "
-                "written with its random-access index (index=True: restart points); this "
-                "one's index only counts records. Rewrite the shards with `streamrec reshard "
-                "--index` (they can still be read sequentially)"
-            )
+            raise _not_random_access(shard)
         if shard.records is not None and shard.records != len(index):
             raise IndexMismatchError(
                 f"its manifest says {shard.records} records, its record index has "
@@ -453,3 +484,12 @@ async def build_table(
         indexes.append(index)
         codecs.append(codec)
     return RecordTable.build(shards, indexes, codecs, trust)
+
+
+def _not_random_access(shard: ObjectInfo) -> RandomAccessUnavailableError:
+    return RandomAccessUnavailableError(
+        f"{redact(shard.url)}: reading records by index needs a GZIP/ZLIB shard "
+        "written with its random-access index (index=True: restart points); this "
+        "one's index only counts records. Rewrite the shards with `streamrec reshard "
+        "--index` (they can still be read sequentially)"
+    )

@@ -2,7 +2,8 @@
 
 Every shard the urls stand for is listed as the reader lists it
 (:func:`~streamrec.pipeline.listing.urls.list_shards`), and its record count taken from
-its manifest, else from its index sidecar
+its manifest, else from the dataset index
+(:mod:`~streamrec.pipeline.listing.dataset_index`), else from its index sidecar
 (:func:`~streamrec.pipeline.listing.sidecars.record_counts`). :class:`ShardCounts` keeps them: they
 do not depend on the epoch or on the split. From them, :func:`count_for` makes the plan the reader
 would make for this consumer and epoch (the shuffle, the host split, the DataLoader worker split,
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from streamrec.errors import IndexMismatchError, RecordCountUnknownError
+from streamrec.pipeline.listing.dataset_index import load_dataset_index
 from streamrec.pipeline.listing.plan import dataloader_worker, plan_shards, planned_records
 from streamrec.pipeline.listing.sidecars import record_counts
 from streamrec.pipeline.listing.urls import list_shards
@@ -83,6 +85,11 @@ async def list_counts(urls: Sequence[str], options: ReadOptions, stats: Stats) -
     ) as stores:
         shards = await list_shards(urls, options, stores.get, stats)
         try:
+            source = None
+            if any(shard.records is None for shard in shards):  # one dataset index, else
+                source = await load_dataset_index(shards, stores.get, options, stats)
+            if source is not None:
+                return ShardCounts(key, tuple(source.counts), shards=tuple(shards))
             found = await record_counts(
                 shards,
                 stores.get,
