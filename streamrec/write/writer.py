@@ -411,7 +411,7 @@ class ShardWriter:
                     self._template.url(op.index), self._context
                 )
                 if self.indexed:  # meanwhile: an older sidecar must not describe this shard
-                    self._removing[op.index] = self._background(self._remove_index(sink.url))
+                    self._removing[op.index] = self._background(self._remove(index_url(sink.url)))
             if op.data:
                 await sink.write(op.data)
             if op.end:
@@ -430,10 +430,6 @@ class ShardWriter:
         task.add_done_callback(self._finishing.discard)
         self._context.track(task)
         return task
-
-    async def _remove_index(self, url: str) -> None:
-        """Remove an older sidecar of ``url`` if there is one."""
-        await self._remove(index_url(url))
 
     async def _remove(self, url: str) -> None:
         """Remove the object ``url`` if there is one (looked up first: a writer may lack the
@@ -481,15 +477,15 @@ class ShardWriter:
     async def _write_dataset_index(self, manifest_url: str) -> None:
         """Every shard's entries in one object beside the manifest, before it."""
         url = manifest_url.rpartition("/")[0] + "/" + DATASET_INDEX_NAME
-        data = dataset_index_bytes([self._encoded[k] for k in sorted(self._entries)])
-        sink = self._store_now().open_sink(url, self._context)
-        await sink.write(data)
-        await sink.commit()
+        await self._put(url, dataset_index_bytes([self._encoded[k] for k in sorted(self._entries)]))
 
     async def _write_manifest(self, url: str) -> None:
         manifest = Manifest(self.shards, compression=self.compression, template=self.template)
+        await self._put(url, dumps(manifest, url))
+
+    async def _put(self, url: str, data: bytes) -> None:
         sink = self._store_now().open_sink(url, self._context)
-        await sink.write(dumps(manifest, url))
+        await sink.write(data)
         await sink.commit()
 
     async def _fail(self, exc: BaseException) -> None:
