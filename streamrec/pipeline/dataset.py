@@ -218,8 +218,16 @@ class Dataset(Chainable[bytes]):
         if self._finished:
             return
         if self.options.indexed:
-            trust = self._lookup_of().trust  # verified index boundaries: across epochs, get()
-            indexed = IndexedEngine(self.urls, self.options, self.epoch, self._stats, trust)
+            lookup = self._lookup_of()  # its table and verified boundaries: every epoch, get()
+            indexed = IndexedEngine(
+                self.urls,
+                self.options,
+                self.epoch,
+                self._stats,
+                lookup.trust,
+                lookup.table,
+                partial(lookup.keep, on_counts=self._keep_counts),
+            )
             pieces = indexed.pieces(resume, on_planned=partial(self._planned, indexed.where))
         else:
             options = self.options if timed else replace(self.options, chunk_bytes=FOR_CHUNK_BYTES)

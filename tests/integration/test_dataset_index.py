@@ -256,3 +256,25 @@ def test_remote_dataset_index_is_fetched_once_per_host(
     assert len(index_gets) == 5
     shard_heads = [r for r in proxy.records if r.range == "bytes=0-11"]
     assert not [r for r in proxy.records if ".idx" in r.target] and not shard_heads
+
+
+def test_later_epochs_and_get_reuse_the_table(
+    s3_server: MotoS3Server, s3_bucket: str, fault_proxy: Callable[[str], FaultProxy]
+) -> None:
+    """An epoch's table serves the next epochs and get(): nothing listed, no index read."""
+    data = payloads(300, seed=11)
+    base = f"s3://{s3_bucket}/epochs"
+    write_set(base, data, storage_options=s3_server.storage_options)
+    proxy = fault_proxy(s3_server.endpoint_url)
+    options = {**s3_server.storage_options, "client_kwargs": {"endpoint_url": proxy.url}}
+    ds = streamrec.open_dataset(base, storage_options=options, shuffle="global", seed=1)
+    first = list(ds)
+    assert sorted(first) == sorted(data)
+    assert any(DATASET_INDEX_NAME in r.target for r in proxy.records)
+    proxy.clear_records()
+    ds.set_epoch(1)
+    second = list(ds)
+    assert sorted(second) == sorted(data) and second != first
+    assert ds.get([7]) == [data[7]] and len(ds) == 300
+    assert not [r for r in proxy.records if "_manifest" in r.target or "list-type" in r.target]
+    assert not [r for r in proxy.records if DATASET_INDEX_NAME in r.target]

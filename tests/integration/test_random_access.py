@@ -470,8 +470,10 @@ def test_neighbours_cost_one_request_and_the_table_none(
     url = write_set(remote.base, data, None, per_shard=200, storage_options=remote.storage_options)
     proxy = fault_proxy(remote.upstream)
     ds = streamrec.open_dataset(url, storage_options=remote.via(proxy))
-    assert ds.get([0]) == [data[0]]  # lists; per shard: sidecar, first bytes (the codec)
-    assert span_reads(proxy).count("part-000.tfrecord") == 2
+    assert ds.get([0]) == [data[0]]  # lists; the dataset index: no sidecar, no first bytes
+    reads = span_reads(proxy)
+    assert reads.count("part-000.tfrecord") == 1 and reads.count("_dataset_index.bin") == 1
+    assert not [name for name in reads if name.endswith(".idx")]
     proxy.clear_records()
     assert ds.get(range(250, 350)) == data[250:350]  # 100 neighbours in one shard
     # one read, nothing listed; first, one read of the length fields of the shard's records

@@ -3,8 +3,11 @@
 Used when ``shuffle="global"`` or ``"block"`` or ``even`` is set (every shard needs an index
 sidecar: records are read by position). One iteration:
 
-1. list the shards and load their indexes (:mod:`~streamrec.pipeline.listing.sidecars`) into a
-   :class:`~streamrec.pipeline.indexed.table.RecordTable`;
+1. list the shards and load their indexes (the dataset index,
+   :mod:`~streamrec.pipeline.listing.dataset_index`, else the sidecars,
+   :mod:`~streamrec.pipeline.listing.sidecars`) into a
+   :class:`~streamrec.pipeline.indexed.table.RecordTable`, or take the dataset's (kept from
+   an earlier epoch, a resume or ``get()``: listed and loaded once per process);
 2. the epoch's order (:class:`~streamrec.pipeline.order.EpochOrder`) and this consumer's part
    of the positions still to read (:func:`~streamrec.pipeline.order.part_of`: hosts x
    DataLoader workers, ``even`` drop/pad), from the resume state or the start;
@@ -108,12 +111,18 @@ class IndexedEngine:
         epoch: int,
         stats: Stats,
         trust: BoundaryTrust | None = None,
+        table: RecordTable | None = None,
+        on_table: Callable[[RecordTable], None] | None = None,
     ):
         self.urls = list(urls)
         self.options = options
         self.epoch = epoch
         self.stats = stats
         self.trust = trust  # what is verified of the indexes (the dataset's, across epochs)
+        self.kept_table = table
+        """The dataset's table from an earlier epoch, resume or ``get()``: no listing, no
+        index read again (else one is built, and handed to ``on_table``)."""
+        self.on_table = on_table
         self.budget_plan = BudgetPlan(options)
         """How this iteration spends its prefetch budget (the budget, the read chunks)."""
         self._table: RecordTable | None = None
@@ -193,10 +202,15 @@ class IndexedEngine:
         budget = self.budget_plan.budget
         async with StoreSet(options.storage_options, options.max_concurrency * 4) as stores:
             try:
-                shards = await list_shards(self.urls, options, stores.get, self.stats)
-                table = self._table = await build_table(
-                    self.urls, options, self.stats, stores, shards, self.trust
-                )
+                table = self.kept_table
+                if table is None:
+                    shards = await list_shards(self.urls, options, stores.get, self.stats)
+                    table = await build_table(
+                        self.urls, options, self.stats, stores, shards, self.trust
+                    )
+                    if self.on_table is not None:
+                        self.on_table(table)
+                self._table = table
                 digest = shards_digest(table.shards, table.counts())
                 if (
                     resume is not None

@@ -190,6 +190,12 @@ class RecordLookup:
     def _count_retry(self, _: Exception) -> None:
         self.stats.retries += 1
 
+    def keep(self, table: RecordTable, *, on_counts: OnTable) -> None:
+        """Keep ``table`` (built by an indexed epoch) for ``get()`` and later epochs."""
+        if self.table is None:
+            self.table = table
+            on_counts(ShardCounts(self.key, table.counts(), shards=tuple(table.shards)))
+
     def close(self) -> None:
         """End the session (a later call starts a new one); the table is kept."""
         with self._guard:
