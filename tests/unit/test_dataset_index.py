@@ -213,3 +213,14 @@ def test_records_must_sum_to_the_header() -> None:
     data[:56] = head + struct.pack("<I", crc32c(head))
     with pytest.raises(FormatError, match="records"):
         DatasetIndex(bytes(data), source="x")
+
+
+def test_a_length_past_the_int64_range_is_refused_not_wrapped() -> None:
+    """Eight-byte lengths whose int64 cast would wrap negative and still sum to the size."""
+    index = _plain([16 + 2**40, 16])
+    data = bytearray(dataset_index_bytes([("a", 2**40 + 32, None, None, index)]))
+    segment_at = len(data) - 16
+    data[segment_at:] = (2**64 - 16).to_bytes(8, "little") + (2**40 + 16).to_bytes(8, "little")
+    data = bytearray(_patched(bytes(data), 0, segment_crc=crc32c(bytes(data[segment_at:]))))
+    with pytest.raises(FormatError, match="more than its"):
+        DatasetIndex(bytes(data), source="x").shard_index(0)

@@ -327,23 +327,40 @@ class DatasetIndex:
         start = self._segments_at + row[6]
         return np.frombuffer(self._data[start : start + row[4] * row[11]], dtype=_WIDTHS[row[11]])
 
-    def shard_index(self, k: int) -> ShardIndex:
-        """Shard ``k``'s index, its segment's CRC and every entry checked (FormatError)."""
+    def shard_index(self, k: int, *, checked: bool = False) -> ShardIndex:
+        """Shard ``k``'s index, its segment's CRC and every entry checked (FormatError);
+        ``checked``: this object checked it before (decoded again, not checked again)."""
         shard, row = self.shards[k], self._rows[k]
         start = self._segments_at + row[6]
         segment = self._data[start : start + row[7]]
-        if crc32c(segment) != row[8]:
+        if not checked and crc32c(segment) != row[8]:
             raise self._bad(start, f"shard {k} ({shard.name}): its segment's CRC does not match")
         compressed = shard.compression is not None
+        raw = self.lengths(k)
+        if not checked and len(raw) and int(raw.max()) > shard.stream_bytes:
+            raise self._bad(
+                start,
+                f"shard {k} ({shard.name}): a record of {int(raw.max()) + OVERHEAD_BYTES} "
+                f"bytes, more than its {shard.stream_bytes}",
+            )
         if not shard.records:
             empty = np.zeros(0, dtype=np.int64)
             if row[12] == _RESTARTS:  # as the builder gives it: random access to nothing
                 return ShardIndex(empty, empty, empty, empty)
             return ShardIndex(empty, empty, counts_only=compressed)
-        lengths = self.lengths(k).astype(np.int64) + OVERHEAD_BYTES
+        lengths = raw.astype(np.int64) + OVERHEAD_BYTES  # (each at most the stream: no wrap)
         offsets = np.zeros(len(lengths), dtype=np.int64)
         if len(lengths) > 1:
             np.cumsum(lengths[:-1], out=offsets[1:])
+        if row[12] == _PLAIN:  # end to end from 0, each >= 16: they must end at its size
+            end = int(offsets[-1] + lengths[-1])
+            if not checked and end != shard.size:
+                raise self._bad(
+                    start,
+                    f"shard {k} ({shard.name}): its records end at byte {end}, but the shard "
+                    f"has {shard.size} bytes",
+                )
+            return ShardIndex(offsets, lengths)
         columns = [offsets, lengths]
         if row[12] == _RESTARTS:
             points = np.frombuffer(segment[len(lengths) * row[11] :], dtype="<u8").reshape(-1, 3)
@@ -358,6 +375,10 @@ class DatasetIndex:
             counts = np.diff(np.append(firsts, len(lengths)))
             columns.append(np.repeat(points[:, 0].astype(np.int64), counts))
             columns.append(offsets - np.repeat(points[:, 1].astype(np.int64), counts))
+        if checked:
+            if len(columns) == 2:
+                return ShardIndex(offsets, lengths, counts_only=True)
+            return ShardIndex(offsets, lengths, columns[2], columns[3])
         parser = IndexParser(
             source=f"{self.source} (shard {k}, {shard.name})",
             stored_size=shard.size,

@@ -179,7 +179,10 @@ class RecordTable:
             ordinal = int(grouped[low])
             chosen = order[low:high]
             local = records[chosen] - self.starts[ordinal]
-            out[chosen] = self.indexes[ordinal].lengths[local]
+            if isinstance(self.indexes, MappedIndexes):  # no shard's entries decoded for it
+                out[chosen] = self.indexes.framed_lengths(ordinal, local)
+            else:
+                out[chosen] = self.indexes[ordinal].lengths[local]
         return out
 
     def locate(self, indices: Int64Array) -> tuple[Int64Array, Int64Array]:

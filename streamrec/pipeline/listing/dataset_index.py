@@ -35,8 +35,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
+import numpy as np
+import numpy.typing as npt
+
 from streamrec.errors import FormatError, IndexMismatchError, ObjectNotFoundError, StorageError
 from streamrec.format.codecs import Compression, normalize_compression
+from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.format.index.core import ShardIndex
 from streamrec.format.index.dataset import DATASET_INDEX_NAME, DatasetIndex
 from streamrec.pipeline.options import ReadOptions
@@ -119,6 +123,7 @@ class MappedIndexes(Sequence[ShardIndex]):
         self._urls = list(urls)
         self._kept: OrderedDict[int, ShardIndex] = OrderedDict()
         self._kept_bytes = 0
+        self._checked: set[int] = set()  # shards whose entries passed every check once
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -140,7 +145,8 @@ class MappedIndexes(Sequence[ShardIndex]):
             self._kept.move_to_end(k)
             return found
         try:
-            found = self._dataset_index().shard_index(self._rows[k])
+            found = self._dataset_index().shard_index(self._rows[k], checked=k in self._checked)
+            self._checked.add(k)
         except FormatError as exc:
             raise IndexMismatchError(
                 f"its entries in the dataset index are not a valid index of it: {exc}; "
@@ -162,6 +168,14 @@ class MappedIndexes(Sequence[ShardIndex]):
                 if column is not None
             )
         return found
+
+    def framed_lengths(self, k: int, local: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Shard ``k``'s records ``local``: their framed lengths, read where they are stored
+        (the shard's entries checked once first), none other decoded."""
+        if k not in self._checked:
+            self[k]
+        lengths = self._dataset_index().lengths(self._rows[k])[local]
+        return lengths.astype(np.int64) + OVERHEAD_BYTES
 
     def __iter__(self) -> Iterator[ShardIndex]:
         return (self[k] for k in range(len(self)))

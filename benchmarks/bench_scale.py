@@ -1,0 +1,227 @@
+"""Scale: time to the first record, memory and state size of every indexed mode on datasets of
+thousands of shards and tens of millions of records, with the dataset index and without it.
+
+Run from the repository root after building the C accelerators::
+
+    python setup.py build_ext --inplace
+    python benchmarks/bench_scale.py [--cases 20k,25m] [--rounds 3] [--json PATH]
+
+Datasets (written once under ``benchmarks/data/scale-*`` by ``open_writer(..., index=True)``:
+shards, their ``.idx`` sidecars, ``_manifest.json`` and ``_dataset_index.bin``):
+
+* ``20k``: 20,000 shards x 128 records of 1 KiB (framed), 2.56 M records, 2.6 GB;
+* ``25m``: 1,000 shards x 25,600 records of 100 B, 25.6 M records, 2.6 GB;
+* ``1k``: 1,000 shards x 128 records of 1 KiB (``--quick``).
+
+Every measurement is a fresh process (warm page cache): one consumer of ``num_hosts=8``
+(``host_index=3``) opens the directory and takes its first record, in each mode:
+``global`` (``shuffle="global"``), ``block`` (``shuffle="block"``), ``even``
+(``even="drop"``), ``get`` (``ds.get([i])``, a random ``i``), ``len`` (``len(ds)``) and
+``resume`` (``load_state_dict`` of a state taken after 1,000 global records by another
+process, then the first record). Columns: ``s`` the seconds from ``open_dataset`` to that
+record (median of the rounds), ``MiB`` the growth of peak RSS over the process's RSS before
+``open_dataset`` (median), ``state B`` the JSON size of ``state_dict()`` after the first record.
+``index`` is ``dataset`` (the dataset index, as written) or ``sidecars`` (the same directory
+with ``_dataset_index.bin`` moved aside: what streamrec did before it); ``x`` is sidecars
+seconds / dataset seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _harness.results import JSON_HELP, save_results  # noqa: E402
+
+DATA = ROOT / "benchmarks" / "data"
+CASES = {  # name: (shards, records a shard, framed bytes a record)
+    "1k": (1_000, 128, 1024),
+    "20k": (20_000, 128, 1024),
+    "25m": (1_000, 25_600, 100),
+}
+MODES = ("global", "block", "even", "get", "len", "resume")
+INDEX = "_dataset_index.bin"
+
+_PROBE = r"""
+import json, os, random, resource, sys, time
+import streamrec
+
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+url, mode, state_path = sys.argv[1], sys.argv[2], sys.argv[3]
+options = {"num_hosts": 8, "host_index": 3, "seed": 1}
+if mode in ("global", "resume", "save"):
+    options["shuffle"] = "global"
+elif mode == "block":
+    options["shuffle"] = "block"
+elif mode == "even":
+    options["even"] = "drop"
+before = rss_mib()
+start = time.perf_counter()
+ds = streamrec.open_dataset(url, **options)
+if mode == "save":
+    it = iter(ds)
+    for _ in range(1000):
+        next(it)
+    with open(state_path, "w") as f:
+        json.dump(ds.state_dict(), f)
+    it.close()
+    print(json.dumps({}))
+    sys.exit(0)
+if mode == "resume":
+    with open(state_path) as f:
+        ds.load_state_dict(json.load(f))
+if mode == "get":
+    ds.get([random.Random(5).randrange(ds.num_records)])
+elif mode == "len":
+    len(ds)
+else:
+    it = iter(ds)
+    next(it)
+seconds = time.perf_counter() - start
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+state = len(json.dumps(ds.state_dict()))
+if mode not in ("get", "len"):
+    it.close()
+print(json.dumps({"s": seconds, "mib": peak - before, "state": state}))
+"""
+
+
+def build(name: str) -> Path:
+    """The dataset ``name``, written once."""
+    shards, per_shard, framed = CASES[name]
+    directory = DATA / f"scale-{name}"
+    if (directory / "_manifest.json").exists():
+        return directory
+    import streamrec
+
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = framed - 16 - 10
+    started = time.perf_counter()
+    with streamrec.sync.open_writer(
+        str(directory / "part-{index:06d}.tfrecord"), max_records=per_shard, index=True
+    ) as writer:
+        for k in range(shards):
+            writer.write_many(
+                [b"%010d" % (k * per_shard + j) + b"x" * payload for j in range(per_shard)]
+            )
+            if k % 500 == 499:
+                print(f"  {name}: {k + 1} shards written", file=sys.stderr)
+    print(f"  {name}: written in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return directory
+
+
+def probe(directory: Path, mode: str, state: Path) -> dict[str, float]:
+    run = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(directory), mode, str(state)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    if run.returncode:
+        raise RuntimeError(f"{mode} on {directory}: {run.stderr[-2000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+Runs = dict[str, dict[str, list[dict[str, float]]]]  # index kind -> mode -> each round's
+
+
+def measure(directory: Path, modes: list[str], rounds: int) -> Runs:
+    found: Runs = {"dataset": {}, "sidecars": {}}
+    state = directory.parent / f"{directory.name}-state.json"
+    index, aside = directory / INDEX, directory.parent / f"{directory.name}{INDEX}.aside"
+    for round_ in range(rounds):
+        order = ["dataset", "sidecars"] if round_ % 2 == 0 else ["sidecars", "dataset"]
+        for kind in order:
+            if kind == "sidecars":
+                index.rename(aside)
+            try:
+                if "resume" in modes:
+                    probe(directory, "save", state)
+                for mode in random.Random(round_).sample(modes, len(modes)):
+                    got = probe(directory, mode, state)
+                    found[kind].setdefault(mode, []).append(got)
+                    print(
+                        f"  round {round_} {kind:8} {mode:6} {got['s']:7.2f} s "
+                        f"{got['mib']:8.1f} MiB  state {got['state']} B",
+                        file=sys.stderr,
+                    )
+            finally:
+                if kind == "sidecars":
+                    aside.rename(index)
+    return found
+
+
+def table(name: str, found: Runs) -> list[list[str]]:
+    rows = []
+    for mode in MODES:
+        if mode not in found["dataset"]:
+            continue
+        new, old = found["dataset"][mode], found["sidecars"][mode]
+
+        def median(runs: list[dict[str, float]], key: str) -> float:
+            return statistics.median(run[key] for run in runs)
+
+        rows.append(
+            [
+                name,
+                mode,
+                f"{median(new, 's'):.2f}",
+                f"{median(new, 'mib'):.0f}",
+                f"{median(old, 's'):.2f}",
+                f"{median(old, 'mib'):.0f}",
+                f"{median(old, 's') / max(median(new, 's'), 1e-9):.1f}x",
+                f"{median(new, 'state'):.0f}",
+            ]
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="20k,25m", help="of " + ", ".join(CASES))
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="the 1k case, one round")
+    parser.add_argument("--json", metavar="PATH", type=Path, help=JSON_HELP)
+    args = parser.parse_args()
+    cases = ["1k"] if args.quick else args.cases.split(",")
+    rounds = 1 if args.quick else args.rounds
+    header = [
+        "case",
+        "mode",
+        "dataset index s",
+        "MiB",
+        "sidecars s",
+        "MiB",
+        "x",
+        "state B",
+    ]
+    rows: list[list[str]] = []
+    for name in cases:
+        directory = build(name)
+        rows += table(name, measure(directory, args.modes.split(","), rounds))
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    section = "\n".join(lines)
+    print(section)
+    command = "python benchmarks/bench_scale.py " + " ".join(sys.argv[1:])
+    save_results(args.json, "bench_scale", section, ["first record"], command)
+
+
+if __name__ == "__main__":
+    main()
