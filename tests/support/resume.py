@@ -12,7 +12,6 @@ from streamrec.format.framing import RecordEncoder
 from streamrec.format.shard import ShardEncoder
 from streamrec.pipeline.listing.plan import seeded_random
 from streamrec.pipeline.position.buffer_codec import decode_buffer
-from streamrec.pipeline.position.draws import restore
 
 __all__ = ["as_version", "payload", "resume_rest", "stop_after", "with_full_rng", "write_shards"]
 
@@ -70,10 +69,12 @@ def resume_rest(make: Any, state: dict[str, Any], epochs: int) -> list[bytes]:
 def with_full_rng(state: dict[str, Any]) -> dict[str, Any]:
     """``state`` with its shuffle buffer's generator as its full state (as versions 1 and 2
     saved it, and version 3 beyond a count of words) instead of the words drawn."""
+    from streamrec.pipeline.position.draws import restore  # (since state version 3)
+
     shuffle = state.get("shuffle")
     if shuffle is None or not isinstance(shuffle["rng"], int):
         return state
-    rng = seeded_random(state["config"]["seed"], state["epoch"], "records")
+    rng = seeded_random(state["config"].get("seed", 0), state["epoch"], "records")
     version, internal, gauss = restore(rng, shuffle["rng"]).rng.getstate()
     return {**state, "shuffle": {**shuffle, "rng": [version, list(internal), gauss]}}
 
@@ -84,9 +85,15 @@ def as_version(
     """The same position as a state of an earlier ``version`` (1 or 2) wrote it: every url
     (``urls``, where the state names them by digest: without credentials) and finished shard
     listed, the generator in full, (version 1) the buffer as a list."""
+    from streamrec.pipeline.position.state_config import DEFAULTS  # (since state version 3)
+
     old = {**with_full_rng(state), "version": version}
-    if urls is not None:
-        old["config"] = {**old["config"], "urls": list(urls)}
+    config = dict(old["config"])
+    indexed = config.get("shuffle") in ("global", "block") or config.get("even")
+    for key, value in DEFAULTS.items():  # every setting recorded, defaults too
+        if not (indexed and key in ("num_hosts", "host_index")):
+            config.setdefault(key, value)
+    old["config"] = config if urls is None else {**config, "urls": list(urls)}
     assert isinstance(old["config"]["urls"], list), "an earlier version listed the urls"
     read = old["read"]
     if read is not None and read["kind"] == "ready":

@@ -7,6 +7,8 @@
 * ``buffer_codec.py``: the shuffle buffer's record locations in a state, one checked string;
 * ``draws.py``: the shuffle buffer's random draws, counted (a state names the generator by
   the count);
+* ``state_config.py``: the configuration a state records (settings at their defaults left
+  out), checked against the dataset's;
 * ``url_names.py``: the dataset's urls in a state (a list while short, else a digest);
 * ``done.py``: first-ready reading's finished shards, as ranges of ordinals.
 

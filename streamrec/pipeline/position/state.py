@@ -27,14 +27,15 @@ length)``, never as data (packed into one string: :mod:`~streamrec.pipeline.posi
 version 1 listed them); resuming fetches those records again.
 
 Nothing in a state grows with the number of shards or urls (a state stays within a few hundred
-bytes for any dataset): the urls are named by a digest once they are many
-(:mod:`~streamrec.pipeline.position.url_names`), the shards by ``shards`` (a digest of their
-names, sizes and versions), the finished shards of first-ready reading as ranges of ordinals
-``[first, end)`` (they finish nearly in order: a few ranges). Version 2 listed every url and
-every finished shard; states of versions 1 and 2 are still loaded. The shuffle buffer's
-generator is named by the count of words it drew since it was seeded
-(:mod:`~streamrec.pipeline.position.draws`; version 2 saved its full state, ~7 KB), its full
-state only past :data:`~streamrec.pipeline.position.draws.WORDS_MOST` words.
+bytes for any dataset): the configuration leaves out the settings at their defaults and names
+the urls by a digest once they are many (:mod:`~streamrec.pipeline.position.state_config`),
+the shards by ``shards`` (a digest of their names, sizes and versions), the finished shards of
+first-ready reading as ranges of ordinals ``[first, end)`` (they finish nearly in order: a few
+ranges), the shuffle buffer's generator by the count of words it drew since it was seeded
+(:mod:`~streamrec.pipeline.position.draws`; its full state, ~7 KB, only past
+:data:`~streamrec.pipeline.position.draws.WORDS_MOST` words). Version 2 recorded every
+setting, url and finished shard and the generator in full; states of versions 1 and 2 are
+still loaded.
 
 What the parser checks without the shards: every field's type and range, lengths against the
 configuration (interleave slots, shuffle buffer), the generator's state and the packing of the
@@ -57,7 +58,7 @@ from streamrec.pipeline.order import part_of, remaining_after
 from streamrec.pipeline.position.buffer_codec import decode_buffer, encode_buffer
 from streamrec.pipeline.position.done import Done, covered
 from streamrec.pipeline.position.draws import WORDS_MOST
-from streamrec.pipeline.position.url_names import canonical, differences
+from streamrec.pipeline.position.state_config import DEFAULTS, check_config, compact
 
 __all__ = [
     "STATE_VERSION",
@@ -205,7 +206,7 @@ class DatasetState:
         return {
             "version": STATE_VERSION,
             "epoch": self.epoch,
-            "config": dict(self.config),
+            "config": compact(self.config),
             "shards": self.shards,
             "finished": self.finished,
             "read": self.read.to_json() if self.read is not None else None,
@@ -269,9 +270,8 @@ def parse_state(raw: object, config: Mapping[str, Any]) -> DatasetState:
             f"not a streamrec dataset state of version 1 to {STATE_VERSION} (got {got!r})"
         )
     version: int = raw["version"]
-    theirs = dict(_dict(_key(raw, "config", "state"), "config"))
-    theirs["urls"] = canonical(theirs.get("urls"))  # (every earlier version listed them)
-    _check_config(theirs, config)
+    theirs = check_config(_dict(_key(raw, "config", "state"), "config"), config)
+    config = {**DEFAULTS, **config}  # (merge_states: a state's own, its defaults left out)
     cycle_length, block_length = config["cycle_length"], config["block_length"]
     shuffle_buffer = config["shuffle_buffer"]
     epoch = _int(_key(raw, "epoch", "state"), "epoch", -_MAX, _MAX)
@@ -283,7 +283,7 @@ def parse_state(raw: object, config: Mapping[str, Any]) -> DatasetState:
     if config.get("shuffle") in ("global", "block") or config.get("even"):  # indexed reading
         if shuffle_raw is not None:
             raise _bad("shuffle", shuffle_raw, "a shuffle buffer state, but reading is indexed")
-        even = _even_mode(theirs.get("even"))
+        even = _even_mode(config.get("even"))
         indexed = None if read_raw is None else _indexed(_dict(read_raw, "read"), even)
         return DatasetState(epoch, dict(theirs), digest, finished, indexed, None)
     if shuffle_buffer == 0 and shuffle_raw is not None:
@@ -300,25 +300,6 @@ def parse_state(raw: object, config: Mapping[str, Any]) -> DatasetState:
     if shuffle_raw is not None:
         shuffle = _shuffle(_dict(shuffle_raw, "shuffle"), shuffle_buffer, version)
     return DatasetState(epoch, dict(theirs), digest, finished, read, shuffle)
-
-
-def _check_config(theirs: dict[str, Any], config: Mapping[str, Any]) -> None:
-    """StateError listing how the configuration ``theirs`` (with today's form of its urls)
-    differs from ``config``."""
-    found = []
-    urls = differences(theirs["urls"], canonical(config.get("urls")))  # type: ignore[arg-type]
-    if urls is not None:
-        found.append(urls)
-    for key in sorted((set(theirs) | set(config)) - {"urls"}):
-        if theirs.get(key) != config.get(key):
-            shown = repr(theirs.get(key))
-            if len(shown) > 80:
-                shown = shown[:77] + "..."
-            found.append(f"{key}: state has {shown}, dataset has {config.get(key)!r}")
-    if found:
-        raise StateError(
-            "the state comes from a differently configured dataset; " + "; ".join(found)
-        )
 
 
 def _position(value: object, where: str) -> ShardPosition:

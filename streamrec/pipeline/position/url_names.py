@@ -31,7 +31,7 @@ __all__ = ["LISTED_BYTES", "UrlNames", "canonical", "differences", "url_names"]
 LISTED_BYTES = 256
 """Urls whose list takes at most this many bytes of JSON are kept as a list."""
 
-_FIRST_CHARS = 160  # the first url of a digest form, for people: cut beyond this
+_FIRST_CHARS = 100  # the first url of a digest form, for people: cut beyond this
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 _KEYS = {"count", "first", "sha256"}
 
