@@ -93,7 +93,7 @@ def _size(state: dict[str, Any]) -> int:
 def test_the_state_of_thousands_of_urls_is_as_small_as_of_ten(urls: list[str], mode: str) -> None:
     _, state = _stopped(_maker(mode, urls), 3)
     # (a mix's state holds each source's state: 1 KiB each)
-    assert _size(state) <= KIB * len(state.get("sources", [0])), json.dumps(state)
+    assert _size(state) <= KIB * len(state.get("sources", [0])), json.dumps(state)[:2000]
     _, few = _stopped(_maker(mode, urls[:10]), 3)
     assert _size(state) <= _size(few) + 16, (json.dumps(state), json.dumps(few))  # (digits)
 
