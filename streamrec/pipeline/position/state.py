@@ -77,11 +77,11 @@ __all__ = [
 ]
 
 STATE_VERSION = 3
-"""Version 3 names many urls by a digest, first-ready reading's finished shards by ranges and
-the shuffle buffer's generator by a count;
+"""Version 3 leaves out the settings at their defaults, names many urls by a digest,
+first-ready reading's finished shards by ranges and the shuffle buffer's generator by a count;
 version 2 packed the shuffle buffer's locations into one string (see buffer_codec). States of
-versions 1 (the buffer as a list of locations) and 2 (every url and finished shard listed) are
-still loaded."""
+versions 1 (the buffer as a list of locations) and 2 (every setting, url and finished shard
+listed, the generator in full) are still loaded."""
 
 _MAX = 2**63 - 1  # positions, counts and offsets fit a signed 64-bit integer
 _MT_WORDS = 624  # Mersenne Twister state words (random.getstate()[1] has 624 + 1 entries)
