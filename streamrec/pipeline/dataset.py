@@ -36,6 +36,7 @@ from streamrec.pipeline.position.trackers import (
     tracker_for,
     where_from,
 )
+from streamrec.pipeline.position.url_names import UrlNames, url_names
 from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.stream.engine import ReadEngine
 from streamrec.pipeline.transforms.chainable import Chainable
@@ -80,6 +81,7 @@ class Dataset(Chainable[bytes]):
         self._ledger: Consumption[Piece] | None = None
         self._finished = False  # this epoch has been read to its end
         self._shards_digest: str | None = None
+        self._url_names: UrlNames | None = None  # how states name the urls (by _config)
         # a consumer that reports records handed out lazily (a transform's hand-out counter):
         # asked to report before any state is described, so the state is never behind it
         self._report_consumed: Callable[[], None] | None = None
@@ -167,7 +169,9 @@ class Dataset(Chainable[bytes]):
 
     def _config(self) -> dict[str, Any]:
         # no credentials in states
-        return {"urls": [redact(url) for url in self.urls], **self.options.config()}
+        if self._url_names is None:  # (once: state_dict() may run after every batch)
+            self._url_names = url_names(self.urls)
+        return {"urls": self._url_names, **self.options.config()}
 
     def _begin(self) -> tuple[Cursor, DatasetState | None]:
         """Consumer side of a new iteration: its cursor, and the state it resumes from."""

@@ -10,8 +10,10 @@ from typing import Any
 import streamrec
 from streamrec.format.framing import RecordEncoder
 from streamrec.format.shard import ShardEncoder
+from streamrec.pipeline.listing.plan import seeded_random
+from streamrec.pipeline.position.buffer_codec import decode_buffer
 
-__all__ = ["payload", "resume_rest", "stop_after", "write_shards"]
+__all__ = ["as_version", "payload", "resume_rest", "stop_after", "with_full_rng", "write_shards"]
 
 
 def payload(shard: int, index: int) -> bytes:
@@ -62,3 +64,42 @@ def resume_rest(make: Any, state: dict[str, Any], epochs: int) -> list[bytes]:
         ds.set_epoch(epoch)
         rest += list(ds)
     return rest
+
+
+def with_full_rng(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with its shuffle buffer's generator as its full state (as versions 1 and 2
+    saved it, and version 3 beyond a count of words) instead of the words drawn."""
+    from streamrec.pipeline.position.draws import restore  # (since state version 3)
+
+    shuffle = state.get("shuffle")
+    if shuffle is None or not isinstance(shuffle["rng"], int):
+        return state
+    rng = seeded_random(state["config"].get("seed", 0), state["epoch"], "records")
+    version, internal, gauss = restore(rng, shuffle["rng"]).rng.getstate()
+    return {**state, "shuffle": {**shuffle, "rng": [version, list(internal), gauss]}}
+
+
+def as_version(
+    state: dict[str, Any], version: int, urls: list[str] | None = None
+) -> dict[str, Any]:
+    """The same position as a state of an earlier ``version`` (1 or 2) wrote it: every url
+    (``urls``, where the state names them by digest: without credentials) and finished shard
+    listed, the generator in full, (version 1) the buffer as a list."""
+    from streamrec.pipeline.position.state_config import DEFAULTS  # (since state version 3)
+
+    old = {**with_full_rng(state), "version": version}
+    config = dict(old["config"])
+    indexed = config.get("shuffle") in ("global", "block") or config.get("even")
+    for key, value in DEFAULTS.items():  # every setting recorded, defaults too
+        if not (indexed and key in ("num_hosts", "host_index")):
+            config.setdefault(key, value)
+    old["config"] = config if urls is None else {**config, "urls": list(urls)}
+    assert isinstance(old["config"]["urls"], list), "an earlier version listed the urls"
+    read = old["read"]
+    if read is not None and read["kind"] == "ready":
+        done = [o for a, b in read["done"] for o in range(a, b)]
+        old["read"] = {**read, "done": done}
+    if version == 1 and old["shuffle"] is not None:
+        buffer = decode_buffer(old["shuffle"]["buffer"], "shuffle.buffer")
+        old["shuffle"] = {**old["shuffle"], "buffer": buffer}
+    return old

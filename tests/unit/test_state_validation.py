@@ -18,8 +18,7 @@ import pytest
 
 import streamrec
 from streamrec.errors import StateError
-from streamrec.pipeline.position.buffer_codec import decode_buffer
-from support.resume import payload, write_shards
+from support.resume import as_version, payload, write_shards
 
 SIZES = [23, 0, 31, 17, 29, 11]
 MODES: dict[str, dict[str, Any]] = {
@@ -47,13 +46,6 @@ def memory_ceiling(extra: int = 2 << 30) -> Iterator[None]:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
-
-def _as_version_1(state: dict[str, Any]) -> dict[str, Any]:
-    """The same position as a state of version 1 (the shuffle buffer as a list of locations)."""
-    shuffle = dict(state["shuffle"])
-    shuffle["buffer"] = decode_buffer(shuffle["buffer"], "shuffle.buffer")
-    return {**state, "version": 1, "shuffle": shuffle}
 
 
 def _pack(raw: bytes) -> str:
@@ -143,7 +135,7 @@ async def test_every_mutated_state_loads_and_reads_or_is_a_state_error(
     state = json.loads(json.dumps(ds.state_dict()))
     assert state["read"] is not None  # a position inside the epoch
     if mode.endswith("-v1"):
-        state = _as_version_1(state)
+        state = as_version(state, 1, urls)
     rest = await _consume(_loaded(make, state), len(every))
     assert sorted(taken + rest) == sorted(every)  # the state itself is good
 

@@ -5,17 +5,18 @@ A state is JSON on the outside (``Dataset.state_dict()`` returns it, checkpoints
 field (states come from storage), and :meth:`DatasetState.to_json` writes it back. Nothing
 past the parser reads a state's JSON.
 
-The JSON (version 2)::
+The JSON (version 3)::
 
-    {"version": 2, "epoch": 0, "config": {...}, "shards": "<digest>" | null,
+    {"version": 3, "epoch": 0, "config": {"urls": ..., ...}, "shards": "<digest>" | null,
      "finished": false,
      "read": {"kind": "cycle", "next": 3, "index": 1, "within": 0,
               "slots": [[ordinal, records, offset] | null, ...]}       // deterministic
            | {"kind": "ready", "open": [[ordinal, records, offset], ...],
-              "done": [ordinal, ...]}                                   // first-ready
+              "done": [[first, end], ...]}                              // first-ready
+           | {"kind": "indexed", ...}                                  // global/block, even
            | null,
      "shuffle": {"buffer": "<packed locations>", "draining": false,
-                 "rng": [3, [624 + 1 words], null]} | null}
+                 "rng": words | [3, [624 + 1 words], null]} | null}
 
 A shard's position is ``[ordinal, records, offset]``: records handed on from shard ``ordinal``
 of the epoch's plan, and the byte offset after them in its uncompressed stream. The offset is
@@ -24,6 +25,17 @@ record-level splitting); other shards resume by reading and dropping their first
 records. The shuffle buffer is kept as record *locations* ``(ordinal, index, offset,
 length)``, never as data (packed into one string: :mod:`~streamrec.pipeline.position.buffer_codec`;
 version 1 listed them); resuming fetches those records again.
+
+Nothing in a state grows with the number of shards or urls (a state stays within a few hundred
+bytes for any dataset): the configuration leaves out the settings at their defaults and names
+the urls by a digest once they are many (:mod:`~streamrec.pipeline.position.state_config`),
+the shards by ``shards`` (a digest of their names, sizes and versions), the finished shards of
+first-ready reading as ranges of ordinals ``[first, end)`` (they finish nearly in order: a few
+ranges), the shuffle buffer's generator by the count of words it drew since it was seeded
+(:mod:`~streamrec.pipeline.position.draws`; its full state, ~7 KB, only past
+:data:`~streamrec.pipeline.position.draws.WORDS_MOST` words). Version 2 recorded every
+setting, url and finished shard and the generator in full; states of versions 1 and 2 are
+still loaded.
 
 What the parser checks without the shards: every field's type and range, lengths against the
 configuration (interleave slots, shuffle buffer), the generator's state and the packing of the
@@ -44,6 +56,9 @@ from typing import Any, Literal
 from streamrec.errors import StateError
 from streamrec.pipeline.order import part_of, remaining_after
 from streamrec.pipeline.position.buffer_codec import decode_buffer, encode_buffer
+from streamrec.pipeline.position.done import Done, covered
+from streamrec.pipeline.position.draws import WORDS_MOST
+from streamrec.pipeline.position.state_config import DEFAULTS, check_config, compact
 
 __all__ = [
     "STATE_VERSION",
@@ -61,9 +76,12 @@ __all__ = [
     "parse_state",
 ]
 
-STATE_VERSION = 2
-"""Version 2 packs the shuffle buffer's locations into one string (see buffer_codec); states of
-version 1 (the buffer as a list of locations) are still loaded."""
+STATE_VERSION = 3
+"""Version 3 leaves out the settings at their defaults, names many urls by a digest,
+first-ready reading's finished shards by ranges and the shuffle buffer's generator by a count;
+version 2 packed the shuffle buffer's locations into one string (see buffer_codec). States of
+versions 1 (the buffer as a list of locations) and 2 (every setting, url and finished shard
+listed, the generator in full) are still loaded."""
 
 _MAX = 2**63 - 1  # positions, counts and offsets fit a signed 64-bit integer
 _MT_WORDS = 624  # Mersenne Twister state words (random.getstate()[1] has 624 + 1 entries)
@@ -114,13 +132,14 @@ class CycleState:
 
 @dataclass
 class ReadyState:
-    """First-ready reading: the shards being read, and those finished."""
+    """First-ready reading: the shards being read, and those finished (as ranges)."""
 
     open: list[ShardPosition]
-    done: list[int]
+    done: Done
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": "ready", "open": [p.to_json() for p in self.open], "done": self.done}
+        done = [[a, b] for a, b in self.done]
+        return {"kind": "ready", "open": [p.to_json() for p in self.open], "done": done}
 
 
 @dataclass
@@ -153,19 +172,21 @@ ReadState = CycleState | ReadyState | IndexedState
 
 @dataclass
 class ShuffleState:
-    """The shuffle buffer (as record locations), whether it is draining, its generator."""
+    """The shuffle buffer (as record locations), whether it is draining, its generator (the
+    words drawn since seeding, or its full state: see :mod:`~streamrec.pipeline.position.draws`)."""
 
     buffer: list[Location]
     draining: bool
-    rng: RngState
+    rng: RngState | int
 
     def to_json(self) -> dict[str, Any]:
-        version, internal, gauss = self.rng
-        return {
-            "buffer": encode_buffer(self.buffer),
-            "rng": [version, list(internal), gauss],
-            "draining": self.draining,
-        }
+        rng: int | list[Any]
+        if isinstance(self.rng, int):
+            rng = self.rng
+        else:
+            version, internal, gauss = self.rng
+            rng = [version, list(internal), gauss]
+        return {"buffer": encode_buffer(self.buffer), "rng": rng, "draining": self.draining}
 
 
 @dataclass
@@ -185,7 +206,7 @@ class DatasetState:
         return {
             "version": STATE_VERSION,
             "epoch": self.epoch,
-            "config": dict(self.config),
+            "config": compact(self.config),
             "shards": self.shards,
             "finished": self.finished,
             "read": self.read.to_json() if self.read is not None else None,
@@ -243,19 +264,14 @@ def parse_state(raw: object, config: Mapping[str, Any]) -> DatasetState:
     """The state ``raw`` (from ``state_dict()``, maybe altered in storage) of a dataset
     configured as ``config``; StateError when it comes from another configuration (the message
     lists the differences) or any field has the wrong type or range."""
-    if not isinstance(raw, dict) or raw.get("version") not in (1, STATE_VERSION):
+    if not isinstance(raw, dict) or raw.get("version") not in (1, 2, STATE_VERSION):
         got = raw.get("version") if isinstance(raw, dict) else None
-        raise StateError(f"not a streamrec dataset state of version 1 or 2 (got {got!r})")
-    theirs = _dict(_key(raw, "config", "state"), "config")
-    differences = [
-        f"{key}: state has {theirs.get(key)!r}, dataset has {config.get(key)!r}"
-        for key in sorted(set(theirs) | set(config))
-        if theirs.get(key) != config.get(key)
-    ]
-    if differences:
         raise StateError(
-            "the state comes from a differently configured dataset; " + "; ".join(differences)
+            f"not a streamrec dataset state of version 1 to {STATE_VERSION} (got {got!r})"
         )
+    version: int = raw["version"]
+    theirs = check_config(_dict(_key(raw, "config", "state"), "config"), config)
+    config = {**DEFAULTS, **config}  # (merge_states: a state's own, its defaults left out)
     cycle_length, block_length = config["cycle_length"], config["block_length"]
     shuffle_buffer = config["shuffle_buffer"]
     epoch = _int(_key(raw, "epoch", "state"), "epoch", -_MAX, _MAX)
@@ -267,7 +283,7 @@ def parse_state(raw: object, config: Mapping[str, Any]) -> DatasetState:
     if config.get("shuffle") in ("global", "block") or config.get("even"):  # indexed reading
         if shuffle_raw is not None:
             raise _bad("shuffle", shuffle_raw, "a shuffle buffer state, but reading is indexed")
-        even = _even_mode(theirs.get("even"))
+        even = _even_mode(config.get("even"))
         indexed = None if read_raw is None else _indexed(_dict(read_raw, "read"), even)
         return DatasetState(epoch, dict(theirs), digest, finished, indexed, None)
     if shuffle_buffer == 0 and shuffle_raw is not None:
@@ -279,10 +295,10 @@ def parse_state(raw: object, config: Mapping[str, Any]) -> DatasetState:
         if config["deterministic"] or cycle_length == 1:
             read = _cycle(_dict(read_raw, "read"), cycle_length, block_length)
         else:
-            read = _ready(_dict(read_raw, "read"))
+            read = _ready(_dict(read_raw, "read"), version)
     shuffle = None
     if shuffle_raw is not None:
-        shuffle = _shuffle(_dict(shuffle_raw, "shuffle"), shuffle_buffer, raw["version"])
+        shuffle = _shuffle(_dict(shuffle_raw, "shuffle"), shuffle_buffer, version)
     return DatasetState(epoch, dict(theirs), digest, finished, read, shuffle)
 
 
@@ -320,25 +336,50 @@ def _cycle(read: dict[str, Any], cycle_length: int, block_length: int) -> CycleS
     return CycleState(next_ordinal, index, within, slots)
 
 
-def _ready(read: dict[str, Any]) -> ReadyState:
+def _ready(read: dict[str, Any], version: int) -> ReadyState:
     if read.get("kind") != "ready":
         raise _bad("read.kind", read.get("kind"), "not 'ready' (first-ready reading)")
-    done: list[int] = []
-    finished: set[int] = set()
-    for k, ordinal in enumerate(_list(_key(read, "done", "read"), "read.done")):
-        if _int(ordinal, f"read.done[{k}]") in finished:
-            raise _bad(f"read.done[{k}]", ordinal, "listed twice")
-        done.append(ordinal)
-        finished.add(ordinal)
+    listed = _list(_key(read, "done", "read"), "read.done")
+    done = _done_ranges(listed) if version >= 3 else _done_listed(listed)
     positions: list[ShardPosition] = []
     seen: set[int] = set()
     for k, value in enumerate(_list(_key(read, "open", "read"), "read.open")):
         position = _position(value, f"read.open[{k}]")
-        if position.ordinal in finished or position.ordinal in seen:
+        if covered(done, position.ordinal) or position.ordinal in seen:
             raise _bad(f"read.open[{k}]", value, f"shard {position.ordinal} is open twice or done")
         seen.add(position.ordinal)
         positions.append(position)
     return ReadyState(positions, done)
+
+
+def _done_ranges(listed: list[Any]) -> Done:
+    """Version 3: ``[[first, end], ...]``, ascending and apart."""
+    done: Done = []
+    end = -1  # (ranges that touch would be one range)
+    for k, pair in enumerate(listed):
+        where = f"read.done[{k}]"
+        entries = _list(pair, where, 2)
+        a = _int(entries[0], f"{where}[0]", end + 1)
+        b = _int(entries[1], f"{where}[1]", a + 1)
+        done.append((a, b))
+        end = b
+    return done
+
+
+def _done_listed(listed: list[Any]) -> Done:
+    """Versions 1 and 2: every finished ordinal, in any order, once."""
+    finished: set[int] = set()
+    for k, ordinal in enumerate(listed):
+        if _int(ordinal, f"read.done[{k}]") in finished:
+            raise _bad(f"read.done[{k}]", ordinal, "listed twice")
+        finished.add(ordinal)
+    done: Done = []
+    for ordinal in sorted(finished):  # (in order: each joins the last range or starts one)
+        if done and done[-1][1] == ordinal:
+            done[-1] = (done[-1][0], ordinal + 1)
+        else:
+            done.append((ordinal, ordinal + 1))
+    return done
 
 
 _MOST_INTERVALS = 1 << 16  # a state of this many intervals is far beyond any real job's
@@ -403,7 +444,13 @@ def _shuffle(shuffle: dict[str, Any], shuffle_buffer: int, version: int) -> Shuf
         )
         buffer.append((ordinal, index, offset, length))
     draining = _bool(_key(shuffle, "draining", "shuffle"), "shuffle.draining")
-    return ShuffleState(buffer, draining, _rng(_key(shuffle, "rng", "shuffle")))
+    rng_raw = _key(shuffle, "rng", "shuffle")
+    rng: RngState | int
+    if version >= 3 and not isinstance(rng_raw, list):  # words drawn since seeding
+        rng = _int(rng_raw, "shuffle.rng (words drawn)", 0, WORDS_MOST)
+    else:
+        rng = _rng(rng_raw)
+    return ShuffleState(buffer, draining, rng)
 
 
 def _rng(value: object) -> RngState:
@@ -438,7 +485,7 @@ def check_against_plan(state: DatasetState, count: int) -> None:
     if state.shuffle is not None:
         places += [(f"shuffle.buffer[{k}]", list(p)) for k, p in enumerate(state.shuffle.buffer)]
     if isinstance(read, ReadyState):
-        places += [(f"read.done[{k}]", [o]) for k, o in enumerate(read.done)]
+        places += [(f"read.done[{k}]", [b - 1]) for k, (_, b) in enumerate(read.done)]
     for where, place in places:
         if place[0] >= count:
             raise _bad(where, list(place), f"names shard {place[0]}; there are only {count}")

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from streamrec.format.framing import OVERHEAD_BYTES, framed_bytes
 from streamrec.pipeline.listing.plan import seeded_random
+from streamrec.pipeline.position.done import Done, add_done
+from streamrec.pipeline.position.draws import Draws, restore
 from streamrec.pipeline.position.events import (
     Advance,
     Begin,
@@ -238,10 +240,10 @@ class ReadyTracker(_ReadTracker):
 
     def __init__(self, state: ReadyState | None = None) -> None:
         self.open_shards: dict[int, ShardPosition] = {}
-        self.done: set[int] = set()
+        self.done: Done = []  # (as ranges: a state never expands them before they are checked)
         if state is not None:
             self.open_shards = {p.ordinal: p.copy() for p in state.open}
-            self.done = set(state.done)
+            self.done = list(state.done)
 
     def at(self, slot: int) -> ShardPosition:
         position = self.open_shards.get(slot)
@@ -255,17 +257,17 @@ class ReadyTracker(_ReadTracker):
     def end_turn(self, slot: int, ended: bool) -> None:
         if ended:
             self.open_shards.pop(slot, None)
-            self.done.add(slot)
+            add_done(self.done, slot)
 
     def copy(self) -> ReadyTracker:
         other = copy.copy(self)
         other.open_shards = {k: v.copy() for k, v in self.open_shards.items()}
-        other.done = set(self.done)
+        other.done = list(self.done)
         return other
 
     def state(self) -> ReadyState:
         return ReadyState(
-            [self.open_shards[k].copy() for k in sorted(self.open_shards)], sorted(self.done)
+            [self.open_shards[k].copy() for k in sorted(self.open_shards)], list(self.done)
         )
 
 
@@ -281,13 +283,13 @@ class ShuffleTracker:
     ) -> None:
         self.upstream = upstream
         self.buffer_size = buffer_size
-        self.rng = rng
+        self.draws = Draws(rng)
         self.buffer: list[Location] = []
         self.draining = False
         if state is not None:
             self.buffer = list(state.buffer)
             self.draining = state.draining
-            self.rng.setstate(state.rng)
+            self.draws = restore(rng, state.rng)
 
     def apply(self, events: Sequence[Event], records: Sequence[bytes], limit: int | None) -> None:
         produced = 0
@@ -298,7 +300,7 @@ class ShuffleTracker:
                     return
             elif isinstance(event, Drain):
                 if event.reshuffle:
-                    self.rng.shuffle(self.buffer)
+                    self.draws.shuffle(self.buffer)
                 self.draining = True
                 del self.buffer[: len(self.buffer) if limit is None else limit - produced]
 
@@ -312,7 +314,8 @@ class ShuffleTracker:
     ) -> int:
         """Push input records through the mirror; -1 once ``limit`` outputs are reached.
         ``outputs`` collects the location of each record the buffer hands out."""
-        upstream, buffer, size, pick = self.upstream, self.buffer, self.buffer_size, self.rng
+        upstream, buffer, size = self.upstream, self.buffer, self.buffer_size
+        pick = self.draws.below
         li = 0
         for event in _read_events(events):
             if isinstance(event, Open):
@@ -333,7 +336,7 @@ class ShuffleTracker:
                 if len(buffer) < size:
                     buffer.append(location)
                 else:
-                    out = pick.randrange(size)
+                    out = pick(size)
                     if outputs is not None:
                         outputs.append(buffer[out])
                     buffer[out] = location
@@ -350,7 +353,7 @@ class ShuffleTracker:
                 self._inputs(event.events, event.lengths, 0, None, outputs)
             elif isinstance(event, Drain):
                 if event.reshuffle:
-                    self.rng.shuffle(self.buffer)
+                    self.draws.shuffle(self.buffer)
                 outputs += self.buffer
                 self.buffer.clear()
         return outputs[k][:3] if len(outputs) > k else None
@@ -359,12 +362,11 @@ class ShuffleTracker:
         other = copy.copy(self)
         other.upstream = self.upstream.copy()
         other.buffer = list(self.buffer)
-        other.rng = random.Random()
-        other.rng.setstate(self.rng.getstate())
+        other.draws = self.draws.copy()
         return other
 
     def position(self) -> tuple[ReadState | None, ShuffleState | None]:
-        shuffle = ShuffleState(list(self.buffer), self.draining, self.rng.getstate())
+        shuffle = ShuffleState(list(self.buffer), self.draining, self.draws.saved())
         return self.upstream.state(), shuffle
 
 

@@ -28,6 +28,7 @@ from streamrec.pipeline.listing.plan import (
 )
 from streamrec.pipeline.listing.urls import list_shards
 from streamrec.pipeline.options import ReadOptions
+from streamrec.pipeline.position.draws import restore
 from streamrec.pipeline.position.events import Event, Open, Piece, take_event
 from streamrec.pipeline.position.state import (
     CycleState,
@@ -204,7 +205,7 @@ class ReadEngine:
                     buffer: list[bytes] = []
                     draining = False
                     if shuffle_state is not None:
-                        rng.setstate(shuffle_state.rng)
+                        restore(rng, shuffle_state.rng)
                         buffer = await opener.fetch(shuffle_state.buffer)
                         draining = shuffle_state.draining
                     pieces = shuffle_pieces(
@@ -265,7 +266,9 @@ class ReadEngine:
         started: set[int] = set()
         if start is not None:
             jobs = [(p.ordinal, p.records, p.offset) for p in start.open]
-            started = {job[0] for job in jobs} | set(start.done)
+            # (ranges within the plan's shards: prepare() checked them)
+            started = {job[0] for job in jobs}
+            started.update(o for first, end in start.done for o in range(first, end))
         num_shards = len(opener.plan.shards)
         jobs += [(ordinal, 0, 0) for ordinal in range(num_shards) if ordinal not in started]
         return interleave_first_ready(jobs, opener.chunks, self.options.cycle_length)

@@ -11,6 +11,7 @@ import random
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from streamrec._portal import owned_generator
+from streamrec.pipeline.position.draws import Draws
 from streamrec.pipeline.position.events import Drain, Event, Piece, ShuffleIn
 
 __all__ = ["shuffle_pieces"]
@@ -39,7 +40,8 @@ async def shuffle_pieces(
     if draining:
         yield buffer, [Drain(False)]
         return
-    pick = rng.randrange
+    # the draws of Draws.below, inlined (once per record): what the consumer's tracker mirrors
+    getrandbits, bits = rng.getrandbits, buffer_size.bit_length()
     pending: list[Event] = []
     async for chunk, events in pieces:
         pending.append(ShuffleIn(events, list(map(len, chunk))))
@@ -49,12 +51,14 @@ async def shuffle_pieces(
             if len(buffer) < buffer_size:
                 buffer.append(record)
                 continue
-            index = pick(buffer_size)
+            index = getrandbits(bits)
+            while index >= buffer_size:
+                index = getrandbits(bits)
             append(buffer[index])
             buffer[index] = record
         if out:
             yield out, pending
             pending = []
-    rng.shuffle(buffer)
+    Draws(rng, None).shuffle(buffer)
     pending.append(Drain(True))
     yield buffer, pending

@@ -28,6 +28,9 @@ import streamrec.sync
 
 RECORDS = 40
 STOP = 11  # records (or batches) read before a state is taken
+URL_LIST = [f"plain/part-{k:03d}.tfrecord" for k in range(6)] + [
+    f"gzip/part-{k:03d}.tfrecord.gz" for k in range(6)
+]
 
 
 def payload(i: int) -> bytes:
@@ -114,6 +117,15 @@ def states(indexed: bool) -> dict[str, dict[str, Any]]:
             "then": [["repeat", 2]],
             "take": 50,
         },
+        # a list of shard urls (both sets: long enough to be named by a digest from state
+        # version 3 on; earlier versions listed every url)
+        "url-list": {"url": URL_LIST},
+        "url-list-ready": {
+            "url": URL_LIST,
+            "kwargs": {"cycle_length": 3, "deterministic": False},
+            "take": 40,
+        },
+        "url-list-buffer": {"url": URL_LIST, "kwargs": {"shuffle_buffer": 6, "seed": 4}},
         "mix": {
             "mix": [{"url": plain}, {"url": "gzip/part-*.tfrecord.gz"}],
             "weights": [0.7, 0.3],
@@ -132,6 +144,7 @@ def states(indexed: bool) -> dict[str, dict[str, Any]]:
             "kwargs": {"even": "pad", "num_hosts": 3, "host_index": 2},
         }
         specs["global-gzip"] = {"url": "gzip/part-*.tfrecord.gz", "kwargs": {"shuffle": "global"}}
+        specs["url-list-global"] = {"url": URL_LIST, "kwargs": {"shuffle": "global", "seed": 2}}
     return specs
 
 
