@@ -38,13 +38,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from _harness import DATA_DIR as DATA
+from _harness import TREE as ROOT
+from _harness.results import JSON_HELP, save_results
 
-from _harness.results import JSON_HELP, save_results  # noqa: E402
-
-DATA = ROOT / "benchmarks" / "data"
 CASES = {  # name: (shards, records a shard, framed bytes a record)
     "1k": (1_000, 128, 1024),
     "20k": (20_000, 128, 1024),

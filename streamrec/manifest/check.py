@@ -32,6 +32,7 @@ from streamrec.errors import ObjectChangedError, ObjectNotFoundError, TransientS
 from streamrec.manifest.core import ManifestEntry, load_manifest
 from streamrec.redact import redact
 from streamrec.storage.base import ObjectInfo, ObjectStore
+from streamrec.storage.local.store import LocalStore
 from streamrec.storage.retry import RetryPolicy
 
 __all__ = ["invalidate_manifest", "manifest_shards"]
@@ -58,16 +59,25 @@ async def manifest_shards(
         url, retry=retry, store=get_store(url), allow_absolute_urls=allow_absolute_urls
     )
     lookups = asyncio.Semaphore(_LOOKUPS_AT_ONCE)
+    local = [e.url for e in manifest.shards if e.version is None]
+    seen: dict[str, ObjectInfo] = {}
+    if local and all(isinstance(get_store(u), LocalStore) for u in local):
+        store = get_store(local[0])
+        assert isinstance(store, LocalStore)
+        seen = {obj.url: obj for obj in await store.look_up_all(local)}  # one thread, not N
 
     async def checked(entry: ManifestEntry) -> ObjectInfo:
         if entry.version is None:
             store = get_store(entry.url)
-            async with lookups:
-                found = await retry.run(
-                    lambda: store.expand(entry.url),
-                    describe=f"looking up {entry.url}",
-                    on_retry=on_retry,
-                )
+            if entry.url in seen:
+                found = [seen[entry.url]]
+            else:
+                async with lookups:
+                    found = await retry.run(
+                        lambda: store.expand(entry.url),
+                        describe=f"looking up {entry.url}",
+                        on_retry=on_retry,
+                    )
             sizes = [obj.size for obj in found]
             if sizes != [entry.bytes]:
                 raise ObjectChangedError(

@@ -12,9 +12,10 @@ sidecar: records are read by position). One iteration:
    of the positions still to read (:func:`~streamrec.pipeline.order.part_of`: hosts x
    DataLoader workers, ``even`` drop/pad), from the resume state or the start;
 3. positions in *chunks* (at most a third of ``prefetch_bytes`` of records each, as the
-   :class:`~streamrec.pipeline.budget.BudgetPlan` says, cut by the index's record lengths,
-   so skewed sizes keep the bound; a record larger than that is a chunk alone; in block
-   mode whole runs of ``mix`` positions where they fit): each chunk's records read with
+   :class:`~streamrec.pipeline.budget.BudgetPlan` says, the first ones smaller: 256 KiB,
+   doubling, so that the first record waits for a small chunk's reads; cut by the index's
+   record lengths, so skewed sizes keep the bound; a record larger than that is a chunk
+   alone; in block mode whole runs of ``mix`` positions where they fit): each chunk's records read with
    :func:`~streamrec.pipeline.indexed.table.read_records` while the one before is consumed.
    At most three chunks exist at once - the one the consumer has, the one awaited and the
    next - so reads in flight and decoded records stay within ``prefetch_bytes`` (plus the
@@ -74,6 +75,9 @@ have carried meanwhile. ``max_concurrency`` reads in flight hide that cost only 
 carries a good part of it: at 1 MiB and 16 reads in flight a 60 ms, 25 MB/s-per-connection
 link stays full (benchmarks/README.md, "Shuffled reading")."""
 _MIX_WINDOWS = 16  # block mode's default run: at most this many windows
+_FIRST_CHUNK_BYTES = 256 << 10
+"""The first read chunk's framed bytes at most; each next one twice the one before, up to the
+plan's ``chunk_bytes``."""
 _PIECES_LOCATED = 64  # pieces whose records where() finds (more than are ever pending)
 
 
@@ -247,7 +251,10 @@ class IndexedEngine:
         spread. In block mode a chunk is whole runs of ``mix`` positions where they fit.
         Positions are looked up a mean-sized chunk's worth at a time, and what one chunk
         did not take starts the next."""
-        limit = self.budget_plan.chunk_bytes
+        full = self.budget_plan.chunk_bytes
+        # the first chunks ramp up (doubling): the first record comes after a small chunk's
+        # reads, not a full one's (in global shuffle one record per shard of thousands)
+        limit = max(1, min(full, _FIRST_CHUNK_BYTES))
         mix = plan.order.mix if plan.order.shuffle == "block" else 1
         step = self.budget_plan.chunk_records(plan.mean_bytes)
         if mix > 1:
@@ -266,6 +273,7 @@ class IndexedEngine:
                 take = take // mix * mix
             yield records[:take]
             records, sizes = records[take:], sizes[take:]
+            limit = min(full, limit * 2)
 
     @owned_generator
     async def _read(
