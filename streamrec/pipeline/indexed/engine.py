@@ -12,11 +12,11 @@ sidecar: records are read by position). One iteration:
    of the positions still to read (:func:`~streamrec.pipeline.order.part_of`: hosts x
    DataLoader workers, ``even`` drop/pad), from the resume state or the start;
 3. positions in *chunks* (at most a third of ``prefetch_bytes`` of records each, as the
-   :class:`~streamrec.pipeline.budget.BudgetPlan` says, the first ones smaller: 256 KiB,
+   :class:`~streamrec.pipeline.budget.BudgetPlan` says, the first ones smaller: 32 records,
    doubling, so that the first record waits for a small chunk's reads; cut by the index's
    record lengths, so skewed sizes keep the bound; a record larger than that is a chunk
-   alone; in block mode whole runs of ``mix`` positions where they fit): each chunk's records read with
-   :func:`~streamrec.pipeline.indexed.table.read_records` while the one before is consumed.
+   alone; in block mode whole runs of ``mix`` positions where they fit): each chunk's records
+   read with :func:`~streamrec.pipeline.indexed.table.read_records` while the one before is consumed.
    At most three chunks exist at once - the one the consumer has, the one awaited and the
    next - so reads in flight and decoded records stay within ``prefetch_bytes`` (plus the
    bytes between coalesced records, which the budget counts while they are in flight). The
@@ -76,8 +76,11 @@ carries a good part of it: at 1 MiB and 16 reads in flight a 60 ms, 25 MB/s-per-
 link stays full (benchmarks/README.md, "Shuffled reading")."""
 _MIX_WINDOWS = 16  # block mode's default run: at most this many windows
 _FIRST_CHUNK_BYTES = 256 << 10
-"""The first read chunk's framed bytes at most; each next one twice the one before, up to the
-plan's ``chunk_bytes``."""
+_FIRST_CHUNK_RECORDS = 32
+"""The first read chunk holds at most this many records of the mean size and 256 KiB; each
+next one twice the one before, up to the plan's ``chunk_bytes``: a shard's first read
+verifies its index up to the record wanted (pipeline/indexed/trust.py), so a global shuffle's
+first record waits for a few shards' checks, not every shard's."""
 _PIECES_LOCATED = 64  # pieces whose records where() finds (more than are ever pending)
 
 
@@ -254,7 +257,7 @@ class IndexedEngine:
         full = self.budget_plan.chunk_bytes
         # the first chunks ramp up (doubling): the first record comes after a small chunk's
         # reads, not a full one's (in global shuffle one record per shard of thousands)
-        limit = max(1, min(full, _FIRST_CHUNK_BYTES))
+        limit = max(1, min(full, _FIRST_CHUNK_BYTES, int(_FIRST_CHUNK_RECORDS * plan.mean_bytes)))
         mix = plan.order.mix if plan.order.shuffle == "block" else 1
         step = self.budget_plan.chunk_records(plan.mean_bytes)
         if mix > 1:

@@ -54,7 +54,7 @@ __all__ = ["KEEP_BYTES", "MappedIndexes", "TableSource", "dataset_index_url", "l
 
 logger = logging.getLogger("streamrec")
 
-KEEP_BYTES = 32 << 20
+KEEP_BYTES = 8 << 20
 """Decoded shard entries a table keeps (8 bytes a number), least recently used dropped."""
 DEFAULT_CACHE_BYTES = 8 << 30
 """The most the per-user default cache of dataset indexes holds (``cache_dir`` unset)."""
