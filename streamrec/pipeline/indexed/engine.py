@@ -16,8 +16,8 @@ sidecar: records are read by position). One iteration:
    doubling, so that the first record waits for a small chunk's reads; cut by the index's
    record lengths, so skewed sizes keep the bound; a record larger than that is a chunk
    alone; in block mode whole runs of ``mix`` positions where they fit): each chunk's records
-   read with :func:`~streamrec.pipeline.indexed.table.read_records` while the one before is consumed.
-   At most three chunks exist at once - the one the consumer has, the one awaited and the
+   read with :func:`~streamrec.pipeline.indexed.table.read_records` while the one before is
+   consumed. At most three chunks exist at once - the one the consumer has, the one awaited and the
    next - so reads in flight and decoded records stay within ``prefetch_bytes`` (plus the
    bytes between coalesced records, which the budget counts while they are in flight). The
    reads of all chunks share one gate of ``max_concurrency`` slots, first come first served:
