@@ -67,17 +67,17 @@ async def manifest_shards(
         seen = {obj.url: obj for obj in await store.look_up_all(local)}  # one thread, not N
 
     async def checked(entry: ManifestEntry) -> ObjectInfo:
-        if entry.version is None:
-            store = get_store(entry.url)
-            if entry.url in seen:
-                found = [seen[entry.url]]
-            else:
-                async with lookups:
-                    found = await retry.run(
-                        lambda: store.expand(entry.url),
-                        describe=f"looking up {entry.url}",
-                        on_retry=on_retry,
-                    )
+        store = get_store(entry.url)
+        async with lookups:
+            found = await retry.run(
+                lambda: store.expand(entry.url),
+                describe=f"looking up {entry.url}",
+                on_retry=on_retry,
+            )
+        return described(entry, found)
+
+    def described(entry: ManifestEntry, found: list[ObjectInfo] | None) -> ObjectInfo:
+        if found is not None:
             sizes = [obj.size for obj in found]
             if sizes != [entry.bytes]:
                 raise ObjectChangedError(
@@ -101,7 +101,21 @@ async def manifest_shards(
             index_known=entry.index_url is not None,
         )
 
-    return await run_all(checked(entry) for entry in manifest.shards)
+    known = {
+        e.url: [seen[e.url]] if e.url in seen else None
+        for e in manifest.shards
+        if e.version is not None or e.url in seen
+    }
+    if len(known) == len(manifest.shards):  # nothing to look up: no task per shard
+        return [described(e, known[e.url]) for e in manifest.shards]
+    return await run_all(
+        checked(e) if e.url not in known else _ready(described(e, known[e.url]))
+        for e in manifest.shards
+    )
+
+
+async def _ready(found: ObjectInfo) -> ObjectInfo:
+    return found
 
 
 async def invalidate_manifest(store: ObjectStore, url: str, retry: RetryPolicy) -> bool:
