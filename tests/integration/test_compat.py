@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import streamrec
+from streamrec.format.index.dataset import DATASET_INDEX_NAME, DatasetIndex
 from streamrec.manifest.core import FORMAT, READ_FORMATS, loads
 
 ROOT = Path(__file__).resolve().parents[1] / "data" / "compat"
@@ -105,6 +106,27 @@ def test_sidecars_give_counts_and_records(old: Path, subset: str) -> None:
     assert [ident(r) for r in ds.get([0, 17, 39, 3, 17])] == [0, 17, 39, 3, 17]
     # a global shuffle reads records by the index alone: every record once
     shuffled = read_all(streamrec.open_dataset(pattern, shuffle="global", seed=1))
+    assert Counter(shuffled) == Counter(range(RECORDS))
+
+
+@pytest.mark.parametrize("old", VERSIONS, indirect=True)
+@pytest.mark.parametrize("subset", ["plain", "gzip"])
+def test_dataset_indexes_read_alone(old: Path, subset: str) -> None:
+    """``_dataset_index.bin`` (written since 2026-11-28): the same entries as the sidecars,
+    and enough alone for counts, ``get()`` and a global shuffle."""
+    path = old / subset / DATASET_INDEX_NAME
+    if not path.exists():
+        pytest.skip("this version wrote no dataset index")
+    index = DatasetIndex(path.read_bytes(), source=str(path))
+    for k, shard in enumerate(index.shards):
+        assert index.shard_index(k).to_bytes() == (old / subset / f"{shard.name}.idx").read_bytes()
+    for sidecar in (old / subset).glob("*.idx"):
+        sidecar.unlink()
+    (old / subset / "_manifest.json").unlink()
+    ds = streamrec.open_dataset(f"{subset}/")
+    assert len(ds) == RECORDS
+    assert [ident(r) for r in ds.get([0, 17, 39, 3, 17])] == [0, 17, 39, 3, 17]
+    shuffled = read_all(streamrec.open_dataset(f"{subset}/", shuffle="global", seed=1))
     assert Counter(shuffled) == Counter(range(RECORDS))
 
 
