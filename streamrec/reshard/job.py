@@ -107,6 +107,7 @@ from streamrec.reshard.state import (
     load_done_tasks,
     remove_manifest,
     same_url,
+    write_dataset_index,
     write_manifest,
 )
 from streamrec.reshard.task import TaskOptions, TaskResult, run_task
@@ -406,6 +407,16 @@ def reshard(
         for task in plan.tasks:
             for entry in by_task[task.index]:
                 entries.append(replace(entry, index=len(entries)))
+        if index:
+            portal.call(
+                write_dataset_index(
+                    plan.manifest_url,
+                    entries,
+                    compression=codec,
+                    storage_options=dst_storage_options,
+                    retry=retry,
+                )
+            )
         portal.call(
             write_manifest(
                 plan.manifest_url,

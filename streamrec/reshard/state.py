@@ -5,7 +5,8 @@ task's output shards (indexes local to the task), stored under
 ``<output dir>/_reshard/<fingerprint>/task-NNNNN.json``. One is written only after every shard
 of its task is committed, so its presence (with every listed shard present at its listed size)
 means the task is done. The final ``_manifest.json`` is written last and lists every shard with
-its global index; the per-task manifests are then removed.
+its global index (with ``index=True``, the dataset index ``_dataset_index.bin`` just before
+it); the per-task manifests are then removed.
 """
 
 from __future__ import annotations
@@ -19,9 +20,24 @@ from typing import Any
 
 from streamrec._portal import run_all
 from streamrec.errors import FormatError, ObjectNotFoundError, StorageError
+from streamrec.format.codecs import Compression
 from streamrec.format.index.core import index_url
+from streamrec.format.index.dataset import (
+    DATASET_INDEX_NAME,
+    EncodedShard,
+    dataset_index_bytes,
+    encode_shard,
+)
 from streamrec.manifest.check import invalidate_manifest
-from streamrec.manifest.core import Manifest, ManifestEntry, dumps, loads, manifest_for
+from streamrec.manifest.core import (
+    Manifest,
+    ManifestEntry,
+    dumps,
+    loads,
+    manifest_for,
+    relative_name,
+)
+from streamrec.pipeline.listing.sidecars import load_index
 from streamrec.reshard.plan import PLAN_VERSION, Naming, Plan, TaskSpec
 from streamrec.storage.base import ObjectInfo, ObjectStore, split_scheme
 from streamrec.storage.leftovers import find_leftovers, remove_leftover
@@ -29,7 +45,14 @@ from streamrec.storage.registry import open_store
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.sink_base import SinkContext
 
-__all__ = ["delete_objects", "load_done_tasks", "remove_manifest", "same_url", "write_manifest"]
+__all__ = [
+    "delete_objects",
+    "load_done_tasks",
+    "remove_manifest",
+    "same_url",
+    "write_dataset_index",
+    "write_manifest",
+]
 
 logger = logging.getLogger("streamrec")
 
@@ -77,10 +100,66 @@ async def remove_manifest(
     """Remove the final manifest of an earlier run before this one rewrites its shards (see
     :func:`~streamrec.manifest.check.invalidate_manifest`)."""
     store = open_store(url, storage_options)
+    policy = retry or RetryPolicy()
     try:
-        await invalidate_manifest(store, url, retry or RetryPolicy())
+        await invalidate_manifest(store, url, policy)
+        index = _dataset_index_url(url)  # it would describe the shards rewritten now
+        try:
+            await policy.run(lambda: store.expand(index), describe=f"{index}: looking it up")
+        except ObjectNotFoundError:
+            return
+        await policy.run(lambda: store.delete(index), describe=f"{index}: removing it")
     finally:
         await store.close()
+
+
+def _dataset_index_url(manifest_url: str) -> str:
+    return f"{manifest_url.rpartition('/')[0]}/{DATASET_INDEX_NAME}"
+
+
+async def write_dataset_index(
+    manifest_url: str,
+    entries: Sequence[ManifestEntry],
+    *,
+    compression: Compression,
+    storage_options: dict[str, Any] | None,
+    retry: RetryPolicy | None = None,
+) -> str | None:
+    """Write the dataset index of ``entries`` (each with its sidecar: ``index=True``) beside
+    the final manifest, before it; its url (None: a shard has no sidecar, or lies outside the
+    manifest's directory). The sidecars are read once each, a few at a time, and each kept as
+    its entries (a byte or two a record)."""
+    names = [relative_name(entry.url, manifest_url) for entry in entries]
+    if any(e.index_url is None or e.index_bytes is None for e in entries) or None in names:
+        return None
+    policy = retry or RetryPolicy()
+    url = _dataset_index_url(manifest_url)
+    store = open_store(url, storage_options)
+    gate = asyncio.Semaphore(_CHECKS_AT_ONCE)
+
+    async def encoded(entry: ManifestEntry, name: str) -> EncodedShard:
+        assert entry.index_url is not None and entry.index_bytes is not None
+        shard = ObjectInfo(entry.url, entry.bytes, entry.version)
+        async with gate:
+            index = await load_index(
+                shard,
+                ObjectInfo(entry.index_url, entry.index_bytes),
+                store,
+                policy,
+                compressed=compression is not None,
+            )
+        return encode_shard(name, entry.bytes, entry.version, compression, index)
+
+    try:
+        shards = await run_all(
+            encoded(e, n) for e, n in zip(entries, names, strict=True) if n is not None
+        )
+        sink = store.open_sink(url, SinkContext(retry=policy))
+        await sink.write(dataset_index_bytes(shards))
+        await sink.commit()
+    finally:
+        await store.close()
+    return url
 
 
 async def load_done_tasks(

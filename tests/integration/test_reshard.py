@@ -28,6 +28,7 @@ import streamrec
 from streamrec.cli.reshard import main as cli_main
 from streamrec.cli.reshard import parse_bytes
 from streamrec.format.framing import RecordEncoder
+from streamrec.format.index.dataset import DatasetIndex
 from streamrec.manifest.core import Manifest, load_manifest
 from streamrec.reshard.job import ReshardProgress, ReshardSummary, reshard
 from streamrec.reshard.plan import Naming, make_plan, split_counts, split_groups
@@ -118,7 +119,9 @@ def check_output(
     assert [e.url for e in manifest.shards] == summary.shards
     assert [e.index for e in manifest.shards] == list(range(len(manifest.shards)))
     sidecars = [url + ".idx" for url in summary.shards] if indexed else []
-    assert sorted(listed) == sorted([*summary.shards, *sidecars, summary.manifest_url])
+    dataset_index = summary.manifest_url.rpartition("/")[0] + "/_dataset_index.bin"
+    extra = [dataset_index] if indexed else []  # every shard's index in one object
+    assert sorted(listed) == sorted([*summary.shards, *sidecars, *extra, summary.manifest_url])
     assert manifest.records == summary.records == sum(want.values())
     assert manifest.bytes == summary.bytes_out
     assert payloads(summary.shards, options) == want
@@ -133,6 +136,13 @@ def check_output(
         assert entry.index_bytes == len(sidecar)
         records = list(streamrec.open_dataset(entry.url, storage_options=options))
         check_sidecar(stored, sidecar, manifest.compression, records)
+    if indexed:  # the dataset index holds the sidecars' entries, shard by shard
+        assert fs is not None
+        index = DatasetIndex(fs.cat_file(dataset_index), source=dataset_index)
+        assert [s.records for s in index.shards] == [e.records for e in manifest.shards]
+        for k, entry in enumerate(manifest.shards):
+            assert entry.index_url is not None
+            assert index.shard_index(k).to_bytes() == fs.cat_file(entry.index_url)
     return manifest
 
 
@@ -566,6 +576,7 @@ def test_sigkill_half_way_then_rerun_gives_the_uninterrupted_output(
     assert got == want  # same names, order, counts, sizes and CRCs: same bytes
     keys = s3_server.list(s3_bucket, "run/")
     sidecars = [f"run/{row[0]}.idx" for row in got] if index else []
+    sidecars += ["run/_dataset_index.bin"] if index else []
     assert sorted(keys) == sorted(
         ["run/_manifest.json", *(f"run/{row[0]}" for row in got), *sidecars]
     )
