@@ -38,7 +38,13 @@ from typing import Any, overload
 import numpy as np
 import numpy.typing as npt
 
-from streamrec.errors import FormatError, IndexMismatchError, ObjectNotFoundError, StorageError
+from streamrec.errors import (
+    FormatError,
+    IndexMismatchError,
+    ObjectNotFoundError,
+    PermissionDeniedError,
+    StorageError,
+)
 from streamrec.format.codecs import Compression, normalize_compression
 from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.format.index.core import ShardIndex
@@ -69,8 +75,8 @@ def default_cache_dir() -> str:
 def dataset_index_url(shards: Sequence[ObjectInfo]) -> str | None:
     """Where the dataset index of ``shards`` would be: in their common directory (None when
     they have none below a bucket or the file system's root)."""
-    if not shards:
-        return None
+    if not shards or any("?" in shard.url for shard in shards):
+        return None  # (signed urls: no other object can be named beside them)
     directories = {shard.url.rpartition("/")[0] for shard in shards}
     if directories == {""}:
         return DATASET_INDEX_NAME  # relative names in the working directory
@@ -225,7 +231,7 @@ async def load_dataset_index(
         [found] = await options.retry.run(
             lambda: store.expand(url), describe=f"looking up {url}", on_retry=count_retry
         )
-    except ObjectNotFoundError:
+    except (ObjectNotFoundError, PermissionDeniedError):  # none, or none this reader may see
         return None
     where = await _fetch(found, store, options, count_retry)
     index = await asyncio.to_thread(where.open)
