@@ -278,3 +278,21 @@ def test_later_epochs_and_get_reuse_the_table(
     assert ds.get([7]) == [data[7]] and len(ds) == 300
     assert not [r for r in proxy.records if "_manifest" in r.target or "list-type" in r.target]
     assert not [r for r in proxy.records if DATASET_INDEX_NAME in r.target]
+
+
+def test_a_worker_copy_reads_without_listing_what_len_listed(
+    s3_server: MotoS3Server, s3_bucket: str, fault_proxy: Callable[[str], FaultProxy]
+) -> None:
+    """A DataLoader worker gets the dataset pickled after ``len()``: its epoch lists nothing
+    (the shards come with the copy); it reads the dataset index only."""
+    data = payloads(200, seed=12)
+    base = f"s3://{s3_bucket}/workers"
+    write_set(base, data, storage_options=s3_server.storage_options)
+    proxy = fault_proxy(s3_server.endpoint_url)
+    options = {**s3_server.storage_options, "client_kwargs": {"endpoint_url": proxy.url}}
+    ds = streamrec.open_dataset(base, storage_options=options, shuffle="global", seed=2)
+    assert len(ds) == 200
+    proxy.clear_records()
+    worker = pickle.loads(pickle.dumps(ds))
+    assert sorted(worker) == sorted(data)
+    assert not [r for r in proxy.records if "_manifest" in r.target or "list-type" in r.target]

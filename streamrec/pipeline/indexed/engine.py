@@ -62,6 +62,7 @@ from streamrec.pipeline.position.events import Advance, Begin, Event, Piece
 from streamrec.pipeline.position.state import DatasetState, IndexedState
 from streamrec.pipeline.position.trackers import Where
 from streamrec.pipeline.stats import Stats
+from streamrec.storage.base import ObjectInfo
 from streamrec.storage.registry import StoreSet
 
 __all__ = ["IndexedEngine", "window_records"]
@@ -120,6 +121,7 @@ class IndexedEngine:
         trust: BoundaryTrust | None = None,
         table: RecordTable | None = None,
         on_table: Callable[[RecordTable], None] | None = None,
+        listed: Sequence[ObjectInfo] = (),
     ):
         self.urls = list(urls)
         self.options = options
@@ -130,6 +132,8 @@ class IndexedEngine:
         """The dataset's table from an earlier epoch, resume or ``get()``: no listing, no
         index read again (else one is built, and handed to ``on_table``)."""
         self.on_table = on_table
+        self.listed = listed
+        """The shards as the dataset listed them already (``len()``): not listed again."""
         self.budget_plan = BudgetPlan(options)
         """How this iteration spends its prefetch budget (the budget, the read chunks)."""
         self._table: RecordTable | None = None
@@ -211,7 +215,9 @@ class IndexedEngine:
             try:
                 table = self.kept_table
                 if table is None:
-                    shards = await list_shards(self.urls, options, stores.get, self.stats)
+                    shards = list(self.listed) or await list_shards(
+                        self.urls, options, stores.get, self.stats
+                    )
                     table = await build_table(
                         self.urls, options, self.stats, stores, shards, self.trust
                     )
