@@ -150,10 +150,11 @@ def test_abfs_urls_and_the_command_line(
     assert main(["index", az, "--json", "--storage-options", options]) == 0  # via the sink
     capsys.readouterr()
     assert azure_server.list(azure_container) == [
-        f"d/s-{k}.tfrecord{suffix}" for k in range(3) for suffix in ("", ".idx")
+        "d/_dataset_index.bin",
+        *(f"d/s-{k}.tfrecord{suffix}" for k in range(3) for suffix in ("", ".idx")),
     ]
     indexed = streamrec.open_dataset(az, storage_options=azure_server.storage_options)
-    assert indexed.get([0, 32]) == [b"r0-0", b"r2-11"]  # by the sidecars
+    assert indexed.get([0, 32]) == [b"r0-0", b"r2-11"]  # by the dataset index
     indexed.close()
 
 
