@@ -9,7 +9,8 @@ The read side of :mod:`streamrec.format.index.core`. For each shard:
    ``<shard>.idx`` each. No sidecar: ``None``.
 2. **decide the shard's codec** the way its reader does
    (:func:`~streamrec.format.codecs.resolve_compression`: the ``compression`` setting, else the
-   name's suffix, else its first 12 bytes, read only when the name does not tell): a
+   name's suffix, else what its listing states (a manifest's ``"compression"``:
+   ``ObjectInfo.compression``), else its first 12 bytes, read only when none of those tells): a
    compressed shard's index may be larger and has its offsets in the uncompressed stream.
 3. **check the sidecar's size** (as listed) against
    :func:`~streamrec.format.index.core.index_size_limit` *before* reading it, then read it 1 MiB
@@ -45,12 +46,7 @@ from streamrec.errors import (
     StorageError,
     TransientStorageError,
 )
-from streamrec.format.codecs import (
-    Compression,
-    compression_from_name,
-    normalize_compression,
-    resolve_compression,
-)
+from streamrec.format.codecs import Compression, compression_known, resolve_compression
 from streamrec.format.framing import HEADER_BYTES
 from streamrec.format.index.core import (
     INDEX_SUFFIX,
@@ -67,6 +63,7 @@ from streamrec.storage.retry import RetryPolicy
 __all__ = [
     "DEFAULT_CONCURRENCY",
     "count_index",
+    "decoder_compression",
     "find_indexes",
     "load_index",
     "load_indexes_and_codecs",
@@ -95,13 +92,11 @@ async def shard_compression(
     on_retry: OnRetry | None = None,
 ) -> Compression:
     """The codec ``shard`` is read with: ``requested`` unless ``"auto"``, else by the name's
-    suffix, else by its first 12 bytes (read only then)."""
-    choice = normalize_compression(requested)
-    if choice != "auto":
-        return choice
-    by_name = compression_from_name(shard.url)
-    if by_name != "unknown" or not shard.size:
-        return None if by_name == "unknown" else by_name
+    suffix, else as its listing states (``ObjectInfo.compression``: a manifest's), else by its
+    first 12 bytes (read only then)."""
+    known = compression_known(requested, shard.url, shard.compression)
+    if known != "unknown" or not shard.size:
+        return None if known == "unknown" else known
 
     async def head() -> bytes:
         return await store.read_range(shard, 0, min(HEADER_BYTES, shard.size))
@@ -109,7 +104,16 @@ async def shard_compression(
     first = await retry.run(
         head, describe=f"{shard.url}: reading its first bytes", on_retry=on_retry
     )
-    return resolve_compression(requested, shard.url, first)
+    return resolve_compression(requested, shard.url, first, shard.compression)
+
+
+def decoder_compression(shard: ObjectInfo, requested: str | None) -> str | None:
+    """The ``compression`` a decoder of ``shard`` is given: the codec :func:`shard_compression`
+    knows without reading (``requested``, the name, the listing's statement), else ``"auto"``
+    (the first bytes the decoder reads anyway decide). Every reader of a shard decides alike:
+    a statement its bytes contradict fails there, never reads them otherwise."""
+    known = compression_known(requested, shard.url, shard.compression)
+    return "auto" if known == "unknown" else known
 
 
 async def find_indexes(

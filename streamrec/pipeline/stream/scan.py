@@ -23,7 +23,7 @@ from streamrec.format.codecs import Compression
 from streamrec.format.framing import FOOTER_BYTES, HEADER_BYTES
 from streamrec.format.shard import DEFAULT_PIECE_BYTES, ShardDecoder
 from streamrec.pipeline.budget import BudgetPlan
-from streamrec.pipeline.listing.sidecars import shard_compression
+from streamrec.pipeline.listing.sidecars import decoder_compression, shard_compression
 from streamrec.pipeline.listing.urls import list_sources
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.stream.prefetch import ObjectReader
@@ -66,7 +66,7 @@ class ShardScan:
 
     async def compression(self, shard: ObjectInfo) -> Compression:
         """The codec ``shard`` is read with: ``options.compression``, or for ``"auto"`` its
-        name's, else its first bytes'."""
+        name's, else its listing's statement, else its first bytes'."""
         store = self.stores.get(shard.url)
         return await shard_compression(shard, store, self.options.retry, self.options.compression)
 
@@ -130,7 +130,7 @@ class ShardRead:
         self.shard = shard
         self.decoder = ShardDecoder(
             url=shard.url,
-            compression=options.compression,
+            compression=decoder_compression(shard, options.compression),
             verify_crc=options.verify_crc,
             on_corrupt=options.on_corrupt,
             size=shard.size,
