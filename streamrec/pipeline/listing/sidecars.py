@@ -36,18 +36,21 @@ import asyncio
 import shlex
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from streamrec._portal import run_all
 from streamrec.errors import (
+    CompressionError,
     FormatError,
     IndexMismatchError,
     ObjectNotFoundError,
     StorageError,
     TransientStorageError,
 )
-from streamrec.format.codecs import Compression, compression_known, resolve_compression
+from streamrec.format.codecs import Compression, compression_known, resolve_compression, sniff
 from streamrec.format.framing import HEADER_BYTES
+from streamrec.format.identify import HEAD_BYTES as IDENTIFY_BYTES
+from streamrec.format.identify import looks_like
 from streamrec.format.index.core import (
     INDEX_SUFFIX,
     IndexParser,
@@ -69,6 +72,7 @@ __all__ = [
     "load_indexes_and_codecs",
     "record_counts",
     "shard_compression",
+    "stated_contradiction",
 ]
 
 T = TypeVar("T")
@@ -114,6 +118,50 @@ def decoder_compression(shard: ObjectInfo, requested: str | None) -> str | None:
     a statement its bytes contradict fails there, never reads them otherwise."""
     known = compression_known(requested, shard.url, shard.compression)
     return "auto" if known == "unknown" else known
+
+
+_DESCRIBED = {None: "uncompressed", "gzip": "with GZIP", "zlib": "with ZLIB"}
+
+
+async def stated_contradiction(
+    shard: ObjectInfo,
+    codec: Compression,
+    store: ObjectStore,
+    retry: RetryPolicy,
+    *,
+    on_retry: OnRetry | None = None,
+) -> CompressionError | None:
+    """Called where reading ``shard`` as ``codec`` failed: when that is the codec its listing
+    states (``ObjectInfo.compression``, untrusted metadata) and its first bytes (one read of
+    16) are not that, the error to raise instead, naming the shard, byte 0 and the statement
+    (not the index or a resume state the failure seemed to blame); else None."""
+    if shard.compression == "unknown" or codec != shard.compression or not shard.size:
+        return None
+
+    async def head() -> bytes:
+        return await store.read_range(shard, 0, min(IDENTIFY_BYTES, shard.size))
+
+    try:
+        first = await retry.run(
+            head, describe=f"{shard.url}: reading its first bytes", on_retry=on_retry
+        )
+    except StorageError:
+        return None  # the failure being explained stands on its own
+    kind = looks_like(first)
+    found: Compression | Literal["unknown"] = sniff(first)
+    if found is None and kind != "an uncompressed TFRecord file":
+        found = "unknown"
+    if found == codec:
+        return None
+    override = "" if found == "unknown" else f"; compression={found!r} reads it regardless"
+    return CompressionError(
+        f'its listing states it is stored {_DESCRIBED[codec]} (the "compression" of its '
+        f"manifest or dataset index), but its first bytes look like "
+        f"{kind or 'no format streamrec knows'}: that metadata does not describe this "
+        f"shard{override}",
+        url=shard.url,
+        offset=0,
+    )
 
 
 async def find_indexes(
@@ -292,14 +340,20 @@ async def _each_index(
         async with gate:
             store = store_of(shard.url)
             codec = await shard_compression(shard, store, retry, compression, on_retry=on_retry)
-            index = await load(
-                shard,
-                sidecar,
-                store_of(sidecar.url),
-                retry,
-                compressed=codec is not None,
-                on_retry=on_retry,
-            )
+            try:
+                index = await load(
+                    shard,
+                    sidecar,
+                    store_of(sidecar.url),
+                    retry,
+                    compressed=codec is not None,
+                    on_retry=on_retry,
+                )
+            except IndexMismatchError as exc:
+                wrong = await stated_contradiction(shard, codec, store, retry, on_retry=on_retry)
+                if wrong is not None:
+                    raise wrong from exc
+                raise
             return use(index, codec)
 
     return await run_all(one(s, i) for s, i in zip(shards, sidecars, strict=True))

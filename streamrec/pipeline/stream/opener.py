@@ -34,7 +34,7 @@ from streamrec.pipeline.position.state import (
     check_against_plan,
 )
 from streamrec.pipeline.stream.prefetch import ObjectReader
-from streamrec.pipeline.stream.read import read_shard
+from streamrec.pipeline.stream.read import read_shard, stated_or_failing
 from streamrec.storage.base import ObjectInfo, ObjectStore
 
 if TYPE_CHECKING:
@@ -160,9 +160,10 @@ class ShardOpener:
             reader.prime()
         options = self.options
         shard = self.plan.shards[ordinal]
+        codec = None if seeks else decoder_compression(shard, options.compression)
         chunks = read_shard(
             reader,
-            compression=None if seeks else decoder_compression(shard, options.compression),
+            compression=codec,
             verify_crc=options.verify_crc,
             on_corrupt=options.on_corrupt,
             stats=self.stats,
@@ -172,6 +173,8 @@ class ShardOpener:
         )
         if seeks:
             chunks = _starting_a_record(chunks, ordinal, offset or 0)
+        store = self.stores.get(shard.url)
+        chunks = stated_or_failing(chunks, shard, codec, store, options.retry)
         if self.plan.record_stride > 1:
             chunks = every_nth(chunks, self.plan.record_stride, self.plan.record_offset)
         if records and not seeks:

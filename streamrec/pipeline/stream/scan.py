@@ -27,7 +27,7 @@ from streamrec.pipeline.listing.sidecars import decoder_compression, shard_compr
 from streamrec.pipeline.listing.urls import list_sources
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.stream.prefetch import ObjectReader
-from streamrec.pipeline.stream.read import decode_blocks
+from streamrec.pipeline.stream.read import decode_blocks, stated_or_failing
 from streamrec.storage.registry import ObjectInfo, StoreSet
 
 __all__ = ["Located", "ShardRead", "ShardScan"]
@@ -144,7 +144,10 @@ class ShardRead:
     async def chunks(self) -> AsyncGenerator[list[bytes], None]:
         """The shard's payloads in order, as chunks; damage raises (or is dropped, in skip)."""
         reader = self.scan.reader(self.shard)
-        async with aclosing(decode_blocks(reader, self.decoder, self.on_bytes)) as chunks:
+        blocks = decode_blocks(reader, self.decoder, self.on_bytes)
+        store, policy = self.scan.stores.get(self.shard.url), self.scan.options.retry
+        codec = decoder_compression(self.shard, self.scan.options.compression)
+        async with aclosing(stated_or_failing(blocks, self.shard, codec, store, policy)) as chunks:
             async for records in chunks:
                 self.records += len(records)
                 yield records
