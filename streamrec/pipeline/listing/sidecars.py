@@ -240,8 +240,9 @@ async def load_index(
     on_retry: OnRetry | None = None,
 ) -> ShardIndex:
     """The index in ``sidecar`` of ``shard`` (``compressed``: stored with GZIP/ZLIB), its size
-    checked before it is read; IndexMismatchError when it does not fit the shard as it is."""
-    parser = await _parse_sidecar(
+    checked before it is read; IndexMismatchError when it does not fit the shard as it is,
+    ObjectNotFoundError when it is gone (see :func:`_parse_current`)."""
+    parser = await _parse_current(
         shard, sidecar, store, retry, compressed=compressed, keep=True, on_retry=on_retry
     )
     return parser.index()
@@ -258,10 +259,54 @@ async def count_index(
 ) -> int:
     """The record count of ``sidecar``'s index of ``shard``, checked as :func:`load_index`
     checks it, without keeping its table (memory: one piece of its text at a time)."""
-    parser = await _parse_sidecar(
+    parser = await _parse_current(
         shard, sidecar, store, retry, compressed=compressed, keep=False, on_retry=on_retry
     )
     return parser.records
+
+
+class _Resized(StorageError):
+    """A sidecar read short of the size it was listed (or named in a manifest) with."""
+
+
+async def _parse_current(
+    shard: ObjectInfo,
+    sidecar: ObjectInfo,
+    store: ObjectStore,
+    retry: RetryPolicy,
+    *,
+    compressed: bool,
+    keep: bool,
+    on_retry: OnRetry | None,
+) -> IndexParser:
+    """:func:`_parse_sidecar` of ``sidecar`` as it was listed, else as it is now: a sidecar a
+    manifest names (``record_index``, read without a lookup) may have been rebuilt or removed
+    since (``streamrec index --force`` rewrites sidecars, not the manifest). Where the one
+    listed is gone, another size or does not fit, it is looked up (once, only then) and the
+    one there now read; ObjectNotFoundError when there is none now."""
+    try:
+        return await _parse_sidecar(
+            shard, sidecar, store, retry, compressed=compressed, keep=keep, on_retry=on_retry
+        )
+    except (ObjectNotFoundError, _Resized, IndexMismatchError):
+        try:
+            [now] = await retry.run(
+                lambda: store.expand(sidecar.url),
+                describe=f"looking up {sidecar.url}",
+                on_retry=on_retry,
+            )
+        except ObjectNotFoundError:
+            now = None
+        if now is not None and (now.size, now.version) == (sidecar.size, sidecar.version):
+            raise  # it is the one listed: what was wrong with it stands
+        if now is None:
+            raise ObjectNotFoundError(
+                f"{sidecar.url}: the record index of {shard.url} its listing or manifest "
+                "names is gone"
+            ) from None
+    return await _parse_sidecar(
+        shard, now, store, retry, compressed=compressed, keep=keep, on_retry=on_retry
+    )
 
 
 async def _parse_sidecar(
@@ -298,7 +343,7 @@ async def _parse_sidecar(
                 read, describe=f"{sidecar.url}: reading bytes {start}-{stop}", on_retry=on_retry
             )
             if len(data) != stop - start:
-                raise StorageError(
+                raise _Resized(
                     f"{sidecar.url}: read {len(data)} of its bytes {start}-{stop} (of "
                     f"{sidecar.size})"
                 )
@@ -349,6 +394,8 @@ async def _each_index(
                     compressed=codec is not None,
                     on_retry=on_retry,
                 )
+            except ObjectNotFoundError:  # named by a manifest, removed since
+                return use(None, None)
             except IndexMismatchError as exc:
                 wrong = await stated_contradiction(shard, codec, store, retry, on_retry=on_retry)
                 if wrong is not None:
