@@ -9,7 +9,7 @@ from itertools import chain
 
 from streamrec._portal import owned_generator
 from streamrec.errors import FormatError, StateError
-from streamrec.format.codecs import compression_from_name, normalize_compression
+from streamrec.format.codecs import Compression, compression_from_name, normalize_compression
 from streamrec.format.framing import HEADER_BYTES, OVERHEAD_BYTES, OnCorrupt
 from streamrec.format.payload import read_header
 from streamrec.format.shard import DEFAULT_PIECE_BYTES, ShardDecoder
@@ -173,8 +173,7 @@ async def decode_blocks(
         await reader.aclose()
 
 
-@owned_generator
-async def stated_or_failing(
+def stated_or_failing(
     chunks: AsyncGenerator[list[bytes], None],
     shard: ObjectInfo,
     codec: str | None,
@@ -185,16 +184,27 @@ async def stated_or_failing(
     that codec is its listing's statement and reading fails, a failure the statement explains
     (its bytes are not that codec) is raised as such
     (:func:`~streamrec.pipeline.listing.sidecars.stated_contradiction`), not as damage or a
-    bad resume state."""
+    bad resume state. ``chunks`` themselves where nothing states the codec."""
+    read_as = normalize_compression(codec)
+    if read_as == "auto" or shard.compression != read_as:
+        return chunks
+    return _stated_or_failing(chunks, shard, read_as, store, policy)
+
+
+@owned_generator
+async def _stated_or_failing(
+    chunks: AsyncGenerator[list[bytes], None],
+    shard: ObjectInfo,
+    codec: Compression,
+    store: ObjectStore,
+    policy: RetryPolicy,
+) -> AsyncGenerator[list[bytes], None]:
     async with aclosing(chunks) as source:
         try:
             async for chunk in source:
                 yield chunk
         except (FormatError, StateError) as exc:
-            read_as = normalize_compression(codec)
-            if read_as == "auto":
-                raise
-            wrong = await stated_contradiction(shard, read_as, store, policy)
+            wrong = await stated_contradiction(shard, codec, store, policy)
             if wrong is not None:
                 raise wrong from exc
             raise
