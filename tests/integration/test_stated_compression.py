@@ -19,6 +19,7 @@ import streamrec
 from integration.test_cli import cli
 from streamrec.errors import CompressionError, FormatError, RandomAccessUnavailableError
 from streamrec.format.codecs import compression_known
+from streamrec.format.index.dataset import DATASET_INDEX_NAME
 from streamrec.storage.base import ObjectInfo
 from support.fault_proxy import FaultProxy
 from support.servers import MotoS3Server
@@ -28,8 +29,22 @@ FIRST_BYTES = "bytes=0-11"  # what a reader GETs to learn a shard's codec from i
 
 
 def write(base: str, codec: str | None, **options: Any) -> None:
-    """``DATA`` in ``.tfrecord`` shards of 20 records (whatever the codec), with their
-    indexes and the directory's ``_manifest.json``."""
+    """``DATA`` in ``.tfrecord`` shards of 20 records (whatever the codec), with their index
+    sidecars and the directory's ``_manifest.json``; no dataset index (the sidecars are what
+    is read by index; ``indexed`` writes one as well)."""
+    indexed(base, codec, **options)
+    path = f"{base}/{DATASET_INDEX_NAME}"
+    store = options.get("storage_options")
+    if store is None:
+        Path(path).unlink()
+    else:  # (written through s3fs to moto)
+        import s3fs
+
+        s3fs.S3FileSystem(**store, skip_instance_cache=True).rm(path)
+
+
+def indexed(base: str, codec: str | None, **options: Any) -> None:
+    """:func:`write`'s set, with the dataset index."""
     with streamrec.sync.open_writer(
         f"{base}/part-{{index:03d}}.tfrecord",
         max_records=20,
@@ -59,14 +74,18 @@ def test_the_codec_known_without_reading_a_shard() -> None:
     assert compression_known("ZLIB", "a.tfrecord", None) == "zlib"
 
 
+@pytest.mark.parametrize("dataset_index", [False, True])
 @pytest.mark.parametrize("codec", [None, "gzip"])
 def test_a_manifest_directory_is_read_by_index_without_first_byte_reads(
     s3_server: MotoS3Server,
     s3_bucket: str,
     fault_proxy: Callable[..., FaultProxy],
     codec: str | None,
+    dataset_index: bool,
 ) -> None:
-    write(f"s3://{s3_bucket}/set", codec, storage_options=s3_server.storage_options)
+    (indexed if dataset_index else write)(
+        f"s3://{s3_bucket}/set", codec, storage_options=s3_server.storage_options
+    )
     proxy = fault_proxy(s3_server.endpoint_url)
     options = {**s3_server.storage_options, "client_kwargs": {"endpoint_url": proxy.url}}
     url = f"s3://{s3_bucket}/set/"
@@ -117,6 +136,17 @@ def test_a_manifest_that_states_the_right_codec_reads_every_mode(tmp_path: Path)
     write(str(tmp_path), "zlib")
     for mode, read in MODES.items():
         assert sorted(read(str(tmp_path))) == sorted(DATA), mode
+
+
+@pytest.mark.parametrize(("codec", "stated"), LIES)
+def test_a_dataset_index_that_disagrees_with_the_manifest_is_not_used(
+    tmp_path: Path, codec: str | None, stated: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    indexed(str(tmp_path), codec)  # its dataset index states the codec the shards have
+    state(tmp_path, stated)
+    with pytest.raises(CompressionError, match="its listing states it is stored"):
+        streamrec.open_dataset(str(tmp_path)).get([0])
+    assert "not using the dataset index" in caplog.text
 
 
 @pytest.mark.parametrize("compression", ["brotli", "auto", 5, ["gzip"]])

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -469,11 +469,22 @@ async def build_table(
         shards = await list_shards(urls, options, stores.get, stats)
     source = await load_dataset_index(shards, stores.get, options, stats)
     if source is not None:
-        for shard, random_access in zip(shards, source.random_access, strict=True):
+        # the index states each shard's codec: a shard whose bytes are not it is said so
+        stated = [
+            replace(shard, compression=codec) if shard.compression == "unknown" else shard
+            for shard, codec in zip(shards, source.compressions, strict=True)
+        ]
+        for shard, codec, random_access in zip(
+            stated, source.compressions, source.random_access, strict=True
+        ):
             if not random_access:
-                raise _not_random_access(shard)
+                store = stores.get(shard.url)
+                wrong = await stated_contradiction(
+                    shard, codec, store, options.retry, on_retry=count_retry
+                )
+                raise _not_random_access(shard) if wrong is None else wrong
         return RecordTable.of_counts(
-            shards, source.indexes, source.compressions, source.counts, source.framed_bytes, trust
+            stated, source.indexes, source.compressions, source.counts, source.framed_bytes, trust
         )
     loaded = await load_indexes_and_codecs(
         shards, stores.get, options.retry, compression=options.compression, on_retry=count_retry
