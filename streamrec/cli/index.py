@@ -40,7 +40,12 @@ from streamrec.cli.common import (
     print_json,
     read_options_of,
 )
-from streamrec.errors import FormatError, IndexMismatchError, StreamrecError
+from streamrec.errors import (
+    FormatError,
+    IndexMismatchError,
+    ObjectNotFoundError,
+    StreamrecError,
+)
 from streamrec.format.codecs import Compression
 from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.format.index.core import ShardIndex, index_url
@@ -336,11 +341,14 @@ async def _index_each(
 
 async def _existing(
     scan: ShardScan, shard: ObjectInfo, sidecar: ObjectInfo, codec: Compression
-) -> ShardIndex | str:
-    """The valid index in ``sidecar``, or why it does not fit ``shard``."""
+) -> ShardIndex | str | None:
+    """The valid index in ``sidecar``, or why it does not fit ``shard``; None when it is gone
+    (a manifest named it)."""
     store, retry = scan.stores.get(sidecar.url), scan.options.retry
     try:
         return await load_index(shard, sidecar, store, retry, compressed=codec is not None)
+    except ObjectNotFoundError:  # named by a manifest, removed since
+        return None
     except IndexMismatchError as exc:
         return exc.problem
 

@@ -24,7 +24,8 @@ __all__ = ["register"]
 
 EPILOG = """\
 output: one line per shard (size in bytes, compression, url), then a total line.
-Compression is taken from the name (.gz/.gzip, .zlib/.zz), else sniffed from the first bytes.
+Compression is taken from the name (.gz/.gzip, .zlib/.zz), else from the manifest, else
+sniffed from the first bytes.
 
 examples:
   streamrec ls 'data/train-*.tfrecord'

@@ -30,6 +30,7 @@ __all__ = [
     "Compressor",
     "Decompressor",
     "compression_from_name",
+    "compression_known",
     "make_compressor",
     "make_decompressor",
     "normalize_compression",
@@ -102,16 +103,33 @@ def sniff(first_bytes: BytesLike) -> Compression:
     return None
 
 
-def resolve_compression(
-    requested: str | None, name: str, first_bytes: BytesLike | None
-) -> Compression:
-    """The codec for one file: an explicit choice wins, then the name, then the bytes."""
+def compression_known(
+    requested: str | None, name: str, stated: Compression | Literal["unknown"] = "unknown"
+) -> Compression | Literal["unknown"]:
+    """The codec for one file as far as it is known without reading it: an explicit choice
+    wins, then the name's suffix, then what metadata ``stated`` (a manifest's
+    ``"compression"``, a dataset index's); ``"unknown"`` when none says (its first bytes
+    decide: :func:`sniff`)."""
     choice = normalize_compression(requested)
     if choice != "auto":
         return choice
     by_name = compression_from_name(name)
     if by_name != "unknown":
         return by_name
+    return stated
+
+
+def resolve_compression(
+    requested: str | None,
+    name: str,
+    first_bytes: BytesLike | None,
+    stated: Compression | Literal["unknown"] = "unknown",
+) -> Compression:
+    """The codec for one file: an explicit choice wins, then the name, then what metadata
+    ``stated``, then the bytes (:func:`compression_known`)."""
+    known = compression_known(requested, name, stated)
+    if known != "unknown":
+        return known
     return sniff(first_bytes or b"")
 
 

@@ -28,14 +28,20 @@ import logging
 from collections.abc import Callable
 
 from streamrec._portal import run_all
-from streamrec.errors import ObjectChangedError, ObjectNotFoundError, TransientStorageError
-from streamrec.manifest.core import ManifestEntry, load_manifest
+from streamrec.errors import (
+    FormatError,
+    ObjectChangedError,
+    ObjectNotFoundError,
+    TransientStorageError,
+)
+from streamrec.format.codecs import Compression, normalize_compression
+from streamrec.manifest.core import Manifest, ManifestEntry, load_manifest
 from streamrec.redact import redact
 from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.local.store import LocalStore
 from streamrec.storage.retry import RetryPolicy
 
-__all__ = ["invalidate_manifest", "manifest_shards"]
+__all__ = ["checked_shards", "invalidate_manifest", "manifest_shards", "stated_compression"]
 
 logger = logging.getLogger("streamrec")
 
@@ -58,6 +64,20 @@ async def manifest_shards(
     manifest = await load_manifest(
         url, retry=retry, store=get_store(url), allow_absolute_urls=allow_absolute_urls
     )
+    return await checked_shards(manifest, url, get_store, retry, on_retry=on_retry)
+
+
+async def checked_shards(
+    manifest: Manifest,
+    url: str,
+    get_store: Callable[[str], ObjectStore],
+    retry: RetryPolicy,
+    *,
+    on_retry: Callable[[TransientStorageError], None] | None = None,
+) -> list[ObjectInfo]:
+    """The shards of ``manifest`` (loaded from ``url``) as :func:`manifest_shards` gives
+    them: each checked against the object there, carrying what the manifest states of it."""
+    compression = stated_compression(manifest, url)
     lookups = asyncio.Semaphore(_LOOKUPS_AT_ONCE)
     local = [e.url for e in manifest.shards if e.version is None]
     seen: dict[str, ObjectInfo] = {}
@@ -91,6 +111,7 @@ async def manifest_shards(
             entry.version,
             entry.records,
             crc32c=entry.crc32c,
+            compression=compression,
             # a sidecar the manifest lists is known; one added later (`streamrec index`) is
             # looked up (and checked against the shard before it is used)
             index=(
@@ -116,6 +137,23 @@ async def manifest_shards(
 
 async def _ready(found: ObjectInfo) -> ObjectInfo:
     return found
+
+
+def stated_compression(manifest: Manifest, url: str) -> Compression:
+    """The codec ``manifest`` (read from ``url``) says every shard is stored with; a value
+    this version does not know is a FormatError (the shards could not be read with it)."""
+    stated = manifest.compression
+    try:
+        codec = normalize_compression(stated)
+    except ValueError:
+        codec = "auto"
+    if codec == "auto":
+        raise FormatError(
+            f'not a valid streamrec manifest: "compression" is {stated!r}, not null, "gzip" '
+            'or "zlib"',
+            url=url,
+        )
+    return codec
 
 
 async def invalidate_manifest(store: ObjectStore, url: str, retry: RetryPolicy) -> bool:

@@ -374,10 +374,12 @@ def loads(
         if key in document and document[key] != total:
             raise bad(f'"{key}" ({document[key]!r}) does not match the shards ({total})')
     compression = document.get("compression")
+    if compression is not None and not isinstance(compression, str):
+        raise bad(f'"compression" {compression!r} is not null or a string')
     template = document.get("template")
     return Manifest(
         shards=entries,
-        compression=compression if isinstance(compression, str) else None,
+        compression=compression,
         template=template if isinstance(template, str) else None,
         version=version,
     )

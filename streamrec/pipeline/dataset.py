@@ -476,9 +476,9 @@ def open_dataset(
             skipped), a writer's manifest (a url ending in ``.json``: its shards, in index
             order), a directory or prefix (its ``_manifest.json``, else its files), or a list
             of them (read in the order given); see :mod:`streamrec.pipeline.listing.urls`.
-        compression: ``"auto"`` (by suffix ``.gz``/``.gzip``/``.zlib``/``.zz``, else by the
-            first bytes), ``None``, ``"gzip"`` or ``"zlib"`` (TF's ``"GZIP"``/``"ZLIB"``/``""``
-            spellings work too).
+        compression: ``"auto"`` (by suffix ``.gz``/``.gzip``/``.zlib``/``.zz``, else as the
+            manifest states, else by the first bytes), ``None``, ``"gzip"`` or ``"zlib"``
+            (TF's ``"GZIP"``/``"ZLIB"``/``""`` spellings work too).
         verify_crc: check both masked CRC32Cs of every record (cheap: keep it on).
         on_corrupt: ``"raise"`` yields every good record before the damage, then raises a
             :class:`~streamrec.errors.FormatError`; ``"skip"`` drops a record with a bad

@@ -6,8 +6,9 @@ import abc
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
+from streamrec.format.codecs import Compression
 from streamrec.redact import redact
 
 if TYPE_CHECKING:
@@ -56,13 +57,19 @@ class ObjectInfo:
     """True when that listing would have returned the sidecar had there been one (a directory
     listing, a glob that also matches it): ``index`` None then means the shard has none,
     without a lookup. False: unknown, look it up."""
+    compression: Compression | Literal["unknown"] = "unknown"
+    """The codec the object's bytes are stored with, where metadata states it without reading
+    them (a manifest, a dataset index): None (stored as is), ``"gzip"`` or ``"zlib"``;
+    ``"unknown"`` where nothing states it (the name's suffix, else its first bytes decide;
+    see :func:`~streamrec.format.codecs.compression_known`). Stated, not proven: a shard whose
+    bytes are not what it says is an error when it is read, never other records."""
 
     def __repr__(self) -> str:
         # a signed url's signature and token stay out of reprs (tracebacks, logs)
         return (
             f"ObjectInfo(url={redact(self.url)!r}, size={self.size!r}, "
             f"version={self.version!r}, records={self.records!r}, index={self.index!r}, "
-            f"index_known={self.index_known!r})"
+            f"index_known={self.index_known!r}, compression={self.compression!r})"
         )
 
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from streamrec._portal import run_all
 from streamrec.errors import (
+    FormatError,
     IndexMismatchError,
     RandomAccessUnavailableError,
     TransientStorageError,
@@ -47,7 +48,7 @@ from streamrec.pipeline.indexed.trust import (
 )
 from streamrec.pipeline.listing.dataset_index import MappedIndexes, load_dataset_index
 from streamrec.pipeline.listing.lengths import index_command
-from streamrec.pipeline.listing.sidecars import load_indexes_and_codecs
+from streamrec.pipeline.listing.sidecars import load_indexes_and_codecs, stated_contradiction
 from streamrec.pipeline.listing.urls import list_shards
 from streamrec.pipeline.options import DEFAULT_GAP_BYTES, ReadOptions
 from streamrec.pipeline.stats import Stats
@@ -317,27 +318,40 @@ async def read_records(
         for k in queue:
             span = spans[k]
             key = table.shard_key(span.ordinal)
-            with table.trust.reading(key, span.first, span.last + 1):
-                # its first record must start at a verified boundary (checked without a
-                # slot: the check's reads are reserved in the budget like any)
-                await _trust(
-                    table,
-                    span,
-                    store_of,
-                    budget,
-                    policy,
-                    on_retry,
-                    stats,
-                    checks,
-                    gap_bytes,
-                    span_bytes,
-                )
-                async with slots:
-                    records = await _read_span(
-                        table, span, store_of, budget, policy, verify_crc, stats, on_retry
+            try:
+                with table.trust.reading(key, span.first, span.last + 1):
+                    # its first record must start at a verified boundary (checked without a
+                    # slot: the check's reads are reserved in the budget like any)
+                    await _trust(
+                        table,
+                        span,
+                        store_of,
+                        budget,
+                        policy,
+                        on_retry,
+                        stats,
+                        checks,
+                        gap_bytes,
+                        span_bytes,
                     )
-                # framed exactly as the index says from a verified boundary: verified too
-                table.trust.extend(key, span.last + 1)
+                    async with slots:
+                        records = await _read_span(
+                            table, span, store_of, budget, policy, verify_crc, stats, on_retry
+                        )
+                    # framed exactly as the index says from a verified boundary: verified too
+                    table.trust.extend(key, span.last + 1)
+            except FormatError as exc:  # read as a codec metadata states, not the shard's?
+                shard = table.shards[span.ordinal]
+                wrong = await stated_contradiction(
+                    shard,
+                    table.compressions[span.ordinal],
+                    store_of(shard.url),
+                    policy,
+                    on_retry=on_retry,
+                )
+                if wrong is not None:
+                    raise wrong from exc
+                raise
             low, high = bounds[k], bounds[k + 1]
             first = int(firsts[k])
             for at, index in enumerate(unique[low:high].tolist(), start=low):
@@ -455,11 +469,22 @@ async def build_table(
         shards = await list_shards(urls, options, stores.get, stats)
     source = await load_dataset_index(shards, stores.get, options, stats)
     if source is not None:
-        for shard, random_access in zip(shards, source.random_access, strict=True):
+        # the index states each shard's codec: a shard whose bytes are not it is said so
+        stated = [
+            replace(shard, compression=codec) if shard.compression == "unknown" else shard
+            for shard, codec in zip(shards, source.compressions, strict=True)
+        ]
+        for shard, codec, random_access in zip(
+            stated, source.compressions, source.random_access, strict=True
+        ):
             if not random_access:
-                raise _not_random_access(shard)
+                store = stores.get(shard.url)
+                wrong = await stated_contradiction(
+                    shard, codec, store, options.retry, on_retry=count_retry
+                )
+                raise _not_random_access(shard) if wrong is None else wrong
         return RecordTable.of_counts(
-            shards, source.indexes, source.compressions, source.counts, source.framed_bytes, trust
+            stated, source.indexes, source.compressions, source.counts, source.framed_bytes, trust
         )
     loaded = await load_indexes_and_codecs(
         shards, stores.get, options.retry, compression=options.compression, on_retry=count_retry
@@ -477,6 +502,11 @@ async def build_table(
         assert found is not None
         index, codec = found
         if not index.random_access:
+            wrong = await stated_contradiction(
+                shard, codec, stores.get(shard.url), options.retry, on_retry=count_retry
+            )
+            if wrong is not None:  # an uncompressed shard its metadata says is compressed
+                raise wrong
             raise _not_random_access(shard)
         if shard.records is not None and shard.records != len(index):
             raise IndexMismatchError(

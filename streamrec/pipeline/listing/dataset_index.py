@@ -33,7 +33,7 @@ import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -45,7 +45,7 @@ from streamrec.errors import (
     PermissionDeniedError,
     StorageError,
 )
-from streamrec.format.codecs import Compression, normalize_compression
+from streamrec.format.codecs import Compression, compression_known
 from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.format.index.core import ShardIndex
 from streamrec.format.index.dataset import DATASET_INDEX_NAME, DatasetIndex
@@ -237,7 +237,11 @@ async def load_dataset_index(
     index = await asyncio.to_thread(where.open)
     directory = url[: -len(DATASET_INDEX_NAME)]
     by_name = {shard.name: k for k, shard in enumerate(index.shards)}
-    requested = normalize_compression(options.compression)
+
+    def known_as(shard: ObjectInfo) -> Compression | Literal["unknown"]:
+        # the dataset's setting, else the name's suffix, else a manifest's statement
+        return compression_known(options.compression, shard.url, shard.compression)
+
     rows: list[int] = []
     for shard in shards:
         k = by_name.get(shard.url[len(directory) :]) if shard.url.startswith(directory) else None
@@ -249,8 +253,8 @@ async def load_dataset_index(
             problem = f"has {shard.size} bytes, it says {row.size}"
         elif None not in (row.version, shard.version) and row.version != shard.version:
             problem = f"is version {shard.version}, it says {row.version}"
-        elif requested != "auto" and requested != row.compression:
-            problem = f"is read with compression={requested}, it says {row.compression}"
+        elif known_as(shard) not in ("unknown", row.compression):
+            problem = f"is read with compression={known_as(shard)!r}, it says {row.compression!r}"
         if problem is not None:
             logger.warning(
                 "not using the dataset index %s: the shard %s %s (reading the shards' own "

@@ -9,7 +9,8 @@ The read side of :mod:`streamrec.format.index.core`. For each shard:
    ``<shard>.idx`` each. No sidecar: ``None``.
 2. **decide the shard's codec** the way its reader does
    (:func:`~streamrec.format.codecs.resolve_compression`: the ``compression`` setting, else the
-   name's suffix, else its first 12 bytes, read only when the name does not tell): a
+   name's suffix, else what its listing states (a manifest's ``"compression"``:
+   ``ObjectInfo.compression``), else its first 12 bytes, read only when none of those tells): a
    compressed shard's index may be larger and has its offsets in the uncompressed stream.
 3. **check the sidecar's size** (as listed) against
    :func:`~streamrec.format.index.core.index_size_limit` *before* reading it, then read it 1 MiB
@@ -35,23 +36,21 @@ import asyncio
 import shlex
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from streamrec._portal import run_all
 from streamrec.errors import (
+    CompressionError,
     FormatError,
     IndexMismatchError,
     ObjectNotFoundError,
     StorageError,
     TransientStorageError,
 )
-from streamrec.format.codecs import (
-    Compression,
-    compression_from_name,
-    normalize_compression,
-    resolve_compression,
-)
+from streamrec.format.codecs import Compression, compression_known, resolve_compression, sniff
 from streamrec.format.framing import HEADER_BYTES
+from streamrec.format.identify import HEAD_BYTES as IDENTIFY_BYTES
+from streamrec.format.identify import looks_like
 from streamrec.format.index.core import (
     INDEX_SUFFIX,
     IndexParser,
@@ -67,11 +66,13 @@ from streamrec.storage.retry import RetryPolicy
 __all__ = [
     "DEFAULT_CONCURRENCY",
     "count_index",
+    "decoder_compression",
     "find_indexes",
     "load_index",
     "load_indexes_and_codecs",
     "record_counts",
     "shard_compression",
+    "stated_contradiction",
 ]
 
 T = TypeVar("T")
@@ -95,13 +96,11 @@ async def shard_compression(
     on_retry: OnRetry | None = None,
 ) -> Compression:
     """The codec ``shard`` is read with: ``requested`` unless ``"auto"``, else by the name's
-    suffix, else by its first 12 bytes (read only then)."""
-    choice = normalize_compression(requested)
-    if choice != "auto":
-        return choice
-    by_name = compression_from_name(shard.url)
-    if by_name != "unknown" or not shard.size:
-        return None if by_name == "unknown" else by_name
+    suffix, else as its listing states (``ObjectInfo.compression``: a manifest's), else by its
+    first 12 bytes (read only then)."""
+    known = compression_known(requested, shard.url, shard.compression)
+    if known != "unknown" or not shard.size:
+        return None if known == "unknown" else known
 
     async def head() -> bytes:
         return await store.read_range(shard, 0, min(HEADER_BYTES, shard.size))
@@ -109,7 +108,60 @@ async def shard_compression(
     first = await retry.run(
         head, describe=f"{shard.url}: reading its first bytes", on_retry=on_retry
     )
-    return resolve_compression(requested, shard.url, first)
+    return resolve_compression(requested, shard.url, first, shard.compression)
+
+
+def decoder_compression(shard: ObjectInfo, requested: str | None) -> str | None:
+    """The ``compression`` a decoder of ``shard`` is given: the codec :func:`shard_compression`
+    knows without reading (``requested``, the name, the listing's statement), else ``"auto"``
+    (the first bytes the decoder reads anyway decide). Every reader of a shard decides alike:
+    a statement its bytes contradict fails there, never reads them otherwise."""
+    known = compression_known(requested, shard.url, shard.compression)
+    return "auto" if known == "unknown" else known
+
+
+_DESCRIBED = {None: "uncompressed", "gzip": "with GZIP", "zlib": "with ZLIB"}
+
+
+async def stated_contradiction(
+    shard: ObjectInfo,
+    codec: Compression,
+    store: ObjectStore,
+    retry: RetryPolicy,
+    *,
+    on_retry: OnRetry | None = None,
+) -> CompressionError | None:
+    """Called where reading ``shard`` as ``codec`` failed: when that is the codec its listing
+    states (``ObjectInfo.compression``, untrusted metadata) and its first bytes (one read of
+    16) are not that, the error to raise instead, naming the shard, byte 0 and the statement
+    (not the index or a resume state the failure seemed to blame); else None."""
+    if shard.compression == "unknown" or codec != shard.compression or not shard.size:
+        return None
+
+    async def head() -> bytes:
+        return await store.read_range(shard, 0, min(IDENTIFY_BYTES, shard.size))
+
+    try:
+        first = await retry.run(
+            head, describe=f"{shard.url}: reading its first bytes", on_retry=on_retry
+        )
+    except StorageError:
+        return None  # the failure being explained stands on its own
+    kind = looks_like(first)
+    found: Compression | Literal["unknown"] = sniff(first)
+    if found is None and kind != "an uncompressed TFRecord file":
+        found = "unknown"
+    if found == codec:
+        return None
+    override = "" if found == "unknown" else f"; compression={found!r} reads it regardless"
+    return CompressionError(
+        f'its listing states it is stored {_DESCRIBED[codec]} (the "compression" of its '
+        f"manifest or dataset index), but its first bytes look like "
+        f"{kind or 'no format streamrec knows'}: that metadata does not describe this "
+        f"shard{override}",
+        url=shard.url,
+        offset=0,
+    )
 
 
 async def find_indexes(
@@ -188,8 +240,9 @@ async def load_index(
     on_retry: OnRetry | None = None,
 ) -> ShardIndex:
     """The index in ``sidecar`` of ``shard`` (``compressed``: stored with GZIP/ZLIB), its size
-    checked before it is read; IndexMismatchError when it does not fit the shard as it is."""
-    parser = await _parse_sidecar(
+    checked before it is read; IndexMismatchError when it does not fit the shard as it is,
+    ObjectNotFoundError when it is gone (see :func:`_parse_current`)."""
+    parser = await _parse_current(
         shard, sidecar, store, retry, compressed=compressed, keep=True, on_retry=on_retry
     )
     return parser.index()
@@ -206,10 +259,54 @@ async def count_index(
 ) -> int:
     """The record count of ``sidecar``'s index of ``shard``, checked as :func:`load_index`
     checks it, without keeping its table (memory: one piece of its text at a time)."""
-    parser = await _parse_sidecar(
+    parser = await _parse_current(
         shard, sidecar, store, retry, compressed=compressed, keep=False, on_retry=on_retry
     )
     return parser.records
+
+
+class _Resized(StorageError):
+    """A sidecar read short of the size it was listed (or named in a manifest) with."""
+
+
+async def _parse_current(
+    shard: ObjectInfo,
+    sidecar: ObjectInfo,
+    store: ObjectStore,
+    retry: RetryPolicy,
+    *,
+    compressed: bool,
+    keep: bool,
+    on_retry: OnRetry | None,
+) -> IndexParser:
+    """:func:`_parse_sidecar` of ``sidecar`` as it was listed, else as it is now: a sidecar a
+    manifest names (``record_index``, read without a lookup) may have been rebuilt or removed
+    since (``streamrec index --force`` rewrites sidecars, not the manifest). Where the one
+    listed is gone, another size or does not fit, it is looked up (once, only then) and the
+    one there now read; ObjectNotFoundError when there is none now."""
+    try:
+        return await _parse_sidecar(
+            shard, sidecar, store, retry, compressed=compressed, keep=keep, on_retry=on_retry
+        )
+    except (ObjectNotFoundError, _Resized, IndexMismatchError):
+        try:
+            [now] = await retry.run(
+                lambda: store.expand(sidecar.url),
+                describe=f"looking up {sidecar.url}",
+                on_retry=on_retry,
+            )
+        except ObjectNotFoundError:
+            now = None
+        if now is not None and (now.size, now.version) == (sidecar.size, sidecar.version):
+            raise  # it is the one listed: what was wrong with it stands
+        if now is None:
+            raise ObjectNotFoundError(
+                f"{sidecar.url}: the record index of {shard.url} its listing or manifest "
+                "names is gone"
+            ) from None
+    return await _parse_sidecar(
+        shard, now, store, retry, compressed=compressed, keep=keep, on_retry=on_retry
+    )
 
 
 async def _parse_sidecar(
@@ -246,7 +343,7 @@ async def _parse_sidecar(
                 read, describe=f"{sidecar.url}: reading bytes {start}-{stop}", on_retry=on_retry
             )
             if len(data) != stop - start:
-                raise StorageError(
+                raise _Resized(
                     f"{sidecar.url}: read {len(data)} of its bytes {start}-{stop} (of "
                     f"{sidecar.size})"
                 )
@@ -288,14 +385,22 @@ async def _each_index(
         async with gate:
             store = store_of(shard.url)
             codec = await shard_compression(shard, store, retry, compression, on_retry=on_retry)
-            index = await load(
-                shard,
-                sidecar,
-                store_of(sidecar.url),
-                retry,
-                compressed=codec is not None,
-                on_retry=on_retry,
-            )
+            try:
+                index = await load(
+                    shard,
+                    sidecar,
+                    store_of(sidecar.url),
+                    retry,
+                    compressed=codec is not None,
+                    on_retry=on_retry,
+                )
+            except ObjectNotFoundError:  # named by a manifest, removed since
+                return use(None, None)
+            except IndexMismatchError as exc:
+                wrong = await stated_contradiction(shard, codec, store, retry, on_retry=on_retry)
+                if wrong is not None:
+                    raise wrong from exc
+                raise
             return use(index, codec)
 
     return await run_all(one(s, i) for s, i in zip(shards, sidecars, strict=True))

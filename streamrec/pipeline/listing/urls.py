@@ -14,18 +14,24 @@ Each url is, in this order of checks:
 * an **object**: itself;
 * a **directory or prefix** (a local directory, an S3/GCS prefix): its ``_manifest.json`` when
   it has one, else the visible objects directly in it (no ``_``/``.`` names, no ``.idx``
-  sidecars, no directory markers ending in ``/``), sorted by name. A url ending in ``/`` is
-  always one, whatever a lookup of its name would answer (some stores answer a HEAD of
-  ``prefix/`` with an empty object); a directory in which no shard is found is an error,
-  never an empty dataset.
+  sidecars, no directory markers ending in ``/``), sorted by name. The manifest is read
+  first (one GET where it is small, nothing listed); the directory is listed, page by page,
+  only when there is none (not found, or not readable: then the listing decides). A url
+  ending in ``/`` is always one, whatever a lookup of its name would answer (some stores
+  answer a HEAD of ``prefix/`` with an empty object); a directory in which no shard is found
+  is an error, never an empty dataset.
 
 Index sidecars a listing returns anyway are not thrown away: each shard's
 :class:`~streamrec.storage.base.ObjectInfo` carries its sidecar (``index``, url and size) and
 whether the listing would have seen one (``index_known``), so a reader learns which shards have
-an index without a lookup per shard. A directory listing sees every sidecar beside its shards
-(also those of the shards its manifest lists directly in it); a glob sees them when it also
-matches ``<name>.idx`` (``data/*`` does, ``data/*.tfrecord`` does not); a manifest named by
-its url or an object named explicitly leaves ``index_known`` False.
+an index without a lookup per shard. A directory listing sees every sidecar beside its shards;
+a glob sees them when it also matches ``<name>.idx`` (``data/*`` does, ``data/*.tfrecord``
+does not). A manifest (a directory's or one named by its url) gives the sidecars it names
+(``record_index``: known, no lookup) and leaves the others unknown (found by
+:func:`~streamrec.pipeline.listing.sidecars.find_indexes`: one listing of the directory's
+sidecars); an object named explicitly leaves ``index_known`` False. A manifest also states
+every shard's codec (``ObjectInfo.compression``), so ``.tfrecord`` shards need no read of
+their first bytes to learn it.
 """
 
 from __future__ import annotations
@@ -35,10 +41,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from streamrec.errors import ObjectNotFoundError, StorageError, TransientStorageError
+from streamrec.errors import (
+    ObjectNotFoundError,
+    PermissionDeniedError,
+    StorageError,
+    TransientStorageError,
+)
 from streamrec.format.index.core import INDEX_SUFFIX, index_url
-from streamrec.manifest.check import manifest_shards
-from streamrec.manifest.core import MANIFEST_NAME, is_manifest_url
+from streamrec.manifest.check import checked_shards, manifest_shards
+from streamrec.manifest.core import MANIFEST_NAME, is_manifest_url, load_manifest
 from streamrec.storage.base import GLOB_CHARS, ObjectInfo, ObjectStore, has_glob
 from streamrec.storage.pages import list_glob
 from streamrec.storage.retry import RetryPolicy
@@ -176,6 +187,25 @@ async def list_sources(
     return found
 
 
+async def _directory_manifest(
+    url: str,
+    store_of: Callable[[str], ObjectStore],
+    retry: RetryPolicy,
+    on_retry: OnRetry | None,
+    allow_absolute_urls: bool = False,
+) -> list[ObjectInfo] | None:
+    """The shards of a directory's manifest at ``url``, read before anything is listed (one
+    GET where it is small); None when there is none (or it may not be read: the listing then
+    decides, as it did before). Errors of the manifest's contents and of its shards raise."""
+    try:
+        loaded = await load_manifest(
+            url, retry=retry, store=store_of(url), allow_absolute_urls=allow_absolute_urls
+        )
+    except (ObjectNotFoundError, PermissionDeniedError):
+        return None
+    return await checked_shards(loaded, url, store_of, retry, on_retry=on_retry)
+
+
 async def _one(
     url: str,
     store_of: Callable[[str], ObjectStore],
@@ -218,11 +248,18 @@ async def _one(
                 raise
             not_object = exc
     directory = url.rstrip("/")
+    listed = await _directory_manifest(
+        f"{directory}/{MANIFEST_NAME}", store_of, retry, on_retry, allow_absolute_urls
+    )
+    if listed is not None:
+        return listed
     try:
         children = await _list_glob(store, directory + "/*", retry, on_retry)
     except ObjectNotFoundError:
         children = []
     if any(obj.url.rsplit("/", 1)[-1] == MANIFEST_NAME for obj in children):
+        # there after all (written between the lookup and the listing, or unreadable then):
+        # read as any manifest, its errors raised
         listed = await manifest(f"{directory}/{MANIFEST_NAME}")
         return _with_sidecars(listed, children, lambda _: True)
     shards = [obj for obj in children if not is_hidden(obj.url, directory + "/*")]

@@ -19,11 +19,11 @@ import numpy as np
 
 from streamrec._portal import owned_generator, run_all
 from streamrec.errors import FormatError, StateError
-from streamrec.format.codecs import compression_from_name, normalize_compression, sniff
-from streamrec.format.framing import HEADER_BYTES, OVERHEAD_BYTES
+from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.format.span import coalesce
 from streamrec.pipeline.budget import BudgetPlan
 from streamrec.pipeline.listing.plan import ShardPlan
+from streamrec.pipeline.listing.sidecars import decoder_compression, shard_compression
 from streamrec.pipeline.options import DEFAULT_GAP_BYTES
 from streamrec.pipeline.position.state import (
     CycleState,
@@ -34,7 +34,7 @@ from streamrec.pipeline.position.state import (
     check_against_plan,
 )
 from streamrec.pipeline.stream.prefetch import ObjectReader
-from streamrec.pipeline.stream.read import read_shard
+from streamrec.pipeline.stream.read import read_shard, stated_or_failing
 from streamrec.storage.base import ObjectInfo, ObjectStore
 
 if TYPE_CHECKING:
@@ -120,19 +120,11 @@ class ShardOpener:
             raise StateError(f"resume state names shard {ordinal}; there are only {count}")
 
     async def _is_uncompressed(self, shard: ObjectInfo) -> bool:
-        choice = normalize_compression(self.options.compression)
-        if choice != "auto":
-            return choice is None
-        by_name = compression_from_name(shard.url)
-        if by_name != "unknown":
-            return by_name is None
         store: ObjectStore = self.stores.get(shard.url)
-
-        async def head() -> bytes:
-            return await store.read_range(shard, 0, min(HEADER_BYTES, shard.size))
-
-        first = await self.options.retry.run(head, describe=f"reading {shard.url}")
-        return sniff(first) is None
+        codec = await shard_compression(
+            shard, store, self.options.retry, self.options.compression, on_retry=self._count_retry
+        )
+        return codec is None
 
     def _seeks(self, ordinal: int, records: int) -> bool:
         return records > 0 and self._uncompressed.get(ordinal, False)
@@ -167,9 +159,11 @@ class ShardOpener:
             reader = self.reader(ordinal, records, offset)
             reader.prime()
         options = self.options
+        shard = self.plan.shards[ordinal]
+        codec = None if seeks else decoder_compression(shard, options.compression)
         chunks = read_shard(
             reader,
-            compression=None if seeks else options.compression,
+            compression=codec,
             verify_crc=options.verify_crc,
             on_corrupt=options.on_corrupt,
             stats=self.stats,
@@ -179,6 +173,8 @@ class ShardOpener:
         )
         if seeks:
             chunks = _starting_a_record(chunks, ordinal, offset or 0)
+        store = self.stores.get(shard.url)
+        chunks = stated_or_failing(chunks, shard, codec, store, options.retry)
         if self.plan.record_stride > 1:
             chunks = every_nth(chunks, self.plan.record_stride, self.plan.record_offset)
         if records and not seeks:

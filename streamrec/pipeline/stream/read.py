@@ -8,17 +8,20 @@ from contextlib import aclosing
 from itertools import chain
 
 from streamrec._portal import owned_generator
-from streamrec.errors import FormatError
-from streamrec.format.codecs import compression_from_name, normalize_compression
+from streamrec.errors import FormatError, StateError
+from streamrec.format.codecs import Compression, compression_from_name, normalize_compression
 from streamrec.format.framing import HEADER_BYTES, OVERHEAD_BYTES, OnCorrupt
 from streamrec.format.payload import read_header
 from streamrec.format.shard import DEFAULT_PIECE_BYTES, ShardDecoder
+from streamrec.pipeline.listing.sidecars import stated_contradiction
 from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.stream.direct import DIRECT_RECORD_BYTES, DirectRead
 from streamrec.pipeline.stream.prefetch import ObjectReader
+from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.local.records import min_record_bytes
+from streamrec.storage.retry import RetryPolicy
 
-__all__ = ["GROUP_BYTES", "read_shard"]
+__all__ = ["GROUP_BYTES", "read_shard", "stated_or_failing"]
 
 GROUP_BYTES = 1 << 20
 """Most bytes of arrived pieces decoded into one chunk of records by default (see
@@ -168,6 +171,43 @@ async def decode_blocks(
         raise
     finally:
         await reader.aclose()
+
+
+def stated_or_failing(
+    chunks: AsyncGenerator[list[bytes], None],
+    shard: ObjectInfo,
+    codec: str | None,
+    store: ObjectStore,
+    policy: RetryPolicy,
+) -> AsyncGenerator[list[bytes], None]:
+    """``chunks`` of ``shard`` read as ``codec`` (``"auto"``: as its first bytes say); where
+    that codec is its listing's statement and reading fails, a failure the statement explains
+    (its bytes are not that codec) is raised as such
+    (:func:`~streamrec.pipeline.listing.sidecars.stated_contradiction`), not as damage or a
+    bad resume state. ``chunks`` themselves where nothing states the codec."""
+    read_as = normalize_compression(codec)
+    if read_as == "auto" or shard.compression != read_as:
+        return chunks
+    return _stated_or_failing(chunks, shard, read_as, store, policy)
+
+
+@owned_generator
+async def _stated_or_failing(
+    chunks: AsyncGenerator[list[bytes], None],
+    shard: ObjectInfo,
+    codec: Compression,
+    store: ObjectStore,
+    policy: RetryPolicy,
+) -> AsyncGenerator[list[bytes], None]:
+    async with aclosing(chunks) as source:
+        try:
+            async for chunk in source:
+                yield chunk
+        except (FormatError, StateError) as exc:
+            wrong = await stated_contradiction(shard, codec, store, policy)
+            if wrong is not None:
+                raise wrong from exc
+            raise
 
 
 def _joined(lists: list[list[bytes]]) -> list[bytes]:

@@ -23,11 +23,11 @@ from streamrec.format.codecs import Compression
 from streamrec.format.framing import FOOTER_BYTES, HEADER_BYTES
 from streamrec.format.shard import DEFAULT_PIECE_BYTES, ShardDecoder
 from streamrec.pipeline.budget import BudgetPlan
-from streamrec.pipeline.listing.sidecars import shard_compression
+from streamrec.pipeline.listing.sidecars import decoder_compression, shard_compression
 from streamrec.pipeline.listing.urls import list_sources
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.stream.prefetch import ObjectReader
-from streamrec.pipeline.stream.read import decode_blocks
+from streamrec.pipeline.stream.read import decode_blocks, stated_or_failing
 from streamrec.storage.registry import ObjectInfo, StoreSet
 
 __all__ = ["Located", "ShardRead", "ShardScan"]
@@ -66,7 +66,7 @@ class ShardScan:
 
     async def compression(self, shard: ObjectInfo) -> Compression:
         """The codec ``shard`` is read with: ``options.compression``, or for ``"auto"`` its
-        name's, else its first bytes'."""
+        name's, else its listing's statement, else its first bytes'."""
         store = self.stores.get(shard.url)
         return await shard_compression(shard, store, self.options.retry, self.options.compression)
 
@@ -130,7 +130,7 @@ class ShardRead:
         self.shard = shard
         self.decoder = ShardDecoder(
             url=shard.url,
-            compression=options.compression,
+            compression=decoder_compression(shard, options.compression),
             verify_crc=options.verify_crc,
             on_corrupt=options.on_corrupt,
             size=shard.size,
@@ -144,7 +144,10 @@ class ShardRead:
     async def chunks(self) -> AsyncGenerator[list[bytes], None]:
         """The shard's payloads in order, as chunks; damage raises (or is dropped, in skip)."""
         reader = self.scan.reader(self.shard)
-        async with aclosing(decode_blocks(reader, self.decoder, self.on_bytes)) as chunks:
+        blocks = decode_blocks(reader, self.decoder, self.on_bytes)
+        store, policy = self.scan.stores.get(self.shard.url), self.scan.options.retry
+        codec = decoder_compression(self.shard, self.scan.options.compression)
+        async with aclosing(stated_or_failing(blocks, self.shard, codec, store, policy)) as chunks:
             async for records in chunks:
                 self.records += len(records)
                 yield records
