@@ -272,7 +272,8 @@ class IndexedEngine:
         records, sizes = _NONE, _NONE
         while position < end or len(records):
             while int(sizes.sum()) <= limit and position < end:
-                stop = min(position + step, end)
+                wanted = int(2 * limit / plan.mean_bytes) + 1  # (the ramp's chunks: fewer)
+                stop = min(position + max(mix, min(step, wanted)), end)
                 more = plan.order.records_at(plan.part.positions(position, stop, plan.pool))
                 records = np.concatenate((records, more))
                 sizes = np.concatenate((sizes, table.lengths_of(more)))
