@@ -304,14 +304,14 @@ class ReadEngine:
                     # the consumer's first records: their block alone (no shard ahead
                     # either) until a piece of it is handed on
                     reader.hold_ramp()
-                    reader.prime()
                 else:
                     reader = ahead.take()
-                    reader.prime()
-                    ahead.top_up(reader)
                 events: list[Event] = [Open(0, ordinal, records, offset or 0)]
                 chunks = opener.chunks(ordinal, records, offset, reader)
-                async with aclosing(chunks) as source:
+                async with aclosing(chunks) as source:  # (closes the reader however it ends)
+                    reader.prime()
+                    if index:
+                        ahead.top_up(reader)
                     async for chunk in source:
                         ahead.top_up(reader)
                         events.append(take_event(0, chunk, False))
