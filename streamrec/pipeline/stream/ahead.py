@@ -11,8 +11,9 @@ the next shards in the plan's order are opened too:
   their one read), each its first block alone until the shard before it is the current one:
   many small shards' round trips overlap, and a large shard ahead holds one block.
 
-How far: at most ``max_shards`` shards ahead (``max_concurrency``, and the store's own limit:
-local files 4), whose first blocks, beyond the next shard's, add up to at most ``max_bytes``
+How far: at most ``max_shards`` shards ahead (``2 x max_concurrency - 1``: with the current
+shard, the reads the read's connections are sized for; and the store's own limit: local files
+4), whose first blocks, beyond the next shard's, add up to at most ``max_bytes``
 (:attr:`~streamrec.pipeline.budget.BudgetPlan.read_ahead_bytes`). Their bytes are reserved in
 the iteration's budget as any block's are, never overdrawn (only the stream the consumer waits
 for overdraws): a shard not reached yet never holds more than that part of the room the
