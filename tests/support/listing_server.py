@@ -65,9 +65,8 @@ class ListingServer:
         self.gets: list[tuple[str, str]] = []
         """``("get", key)`` as each object GET arrives, ``("answer", key)`` as its answer
         goes out, in order."""
-        self._held: dict[str, Callable[[list[tuple[str, str]]], bool]] = {}
+        self._held: dict[str, tuple[Callable[[list[tuple[str, str]]], bool], float]] = {}
         self.hold_timeouts: list[str] = []  # keys whose answers were let go by the deadline
-        self._hold_timeout = 5.0
         self._changed = threading.Condition(self._lock)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -96,16 +95,15 @@ class ListingServer:
         :attr:`hold_timeouts` (a deadline, so that a reader that never sends what is waited
         for fails the test instead of hanging it)."""
         with self._lock:
-            self._held[key] = until
-            self._hold_timeout = timeout
+            self._held[key] = (until, timeout)
 
     def _log_get(self, key: str) -> None:
         with self._changed:
             self.gets.append(("get", key))
             self._changed.notify_all()
-            until = self._held.get(key)
-            if until is not None:
-                timeout = self._hold_timeout
+            held = self._held.get(key)
+            if held is not None:
+                until, timeout = held
                 if not self._changed.wait_for(lambda: until(self.gets), timeout=timeout):
                     self.hold_timeouts.append(key)
             self.gets.append(("answer", key))

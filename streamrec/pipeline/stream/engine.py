@@ -316,10 +316,13 @@ class ReadEngine:
                     if index:
                         ahead.top_up(reader)
                     async for chunk in source:
-                        ahead.top_up(reader)
+                        if index:
+                            ahead.top_up(reader)
                         events.append(take_event(0, chunk, False))
                         yield chunk, events
                         events = []
+                        if not index:  # (the consumer's first records go before any of it)
+                            ahead.top_up(reader)
                 events.append(take_event(0, [], True))
                 yield [], events
         finally:
