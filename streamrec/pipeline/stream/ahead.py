@@ -12,8 +12,9 @@ the next shards in the plan's order are opened too:
   many small shards' round trips overlap, and a large shard ahead holds one block.
 
 How far: at most ``max_shards`` shards ahead (``2 x max_concurrency - 1``: with the current
-shard, the reads the read's connections are sized for; and the store's own limit: local files
-4), whose first blocks, beyond the next shard's, add up to at most ``max_bytes``
+shard, the reads the read's connections are sized for; at most the store's own limit; local
+files, which have no round trip to hide, the next shard only, as before: more ahead measured
+no faster), whose first blocks, beyond the next shard's, add up to at most ``max_bytes``
 (:attr:`~streamrec.pipeline.budget.BudgetPlan.read_ahead_bytes`). Their bytes are reserved in
 the iteration's budget as any block's are, never overdrawn (only the stream the consumer waits
 for overdraws): a shard not reached yet never holds more than that part of the room the
@@ -86,7 +87,9 @@ class ReadAhead:
             self._unlimit(readers[0])
             readers[0].reader.prime()
         limit = self._max_shards
-        if current.store.concurrency_limit:
+        if current.store.direct_reads:  # local files: no round trip to hide, the next only
+            limit = 1
+        elif current.store.concurrency_limit:
             limit = min(limit, current.store.concurrency_limit)
         while self._next < len(self._ordinals) and len(readers) < limit:
             if readers and not readers[-1].reader.fully_requested:
