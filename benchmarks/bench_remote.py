@@ -10,11 +10,13 @@ Run from the repository root, as root on Linux (the emulated link needs ``ip net
     python benchmarks/bench_remote.py [--quick] [--json PATH]
     python benchmarks/bench_remote.py --azure [--quick] [--json PATH]
     python benchmarks/bench_remote.py --quick --first-only [--base OLD_TREE] [--handshake]
+    python benchmarks/bench_remote.py --small-shards [--base OLD_TREE] [--json PATH]
 
 ``--first-only`` times only the first record, in fresh processes, of the cases of
 ``_harness/first_record.py`` (its docstring says what each is), beside an older tree's
 streamrec with ``--base`` (a worktree with its extension built), and writes its own README
-block with ``--out``.
+block with ``--out``. ``--small-shards`` reads 500 shards of ~130 KB one at a time at the
+defaults, through the link and locally (``_harness/small_shards.py`` says what it measures).
 
 A full run streams two ~1 GiB datasets (16 shards x 64 MiB of ~100 KiB Example records, and
 16 x 64 MiB of ~1 KiB Example records) and takes about 15 minutes; ``--quick`` uses 2 x 64 MiB
@@ -116,6 +118,7 @@ from _harness.servers import (
     link_connections,
     storage_options,
 )
+from _harness.small_shards import SMALL_WORKERS, run_small_shards
 from _harness.stats import RunSamples
 
 # ---------------------------------------------------------------- workers (subprocesses)
@@ -247,6 +250,7 @@ WORKERS = {
     "first": work_first,
     "naive": work_naive,
     **FIRST_WORKERS,
+    **SMALL_WORKERS,
 }
 
 
@@ -360,8 +364,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--base",
-        help="with --first-only: also measure the streamrec of this tree (a worktree of the "
-        "commit before, its extension built), side by side",
+        help="with --first-only or --small-shards: also measure the streamrec of this tree "
+        "(a worktree of the commit before, its extension built), side by side",
     )
     parser.add_argument(
         "--gap",
@@ -374,6 +378,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="only Azure: Azurite on loopback and through the emulated link, streamrec's "
         "defaults against naive (adlfs) and the link limit",
+    )
+    parser.add_argument(
+        "--small-shards",
+        action="store_true",
+        help="only 500 shards of ~130 KB read at the defaults (one shard at a time), through "
+        "the link and locally, with --base also for that tree",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -397,6 +407,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_start = os.getloadavg()[0]
     source_start = source_state()
     rounds = args.rounds or (2 if args.quick else 3)
+    if args.small_shards:
+        section = run_small_shards(__file__, argv, args.base, rounds)
+        publish(section, None, write_readme)
+        save_results(args.json, "bench_remote", section, ["500 small shards, one at a time"])
+        return 0
     shards, shard_mib = (2, 64) if args.quick else (16, 64)
     specs = [
         DataSpec("100KiB", 100 * KIB, shards, shard_mib * MIB),

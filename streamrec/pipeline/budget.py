@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 __all__ = ["CHUNK_PART", "READ_AHEAD_PART", "BudgetPlan", "ByteBudget", "ReaderSizes"]
 
 READ_AHEAD_PART = 4
-"""A shard read ahead of its turn is kept ``1 / READ_AHEAD_PART`` of a share."""
+"""A shard read ahead of its turn is kept ``1 / READ_AHEAD_PART`` of a share; the shards a
+sequential read opens ahead hold at most ``1 / READ_AHEAD_PART`` of the budget together."""
 CHUNK_PART = 3
 """An indexed read chunk holds about ``prefetch_bytes / CHUNK_PART`` of records; three exist at
 once (see :mod:`streamrec.pipeline.indexed.engine`)."""
@@ -186,6 +187,14 @@ class BudgetPlan:
             if ahead:
                 share //= READ_AHEAD_PART
         return ReaderSizes(block_bytes, share, cap)
+
+    @property
+    def read_ahead_bytes(self) -> int:
+        """The most bytes the shards a sequential read opens ahead of the next one hold
+        together (their first blocks; ``1 / READ_AHEAD_PART`` of the budget): small shards'
+        round trips overlap, and shards not reached yet never hold the room the current one
+        needs."""
+        return self.options.prefetch_bytes // READ_AHEAD_PART
 
     def keep_shares(self, num_shards: int) -> None:
         """Keep room in the budget for the shares of every stream open at once when reading

@@ -508,7 +508,10 @@ def open_dataset(
         block_bytes: size of one range read (a shard's first is 256 KiB, doubling up to
             this; interleaved shards use at most a quarter of their share).
         max_concurrency: range reads in flight per shard, at most (the prefetch budget
-            binds too: 64 MiB / 4 MiB blocks = 16; local files: 4).
+            binds too: 64 MiB / 4 MiB blocks = 16; local files: 4). Reading one shard at a
+            time, up to ``2 x max_concurrency - 1`` shards are opened ahead of their turn
+            (their first blocks, within a quarter of ``prefetch_bytes``; local files: the
+            next one only), so that small shards' round trips overlap.
         retry: the :class:`~streamrec.storage.retry.RetryPolicy` for every storage request
             (attempts, backoff, per-attempt timeout, overall deadline).
         allow_absolute_urls: follow a manifest's shard names that are absolute urls or paths

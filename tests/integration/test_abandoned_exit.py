@@ -177,3 +177,19 @@ def test_a_script_that_abandons_an_s3_iterator_exits(
     options = s3_server.storage_options
     urls = [f"s3://{s3_bucket}/abandoned/part-{s}.tfrecord" for s in range(3)]
     run_script(SHAPES[shape], write_shards(urls, options), False, options)
+
+
+def test_a_script_that_abandons_a_read_with_shards_open_ahead_exits(
+    s3_server: MotoS3Server, s3_bucket: str
+) -> None:
+    # read one at a time, the next shards (one block each at the default sizes) are opened
+    # ahead of their turn, up to max_concurrency of them, their requests in flight
+    options = s3_server.storage_options
+    urls = [f"s3://{s3_bucket}/abandoned-ahead/part-{s:02d}.tfrecord" for s in range(20)]
+    body = """
+it = iter(streamrec.open_dataset(urls, storage_options=options))
+next(it)
+"""
+    write_shards(urls, options)
+    for pure_python in (False, True):
+        run_script(body, urls, pure_python, options)

@@ -4,7 +4,10 @@ It answers ``ListObjectsV2`` (``GET /bucket?list-type=2...``) with the pages of
 :attr:`ListingServer.pages` (a function of the prefix, the continuation token and
 ``max-keys``: the keys of the page and its next token), or with :attr:`ListingServer.raw`'s
 bytes where that returns some, and range GETs of its objects (``206`` with
-``Content-Range`` and an ETag). Every listing request is recorded (its continuation token);
+``Content-Range`` and an ETag). Every object GET and every answer to one is logged in order
+(:attr:`ListingServer.gets`), and :meth:`ListingServer.hold` keeps an object's answers back
+until the log shows what a test waits for. Every listing request is recorded (its
+continuation token);
 :attr:`ListingServer.fail` makes chosen ones answer 503, and ``delay_s`` slows every page (a
 slow link). It is a real HTTP peer for the store's direct requests and its aiobotocore
 client alike (nothing is checked of the signature).
@@ -59,6 +62,12 @@ class ListingServer:
         self.delay_s = 0.0
         self.listed: list[str | None] = []  # the continuation token of each listing request
         self._lock = threading.Lock()
+        self.gets: list[tuple[str, str]] = []
+        """``("get", key)`` as each object GET arrives, ``("answer", key)`` as its answer
+        goes out, in order."""
+        self._held: dict[str, tuple[Callable[[list[tuple[str, str]]], bool], float]] = {}
+        self.hold_timeouts: list[str] = []  # keys whose answers were let go by the deadline
+        self._changed = threading.Condition(self._lock)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -77,6 +86,27 @@ class ListingServer:
         """Options with which the store lists and reads through its aiobotocore client (a
         setting the direct requests do not follow)."""
         return {**self.storage_options, "config_kwargs": {"signature_version": "s3v4"}}
+
+    def hold(
+        self, key: str, until: Callable[[list[tuple[str, str]]], bool], timeout: float = 5.0
+    ) -> None:
+        """Answer GETs of ``key`` only once ``until(gets)`` holds (checked as each GET
+        arrives); after ``timeout`` seconds they are answered anyway and the key noted in
+        :attr:`hold_timeouts` (a deadline, so that a reader that never sends what is waited
+        for fails the test instead of hanging it)."""
+        with self._lock:
+            self._held[key] = (until, timeout)
+
+    def _log_get(self, key: str) -> None:
+        with self._changed:
+            self.gets.append(("get", key))
+            self._changed.notify_all()
+            held = self._held.get(key)
+            if held is not None:
+                until, timeout = held
+                if not self._changed.wait_for(lambda: until(self.gets), timeout=timeout):
+                    self.hold_timeouts.append(key)
+            self.gets.append(("answer", key))
 
     def start(self) -> ListingServer:
         owner = self
@@ -125,6 +155,7 @@ class ListingServer:
         data = self.objects.get(key)
         if data is None:
             return _send(handler, 404, _error("NoSuchKey"))
+        self._log_get(key)
         etag = f'"{hashlib.md5(data).hexdigest()}"'
         start, end = 0, len(data)
         ranged = handler.headers.get("Range", "")

@@ -49,6 +49,9 @@ def test_reader_sizes_and_kept_shares() -> None:
     assert tiny.budget.kept == MIB
     alone = BudgetPlan(ReadOptions())
     assert alone.reader_sizes(ahead=True) == ReaderSizes(4 * MIB, None, None)
+    # one shard at a time: the shards opened ahead of the next one hold a quarter at most
+    assert alone.read_ahead_bytes == 16 * MIB
+    assert BudgetPlan(ReadOptions(prefetch_bytes=3)).read_ahead_bytes == 0
     alone.keep_shares(10)
     assert alone.budget.kept == 0
 

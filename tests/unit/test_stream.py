@@ -403,3 +403,34 @@ def test_interleaved_streams_shares_fit_in_the_budget(tmp_path: Path, determinis
     assert list(ds) == []
     one_at_a_time = streamrec.open_dataset(str(tmp_path / "*.tfrecord")).options
     assert BudgetPlan(one_at_a_time).stream_share is None
+
+
+async def test_a_limited_reader_keeps_its_limit_when_the_cache_answers() -> None:
+    # A shard opened ahead of its turn requests its first block alone (limit_concurrency);
+    # with a cache the answer (no copy here: the remote object is read) used to raise the
+    # reader to its full concurrency at once, and it took the budget the current shard needs.
+    data = bytes(1 << 20)
+    store = ScriptedStore(data, [])
+    budget = ByteBudget(1 << 30)
+
+    async def no_copy() -> None:
+        return None
+
+    reader = ObjectReader(
+        store,
+        (await store.expand(store.url))[0],
+        budget,
+        block_bytes=100_000,
+        first_block_bytes=100_000,
+        max_concurrency=8,
+        open_cache=no_copy,
+    )
+    reader.limit_concurrency(1)
+    reader.prime()
+    first = await reader.__anext__()
+    assert budget.reserved <= 2 * 100_000  # the piece handed on, and one block in flight
+    reader.restore_concurrency()  # its turn: the full number (8 blocks) from now on
+    reader.prime()
+    assert budget.reserved >= 8 * 100_000
+    assert first + await read_all(reader) == data
+    assert budget.reserved == 0

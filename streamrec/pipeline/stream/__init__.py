@@ -2,6 +2,8 @@
 
 * ``engine.py``: one iteration: list, plan, open, read, interleave, shuffle, hand over;
 * ``opener.py``: a reader per shard, from its start or from a saved position;
+* ``ahead.py``: the next shards of a sequential read opened ahead of their turn (their first
+  blocks, within a part of the budget);
 * ``prefetch.py``: the :class:`~streamrec.pipeline.stream.prefetch.ObjectReader` of one object
   (concurrent block reads in order, inside the budget) and ``read_exact``;
 * ``read.py``: one shard's blocks through the format core, chunk by chunk;

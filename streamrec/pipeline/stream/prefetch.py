@@ -423,6 +423,9 @@ class ObjectReader:
         route = await asyncio.shield(self._routing)
         if self._ramp_held is not None:  # the rest once the first piece is handed on
             self._ramp_held = max(self._ramp_held, self._remote_concurrency)
+        elif self._limited is not None:  # once the limit is lifted (restore_concurrency)
+            if not isinstance(route, CacheHit):
+                self._limited = max(self._limited, self._remote_concurrency)
         elif not isinstance(route, CacheHit) and self.max_concurrency < self._remote_concurrency:
             self.max_concurrency = self._remote_concurrency
             self.prime()  # the reads a remote object needs in flight
