@@ -252,7 +252,7 @@ async def _write_dataset_index(
     if not args.dataset_index:
         return Indexed(results, why_not="--no-dataset-index")
     if url is None:
-        return Indexed(results, why_not="the shards have no common directory")
+        return Indexed(results, why_not="one shard (its sidecar serves), or no common directory")
     if any(r.encoded is None for r in results):
         return Indexed(results, why_not="not every shard has an index")
     encoded = [r.encoded for r in results if r.encoded is not None]

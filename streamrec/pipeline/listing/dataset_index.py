@@ -75,8 +75,8 @@ def default_cache_dir() -> str:
 def dataset_index_url(shards: Sequence[ObjectInfo]) -> str | None:
     """Where the dataset index of ``shards`` would be: in their common directory (None when
     they have none below a bucket or the file system's root)."""
-    if not shards or any("?" in shard.url for shard in shards):
-        return None  # (signed urls: no other object can be named beside them)
+    if len(shards) < 2 or any("?" in shard.url for shard in shards):
+        return None  # (one shard: its sidecar costs as much; signed urls: nothing beside them)
     directories = {shard.url.rpartition("/")[0] for shard in shards}
     if directories == {""}:
         return DATASET_INDEX_NAME  # relative names in the working directory
