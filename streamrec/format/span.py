@@ -189,15 +189,26 @@ def coalesce(
     gap_bytes: int,
     span_bytes: int,
     inflated: tuple[Int64Array, Int64Array] | None = None,
+    max_amplification: float | None = None,
 ) -> list[tuple[int, int]]:
     """Runs ``(k, j)`` of the byte ranges ``starts[i] .. ends[i]`` (sorted by start, ends
     never going backwards) that one range read each covers: records ``k .. j-1``, cut where
     the gap between neighbours exceeds ``gap_bytes`` or a run would cover more than
     ``span_bytes`` (a lone range may); with ``inflated`` (the ranges' uncompressed
     ``(starts, ends)``, likewise sorted), also more than ``span_bytes`` of those. Vectorised:
-    a Python step per run, not per range."""
+    a Python step per run, not per range.
+
+    With ``max_amplification`` (>= 1), a gap is also cut where it is wider than
+    ``max_amplification - 1`` times the range after it: each bridged gap is charged to bytes
+    of its own that the read needed (a range after a gap shares none with those before it),
+    so the runs fetch at most ``max_amplification`` times the bytes of the union of the
+    ranges, for any input (a cut per gap, not a search per run: still vectorised)."""
     runs: list[tuple[int, int]] = []
-    cuts = np.flatnonzero(starts[1:] - ends[:-1] > gap_bytes) + 1
+    gaps = starts[1:] - ends[:-1]
+    cut = gaps > gap_bytes
+    if max_amplification is not None:
+        cut |= gaps > (max_amplification - 1.0) * (ends[1:] - starts[1:])
+    cuts = np.flatnonzero(cut) + 1
     for low, high in itertools.pairwise([0, *cuts.tolist(), len(starts)]):
         k = low
         while k < high:

@@ -9,6 +9,8 @@ A bad argument is an :class:`~streamrec.errors.ArgumentError` (both a ``ValueErr
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 import os
 from collections.abc import Collection, Iterable, Sequence
@@ -25,6 +27,7 @@ __all__ = [
     "check_choice",
     "check_int",
     "check_optional_int",
+    "check_optional_ratio",
     "check_url",
     "check_urls",
 ]
@@ -80,6 +83,22 @@ def check_int(value: object, name: str, *, minimum: int | None = None) -> int:
 def check_optional_int(value: object, name: str, *, minimum: int | None = None) -> int | None:
     """:func:`check_int`, or None."""
     return None if value is None else check_int(value, name, minimum=minimum)
+
+
+def check_optional_ratio(value: object, name: str, *, minimum: float) -> float | None:
+    """A finite real number ``>= minimum`` (ints and numpy numbers too, never a bool), stored
+    as ``float``; or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentError(
+            f"{name} must be a number >= {minimum:g} or None, not {type(value).__name__} "
+            f"({_shown(value)})"
+        )
+    number = float(value)
+    if not math.isfinite(number) or number < minimum:
+        raise ArgumentError(f"{name} must be a number >= {minimum:g} or None, not {value!r}")
+    return number
 
 
 def check_bool(value: object, name: str) -> bool:

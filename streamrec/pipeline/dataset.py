@@ -25,7 +25,11 @@ from streamrec.pipeline.listing.lengths import (
 )
 from streamrec.pipeline.listing.plan import ShardPlan
 from streamrec.pipeline.listing.urls import list_shards
-from streamrec.pipeline.options import FOR_CHUNK_BYTES, ReadOptions
+from streamrec.pipeline.options import (
+    DEFAULT_MAX_READ_AMPLIFICATION,
+    FOR_CHUNK_BYTES,
+    ReadOptions,
+)
 from streamrec.pipeline.position.events import Piece
 from streamrec.pipeline.position.state import DatasetState, parse_state
 from streamrec.pipeline.position.trackers import (
@@ -467,6 +471,7 @@ def open_dataset(
     window_records: int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_bytes: int | None = None,
+    max_read_amplification: float | None = DEFAULT_MAX_READ_AMPLIFICATION,
 ) -> Dataset:
     """Open TFRecord shards for reading.
 
@@ -535,6 +540,12 @@ def open_dataset(
         cache_dir, cache_bytes: copies of remote shards kept in ``cache_dir`` (at most
             ``cache_bytes``, least recently used evicted), written as they stream; later epochs
             and processes of this host read them (CRCs checked): :mod:`~.storage.cache.store`.
+        max_read_amplification: reads by index (``shuffle``, ``even``, ``ds.get()``) take
+            neighbouring records in one range read only while the bytes fetched stay within
+            this many times the bytes of the records wanted (default 2; ``None``: any
+            neighbour within 256 KiB). Sparse small records are then read one request each:
+            raise it where requests cost more than bytes. ``ds.stats.bytes_fetched`` shows
+            what storage sent beside ``bytes_read``.
 
     A bad argument (type or range) is an :class:`~streamrec.errors.ArgumentError` naming it.
 
@@ -570,5 +581,6 @@ def open_dataset(
             window_records=window_records,
             cache_dir=None if cache_dir is None else check_url(cache_dir, "cache_dir"),
             cache_bytes=cache_bytes,
+            max_read_amplification=max_read_amplification,
         ),
     )

@@ -18,12 +18,19 @@ from streamrec.pipeline.arguments import (
     check_choice,
     check_int,
     check_optional_int,
+    check_optional_ratio,
     check_url,
 )
 from streamrec.storage.registry import is_per_scheme
 from streamrec.storage.retry import RetryPolicy
 
-__all__ = ["CONFIG_KEYS", "DEFAULT_GAP_BYTES", "FOR_CHUNK_BYTES", "ReadOptions"]
+__all__ = [
+    "CONFIG_KEYS",
+    "DEFAULT_GAP_BYTES",
+    "DEFAULT_MAX_READ_AMPLIFICATION",
+    "FOR_CHUNK_BYTES",
+    "ReadOptions",
+]
 
 #: The settings a resume state must agree on (the order of records depends on them).
 CONFIG_KEYS = (
@@ -49,6 +56,13 @@ CONFIG_KEYS = (
 # benchmarks/README.md): 256 KiB re-reads 24-31 % fewer bytes than 1 MiB did, with the fewest
 # modelled seconds.
 DEFAULT_GAP_BYTES = 256 << 10
+
+# Reads by index bridge a gap only while the bytes fetched stay within this many times the
+# bytes wanted (format/span.py's coalesce). Without it a sparse chunk of small records (a
+# global shuffle's: 1 in ~130 records of each shard) read its shards nearly whole, 17-250x
+# the bytes handed on: on a cloud, downloaded and paid for. Within 2x, records further apart
+# than their own size are read alone: more requests, which the reads in flight overlap.
+DEFAULT_MAX_READ_AMPLIFICATION = 2.0
 
 FOR_CHUNK_BYTES = 2 << 20
 """``chunk_bytes`` of a blocking ``for``: each chunk crosses from the loop's thread to the
@@ -83,6 +97,7 @@ class ReadOptions:
     window_records: int | None = None
     cache_dir: str | None = None
     cache_bytes: int | None = None
+    max_read_amplification: float | None = DEFAULT_MAX_READ_AMPLIFICATION
     chunk_bytes: int = 1 << 20
     """Most bytes of arrived pieces decoded into one chunk of records (not an
     ``open_dataset`` setting: the blocking ``for`` asks for larger chunks, see dataset.py)."""
@@ -133,6 +148,10 @@ class ReadOptions:
             object.__setattr__(self, name, optional)
         for name in ("verify_crc", "deterministic", "shuffle_shards", "allow_absolute_urls"):
             object.__setattr__(self, name, check_bool(getattr(self, name), name))
+        ratio = check_optional_ratio(
+            self.max_read_amplification, "max_read_amplification", minimum=1.0
+        )
+        object.__setattr__(self, "max_read_amplification", ratio)
         if self.compression is not None and not isinstance(self.compression, str):
             raise ArgumentError(
                 f"compression must be 'auto', None, 'gzip' or 'zlib', not {self.compression!r}"

@@ -12,7 +12,17 @@ class Stats:
     """What a dataset has done so far (cumulative over its iterations)."""
 
     bytes_read: int = 0
-    """Bytes read from storage, as stored (compressed bytes for compressed shards)."""
+    """Bytes of the records read: as stored (compressed bytes for compressed shards) when
+    shards stream; for reads by index (``shuffle``, ``even``, ``ds.get()``), the framed bytes
+    of the records asked for."""
+    bytes_fetched: int = 0
+    """Bytes storage sent for them: equal to ``bytes_read`` when shards stream; for reads by
+    index, with the neighbours and gaps a coalesced read takes along and the reads that check
+    an index against its shard. ``bytes_fetched / bytes_read`` is the read amplification
+    (bounded by ``open_dataset``'s ``max_read_amplification``, the checks aside)."""
+    bytes_checked: int = 0
+    """Of ``bytes_fetched``, those read to check a record index against its shard (its
+    entries before a record are checked once per process: an index is untrusted)."""
     records: int = 0
     """Records handed to the consumer (through ``for``/``async for``, a chunk, a parse or batch
     wrapper): what the training loop has seen, resumed iterations included only from where

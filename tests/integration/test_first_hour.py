@@ -117,6 +117,10 @@ BAD_READ_ARGUMENTS: list[tuple[dict[str, Any], str]] = [
     ({"retry": 3}, "retry must be a streamrec RetryPolicy or None, not int"),
     ({"storage_options": "anon"}, "storage_options must be a mapping (dict) or None, not str"),
     ({"cache_dir": 3, "cache_bytes": 10}, "cache_dir must be a str or os.PathLike path"),
+    ({"max_read_amplification": 0.5}, "max_read_amplification must be a number >= 1 or None"),
+    ({"max_read_amplification": "2"}, "max_read_amplification must be a number >= 1 or None"),
+    ({"max_read_amplification": True}, "max_read_amplification must be a number >= 1 or None"),
+    ({"max_read_amplification": float("inf")}, "max_read_amplification must be a number >= 1"),
 ]
 
 

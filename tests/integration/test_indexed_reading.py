@@ -259,3 +259,28 @@ def test_merge_states_after_padded_parts_read_whole(data: str) -> None:
     assert {len(got) for got, _ in runs} == {-(-RECORDS // 7)}
     merged = streamrec.merge_states([state for _, state in runs])
     assert merged["finished"] and merged["read"]["remaining"] == []
+
+
+def test_global_shuffle_fetches_within_the_amplification_bound(tmp_path: Path) -> None:
+    # 40 shards of 500 x ~110 B records: a global shuffle's chunk takes a few records of each
+    # shard, far apart; read with neighbours within 256 KiB it fetched whole shards
+    url = str(tmp_path / "small")
+    with open_writer(f"{url}/part-{{index:03d}}.tfrecord", max_records=500, index=True) as w:
+        for i in range(20_000):
+            w.write(payload(i))
+
+    def second_epoch(**kw: Any) -> tuple[list[int], int, int]:
+        ds = streamrec.open_dataset(url, shuffle="global", seed=5, prefetch_bytes=1 << 20, **kw)
+        for _ in ds:  # epoch 0 also checks every shard's boundaries (bytes_fetched counts it)
+            pass
+        ds.set_epoch(1)
+        fetched, read = ds.stats.bytes_fetched, ds.stats.bytes_read
+        # the first chunk only: a few hundred records spread over every shard
+        got = [ident(r) for _, r in zip(range(200), ds, strict=False)]
+        return got, ds.stats.bytes_fetched - fetched, ds.stats.bytes_read - read
+
+    bounded, fetched, read = second_epoch()
+    assert 0 < read <= fetched <= 2 * read
+    unbounded, loose_fetched, loose_read = second_epoch(max_read_amplification=None)
+    assert unbounded == bounded  # the same records in the same order
+    assert loose_fetched > 4 * loose_read  # what the bound prevents

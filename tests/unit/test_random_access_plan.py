@@ -138,3 +138,47 @@ def test_any_plan_covers_each_record_once_within_its_limits(
     for before, after in itertools.pairwise(spans):
         # cut only where the gap is too wide or one read would be too long
         assert after.start - before.end > gap or after.end - before.start > span_bytes
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(min_value=1, max_value=5000), min_size=1, max_size=60),
+    st.data(),
+    st.sampled_from([1.0, 1.5, 2.0, 4.0]),
+)
+def test_reads_fetch_at_most_the_amplification_bound(
+    lengths: list[int], data: st.DataObject, ratio: float
+) -> None:
+    table = plain_table(lengths)
+    wanted = sorted(data.draw(st.sets(st.integers(0, len(lengths) - 1), min_size=1)))
+    spans = plan_spans(table, 0, wanted, span_bytes=1 << 20, max_amplification=ratio)
+    needed = sum(lengths[k] for k in wanted)
+    assert sum(s.end - s.start for s in spans) <= ratio * needed
+    # every wanted record in exactly one span
+    covered = [k for s in spans for k in wanted if s.first <= k <= s.last]
+    assert covered == wanted
+
+
+def test_amplification_cuts_where_the_gap_outweighs_the_record() -> None:
+    table = plain_table([100] * 10)
+    # 0 and 1 touch; 3 is 100 B after 1 (one record of its own size: 2x allows it);
+    # 6 is 200 B after 3 (more than its 100 B): a read of its own
+    spans = plan_spans(table, 0, [0, 1, 3, 6], span_bytes=1 << 20, max_amplification=2.0)
+    assert ranges(spans) == [(0, 3, 0, 400), (6, 6, 600, 700)]
+    # without the bound, everything within gap_bytes shares one read
+    unbounded = plan_spans(table, 0, [0, 1, 3, 6], span_bytes=1 << 20)
+    assert ranges(unbounded) == [(0, 6, 0, 700)]
+    # 1.0: only touching records share a read
+    tight = plan_spans(table, 0, [0, 1, 3, 6], span_bytes=1 << 20, max_amplification=1.0)
+    assert ranges(tight) == [(0, 1, 0, 200), (3, 3, 300, 400), (6, 6, 600, 700)]
+
+
+def test_compressed_amplification_counts_distinct_blocks() -> None:
+    # restart points at 0, 0, 50, 50, 400 (records 0-1, 2-3, 4 in three blocks); size 500
+    table = compressed_table([0, 0, 50, 50, 400], 500)
+    # record 4's block (400-500) is 350 B after record 0's (0-50): more than its 100 B
+    spans = plan_spans(table, 0, [0, 4], span_bytes=1 << 20, max_amplification=1.0)
+    assert [(s.start, s.end) for s in spans] == [(0, 50), (400, 500)]
+    # records 0 and 1 share a block (no gap); 350 B <= 7 x 100 B: bridged
+    spans = plan_spans(table, 0, [0, 1, 4], span_bytes=1 << 20, max_amplification=8.0)
+    assert [(s.start, s.end) for s in spans] == [(0, 500)]

@@ -310,10 +310,10 @@ class IndexedEngine:
                 gate=gate,
                 span_bytes=options.block_bytes,
                 verify_crc=options.verify_crc,
+                max_amplification=options.max_read_amplification,
+                stats=self.stats,
                 on_retry=self._count_retry,
             )
-            self.stats.records_read += len(got)
-            self.stats.bytes_read += sum(map(len, got))
             self._ids[id(got)] = records
             while len(self._ids) > _PIECES_LOCATED:
                 self._ids.popitem(last=False)

@@ -180,6 +180,7 @@ class RecordLookup:
                 gate=session.gate,
                 span_bytes=session.budget_plan.lookup_span_bytes,
                 verify_crc=options.verify_crc,
+                max_amplification=options.max_read_amplification,
                 stats=self.stats,
                 on_retry=self._count_retry,
             )

@@ -50,7 +50,11 @@ from streamrec.pipeline.listing.dataset_index import MappedIndexes, load_dataset
 from streamrec.pipeline.listing.lengths import index_command
 from streamrec.pipeline.listing.sidecars import load_indexes_and_codecs, stated_contradiction
 from streamrec.pipeline.listing.urls import list_shards
-from streamrec.pipeline.options import DEFAULT_GAP_BYTES, ReadOptions
+from streamrec.pipeline.options import (
+    DEFAULT_GAP_BYTES,
+    DEFAULT_MAX_READ_AMPLIFICATION,
+    ReadOptions,
+)
 from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.stream.prefetch import read_exact
 from streamrec.redact import redact
@@ -232,10 +236,12 @@ def plan_spans(
     *,
     gap_bytes: int = DEFAULT_GAP_BYTES,
     span_bytes: int,
+    max_amplification: float | None = None,
 ) -> list[Span]:
     """The range reads that fetch records ``local`` (sorted, distinct) of shard ``ordinal``:
     one span per run of records whose stored bytes are at most ``gap_bytes`` apart and
-    together at most ``span_bytes`` (a single record's span may be larger)."""
+    together at most ``span_bytes`` (a single record's span may be larger), fetching at most
+    ``max_amplification`` times the stored bytes the records need (format/span.py)."""
     if not table.indexes[ordinal].random_access:
         raise RandomAccessUnavailableError(
             f"{redact(table.shards[ordinal].url)}: this compressed shard's record index only "
@@ -250,7 +256,13 @@ def plan_spans(
     if table.compressions[ordinal] is None:
         return [
             Span(ordinal, int(records[k]), int(records[j - 1]), int(starts[k]), int(ends[j - 1]))
-            for k, j in coalesce(starts, ends, gap_bytes=gap_bytes, span_bytes=span_bytes)
+            for k, j in coalesce(
+                starts,
+                ends,
+                gap_bytes=gap_bytes,
+                span_bytes=span_bytes,
+                max_amplification=max_amplification,
+            )
         ]
     # compressed: a span is cut by what it inflates to as well (up to 1032x its stored bytes)
     assert index.skips is not None
@@ -262,6 +274,7 @@ def plan_spans(
         gap_bytes=gap_bytes,
         span_bytes=span_bytes,
         inflated=(points, record_ends),
+        max_amplification=max_amplification,
     )
     return [
         Span(
@@ -288,13 +301,16 @@ async def read_records(
     gate: asyncio.Semaphore | None = None,
     verify_crc: bool = True,
     gap_bytes: int = DEFAULT_GAP_BYTES,
+    max_amplification: float | None = DEFAULT_MAX_READ_AMPLIFICATION,
     stats: Stats | None = None,
     on_retry: Callable[[TransientStorageError], None] | None = None,
 ) -> list[bytes]:
     """The records at global ``indices`` (negative ones from the end), in that order (see the
     module docstring). At most ``max_concurrency`` range reads are in flight, and at most
     ``gate``'s slots when given (a semaphore of that many, shared by concurrent calls);
-    ``stats`` (optional) counts bytes and records read."""
+    coalesced reads fetch at most ``max_amplification`` times the records' stored bytes.
+    ``stats`` (optional) counts the records' bytes (``bytes_read``), the bytes fetched for
+    them, boundary checks included (``bytes_fetched``), and the records decoded."""
     wanted = table.normalize(as_indices(indices))
     if not len(wanted):
         return []
@@ -305,7 +321,14 @@ async def read_records(
     for low, high in itertools.pairwise([0, *shard_cuts.tolist(), len(unique)]):
         ordinal = int(ordinals[low])
         local = unique[low:high] - table.starts[ordinal]
-        spans += plan_spans(table, ordinal, local, gap_bytes=gap_bytes, span_bytes=span_bytes)
+        spans += plan_spans(
+            table,
+            ordinal,
+            local,
+            gap_bytes=gap_bytes,
+            span_bytes=span_bytes,
+            max_amplification=max_amplification,
+        )
     # the wanted records of span k are unique[bounds[k]:bounds[k + 1]] (both sorted)
     firsts = np.array([table.starts[s.ordinal] + s.first for s in spans], dtype=np.int64)
     bounds = [*np.searchsorted(unique, firsts).tolist(), len(unique)]
@@ -354,6 +377,9 @@ async def read_records(
                 raise
             low, high = bounds[k], bounds[k + 1]
             first = int(firsts[k])
+            if stats is not None:  # the wanted records' framed bytes
+                lengths = table.indexes[span.ordinal].lengths
+                stats.bytes_read += int(lengths[unique[low:high] - (first - span.first)].sum())
             for at, index in enumerate(unique[low:high].tolist(), start=low):
                 got[at] = records[index - first]  # only the wanted ones are kept
 
@@ -445,7 +471,7 @@ async def _read_span(
     finally:
         budget.release(reserved)
     if stats is not None:
-        stats.bytes_read += length
+        stats.bytes_fetched += length
         stats.records_read += len(records)
     return records
 

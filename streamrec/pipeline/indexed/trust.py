@@ -188,7 +188,8 @@ def budgeted_reader(
         finally:
             budget.release(end - start)
         if stats is not None:
-            stats.bytes_read += end - start
+            stats.bytes_fetched += end - start
+            stats.bytes_checked += end - start
         return pieces
 
     return read

@@ -63,6 +63,7 @@ async def read_shard(
 
     def count_bytes(size: int) -> None:
         stats.bytes_read += size
+        stats.bytes_fetched += size
 
     first = None  # the probing reader's first piece, for the decoder
     if _may_go_direct(reader, compression, on_corrupt, start_offset):
