@@ -18,10 +18,15 @@ Every measurement is a fresh process (warm page cache): one consumer of ``num_ho
 ``global`` (``shuffle="global"``), ``block`` (``shuffle="block"``), ``even``
 (``even="drop"``), ``get`` (``ds.get([i])``, a random ``i``), ``len`` (``len(ds)``) and
 ``resume`` (``load_state_dict`` of a state taken after 1,000 global records by another
-process, then the first record). Columns: ``s`` the seconds from ``open_dataset`` to that
+process, then the first record) and ``epoch2`` (a global shuffle's second epoch in the same
+process, timed from ``set_epoch(1)``). Columns: ``s`` the seconds from ``open_dataset`` to that
 record (median of the rounds), ``MiB`` the growth of peak RSS over the process's RSS before
 ``open_dataset`` (median), ``state B`` the JSON size of ``state_dict()`` after the first record.
-``index`` is ``dataset`` (the dataset index, as written) or ``sidecars`` (the same directory
+``fetched / read`` (global, epoch2): over the first 2,000 records, the bytes fetched for
+records (``stats.bytes_fetched - stats.bytes_checked``) over the records' bytes
+(``bytes_read``); ``checked MiB``: the bytes read to check the index's boundaries
+(``bytes_checked``, once per shard prefix and process). ``index`` is ``dataset`` (the dataset
+index, as written) or ``sidecars`` (the same directory
 with ``_dataset_index.bin`` moved aside: what streamrec did before it); ``x`` is sidecars
 seconds / dataset seconds.
 """
@@ -47,7 +52,7 @@ CASES = {  # name: (shards, records a shard, framed bytes a record)
     "20k": (20_000, 128, 1024),
     "25m": (1_000, 25_600, 100),
 }
-MODES = ("global", "block", "even", "get", "len", "resume")
+MODES = ("global", "block", "even", "get", "len", "resume", "epoch2")
 INDEX = "_dataset_index.bin"
 
 _PROBE = r"""
@@ -60,7 +65,7 @@ def rss_mib():
 
 url, mode, state_path = sys.argv[1], sys.argv[2], sys.argv[3]
 options = {"num_hosts": 8, "host_index": 3, "seed": 1}
-if mode in ("global", "resume", "save"):
+if mode in ("global", "resume", "save", "epoch2"):
     options["shuffle"] = "global"
 elif mode == "block":
     options["shuffle"] = "block"
@@ -85,15 +90,30 @@ if mode == "get":
     ds.get([random.Random(5).randrange(ds.num_records)])
 elif mode == "len":
     len(ds)
+elif mode == "epoch2":  # a second epoch in the same process: the table is kept
+    it = iter(ds)
+    next(it)
+    it.close()
+    ds.set_epoch(1)
+    start = time.perf_counter()
+    it = iter(ds)
+    next(it)
 else:
     it = iter(ds)
     next(it)
 seconds = time.perf_counter() - start
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 state = len(json.dumps(ds.state_dict()))
+found = {"s": seconds, "mib": peak - before, "state": state}
+if mode in ("global", "epoch2"):  # what the first 2,000 records fetched from storage
+    for _ in range(1999):
+        next(it)
+    stats = ds.stats
+    found["fetched"] = (stats.bytes_fetched - stats.bytes_checked) / max(stats.bytes_read, 1)
+    found["checked_mib"] = stats.bytes_checked / 2**20
 if mode not in ("get", "len"):
     it.close()
-print(json.dumps({"s": seconds, "mib": peak - before, "state": state}))
+print(json.dumps(found))
 """
 
 
@@ -183,6 +203,8 @@ def table(name: str, found: Runs) -> list[list[str]]:
                 f"{median(old, 'mib'):.0f}",
                 f"{median(old, 's') / max(median(new, 's'), 1e-9):.1f}x",
                 f"{median(new, 'state'):.0f}",
+                f"{median(new, 'fetched'):.2f}x" if "fetched" in new[0] else "",
+                f"{median(new, 'checked_mib'):.0f}" if "checked_mib" in new[0] else "",
             ]
         )
     return rows
@@ -207,6 +229,8 @@ def main() -> None:
         "MiB",
         "x",
         "state B",
+        "fetched / read",
+        "checked MiB",
     ]
     rows: list[list[str]] = []
     for name in cases:
