@@ -63,6 +63,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -227,12 +228,27 @@ def _path_inside(url: str, directory: str) -> bool:
     return path.startswith(home.rstrip("/") + "/")
 
 
+# A name of plain segments (letters, digits, ``_-.``, none starting with ``.``): nothing to
+# decode, no ``.``/``..`` segment, not absolute: inside its directory as written. Such names
+# (every writer's) skip the general checks, which cost ~25 us each: 2.5 s of a 100k-shard
+# manifest's parse.
+_PLAIN_NAME = re.compile(r"(?:[A-Za-z0-9_\-][A-Za-z0-9_.\-]*/)*[A-Za-z0-9_\-][A-Za-z0-9_.\-]*\Z")
+
+
 def resolve_name(name: str, manifest_url: str, *, allow_absolute_urls: bool = False) -> str:
     """The url of a shard listed as ``name`` in the manifest at ``manifest_url``.
 
     Raises ValueError for a name outside the manifest's directory (absolute, or with ``..``)
     unless ``allow_absolute_urls`` (then absolute names are taken as they are).
     """
+    if _PLAIN_NAME.match(name):
+        directory = _directory(manifest_url)
+        return f"{directory.rstrip('/')}/{name}" if directory else name
+    return _resolve_checked(name, manifest_url, allow_absolute_urls)
+
+
+def _resolve_checked(name: str, manifest_url: str, allow_absolute_urls: bool) -> str:
+    """:func:`resolve_name` for any name: every check."""
     if _is_absolute(name):
         inside = relative_name(name, manifest_url)
         if inside is None:
@@ -335,6 +351,13 @@ def loads(
     if not isinstance(shards, list):
         raise bad('"shards" is not a list')
     entries: list[ManifestEntry] = []
+    home = _canonical(_directory(names_at)).rstrip("/")
+
+    def same_place(written: str, url: str, name: str) -> bool:
+        # _canonical of a plain name's url is home/name: no path normalised per shard
+        canonical = f"{home}/{name}" if _PLAIN_NAME.match(name) else _canonical(url)
+        return written in (url, canonical) or _canonical(written) == canonical
+
     for position, item in enumerate(shards):
         try:
             name, shard_version = item["name"], item.get("version")
@@ -344,7 +367,7 @@ def loads(
                 raise TypeError(f"version {shard_version!r} is not a string")
             url = resolve_name(name, names_at, allow_absolute_urls=allow_absolute_urls)
             written = item.get("url")
-            if not isinstance(written, str) or _canonical(written) != _canonical(url):
+            if not isinstance(written, str) or not same_place(written, url, name):
                 shard_version = None  # moved or copied since: its versions are of elsewhere
             index_url, index_bytes = _record_index(
                 item.get(RECORD_INDEX), names_at, allow_absolute_urls
