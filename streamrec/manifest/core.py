@@ -64,7 +64,7 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -351,7 +351,14 @@ def loads(
     if not isinstance(shards, list):
         raise bad('"shards" is not a list')
     entries: list[ManifestEntry] = []
-    home = _canonical(_directory(names_at)).rstrip("/")
+    base = _directory(names_at)
+    prefix = f"{base.rstrip('/')}/" if base else ""
+    home = _canonical(base).rstrip("/")
+
+    def resolve(name: str) -> str:  # resolve_name, its directory found once
+        if _PLAIN_NAME.match(name):
+            return prefix + name
+        return _resolve_checked(name, names_at, allow_absolute_urls)
 
     def same_place(written: str, url: str, name: str) -> bool:
         # _canonical of a plain name's url is home/name: no path normalised per shard
@@ -365,13 +372,11 @@ def loads(
                 raise TypeError(f"name {name!r} is not a string")
             if shard_version is not None and not isinstance(shard_version, str):
                 raise TypeError(f"version {shard_version!r} is not a string")
-            url = resolve_name(name, names_at, allow_absolute_urls=allow_absolute_urls)
+            url = resolve(name)
             written = item.get("url")
             if not isinstance(written, str) or not same_place(written, url, name):
                 shard_version = None  # moved or copied since: its versions are of elsewhere
-            index_url, index_bytes = _record_index(
-                item.get(RECORD_INDEX), names_at, allow_absolute_urls
-            )
+            index_url, index_bytes = _record_index(item.get(RECORD_INDEX), resolve)
             entries.append(
                 ManifestEntry(
                     url=url,
@@ -408,9 +413,7 @@ def loads(
     )
 
 
-def _record_index(
-    value: object, manifest_url: str, allow_absolute_urls: bool
-) -> tuple[str | None, int | None]:
+def _record_index(value: object, resolve: Callable[[str], str]) -> tuple[str | None, int | None]:
     """A shard's ``record_index`` item: the sidecar's url (its name checked like a shard's)
     and size; (None, None) when there is none."""
     if value is None:
@@ -420,8 +423,7 @@ def _record_index(
     name = value.get("name")
     if not isinstance(name, str):
         raise TypeError(f"{RECORD_INDEX} name {name!r} is not a string")
-    url = resolve_name(name, manifest_url, allow_absolute_urls=allow_absolute_urls)
-    return url, _count(value.get("bytes"))
+    return resolve(name), _count(value.get("bytes"))
 
 
 def _count(value: object) -> int:
