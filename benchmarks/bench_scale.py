@@ -52,6 +52,7 @@ CASES = {  # name: (shards, records a shard, framed bytes a record)
     "20k": (20_000, 128, 1024),
     "25m": (1_000, 25_600, 100),
 }
+LABELS = {"1k": "1k shards", "20k": "20k shards", "25m": "25.6M records"}
 MODES = ("global", "block", "even", "get", "len", "resume", "epoch2")
 INDEX = "_dataset_index.bin"
 
@@ -195,7 +196,7 @@ def table(name: str, found: Runs) -> list[list[str]]:
 
         rows.append(
             [
-                name,
+                LABELS[name],
                 mode,
                 f"{median(new, 's'):.2f}",
                 f"{median(new, 'mib'):.0f}",
@@ -224,9 +225,9 @@ def main() -> None:
         "case",
         "mode",
         "dataset index s",
-        "MiB",
+        "dataset MiB",
         "sidecars s",
-        "MiB",
+        "sidecars MiB",
         "x",
         "state B",
         "fetched / read",

@@ -223,6 +223,26 @@ def test_a_cache_entry_is_served(old: Path) -> None:
     assert asyncio.run(served()) == (old / entry["source"]).read_bytes()
 
 
+CHECKS = [pytest.param(v, id=v) for v in VERSIONS if meta(v).get("checks")]
+
+
+@pytest.mark.parametrize("old", CHECKS, indirect=True)
+def test_a_host_record_of_checks_is_believed(old: Path) -> None:
+    from streamrec.format.index.checks import key_digest
+    from streamrec.pipeline.indexed.host_checks import HostChecks
+
+    kept = json.loads((old / "meta.json").read_text())["checks"]
+    record = HostChecks.for_dataset(str(old / kept["root"]), kept["urls"])
+    assert record is not None
+    for slot in kept["slots"]:
+        digest = key_digest(
+            slot["url"], slot["size"], slot["version"], bytes.fromhex(slot["index_digest"])
+        )
+        assert record.known(slot["slot"], digest) == slot["entries"]
+        other = key_digest(slot["url"], slot["size"] + 1, slot["version"], b"\0" * 16)
+        assert record.known(slot["slot"], other) == 0
+
+
 def shape(value: Any) -> Any:
     """The structure of a JSON value: keys and types, and every "version" and "kind"."""
     if isinstance(value, dict):

@@ -591,3 +591,54 @@ def test_boundary_checks_cost_no_second_read_in_order_and_are_kept_across_epochs
     assert sorted(ds) == data
     second = ranged_bytes(proxy)
     assert second < first <= 2 * second  # the checks: at most one more pass, in epoch 0
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_an_index_is_checked_once_per_host(
+    remote: Remote, tmp_path: Path, compression: str | None
+) -> None:
+    """A versioned shard checked by one process is not read again to check it by the host's
+    others (a new dataset stands for another process: its own trust in memory); a record that
+    is damaged, or in a directory others may write, is not believed."""
+    data = [b"%05d" % k * 200 for k in range(600)]  # 1 KiB records, 3 shards of 200
+    options = remote.storage_options
+    url = write_set(remote.base, data, compression, per_shard=200, storage_options=options)
+    cache = tmp_path / "cache"
+    wanted = [399, 150, 599]
+
+    def checked() -> int:
+        ds = streamrec.open_dataset(
+            url, storage_options=options, cache_dir=str(cache), cache_bytes=1 << 30
+        )
+        assert ds.get(wanted) == [data[i] for i in wanted]
+        copy = pickle.loads(pickle.dumps(ds))  # a DataLoader worker's copy
+        assert copy.get([398]) == [data[398]]
+        total = ds.stats.bytes_checked + copy.stats.bytes_checked
+        ds.close()
+        copy.close()
+        return total
+
+    assert checked() > 0  # the first process checks
+    assert checked() == 0  # the next ones take its word
+    [record] = (cache / "checks").glob("*.checks")
+    damaged = bytearray(record.read_bytes())
+    for at in range(32, len(damaged), 16):
+        damaged[at] ^= 0x01  # every slot's count: its CRC no longer matches
+    record.write_bytes(bytes(damaged))
+    assert checked() > 0  # checked again, and recorded again
+    assert checked() == 0
+    (cache / "checks").chmod(0o777)
+    assert checked() > 0  # others could have written it: not believed
+    (cache / "checks").chmod(0o700)
+
+
+def test_local_shards_are_not_recorded(tmp_path: Path) -> None:
+    """A local file has no version: a check of it holds for its process only."""
+    data = [b"%05d" % k * 200 for k in range(400)]
+    url = write_set(str(tmp_path / "set"), data, None, per_shard=200)
+    for _ in range(2):
+        ds = streamrec.open_dataset(url, cache_dir=str(tmp_path / "cache"), cache_bytes=1 << 30)
+        assert ds.get([399]) == [data[399]]
+        assert ds.stats.bytes_checked > 0
+        ds.close()
+    assert not list((tmp_path / "cache").glob("checks/*.checks"))

@@ -38,6 +38,7 @@ from streamrec.format.codecs import Compression
 from streamrec.format.index.core import ShardIndex
 from streamrec.format.span import SpanDecoder, coalesce
 from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.indexed.host_checks import HostChecks, default_root
 from streamrec.pipeline.indexed.trust import (
     BoundaryTrust,
     ShardKey,
@@ -422,9 +423,9 @@ async def _trust(
 
     key = table.shard_key(ordinal)
     if compression is None:
-        await table.trust.ensure(key, span.first, verify)
+        await table.trust.ensure(key, span.first, verify, slot=ordinal)
     else:  # its restart point too: the whole shard is checked at once
-        await table.trust.ensure(key, len(index), verify, wait=False)
+        await table.trust.ensure(key, len(index), verify, wait=False, slot=ordinal)
 
 
 async def _read_span(
@@ -509,8 +510,16 @@ async def build_table(
                     shard, codec, store, options.retry, on_retry=count_retry
                 )
                 raise _not_random_access(shard) if wrong is None else wrong
-        return RecordTable.of_counts(
-            stated, source.indexes, source.compressions, source.counts, source.framed_bytes, trust
+        return _with_host_checks(
+            RecordTable.of_counts(
+                stated,
+                source.indexes,
+                source.compressions,
+                source.counts,
+                source.framed_bytes,
+                trust,
+            ),
+            options,
         )
     loaded = await load_indexes_and_codecs(
         shards, stores.get, options.retry, compression=options.compression, on_retry=count_retry
@@ -542,7 +551,17 @@ async def build_table(
             )
         indexes.append(index)
         codecs.append(codec)
-    return RecordTable.build(shards, indexes, codecs, trust)
+    return _with_host_checks(RecordTable.build(shards, indexes, codecs, trust), options)
+
+
+def _with_host_checks(table: RecordTable, options: ReadOptions) -> RecordTable:
+    """``table``, its checks recorded for the host's other processes (indexed/host_checks.py)
+    where any shard has a version (only versioned shards are recorded)."""
+    trust = table.trust
+    if trust.host is None and any(shard.version is not None for shard in table.shards):
+        root = options.cache_dir if options.cache_dir is not None else default_root()
+        trust.host = HostChecks.for_dataset(root, [shard.url for shard in table.shards])
+    return table
 
 
 def _not_random_access(shard: ObjectInfo) -> RandomAccessUnavailableError:

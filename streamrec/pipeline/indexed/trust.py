@@ -39,9 +39,11 @@ import numpy as np
 from streamrec._portal import run_all
 from streamrec.format.codecs import Compression
 from streamrec.format.index.check import CompressedCheck, check_lengths
+from streamrec.format.index.checks import key_digest
 from streamrec.format.index.core import ShardIndex
 from streamrec.format.span import coalesce
 from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.indexed.host_checks import HostChecks
 from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.stream.prefetch import read_exact
 from streamrec.storage.base import ObjectInfo, ObjectStore
@@ -101,17 +103,29 @@ class BoundaryTrust:
 
     def __init__(self) -> None:
         self.verified: dict[ShardKey, int] = {}
+        self.host: HostChecks | None = None
+        """The host's record of checks (pipeline/indexed/host_checks.py), set with the table."""
+        self._digests: dict[ShardKey, bytes] = {}
         # per event loop (locks and events belong to one): the checks and the spans read
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
             weakref.WeakKeyDictionary()
         )
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"verified": dict(self.verified)}
+        return {"verified": dict(self.verified), "host": self.host}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__()  # type: ignore[misc]
         self.verified.update(state["verified"])
+        self.host = state.get("host")
+
+    def _digest(self, key: ShardKey) -> bytes:
+        digest = self._digests.get(key)
+        if digest is None:
+            url, size, version, index_digest = key
+            assert version is not None
+            digest = self._digests[key] = key_digest(url, size, version, index_digest)
+        return digest
 
     def trusted(self, key: ShardKey) -> int:
         """Entries of the shard that start where its own framing puts a record."""
@@ -145,14 +159,27 @@ class BoundaryTrust:
         verify: Callable[[int, int], Awaitable[int]],
         *,
         wait: bool = True,
+        slot: int | None = None,
     ) -> None:
         """Entry ``upto`` of the shard starts at a verified boundary: waits for a span being
         read from the last verified entry (it verifies its records; not with ``wait=False``:
         a compressed shard is checked whole, its spans verify nothing), else
         ``verify(start, stop)`` checks the entries up to the next span being read (or
-        ``upto``) and returns how many are verified then. One check per shard at a time."""
+        ``upto``) and returns how many are verified then. One check per shard at a time.
+        A versioned shard (``slot``: its place in the dataset) is looked up in the host's
+        record first, and what this process verifies is recorded there."""
         state = self._state()
+        # a version names bytes that never change: only then does another process's check hold
+        host = self.host if slot is not None and key[2] is not None else None
+        looked_up = False
         while (start := self.trusted(key)) < upto:
+            if host is not None and not looked_up:
+                assert slot is not None
+                looked_up = True
+                known = host.known(slot, self._digest(key))
+                if known > start:
+                    self.extend(key, known)
+                    continue
             reads = state.reads.get(key, []) if wait else []
             covering = next((r for r in reads if r.first <= start < r.stop), None)
             if covering is not None:
@@ -161,7 +188,11 @@ class BoundaryTrust:
             stop = min((r.first for r in reads if start < r.first < upto), default=upto)
             async with state.locks.setdefault(key, asyncio.Lock()):
                 if self.trusted(key) == start:
-                    self.extend(key, await verify(start, stop))
+                    verified = await verify(start, stop)
+                    self.extend(key, verified)
+                    if host is not None:
+                        assert slot is not None
+                        host.record(slot, self._digest(key), verified)
 
 
 @dataclass

@@ -254,6 +254,25 @@ def write_cache() -> dict[str, Any] | None:
     }
 
 
+def write_checks() -> dict[str, Any] | None:
+    """A host's record of index checks (``checks-root/checks/*.checks``) of a dataset of two
+    versioned shards, the second's first 5 entries recorded as verified."""
+    try:
+        from streamrec.format.index.checks import key_digest
+        from streamrec.pipeline.indexed.host_checks import HostChecks
+    except ImportError:
+        return None
+    urls = ["s3://bucket/data/part-000.tfrecord", "s3://bucket/data/part-001.tfrecord"]
+    slot = {"slot": 1, "url": urls[1], "size": 4096, "version": '"etag-1"', "entries": 5}
+    slot["index_digest"] = "00112233445566778899aabbccddeeff"
+    os.makedirs("checks-root", mode=0o755)
+    record = HostChecks.for_dataset("checks-root", urls)
+    assert record is not None
+    digest = key_digest(urls[1], 4096, '"etag-1"', bytes.fromhex(slot["index_digest"]))
+    record.record(1, digest, 5)
+    return {"root": "checks-root", "urls": urls, "slots": [slot]}
+
+
 def main() -> None:
     commit = sys.argv[1]
     indexed = write_set("plain", None, index=True)
@@ -266,6 +285,7 @@ def main() -> None:
     }
     meta["reshard"] = write_reshard()
     meta["cache"] = write_cache()
+    meta["checks"] = write_checks()
     with open("meta.json", "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")
