@@ -232,6 +232,8 @@ def test_a_host_record_of_checks_is_believed(old: Path) -> None:
     from streamrec.pipeline.indexed.host_checks import HostChecks
 
     kept = json.loads((old / "meta.json").read_text())["checks"]
+    for directory in (old / kept["root"], old / kept["root"] / "checks"):
+        directory.chmod(0o700)  # a clone's directories get the umask's mode: maybe 0o775
     record = HostChecks.for_dataset(str(old / kept["root"]), kept["urls"])
     assert record is not None
     for slot in kept["slots"]:
