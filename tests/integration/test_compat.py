@@ -228,7 +228,7 @@ CHECKS = [pytest.param(v, id=v) for v in VERSIONS if meta(v).get("checks")]
 
 @pytest.mark.parametrize("old", CHECKS, indirect=True)
 def test_a_host_record_of_checks_is_believed(old: Path) -> None:
-    from streamrec.format.index.checks import key_digest
+    from streamrec.format.index.check_record import key_digest
     from streamrec.pipeline.indexed.host_checks import HostChecks
 
     kept = json.loads((old / "meta.json").read_text())["checks"]

@@ -1,5 +1,5 @@
-"""The host's record of index checks (format/index/checks.py): a slot vouches only for the
-shard, version and index it was written for, and only whole."""
+"""The host's record of index checks (format/index/check_record.py): a slot vouches only for
+the shard, version and index it was written for, and only whole."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamrec.format.index.checks import (
+from streamrec.format.index.check_record import (
     HEADER_BYTES,
     MAGIC,
     SLOT_BYTES,

@@ -1,6 +1,6 @@
 """The host's record of index checks, one file per dataset (the format:
-:mod:`streamrec.format.index.checks`), so that a shard checked by one process of a host is not
-read again to check it by the others.
+:mod:`streamrec.format.index.check_record`), so that a shard checked by one process of a host
+is not read again to check it by the others.
 
 The file lives in ``<cache_dir>/checks/`` (else ``<temp>/streamrec-<uid>/checks/``), a
 directory that must be this user's own and writable by nobody else: a record there is taken on
@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from streamrec.format.index.checks import (
+from streamrec.format.index.check_record import (
     HEADER_BYTES,
     SLOT_BYTES,
     decode_header,

@@ -19,6 +19,10 @@ are framed from a verified boundary). What checking costs, once per shard and da
   from its restart point, compared (a restart point is only one if the bytes from it are the
   stream's).
 
+A versioned shard's check is also recorded for the host's other processes
+(:mod:`~streamrec.pipeline.indexed.host_checks`): a DataLoader worker, a DDP rank or a resumed
+run of the same host takes that record's word instead of reading the shard again.
+
 Every read is reserved in the caller's byte budget first; its pieces are dropped once
 checked. A failed check raises :class:`~streamrec.errors.IndexMismatchError` and verifies
 nothing: every later read of that shard checks again.
@@ -39,7 +43,7 @@ import numpy as np
 from streamrec._portal import run_all
 from streamrec.format.codecs import Compression
 from streamrec.format.index.check import CompressedCheck, check_lengths
-from streamrec.format.index.checks import key_digest
+from streamrec.format.index.check_record import key_digest
 from streamrec.format.index.core import ShardIndex
 from streamrec.format.span import coalesce
 from streamrec.pipeline.budget import ByteBudget

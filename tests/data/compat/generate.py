@@ -258,7 +258,7 @@ def write_checks() -> dict[str, Any] | None:
     """A host's record of index checks (``checks-root/checks/*.checks``) of a dataset of two
     versioned shards, the second's first 5 entries recorded as verified."""
     try:
-        from streamrec.format.index.checks import key_digest
+        from streamrec.format.index.check_record import key_digest
         from streamrec.pipeline.indexed.host_checks import HostChecks
     except ImportError:
         return None
