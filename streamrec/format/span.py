@@ -198,17 +198,56 @@ def coalesce(
     ``(starts, ends)``, likewise sorted), also more than ``span_bytes`` of those. Vectorised:
     a Python step per run, not per range.
 
-    With ``max_amplification`` (>= 1), a gap is also cut where it is wider than
-    ``max_amplification - 1`` times the range after it: each bridged gap is charged to bytes
-    of its own that the read needed (a range after a gap shares none with those before it),
-    so the runs fetch at most ``max_amplification`` times the bytes of the union of the
-    ranges, for any input (a cut per gap, not a search per run: still vectorised)."""
+    With ``max_amplification`` (>= 1), a gap is bridged only while the run's bytes stay
+    within ``max_amplification`` times the bytes its ranges cover: ranges that touch or
+    overlap are joined first (they cost nothing extra), then each such block joins the run
+    before it if the gap allows and the run, with it, still keeps the ratio. Every run keeps
+    it (a lone block's ratio is 1), so all of them fetch at most that many times the bytes of
+    the ranges' union, for any input."""
+    if max_amplification is None:
+        return _runs(starts, ends, gap_bytes, span_bytes, inflated)
+    blocks = _runs(starts, ends, 0, span_bytes, inflated)  # touching ranges: gapless extents
+    if len(blocks) < 2:
+        return blocks
+    firsts = np.fromiter((k for k, _ in blocks), dtype=np.int64, count=len(blocks))
+    lasts = np.fromiter((j - 1 for _, j in blocks), dtype=np.int64, count=len(blocks))
+    begin, finish = starts[firsts].tolist(), ends[lasts].tolist()
+    out_begin = out_finish = None
+    if inflated is not None:
+        out_begin, out_finish = inflated[0][firsts].tolist(), inflated[1][lasts].tolist()
     runs: list[tuple[int, int]] = []
-    gaps = starts[1:] - ends[:-1]
-    cut = gaps > gap_bytes
-    if max_amplification is not None:
-        cut |= gaps > (max_amplification - 1.0) * (ends[1:] - starts[1:])
-    cuts = np.flatnonzero(cut) + 1
+    k, j = blocks[0]
+    run_start, run_end, covered = begin[0], finish[0], finish[0] - begin[0]
+    out_start = out_begin[0] if out_begin is not None else 0
+    for b in range(1, len(blocks)):
+        size = finish[b] - begin[b]
+        extent = finish[b] - run_start
+        joins = (
+            begin[b] - run_end <= gap_bytes
+            and extent <= span_bytes
+            and extent <= max_amplification * (covered + size)
+            and (out_finish is None or out_finish[b] - out_start <= span_bytes)
+        )
+        if joins:
+            j, run_end, covered = blocks[b][1], finish[b], covered + size
+            continue
+        runs.append((k, j))
+        k, j = blocks[b]
+        run_start, run_end, covered = begin[b], finish[b], size
+        out_start = out_begin[b] if out_begin is not None else 0
+    runs.append((k, j))
+    return runs
+
+
+def _runs(
+    starts: Int64Array,
+    ends: Int64Array,
+    gap_bytes: int,
+    span_bytes: int,
+    inflated: tuple[Int64Array, Int64Array] | None,
+) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    cuts = np.flatnonzero(starts[1:] - ends[:-1] > gap_bytes) + 1
     for low, high in itertools.pairwise([0, *cuts.tolist(), len(starts)]):
         k = low
         while k < high:

@@ -159,18 +159,23 @@ def test_reads_fetch_at_most_the_amplification_bound(
     assert covered == wanted
 
 
-def test_amplification_cuts_where_the_gap_outweighs_the_record() -> None:
+def test_amplification_bridges_a_gap_while_the_run_keeps_the_ratio() -> None:
     table = plain_table([100] * 10)
-    # 0 and 1 touch; 3 is 100 B after 1 (one record of its own size: 2x allows it);
-    # 6 is 200 B after 3 (more than its 100 B): a read of its own
+    # 0-1 touch (200 B); 3 is 100 B further (400 B for 300: 1.33x); 6 is 200 B further
+    # (700 B for 400: 1.75x): one read within 2x
     spans = plan_spans(table, 0, [0, 1, 3, 6], span_bytes=1 << 20, max_amplification=2.0)
-    assert ranges(spans) == [(0, 3, 0, 400), (6, 6, 600, 700)]
+    assert ranges(spans) == [(0, 6, 0, 700)]
+    # 0 and 6 alone: 700 B for 200 (3.5x): two reads
+    spans = plan_spans(table, 0, [0, 6], span_bytes=1 << 20, max_amplification=2.0)
+    assert ranges(spans) == [(0, 0, 0, 100), (6, 6, 600, 700)]
     # without the bound, everything within gap_bytes shares one read
-    unbounded = plan_spans(table, 0, [0, 1, 3, 6], span_bytes=1 << 20)
-    assert ranges(unbounded) == [(0, 6, 0, 700)]
+    assert ranges(plan_spans(table, 0, [0, 6], span_bytes=1 << 20)) == [(0, 6, 0, 700)]
     # 1.0: only touching records share a read
     tight = plan_spans(table, 0, [0, 1, 3, 6], span_bytes=1 << 20, max_amplification=1.0)
     assert ranges(tight) == [(0, 1, 0, 200), (3, 3, 300, 400), (6, 6, 600, 700)]
+    # the run is judged as a whole: 0, 2, 4 (500 B for 300) would take 8 at 900 B for 400
+    spans = plan_spans(table, 0, [0, 2, 4, 8], span_bytes=1 << 20, max_amplification=2.0)
+    assert ranges(spans) == [(0, 4, 0, 500), (8, 8, 800, 900)]
 
 
 def test_compressed_amplification_counts_distinct_blocks() -> None:
@@ -182,3 +187,27 @@ def test_compressed_amplification_counts_distinct_blocks() -> None:
     # records 0 and 1 share a block (no gap); 350 B <= 7 x 100 B: bridged
     spans = plan_spans(table, 0, [0, 1, 4], span_bytes=1 << 20, max_amplification=8.0)
     assert [(s.start, s.end) for s in spans] == [(0, 500)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=40), min_size=2, max_size=40),
+    st.data(),
+    st.sampled_from([1.0, 2.0, 3.0]),
+)
+def test_compressed_reads_fetch_at_most_the_bound(
+    steps: list[int], data: st.DataObject, ratio: float
+) -> None:
+    restarts = list(itertools.accumulate(steps))  # non-decreasing: records share blocks
+    size = restarts[-1] + data.draw(st.integers(1, 50))
+    table = compressed_table(restarts, size)
+    wanted = sorted(data.draw(st.sets(st.integers(0, len(restarts) - 1), min_size=1)))
+    spans = plan_spans(table, 0, wanted, span_bytes=1 << 20, max_amplification=ratio)
+    wanted_blocks = set()
+    for k in wanted:
+        start = restarts[k]
+        end = next((r for r in restarts if r > start), size)
+        wanted_blocks.add((start, end))
+    union = sum(e - s for s, e in wanted_blocks)
+    assert sum(s.end - s.start for s in spans) <= ratio * union
+    assert [k for s in spans for k in wanted if s.first <= k <= s.last] == wanted
