@@ -60,8 +60,8 @@ DEFAULT_GAP_BYTES = 256 << 10
 # Reads by index bridge a gap only while the bytes fetched stay within this many times the
 # bytes wanted (format/span.py's coalesce). Without it a sparse chunk of small records (a
 # global shuffle's: 1 in ~130 records of each shard) read its shards nearly whole, 17-250x
-# the bytes handed on: on a cloud, downloaded and paid for. Within 2x, records further apart
-# than their own size are read alone: more requests, which the reads in flight overlap.
+# the bytes handed on: on a cloud, downloaded and paid for. Within 2x, sparse small records
+# are read alone: more requests, which the reads in flight overlap.
 DEFAULT_MAX_READ_AMPLIFICATION = 2.0
 
 FOR_CHUNK_BYTES = 2 << 20
