@@ -203,9 +203,13 @@ def coalesce(
     overlap are joined first (they cost nothing extra), then each such block joins the run
     before it if the gap allows and the run, with it, still keeps the ratio. Every run keeps
     it (a lone block's ratio is 1), so all of them fetch at most that many times the bytes of
-    the ranges' union, for any input."""
+    the ranges' union, for any input, but one: records sharing one compressed restart block
+    that alone exceeds ``span_bytes`` (stored or inflated) are cut into several runs for
+    memory's sake, and each reads that block again."""
     if max_amplification is None:
         return _runs(starts, ends, gap_bytes, span_bytes, inflated)
+    if not max_amplification >= 1.0:
+        raise ValueError(f"max_amplification must be >= 1, not {max_amplification!r}")
     blocks = _runs(starts, ends, 0, span_bytes, inflated)  # touching ranges: gapless extents
     if len(blocks) < 2:
         return blocks

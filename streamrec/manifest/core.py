@@ -241,10 +241,18 @@ def resolve_name(name: str, manifest_url: str, *, allow_absolute_urls: bool = Fa
     Raises ValueError for a name outside the manifest's directory (absolute, or with ``..``)
     unless ``allow_absolute_urls`` (then absolute names are taken as they are).
     """
-    if _PLAIN_NAME.match(name):
-        directory = _directory(manifest_url)
-        return f"{directory.rstrip('/')}/{name}" if directory else name
+    prefix = _plain_prefix(_directory(manifest_url))
+    if prefix is not None and _PLAIN_NAME.match(name):
+        return prefix + name
     return _resolve_checked(name, manifest_url, allow_absolute_urls)
+
+
+def _plain_prefix(directory: str) -> str | None:
+    """What a plain name is appended to in ``directory``: exactly where the full checks put
+    it; None where they would not take it as it is (a scheme's root, a directory still
+    percent-encoded after decoding: the checks decide every name there)."""
+    prefix = f"{directory.rstrip('/')}/" if directory else ""
+    return prefix if _path_inside(f"{prefix}x", directory) else None
 
 
 def _resolve_checked(name: str, manifest_url: str, allow_absolute_urls: bool) -> str:
@@ -352,17 +360,20 @@ def loads(
         raise bad('"shards" is not a list')
     entries: list[ManifestEntry] = []
     base = _directory(names_at)
-    prefix = f"{base.rstrip('/')}/" if base else ""
+    prefix = _plain_prefix(base)
     home = _canonical(base).rstrip("/")
 
+    def plain(name: str) -> bool:
+        return prefix is not None and _PLAIN_NAME.match(name) is not None
+
     def resolve(name: str) -> str:  # resolve_name, its directory found once
-        if _PLAIN_NAME.match(name):
+        if prefix is not None and plain(name):
             return prefix + name
         return _resolve_checked(name, names_at, allow_absolute_urls)
 
     def same_place(written: str, url: str, name: str) -> bool:
         # _canonical of a plain name's url is home/name: no path normalised per shard
-        canonical = f"{home}/{name}" if _PLAIN_NAME.match(name) else _canonical(url)
+        canonical = f"{home}/{name}" if plain(name) else _canonical(url)
         return written in (url, canonical) or _canonical(written) == canonical
 
     for position, item in enumerate(shards):

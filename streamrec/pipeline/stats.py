@@ -13,24 +13,25 @@ class Stats:
 
     bytes_read: int = 0
     """Bytes of the records read: as stored (compressed bytes for compressed shards) when
-    shards stream; for reads by index (``shuffle``, ``even``, ``ds.get()``), the framed bytes
-    of the records asked for."""
+    shards stream; for reads by index (``shuffle``, ``even``, ``ds.get()``), the framed
+    (uncompressed) bytes of the distinct records asked for."""
     bytes_fetched: int = 0
-    """Bytes storage sent for them: equal to ``bytes_read`` when shards stream; for reads by
-    index, with the neighbours and gaps a coalesced read takes along and the reads that check
-    an index against its shard. ``bytes_fetched / bytes_read`` is the read amplification
-    (bounded by ``open_dataset``'s ``max_read_amplification``, the checks aside)."""
+    """Bytes of the completed reads storage answered: equal to ``bytes_read`` when shards
+    stream; for reads by index, with the neighbours and gaps a coalesced read takes along and
+    the reads that check an index against its shard. For uncompressed shards,
+    ``(bytes_fetched - bytes_checked) / bytes_read`` is the read amplification, at most
+    ``open_dataset``'s ``max_read_amplification``."""
     bytes_checked: int = 0
-    """Of ``bytes_fetched``, those read to check a record index against its shard (its
-    entries before a record are checked once per process: an index is untrusted)."""
+    """Of ``bytes_fetched``, those read to check a record index against its shard (the
+    entries before a record, once per shard and process, or host for remote shards)."""
     records: int = 0
     """Records handed to the consumer (through ``for``/``async for``, a chunk, a parse or batch
     wrapper): what the training loop has seen, resumed iterations included only from where
     they resumed."""
     records_read: int = 0
     """Records decoded from storage: read ahead but not yet handed out, read again to resume
-    (a shard's prefix, the shuffle buffer) or held in the shuffle buffer included; for
-    ``ds.get()``, every record its range reads decoded (neighbours read along included)."""
+    (a shard's prefix, the shuffle buffer) or held in the shuffle buffer included; for reads
+    by index, every record their range reads decoded (neighbours read along included)."""
     corrupt_skipped: int = 0
     """Damaged records or shard tails dropped under ``on_corrupt="skip"``."""
     shards_opened: int = 0

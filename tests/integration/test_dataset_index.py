@@ -21,6 +21,7 @@ import streamrec
 from streamrec.cli import main
 from streamrec.errors import IndexMismatchError
 from streamrec.format.crc import crc32c
+from streamrec.format.framing import RecordEncoder
 from streamrec.format.index.core import ShardIndex
 from streamrec.format.index.dataset import (
     DATASET_INDEX_NAME,
@@ -28,6 +29,7 @@ from streamrec.format.index.dataset import (
     dataset_index_bytes,
     encode_shard,
 )
+from support.crc_forge import same_crc_lengths
 from support.fault_proxy import FaultProxy
 from support.servers import MotoS3Server
 
@@ -296,3 +298,45 @@ def test_a_worker_copy_reads_without_listing_what_len_listed(
     worker = pickle.loads(pickle.dumps(ds))
     assert sorted(worker) == sorted(data)
     assert not [r for r in proxy.records if "_manifest" in r.target or "list-type" in r.target]
+
+
+def test_a_forged_index_with_the_checked_ones_crc_is_checked_again(
+    s3_server: MotoS3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    """A process checks shard 0 against the dataset index and the host records it. Then the
+    index is replaced by one that cuts record 3 so that a frame inside its payload becomes
+    record 4, its segment's CRC-32C kept (solved for): the record must not be believed as
+    checked (its key is a cryptographic digest of the entries, not their CRC)."""
+    evil = RecordEncoder().encode(b"EVIL")
+    data = [b"%06d:" % k + b"x" * (50 + (k * 7919) % 200) for k in range(800)]
+    data[3] = b"AAAA" + evil + b"ZZZZ"  # user content that holds a valid frame
+    base = f"s3://{s3_bucket}/set"
+    options = s3_server.storage_options
+    with streamrec.sync.open_writer(
+        f"{base}/part-{{index:04d}}.tfrecord", max_records=400, index=True, storage_options=options
+    ) as writer:
+        writer.write_many(data)
+    cache = {"cache_dir": str(tmp_path / "cache"), "cache_bytes": 1 << 30}
+    first = streamrec.open_dataset(base, storage_options=options, **cache)
+    assert first.get([399]) == [data[399]] and first.stats.bytes_checked > 0
+    first.close()
+
+    original = s3_server.get(s3_bucket, f"set/{DATASET_INDEX_NAME}")
+    index = DatasetIndex(original, source="x")
+    width = index.lengths(0).dtype.itemsize
+    lengths = index.lengths(0).astype(np.int64).tolist()
+    stored = crc32c(bytes(index.lengths(0).tobytes()))
+    lengths[3], lengths[4] = 0, len(evil) - 16  # record 4: the frame inside record 3
+    lengths[5] += (len(data[3]) + 16) + (len(data[4]) + 16) - 16 - len(evil)
+    forged = same_crc_lengths(lengths, width, stored, range(20, 400))
+    segment = b"".join(int(n).to_bytes(width, "little") for n in forged)
+    names = struct.unpack_from("<Q", original, 32)[0]
+    row = _ROW.unpack_from(original, _HEADER_BYTES)
+    at = _HEADER_BYTES + len(index.shards) * _ROW.size + names + row[6]
+    hostile = original[:at] + segment + original[at + len(segment) :]
+    s3_server.put(s3_bucket, f"set/{DATASET_INDEX_NAME}", hostile)
+
+    second = streamrec.open_dataset(base, storage_options=options, **cache)
+    with pytest.raises(IndexMismatchError):
+        second.get([4])
+    second.close()

@@ -11,9 +11,13 @@ import asyncio
 import contextlib
 import gc
 import io
+import json
+import os
 import pickle
 import random
 import shlex
+import stat
+import tempfile
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -622,8 +626,8 @@ def test_an_index_is_checked_once_per_host(
     assert checked() == 0  # the next ones take its word
     [record] = (cache / "checks").glob("*.checks")
     damaged = bytearray(record.read_bytes())
-    for at in range(32, len(damaged), 16):
-        damaged[at] ^= 0x01  # every slot's count: its CRC no longer matches
+    for at in range(32, len(damaged), 32):
+        damaged[at] ^= 0x01  # every slot's count: its tag no longer matches
     record.write_bytes(bytes(damaged))
     assert checked() > 0  # checked again, and recorded again
     assert checked() == 0
@@ -632,12 +636,61 @@ def test_an_index_is_checked_once_per_host(
     (cache / "checks").chmod(0o700)
 
 
-def test_local_shards_are_not_recorded(tmp_path: Path) -> None:
-    """A local file has no version: a check of it holds for its process only."""
+def test_the_default_record_is_private_under_any_umask(
+    remote: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no cache_dir, the record lives in <temp>/streamrec-<uid>/checks, made 0700 even
+    where the umask lets the group write (user-private groups: umask 002)."""
     data = [b"%05d" % k * 200 for k in range(400)]
-    url = write_set(str(tmp_path / "set"), data, None, per_shard=200)
+    url = write_set(remote.base, data, None, per_shard=200, storage_options=remote.storage_options)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    old = os.umask(0o002)
+    try:
+        for expected_checks in (True, False):
+            ds = streamrec.open_dataset(url, storage_options=remote.storage_options)
+            assert ds.get([399]) == [data[399]]
+            assert (ds.stats.bytes_checked > 0) is expected_checks
+            ds.close()
+    finally:
+        os.umask(old)
+    root = tmp_path / f"streamrec-{os.getuid()}"
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert list(root.glob("checks/*.checks"))
+
+
+def test_a_symlinked_record_directory_is_not_used(remote: Remote, tmp_path: Path) -> None:
+    data = [b"%05d" % k * 200 for k in range(400)]
+    url = write_set(remote.base, data, None, per_shard=200, storage_options=remote.storage_options)
+    cache, elsewhere = tmp_path / "cache", tmp_path / "elsewhere"
+    cache.mkdir(mode=0o700)
+    elsewhere.mkdir(mode=0o700)
+    (cache / "checks").symlink_to(elsewhere)  # planted by someone else, say
     for _ in range(2):
-        ds = streamrec.open_dataset(url, cache_dir=str(tmp_path / "cache"), cache_bytes=1 << 30)
+        ds = streamrec.open_dataset(
+            url, storage_options=remote.storage_options, cache_dir=str(cache), cache_bytes=1 << 30
+        )
+        assert ds.get([399]) == [data[399]]
+        assert ds.stats.bytes_checked > 0  # checked each time: no record followed the link
+        ds.close()
+    assert not list(elsewhere.iterdir())
+
+
+@pytest.mark.parametrize("stated_version", [False, True])
+def test_local_shards_are_not_recorded(tmp_path: Path, stated_version: bool) -> None:
+    """A local file is read as it is, whatever version a manifest states: a check of it holds
+    for its process only."""
+    data = [b"%05d" % k * 200 for k in range(400)]
+    write_set(str(tmp_path / "set"), data, None, per_shard=200)
+    manifest = tmp_path / "set" / "_manifest.json"
+    if stated_version:
+        document = json.loads(manifest.read_text())
+        for shard in document["shards"]:
+            shard["version"] = '"v1"'
+        manifest.write_text(json.dumps(document))
+    for _ in range(2):
+        ds = streamrec.open_dataset(
+            str(tmp_path / "set"), cache_dir=str(tmp_path / "cache"), cache_bytes=1 << 30
+        )
         assert ds.get([399]) == [data[399]]
         assert ds.stats.bytes_checked > 0
         ds.close()

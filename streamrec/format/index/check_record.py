@@ -12,20 +12,23 @@ Layout, version 1 (little-endian), one file per dataset (its shards in order)::
 
     header   32 bytes: magic b"SRCHECK\\x00", version u32 (1), flags u32 (0), shards u64,
              header_crc u32 (CRC-32C of the 24 bytes before it), 4 bytes of zeros
-    slots    16 bytes a shard: entries u64 (how many leading entries are verified),
-             crc u32 (CRC-32C of the shard's key digest then the entries' 8 bytes),
-             4 bytes of zeros
+    slots    32 bytes a shard: entries u64 (how many leading entries are verified), tag
+             (16 bytes: the first half of the SHA-256 of the shard's key digest then the
+             entries' 8 bytes), 8 bytes of zeros
 
-A shard's *key digest* is the SHA-256 of the JSON array ``[url, size, version, index digest
-as hex]`` (:func:`key_digest`): a slot vouches only for the shard, version and index it was
-written for, so a slot left by another dataset, a torn write or a flipped bit reads as
-"nothing verified" (0), never as more than was checked. Processes write their own slots with
-one aligned 16-byte write each; any value a writer left is one that was verified.
+A shard's *key digest* is the SHA-256 of the JSON array (ASCII, escaped) ``[url, size,
+version, index digest as hex]`` (:func:`key_digest`). A slot vouches only for the shard,
+version and index it was written for: a slot left by another dataset, a torn write or a
+flipped bit reads as "nothing verified" (0), never as more than was checked; and the tag is
+cryptographic, so no index can be made (by trying variants) to match a slot another's check
+left. Processes write their own slots with one aligned 32-byte write each; any value a writer
+left is one that was verified.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import struct
 
@@ -48,15 +51,15 @@ MAGIC = b"SRCHECK\x00"
 VERSION = 1
 
 _HEADER = struct.Struct("<8sIIQI4x")
-_SLOT = struct.Struct("<QI4x")
+_SLOT = struct.Struct("<Q16s8x")
 HEADER_BYTES = _HEADER.size
 SLOT_BYTES = _SLOT.size
 
 
-def key_digest(url: str, size: int, version: str, index_digest: bytes) -> bytes:
+def key_digest(url: str, size: int, version: str | None, index_digest: bytes) -> bytes:
     """The 32 bytes a slot's CRC binds it to: this shard, version and index."""
-    text = json.dumps([url, size, version, index_digest.hex()], ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).digest()
+    text = json.dumps([url, size, version, index_digest.hex()], ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).digest()
 
 
 def encode_header(shards: int) -> bytes:
@@ -77,10 +80,13 @@ def decode_header(data: bytes) -> int | None:
     return int(shards)
 
 
+def _tag(digest: bytes, entries: int) -> bytes:
+    return hashlib.sha256(digest + struct.pack("<Q", entries)).digest()[:16]
+
+
 def encode_slot(digest: bytes, entries: int) -> bytes:
     """A slot saying the first ``entries`` entries of the shard of ``digest`` are verified."""
-    count = struct.pack("<Q", entries)
-    return _SLOT.pack(entries, crc32c(digest + count))
+    return _SLOT.pack(entries, _tag(digest, entries))
 
 
 def decode_slot(data: bytes, digest: bytes) -> int:
@@ -88,7 +94,7 @@ def decode_slot(data: bytes, digest: bytes) -> int:
     a whole slot written for exactly that shard, version and index."""
     if len(data) != SLOT_BYTES:
         return 0
-    entries, crc = _SLOT.unpack(data)
-    if crc != crc32c(digest + struct.pack("<Q", entries)):
+    entries, tag = _SLOT.unpack(data)
+    if not hmac.compare_digest(tag, _tag(digest, entries)) or any(data[24:]):
         return 0
     return int(entries)

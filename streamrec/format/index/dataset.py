@@ -41,6 +41,7 @@ segment is checked when it is decoded: its CRC, then every entry as a sidecar's
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import struct
 from collections.abc import Sequence
@@ -317,9 +318,17 @@ class DatasetIndex:
             name, size, version, compression, records, stream_bytes, kind != _COUNTS_ONLY
         )
 
-    def segment_digest(self, k: int) -> int:
-        """Shard ``k``'s segment CRC as written (what its entries are keyed by)."""
-        return int(self._rows[k][8])
+    def segment_digest(self, k: int) -> bytes:
+        """A BLAKE2b digest of what shard ``k``'s entries are (its row's counts, codec, width
+        and kind, and its segment's bytes), without decoding them: the key its verified
+        boundaries are kept under. Cryptographic: the segment's CRC-32C, which anyone can
+        match to chosen entries, would let a forged index pass as one already checked."""
+        row = self._rows[k]
+        start = self._segments_at + row[6]
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(struct.pack("<QQQIBBB", row[4], row[5], row[7], row[9], *row[10:13]))
+        digest.update(self._data[start : start + row[7]])
+        return digest.digest()
 
     def lengths(self, k: int) -> npt.NDArray[np.integer]:
         """Shard ``k``'s framed lengths minus 16, as stored (a view of the data, unchecked)."""

@@ -15,14 +15,17 @@ process, made on the event loop's thread (cheaper than handing them to another t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
+import stat
 import tempfile
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from streamrec.errors import StorageError
 from streamrec.format.index.check_record import (
     HEADER_BYTES,
     SLOT_BYTES,
@@ -30,10 +33,16 @@ from streamrec.format.index.check_record import (
     decode_slot,
     encode_header,
     encode_slot,
+    key_digest,
 )
-from streamrec.storage.cache.files import FILE_MODE, check_private
+from streamrec.storage.base import ObjectInfo
+from streamrec.storage.cache.files import FILE_MODE, UntrustedCache, check_private
+from streamrec.storage.registry import store_key
 
-__all__ = ["HostChecks", "default_root"]
+if TYPE_CHECKING:
+    from streamrec.pipeline.indexed.trust import ShardKey
+
+__all__ = ["HostChecks", "default_root", "pins_versions"]
 
 logger = logging.getLogger("streamrec")
 
@@ -45,35 +54,70 @@ def default_root() -> str:
     return os.path.join(tempfile.gettempdir(), f"streamrec-{os.getuid()}")
 
 
-class HostChecks:
-    """One dataset's record of checks on this host: slot ``k`` for its ``k``-th shard."""
+def _private_directory(path: str, *, ours: bool) -> None:
+    """``path`` as a directory this user alone may write (UntrustedCache, an OSError, if not):
+    made 0700 when missing; ``ours`` (streamrec's own per-user directory, made under whatever
+    umask): made 0700 when this user's own but writable by others too. A symlink is refused
+    (another user may plant one in a shared temp directory)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, _DIRECTORY_MODE)
+    found = os.lstat(path)
+    if stat.S_ISLNK(found.st_mode) or not stat.S_ISDIR(found.st_mode):
+        raise UntrustedCache(f"{path} is not a directory (a symlink?)")
+    if ours and found.st_uid == os.getuid() and found.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.chmod(path, _DIRECTORY_MODE)
+        found = os.lstat(path)
+    check_private(found, path)
 
-    def __init__(self, path: str, shards: int) -> None:
+
+def pins_versions(url: str) -> bool:
+    """Whether ``url``'s store reads exactly the version a listing or manifest named (remote
+    stores send it with every read; a local file's stated version is never checked)."""
+    try:
+        return store_key(url) not in ("local", "memory")
+    except StorageError:
+        return False
+
+
+class HostChecks:
+    """One dataset's record of checks on this host: slot ``k`` for its ``k``-th shard, used
+    for the shards whose reads are pinned to a version only (``pinned``)."""
+
+    def __init__(self, path: str, pinned: Sequence[bool]) -> None:
         self.path = path
-        self.shards = shards
+        self.pinned = list(pinned)
+        self.shards = len(self.pinned)
         self._fd: int | None = None
         self._usable = True
 
     @classmethod
-    def for_dataset(cls, root: str, urls: Sequence[str]) -> HostChecks | None:
-        """The record of the dataset of shards ``urls`` (in order) under ``root``; None when
-        ``root`` cannot hold one this user alone may write."""
-        directory = os.path.join(root, "checks")
-        try:
-            os.makedirs(directory, mode=_DIRECTORY_MODE, exist_ok=True)
-            for path in (root, directory):
-                check_private(os.stat(path), path)
-        except OSError as exc:
-            logger.debug("no host record of index checks in %s: %s", directory, exc)
+    def for_dataset(cls, root: str | None, shards: Sequence[ObjectInfo]) -> HostChecks | None:
+        """The record of the dataset of ``shards`` (in order) under ``root`` (None: the
+        per-user default); None when no shard is pinned to a version or ``root`` cannot hold
+        a record this user alone may write."""
+        pinned = [shard.version is not None and pins_versions(shard.url) for shard in shards]
+        if not any(pinned):
             return None
-        names = hashlib.sha256("\n".join(urls).encode("utf-8", "surrogatepass")).hexdigest()
-        return cls(os.path.join(directory, f"{names[:40]}.checks"), len(urls))
+        try:
+            ours = root is None
+            root = default_root() if root is None else root
+            directory = os.path.join(root, "checks")
+            if not ours:
+                os.makedirs(root, mode=_DIRECTORY_MODE, exist_ok=True)
+            _private_directory(root, ours=ours)
+            _private_directory(directory, ours=False)  # others could have written it: never
+            urls = "\n".join(shard.url for shard in shards).encode("utf-8", "surrogatepass")
+        except (OSError, ValueError) as exc:
+            logger.debug("no host record of index checks: %s", exc)
+            return None
+        name = hashlib.sha256(urls).hexdigest()[:40]
+        return cls(os.path.join(directory, f"{name}.checks"), pinned)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "shards": self.shards}  # a copy opens its own
+        return {"path": self.path, "pinned": self.pinned}  # a copy opens its own
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], state["shards"])  # type: ignore[misc]
+        self.__init__(state["path"], state["pinned"])  # type: ignore[misc]
 
     def _file(self) -> int | None:
         if self._fd is None and self._usable:
@@ -97,23 +141,27 @@ class HostChecks:
             self._fd = fd
         return self._fd
 
-    def known(self, slot: int, digest: bytes) -> int:
-        """Leading entries of shard ``slot`` (its key digest ``digest``) verified on this host."""
-        fd = self._file() if 0 <= slot < self.shards else None
+    def known(self, slot: int, key: ShardKey) -> int:
+        """Leading entries of shard ``slot`` (``key``: as its checks are kept) verified on
+        this host; 0 when none are recorded or the record cannot be read."""
+        fd = self._file() if 0 <= slot < self.shards and self.pinned[slot] else None
         if fd is None:
             return 0
         try:
-            return decode_slot(os.pread(fd, SLOT_BYTES, HEADER_BYTES + slot * SLOT_BYTES), digest)
-        except OSError:
+            data = os.pread(fd, SLOT_BYTES, HEADER_BYTES + slot * SLOT_BYTES)
+            return decode_slot(data, key_digest(*key))
+        except (OSError, ValueError) as exc:
+            logger.debug("host record of index checks %s not read: %s", self.path, exc)
             return 0
 
-    def record(self, slot: int, digest: bytes, entries: int) -> None:
+    def record(self, slot: int, key: ShardKey, entries: int) -> None:
         """The first ``entries`` entries of shard ``slot`` are verified (kept if more than the
         record says; any value a process leaves was verified)."""
-        fd = self._file() if 0 <= slot < self.shards else None
-        if fd is None or entries <= self.known(slot, digest):
+        fd = self._file() if 0 <= slot < self.shards and self.pinned[slot] else None
+        if fd is None or entries <= self.known(slot, key):
             return
         try:
-            os.pwrite(fd, encode_slot(digest, entries), HEADER_BYTES + slot * SLOT_BYTES)
-        except OSError as exc:
+            data = encode_slot(key_digest(*key), entries)
+            os.pwrite(fd, data, HEADER_BYTES + slot * SLOT_BYTES)
+        except (OSError, ValueError) as exc:
             logger.debug("host record of index checks %s not written: %s", self.path, exc)

@@ -38,7 +38,7 @@ from streamrec.format.codecs import Compression
 from streamrec.format.index.core import ShardIndex
 from streamrec.format.span import SpanDecoder, coalesce
 from streamrec.pipeline.budget import ByteBudget
-from streamrec.pipeline.indexed.host_checks import HostChecks, default_root
+from streamrec.pipeline.indexed.host_checks import HostChecks
 from streamrec.pipeline.indexed.trust import (
     BoundaryTrust,
     ShardKey,
@@ -463,6 +463,8 @@ async def _read_span(
         pieces = await read_exact(
             store_of(shard.url), shard, span.start, span.end, policy=policy, on_retry=on_retry
         )
+        if stats is not None:  # fetched, whatever its decoding finds
+            stats.bytes_fetched += length
         for piece in pieces:
             decoder.feed(piece)
             if decoder.done:
@@ -472,7 +474,6 @@ async def _read_span(
     finally:
         budget.release(reserved)
     if stats is not None:
-        stats.bytes_fetched += length
         stats.records_read += len(records)
     return records
 
@@ -556,11 +557,9 @@ async def build_table(
 
 def _with_host_checks(table: RecordTable, options: ReadOptions) -> RecordTable:
     """``table``, its checks recorded for the host's other processes (indexed/host_checks.py)
-    where any shard has a version (only versioned shards are recorded)."""
-    trust = table.trust
-    if trust.host is None and any(shard.version is not None for shard in table.shards):
-        root = options.cache_dir if options.cache_dir is not None else default_root()
-        trust.host = HostChecks.for_dataset(root, [shard.url for shard in table.shards])
+    where any shard is read pinned to a version (only those are recorded)."""
+    if table.trust.host is None:
+        table.trust.host = HostChecks.for_dataset(options.cache_dir, table.shards)
     return table
 
 

@@ -43,7 +43,6 @@ import numpy as np
 from streamrec._portal import run_all
 from streamrec.format.codecs import Compression
 from streamrec.format.index.check import CompressedCheck, check_lengths
-from streamrec.format.index.check_record import key_digest
 from streamrec.format.index.core import ShardIndex
 from streamrec.format.span import coalesce
 from streamrec.pipeline.budget import ByteBudget
@@ -109,7 +108,6 @@ class BoundaryTrust:
         self.verified: dict[ShardKey, int] = {}
         self.host: HostChecks | None = None
         """The host's record of checks (pipeline/indexed/host_checks.py), set with the table."""
-        self._digests: dict[ShardKey, bytes] = {}
         # per event loop (locks and events belong to one): the checks and the spans read
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
             weakref.WeakKeyDictionary()
@@ -122,14 +120,6 @@ class BoundaryTrust:
         self.__init__()  # type: ignore[misc]
         self.verified.update(state["verified"])
         self.host = state.get("host")
-
-    def _digest(self, key: ShardKey) -> bytes:
-        digest = self._digests.get(key)
-        if digest is None:
-            url, size, version, index_digest = key
-            assert version is not None
-            digest = self._digests[key] = key_digest(url, size, version, index_digest)
-        return digest
 
     def trusted(self, key: ShardKey) -> int:
         """Entries of the shard that start where its own framing puts a record."""
@@ -173,14 +163,15 @@ class BoundaryTrust:
         A versioned shard (``slot``: its place in the dataset) is looked up in the host's
         record first, and what this process verifies is recorded there."""
         state = self._state()
-        # a version names bytes that never change: only then does another process's check hold
-        host = self.host if slot is not None and key[2] is not None else None
+        # only for shards read pinned to a version (bytes that never change) does another
+        # process's check hold: HostChecks knows which
+        host = self.host if slot is not None else None
         looked_up = False
         while (start := self.trusted(key)) < upto:
             if host is not None and not looked_up:
                 assert slot is not None
                 looked_up = True
-                known = host.known(slot, self._digest(key))
+                known = host.known(slot, key)
                 if known > start:
                     self.extend(key, known)
                     continue
@@ -196,7 +187,7 @@ class BoundaryTrust:
                     self.extend(key, verified)
                     if host is not None:
                         assert slot is not None
-                        host.record(slot, self._digest(key), verified)
+                        host.record(slot, key, verified)
 
 
 @dataclass
@@ -222,7 +213,7 @@ def budgeted_reader(
             pieces = await read_exact(store, shard, start, end, policy=policy, on_retry=on_retry)
         finally:
             budget.release(end - start)
-        if stats is not None:
+        if stats is not None:  # fetched, whatever the check finds
             stats.bytes_fetched += end - start
             stats.bytes_checked += end - start
         return pieces
