@@ -228,20 +228,26 @@ CHECKS = [pytest.param(v, id=v) for v in VERSIONS if meta(v).get("checks")]
 
 @pytest.mark.parametrize("old", CHECKS, indirect=True)
 def test_a_host_record_of_checks_is_believed(old: Path) -> None:
-    from streamrec.format.index.check_record import key_digest
     from streamrec.pipeline.indexed.host_checks import HostChecks
+    from streamrec.storage.base import ObjectInfo
 
     kept = json.loads((old / "meta.json").read_text())["checks"]
     for directory in (old / kept["root"], old / kept["root"] / "checks"):
         directory.chmod(0o700)  # a clone's directories get the umask's mode: maybe 0o775
-    record = HostChecks.for_dataset(str(old / kept["root"]), kept["urls"])
+    by_url = {slot["url"]: slot for slot in kept["slots"]}
+    shards = [
+        ObjectInfo(url, by_url[url]["size"], by_url[url]["version"])
+        if url in by_url
+        else ObjectInfo(url, 1, '"v"')
+        for url in kept["urls"]
+    ]
+    record = HostChecks.for_dataset(str(old / kept["root"]), shards)
     assert record is not None
     for slot in kept["slots"]:
-        digest = key_digest(
-            slot["url"], slot["size"], slot["version"], bytes.fromhex(slot["index_digest"])
-        )
-        assert record.known(slot["slot"], digest) == slot["entries"]
-        other = key_digest(slot["url"], slot["size"] + 1, slot["version"], b"\0" * 16)
+        digest = bytes.fromhex(slot["index_digest"])
+        key = (slot["url"], slot["size"], slot["version"], digest)
+        assert record.known(slot["slot"], key) == slot["entries"]
+        other = (slot["url"], slot["size"] + 1, slot["version"], digest)
         assert record.known(slot["slot"], other) == 0
 
 

@@ -256,20 +256,21 @@ def write_cache() -> dict[str, Any] | None:
 
 def write_checks() -> dict[str, Any] | None:
     """A host's record of index checks (``checks-root/checks/*.checks``) of a dataset of two
-    versioned shards, the second's first 5 entries recorded as verified."""
+    versioned S3 shards, the second's first 5 entries recorded as verified."""
     try:
-        from streamrec.format.index.check_record import key_digest
         from streamrec.pipeline.indexed.host_checks import HostChecks
+        from streamrec.storage.base import ObjectInfo
     except ImportError:
         return None
     urls = ["s3://bucket/data/part-000.tfrecord", "s3://bucket/data/part-001.tfrecord"]
     slot = {"slot": 1, "url": urls[1], "size": 4096, "version": '"etag-1"', "entries": 5}
     slot["index_digest"] = "00112233445566778899aabbccddeeff"
-    os.makedirs("checks-root", mode=0o755)
-    record = HostChecks.for_dataset("checks-root", urls)
+    os.makedirs("checks-root", mode=0o700)
+    shards = [ObjectInfo(url, 4096, '"etag-1"') for url in urls]
+    record = HostChecks.for_dataset("checks-root", shards)
     assert record is not None
-    digest = key_digest(urls[1], 4096, '"etag-1"', bytes.fromhex(slot["index_digest"]))
-    record.record(1, digest, 5)
+    key = (urls[1], 4096, '"etag-1"', bytes.fromhex(slot["index_digest"]))
+    record.record(1, key, 5)
     return {"root": "checks-root", "urls": urls, "slots": [slot]}
 
 
