@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -39,8 +38,9 @@ import time
 from pathlib import Path
 
 from _harness import DATA_DIR as DATA
-from _harness import TREE as ROOT
 from _harness.results import JSON_HELP, save_results
+from _harness.scale_probe import probe_command, probe_env
+from _harness.scale_s3 import run_s3
 
 CASES = {  # name: (shards, records a shard, framed bytes a record)
     "1k": (1_000, 128, 1024),
@@ -49,52 +49,6 @@ CASES = {  # name: (shards, records a shard, framed bytes a record)
 }
 MODES = ("global", "block", "even", "get", "len", "resume")
 INDEX = "_dataset_index.bin"
-
-_PROBE = r"""
-import json, os, random, resource, sys, time
-import streamrec
-
-def rss_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-url, mode, state_path = sys.argv[1], sys.argv[2], sys.argv[3]
-options = {"num_hosts": 8, "host_index": 3, "seed": 1}
-if mode in ("global", "resume", "save"):
-    options["shuffle"] = "global"
-elif mode == "block":
-    options["shuffle"] = "block"
-elif mode == "even":
-    options["even"] = "drop"
-before = rss_mib()
-start = time.perf_counter()
-ds = streamrec.open_dataset(url, **options)
-if mode == "save":
-    it = iter(ds)
-    for _ in range(1000):
-        next(it)
-    with open(state_path, "w") as f:
-        json.dump(ds.state_dict(), f)
-    it.close()
-    print(json.dumps({}))
-    sys.exit(0)
-if mode == "resume":
-    with open(state_path) as f:
-        ds.load_state_dict(json.load(f))
-if mode == "get":
-    ds.get([random.Random(5).randrange(ds.num_records)])
-elif mode == "len":
-    len(ds)
-else:
-    it = iter(ds)
-    next(it)
-seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-state = len(json.dumps(ds.state_dict()))
-if mode not in ("get", "len"):
-    it.close()
-print(json.dumps({"s": seconds, "mib": peak - before, "state": state}))
-"""
 
 
 def build(name: str) -> Path:
@@ -122,12 +76,16 @@ def build(name: str) -> Path:
 
 
 def probe(directory: Path, mode: str, state: Path) -> dict[str, float]:
+    """One fresh process (``_harness/scale_probe.py``): consumer 3 of 8, ``mode``."""
+    job = {
+        "url": str(directory),
+        "mode": mode,
+        "state": str(state),
+        "loader": 0,
+        "options": {"num_hosts": 8, "host_index": 3, "seed": 1},
+    }
     run = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(directory), mode, str(state)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        probe_command(job), capture_output=True, text=True, check=False, env=probe_env()
     )
     if run.returncode:
         raise RuntimeError(f"{mode} on {directory}: {run.stderr[-2000:]}")
@@ -190,34 +148,45 @@ def table(name: str, found: Runs) -> list[list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="20k,25m", help="of " + ", ".join(CASES))
+    parser.add_argument(
+        "--cases", help="of " + ", ".join(CASES) + " (default 20k,25m; none with --s3)"
+    )
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="the 1k case, one round")
+    parser.add_argument(
+        "--s3",
+        action="store_true",
+        help="S3 through the emulated link: 1 and 8 consumers and a DataLoader (needs root)",
+    )
+    parser.add_argument(
+        "--s3-shards", default="2000", help="the S3 datasets' shard counts, e.g. 2000,5000"
+    )
     parser.add_argument("--json", metavar="PATH", type=Path, help=JSON_HELP)
     args = parser.parse_args()
-    cases = ["1k"] if args.quick else args.cases.split(",")
+    cases = ["1k"] if args.quick else (args.cases or ("" if args.s3 else "20k,25m")).split(",")
     rounds = 1 if args.quick else args.rounds
-    header = [
-        "case",
-        "mode",
-        "dataset index s",
-        "MiB",
-        "sidecars s",
-        "MiB",
-        "x",
-        "state B",
-    ]
+    modes = args.modes.split(",")
+    sections, names = [], []
     rows: list[list[str]] = []
-    for name in cases:
+    for name in filter(None, cases):
         directory = build(name)
-        rows += table(name, measure(directory, args.modes.split(","), rounds))
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    section = "\n".join(lines)
+        rows += table(name, measure(directory, modes, rounds))
+    if rows:
+        header = ["case", "mode", "dataset index s", "MiB", "sidecars s", "MiB", "x", "state B"]
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        sections.append("\n".join(lines))
+        names.append("first record")
+    if args.s3:
+        shard_counts = [int(n) for n in args.s3_shards.split(",")]
+        sections.append(run_s3(shard_counts, modes, rounds))
+        for n in shard_counts:
+            names += [f"S3 {n:,} shards", f"S3 {n:,} shards, 8 consumers' requests by object"]
+    section = "\n\n".join(sections)
     print(section)
     command = "python benchmarks/bench_scale.py " + " ".join(sys.argv[1:])
-    save_results(args.json, "bench_scale", section, ["first record"], command)
+    save_results(args.json, "bench_scale", section, names, command)
 
 
 if __name__ == "__main__":
