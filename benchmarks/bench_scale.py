@@ -5,6 +5,7 @@ Run from the repository root after building the C accelerators::
 
     python setup.py build_ext --inplace
     python benchmarks/bench_scale.py [--cases 20k,25m] [--rounds 3] [--json PATH]
+    python benchmarks/bench_scale.py --s3 [--s3-shards 2000,5000] [--rounds 3] [--json PATH]
 
 Datasets (written once under ``benchmarks/data/scale-*`` by ``open_writer(..., index=True)``:
 shards, their ``.idx`` sidecars, ``_manifest.json`` and ``_dataset_index.bin``):
@@ -23,7 +24,12 @@ record (median of the rounds), ``MiB`` the growth of peak RSS over the process's
 ``open_dataset`` (median), ``state B`` the JSON size of ``state_dict()`` after the first record.
 ``index`` is ``dataset`` (the dataset index, as written) or ``sidecars`` (the same directory
 with ``_dataset_index.bin`` moved aside: what streamrec did before it); ``x`` is sidecars
-seconds / dataset seconds.
+seconds / dataset seconds. The probe is ``_harness/scale_probe.py``.
+
+``--s3`` (root: the emulated link) runs the S3 part instead (with ``--cases`` as well):
+2,000 shards (``--s3-shards``) of the same 1 KiB records in SeaweedFS behind the emulated
+60 ms link, 1 and 8 consumer processes and a DataLoader of 4 workers, every request counted
+by kind at a proxy; ``_harness/scale_s3.py`` says what each column is.
 """
 
 from __future__ import annotations
