@@ -25,9 +25,11 @@ bucket, put back after). Columns: ``s`` seconds from ``open_dataset`` to the fir
 (the largest over the job's consumers; median of the rounds); ``HEAD``/``GET``/``LIST``/``other``
 and ``requests``: requests the whole job sent (every process) from the release until its
 last consumer had its first record (an early consumer's read-ahead meanwhile included; the
-arrival times at the counting proxy), median of the rounds; ``in all`` every request until
-the job's processes ended (each closes its iterator after its first record: read-ahead in
-flight); ``MiB`` peak RSS growth (largest consumer, median);
+arrival times at the counting proxy), median of the rounds; ``shard GETs`` those of them
+that read shard bytes (records, and the checks of the index against the shard's framing:
+data, not metadata; the target is checked on all requests and on the rest); ``in all``
+every request until the job's processes ended (each closes its iterator after its first
+record: read-ahead in flight); ``MiB`` peak RSS growth (largest consumer, median);
 ``state B`` the JSON size of ``state_dict()`` (largest consumer; none through a loader). The
 targets (issue 31): 8 consumers' requests <= 8 x 20 + 4 per 1,000 shards; global and resume
 first record <= 3 s. A second table breaks the 8 consumers' requests down by object.
@@ -61,15 +63,6 @@ RECORDS, FRAMED = 128, 1024
 INDEX = "_dataset_index.bin"
 JOB_TIMEOUT = 600.0
 CACHE_BYTES = 1 << 30
-BY_OBJECT = [  # the second table's columns: (kind, object)
-    ("GET", "manifest"),
-    ("GET", "index"),
-    ("GET", "sidecar"),
-    ("GET", "shard"),
-    ("HEAD", "shard"),
-    ("HEAD", "other"),
-    ("LIST", "bucket"),
-]
 
 
 @dataclass(frozen=True)
@@ -257,14 +250,17 @@ def _kind(samples: list[Sample], kind: str) -> float:
     return _median([sum(n for (k, _), n in s.requests.items() if k == kind) for s in samples])
 
 
+def _render(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
+
+
 def tables(runs: Runs, shards: int, modes: Sequence[str]) -> str:
-    """The two markdown tables."""
+    """The two markdown tables and the note between them."""
     limit = 8 * 20 + 4 * shards / 1000
-    head = ["shards", "consumers", "mode", "index", "s", *KINDS, "requests", "in all"]
-    head += ["MiB", "state B", "target"]
+    head = ["shards", "consumers", "mode", "index", "s", *KINDS, "requests", "shard GETs"]
+    head += ["in all", "MiB", "state B", "target"]
     rows = []
-    split_head = ["shards", "mode", "index"] + [f"{k} {o}" for k, o in BY_OBJECT] + ["rest"]
-    split_rows = []
     for who in CONSUMERS:
         for mode in modes:
             for index in ("dataset", "sidecars"):
@@ -273,12 +269,17 @@ def tables(runs: Runs, shards: int, modes: Sequence[str]) -> str:
                     continue
                 seconds = _median([s.seconds for s in samples])
                 total = _median([sum(s.requests.values()) for s in samples])
+                data = _median([s.requests.get(("GET", "shard"), 0) for s in samples])
+                meta = _median(
+                    [sum(s.requests.values()) - s.requests[("GET", "shard")] for s in samples]
+                )
                 states = [s.state for s in samples if s.state is not None]
                 checks = []
                 if who.label == "8":
                     checks.append(f"requests {'met' if total <= limit else 'missed'}")
-                if mode in ("global", "resume") and who.label == "8":
-                    checks.append(f"s {'met' if seconds <= 3 else 'missed'}")
+                    checks.append(f"without shard GETs {'met' if meta <= limit else 'missed'}")
+                    if mode in ("global", "resume"):
+                        checks.append(f"s {'met' if seconds <= 3 else 'missed'}")
                 rows.append(
                     [
                         f"{shards:,}",
@@ -288,27 +289,31 @@ def tables(runs: Runs, shards: int, modes: Sequence[str]) -> str:
                         f"{seconds:.2f}",
                         *(f"{_kind(samples, kind):.0f}" for kind in KINDS),
                         f"{total:.0f}",
+                        f"{data:.0f}",
                         f"{_median([s.after for s in samples]):.0f}",
                         f"{_median([s.mib for s in samples]):.0f}",
                         f"{max(states):.0f}" if states else "",
                         ", ".join(checks),
                     ]
                 )
-                if who.label != "8":
-                    continue
-                split = [_median([s.requests.get(key, 0) for s in samples]) for key in BY_OBJECT]
-                rest = total - sum(split)
-                split_rows.append(
-                    [f"{shards:,}", mode, index, *(f"{n:.0f}" for n in split), f"{rest:.0f}"]
-                )
-
-    def render(header: list[str], body: list[list[str]]) -> str:
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
-
-    note = f"Targets: 8 consumers' requests <= {limit:.0f}; global and resume first record <= 3 s."
-    by_object = "8 consumers' requests by object (median of the rounds):"
-    return "\n\n".join([render(head, rows), note, by_object, render(split_head, split_rows)])
+    eight = {key: got for key, got in runs.items() if key[0] == "8"}
+    seen = {what for samples in eight.values() for s in samples for what in s.requests}
+    columns = sorted(seen, key=lambda what: (KINDS.index(what[0]), what[1]))
+    split_rows = [
+        [f"{shards:,}", mode, index]
+        + [f"{_median([s.requests.get(what, 0) for s in samples]):.0f}" for what in columns]
+        for mode in modes
+        for index in ("dataset", "sidecars")
+        if (samples := eight.get(("8", mode, index)))
+    ]
+    split_head = ["shards", "mode", "index"] + [f"{kind} {what}" for kind, what in columns]
+    note = (
+        f"Targets: 8 consumers' requests to the first record <= {limit:.0f} (8 x 20 + 4 per "
+        "1,000 shards); global and resume first record <= 3 s. 8 consumers' requests by "
+        "object (median of the rounds; `shard` a .tfrecord, `other` any other key, `bucket` "
+        "no key):"
+    )
+    return "\n\n".join([_render(head, rows), note, _render(split_head, split_rows)])
 
 
 def run_s3(shards_list: Sequence[int], modes: Sequence[str], rounds: int) -> str:
