@@ -82,6 +82,11 @@ class CountingProxy:
         with self._lock:
             return Counter(what for at, what in self._seen if start <= at <= end)
 
+    def forget(self) -> None:
+        """Drop the requests seen so far (their times are kept until then)."""
+        with self._lock:
+            self._seen.clear()
+
     def __enter__(self) -> CountingProxy:
         self._thread.start()
         future = asyncio.run_coroutine_threadsafe(self._start(), self._loop)

@@ -17,7 +17,9 @@ Run as ``python -c "from _harness.scale_probe import main; main()" JOB_JSON`` wi
   of the S3 path, aiohttp, s3fs and botocore, as the remote benchmarks' workers do).
 
 It prints one JSON line: ``s`` seconds from ``open_dataset`` to the first record, ``mib`` the
-growth of peak RSS over the RSS before ``open_dataset`` (with a loader, the largest of the
+growth of peak RSS over the RSS before ``open_dataset`` (``VmHWM`` reset through
+``/proc/self/clear_refs`` just before it: ``getrusage``'s ``ru_maxrss`` would keep the peak of
+the process this one was forked from, the benchmark's own; with a loader, the largest of the
 process's and its workers' peaks), ``state`` the JSON size of ``state_dict()`` after the first
 record (None with a loader), ``first`` the wall-clock time of the first record.
 """
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import BENCH_DIR
+from .procs import reset_peak_rss, status_kib
 
 __all__ = ["SAVE_AFTER", "main", "probe_command", "probe_env"]
 
@@ -49,11 +52,6 @@ def probe_command(job: dict[str, Any]) -> list[str]:
 
 def probe_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(BENCH_DIR)}
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def _mode_options(mode: str) -> dict[str, Any]:
@@ -157,7 +155,7 @@ def main() -> None:
     if job.get("barrier"):
         print("ready", flush=True)
         sys.stdin.readline()
-    before = _rss_mib()
+    before = (reset_peak_rss() or 0) / 1024
     start = time.perf_counter()
     ds = streamrec.open_dataset(job["url"], **options)
     if job["loader"]:
@@ -170,7 +168,7 @@ def main() -> None:
     if it is not None and hasattr(it, "close"):
         it.close()
     del it  # a loader's workers are joined here
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = (status_kib("VmHWM") or 0) / 1024
     if job["loader"]:
         peak = max(peak, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
     print(json.dumps({"s": seconds, "mib": peak - before, "state": state, "first": first}))

@@ -177,6 +177,7 @@ def run_job(
             assert proc.stdout is not None
             if proc.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"{who.label} {mode}: a consumer did not start")
+        proxy.forget()
         go = time.time()
         for proc in procs:
             assert proc.stdin is not None
