@@ -5,6 +5,7 @@ Run from the repository root after building the C accelerators::
 
     python setup.py build_ext --inplace
     python benchmarks/bench_scale.py [--cases 20k,25m] [--rounds 3] [--json PATH]
+    python benchmarks/bench_scale.py --s3 [--s3-shards 2000,5000] [--rounds 3] [--json PATH]
 
 Datasets (written once under ``benchmarks/data/scale-*`` by ``open_writer(..., index=True)``:
 shards, their ``.idx`` sidecars, ``_manifest.json`` and ``_dataset_index.bin``):
@@ -28,14 +29,18 @@ records (``stats.bytes_fetched - stats.bytes_checked``) over the records' bytes
 (``bytes_checked``, once per shard prefix and process). ``index`` is ``dataset`` (the dataset
 index, as written) or ``sidecars`` (the same directory
 with ``_dataset_index.bin`` moved aside: what streamrec did before it); ``x`` is sidecars
-seconds / dataset seconds.
+seconds / dataset seconds. The probe is ``_harness/scale_probe.py``.
+
+``--s3`` (root: the emulated link) runs the S3 part instead (with ``--cases`` as well):
+2,000 shards (``--s3-shards``) of the same 1 KiB records in SeaweedFS behind the emulated
+60 ms link, 1 and 8 consumer processes and a DataLoader of 4 workers, every request counted
+by kind at a proxy; ``_harness/scale_s3.py`` says what each column is.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -44,8 +49,9 @@ import time
 from pathlib import Path
 
 from _harness import DATA_DIR as DATA
-from _harness import TREE as ROOT
 from _harness.results import JSON_HELP, save_results
+from _harness.scale_probe import probe_command, probe_env
+from _harness.scale_s3 import run_s3
 
 CASES = {  # name: (shards, records a shard, framed bytes a record)
     "1k": (1_000, 128, 1024),
@@ -55,67 +61,6 @@ CASES = {  # name: (shards, records a shard, framed bytes a record)
 LABELS = {"1k": "1k shards", "20k": "20k shards", "25m": "25.6M records"}
 MODES = ("global", "block", "even", "get", "len", "resume", "epoch2")
 INDEX = "_dataset_index.bin"
-
-_PROBE = r"""
-import json, os, random, resource, sys, time
-import streamrec
-
-def rss_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-url, mode, state_path = sys.argv[1], sys.argv[2], sys.argv[3]
-options = {"num_hosts": 8, "host_index": 3, "seed": 1}
-if mode in ("global", "resume", "save", "epoch2"):
-    options["shuffle"] = "global"
-elif mode == "block":
-    options["shuffle"] = "block"
-elif mode == "even":
-    options["even"] = "drop"
-before = rss_mib()
-start = time.perf_counter()
-ds = streamrec.open_dataset(url, **options)
-if mode == "save":
-    it = iter(ds)
-    for _ in range(1000):
-        next(it)
-    with open(state_path, "w") as f:
-        json.dump(ds.state_dict(), f)
-    it.close()
-    print(json.dumps({}))
-    sys.exit(0)
-if mode == "resume":
-    with open(state_path) as f:
-        ds.load_state_dict(json.load(f))
-if mode == "get":
-    ds.get([random.Random(5).randrange(ds.num_records)])
-elif mode == "len":
-    len(ds)
-elif mode == "epoch2":  # a second epoch in the same process: the table is kept
-    it = iter(ds)
-    next(it)
-    it.close()
-    ds.set_epoch(1)
-    start = time.perf_counter()
-    it = iter(ds)
-    next(it)
-else:
-    it = iter(ds)
-    next(it)
-seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-state = len(json.dumps(ds.state_dict()))
-found = {"s": seconds, "mib": peak - before, "state": state}
-if mode in ("global", "epoch2"):  # what the first 2,000 records fetched from storage
-    for _ in range(1999):
-        next(it)
-    stats = ds.stats
-    found["fetched"] = (stats.bytes_fetched - stats.bytes_checked) / max(stats.bytes_read, 1)
-    found["checked_mib"] = stats.bytes_checked / 2**20
-if mode not in ("get", "len"):
-    it.close()
-print(json.dumps(found))
-"""
 
 
 def build(name: str) -> Path:
@@ -143,12 +88,16 @@ def build(name: str) -> Path:
 
 
 def probe(directory: Path, mode: str, state: Path) -> dict[str, float]:
+    """One fresh process (``_harness/scale_probe.py``): consumer 3 of 8, ``mode``."""
+    job = {
+        "url": str(directory),
+        "mode": mode,
+        "state": str(state),
+        "loader": 0,
+        "options": {"num_hosts": 8, "host_index": 3, "seed": 1},
+    }
     run = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(directory), mode, str(state)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        probe_command(job), capture_output=True, text=True, check=False, env=probe_env()
     )
     if run.returncode:
         raise RuntimeError(f"{mode} on {directory}: {run.stderr[-2000:]}")
@@ -213,36 +162,56 @@ def table(name: str, found: Runs) -> list[list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="20k,25m", help="of " + ", ".join(CASES))
+    parser.add_argument(
+        "--cases", help="of " + ", ".join(CASES) + " (default 20k,25m; none with --s3)"
+    )
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="the 1k case, one round")
+    parser.add_argument(
+        "--s3",
+        action="store_true",
+        help="S3 through the emulated link: 1 and 8 consumers and a DataLoader (needs root)",
+    )
+    parser.add_argument(
+        "--s3-shards", default="2000", help="the S3 datasets' shard counts, e.g. 2000,5000"
+    )
     parser.add_argument("--json", metavar="PATH", type=Path, help=JSON_HELP)
     args = parser.parse_args()
-    cases = ["1k"] if args.quick else args.cases.split(",")
+    cases = ["1k"] if args.quick else (args.cases or ("" if args.s3 else "20k,25m")).split(",")
     rounds = 1 if args.quick else args.rounds
-    header = [
-        "case",
-        "mode",
-        "dataset index s",
-        "dataset MiB",
-        "sidecars s",
-        "sidecars MiB",
-        "x",
-        "state B",
-        "fetched / read",
-        "checked MiB",
-    ]
+    modes = args.modes.split(",")
+    sections, names = [], []
     rows: list[list[str]] = []
-    for name in cases:
+    for name in filter(None, cases):
         directory = build(name)
-        rows += table(name, measure(directory, args.modes.split(","), rounds))
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    section = "\n".join(lines)
+        rows += table(name, measure(directory, modes, rounds))
+    if rows:
+        header = [
+            "case",
+            "mode",
+            "dataset index s",
+            "dataset MiB",
+            "sidecars s",
+            "sidecars MiB",
+            "x",
+            "state B",
+            "fetched / read",
+            "checked MiB",
+        ]
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        sections.append("\n".join(lines))
+        names.append("first record")
+    if args.s3:
+        shard_counts = [int(n) for n in args.s3_shards.split(",")]
+        sections.append(run_s3(shard_counts, modes, rounds))
+        for n in shard_counts:
+            names += [f"S3 {n:,} shards", f"S3 {n:,} shards, 8 consumers' requests by object"]
+    section = "\n\n".join(sections)
     print(section)
     command = "python benchmarks/bench_scale.py " + " ".join(sys.argv[1:])
-    save_results(args.json, "bench_scale", section, ["first record"], command)
+    save_results(args.json, "bench_scale", section, names, command)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,10 @@ process imports what its own job needs):
   old and new trees and a bare s3fs reference side by side, with a timestamped breakdown.
 * ``small_shards``: bench_remote.py --small-shards: 500 shards of ~130 KB read one at a time at
   the defaults, through the link and locally, old and new trees side by side.
+* ``scale_probe``: bench_scale.py's probe: one consumer's first record in a fresh process.
+* ``scale_s3``: bench_scale.py --s3: 2k-5k S3 shards behind the link, 1 and 8 consumers and a
+  DataLoader, every request counted.
+* ``counting_proxy``: an HTTP/1.1 proxy that counts requests by kind and object.
 """
 
 from __future__ import annotations
