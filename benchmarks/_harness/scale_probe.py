@@ -23,8 +23,9 @@ growth of peak RSS over the RSS before ``open_dataset`` (``VmHWM`` reset through
 the process this one was forked from, the benchmark's own; with a loader, the largest of the
 process's and its workers' peaks), ``state`` the JSON size of ``state_dict()`` after the first
 record (None with a loader), ``first`` the wall-clock time of the first record; for
-``global`` and ``epoch2`` of a local dataset (no loader) also ``fetched``, the bytes fetched for the first
-2,000 records (``bytes_fetched - bytes_checked``) over their bytes, and ``checked_mib``.
+``global`` and ``epoch2`` of a local dataset (no loader) also ``fetched``, the bytes fetched
+for the first 2,000 records (``bytes_fetched - bytes_checked``) over their bytes, and
+``checked_mib``.
 """
 
 from __future__ import annotations
