@@ -87,9 +87,9 @@ from _harness.datasets import Dataset, DataSpec, ensure_dataset
 from _harness.first_record import FIRST_WORKERS, measure_first_record, render_first, write_first
 from _harness.procs import reset_peak_rss, rotated
 from _harness.remote import (
+    measured_read,
     run_worker,
     strip_scheme,
-    timed_iteration,
     timeout_for,
     upload_all,
     worker_main,
@@ -164,19 +164,7 @@ def work_streamrec(job: dict[str, Any]) -> dict[str, Any]:
         block_bytes=settings.block_bytes,
         max_concurrency=settings.max_concurrency,
     )
-    base = reset_peak_rss()
-    cpu0 = time.process_time()
-    elapsed, first, n = timed_iteration(ds)
-    stats = ds.stats.as_dict()
-    return {
-        "seconds": elapsed,
-        "first": first,
-        "records": n,
-        "nbytes": stats["bytes_read"],
-        "rss_base": base,
-        "stats": stats,
-        "cpu": time.process_time() - cpu0,
-    }
+    return measured_read(ds)
 
 
 def work_first(job: dict[str, Any]) -> dict[str, Any]:

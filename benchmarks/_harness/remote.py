@@ -31,6 +31,7 @@ __all__ = [
     "PRELOAD",
     "WORKERS",
     "Worker",
+    "measured_read",
     "run_worker",
     "timed_iteration",
     "timeout_for",
@@ -60,6 +61,24 @@ def timed_iteration(ds: Any) -> tuple[float, float, int]:
             first = time.perf_counter()
         n += 1
     return time.perf_counter() - t0, (first or t0) - t0, n
+
+
+def measured_read(ds: Any) -> dict[str, Any]:
+    """A remote worker's result for ``ds`` read to the end: its times, records, bytes, stats,
+    RSS before it and CPU seconds."""
+    base = reset_peak_rss()
+    cpu0 = time.process_time()
+    elapsed, first, n = timed_iteration(ds)
+    stats = ds.stats.as_dict()
+    return {
+        "seconds": elapsed,
+        "first": first,
+        "records": n,
+        "nbytes": stats["bytes_read"],
+        "rss_base": base,
+        "stats": stats,
+        "cpu": time.process_time() - cpu0,
+    }
 
 
 async def _bulk(job: dict[str, Any]) -> dict[str, Any]:

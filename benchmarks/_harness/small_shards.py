@@ -24,8 +24,8 @@ from typing import Any
 
 from . import KIB, MB, MIB
 from .datasets import Dataset, DataSpec, ensure_dataset
-from .procs import reset_peak_rss, rotated
-from .remote import run_worker, timed_iteration, upload_all
+from .procs import rotated
+from .remote import measured_read, run_worker, upload_all
 from .report import command_line, now, source_state
 from .servers import RTT, Services, free_subnet, storage_options
 
@@ -46,19 +46,7 @@ def work_sequential(job: dict[str, Any]) -> dict[str, Any]:
     if job["backend"] == "s3":
         options["storage_options"] = storage_options("s3", job["endpoint"])
     ds = streamrec.open_dataset(job["glob"], **options)
-    base = reset_peak_rss()
-    cpu0 = time.process_time()
-    elapsed, first, n = timed_iteration(ds)
-    stats = ds.stats.as_dict()
-    return {
-        "seconds": elapsed,
-        "first": first,
-        "records": n,
-        "nbytes": stats["bytes_read"],
-        "rss_base": base,
-        "stats": stats,
-        "cpu": time.process_time() - cpu0,
-    }
+    return measured_read(ds)
 
 
 SMALL_WORKERS = {"sequential": work_sequential}
