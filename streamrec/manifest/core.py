@@ -367,7 +367,7 @@ def loads(
         return prefix is not None and _PLAIN_NAME.match(name) is not None
 
     def resolve(name: str) -> str:  # resolve_name, its directory found once
-        if prefix is not None and plain(name):
+        if prefix is not None and _PLAIN_NAME.match(name):
             return prefix + name
         return _resolve_checked(name, names_at, allow_absolute_urls)
 

@@ -380,7 +380,9 @@ async def read_records(
             first = int(firsts[k])
             if stats is not None:  # the wanted records' framed bytes
                 lengths = table.indexes[span.ordinal].lengths
-                stats.bytes_read += int(lengths[unique[low:high] - (first - span.first)].sum())
+                stats.bytes_read += int(
+                    lengths[unique[low:high] - table.starts[span.ordinal]].sum()
+                )
             for at, index in enumerate(unique[low:high].tolist(), start=low):
                 got[at] = records[index - first]  # only the wanted ones are kept
 
