@@ -3,7 +3,9 @@
 Each Example is ``{"label": int64 scalar, "values": 64 float32, "data": raw bytes}`` with the
 ``data`` length chosen so the serialized payload is exactly 1,024 bytes. Reports records/s for
 ``decode`` (one payload at a time, no spec), ``decode_batch`` (C parser when built) and
-``decode_batch`` with the C parser disabled (pure-Python protobuf path). The measurement is
+``decode_batch`` with the C parser disabled (pure-Python protobuf path), ``decode_batch(...,
+to="arrow")`` on the same batches, and numpy against Arrow on Examples with variable-length
+features. The measurement is
 ``_harness/examples.py``'s ``run(n)`` (re-exported here), which bench_local.py's Example rows
 use too.
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from _harness.examples import PAYLOAD_SIZE, run
+from _harness.examples import PAYLOAD_SIZE, run, run_mixed
 
 from streamrec.format import example as ex
 
@@ -26,8 +28,17 @@ def main(argv: list[str]) -> None:
     n = int(argv[1]) if len(argv) > 1 else 200_000
     results = run(n)
     print(f"{n:,} Examples of {PAYLOAD_SIZE} bytes, C accelerator: {ex.has_c_accelerator()}")
-    for key in ("decode", "decode_batch", "decode_batch_python"):
+    for key in ("decode", "decode_batch", "decode_batch_arrow", "decode_batch_python"):
         print(f"{key:>20}: {results[key]:>12,.0f} records/s")
+    print(f"{'arrow / numpy':>20}: {results['decode_batch_arrow'] / results['decode_batch']:.2f}x")
+    numpy_big, arrow_big = results["decode_batch_8192"], results["decode_batch_arrow_8192"]
+    print(f"batches of 8,192 (to_arrow's default): numpy {numpy_big:,.0f}, arrow {arrow_big:,.0f}")
+    print(f"{'arrow / numpy':>20}: {arrow_big / numpy_big:.2f}x")
+    mixed = run_mixed(min(n, 100_000))
+    print("variable-length Examples (ids, tags, text; ~500 B), batches of 1,024:")
+    for key in ("numpy", "arrow"):
+        print(f"{key:>20}: {mixed[key]:>12,.0f} records/s")
+    print(f"{'arrow / numpy':>20}: {mixed['arrow'] / mixed['numpy']:.2f}x")
 
 
 if __name__ == "__main__":

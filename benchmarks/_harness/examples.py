@@ -15,10 +15,20 @@ import numpy as np
 from streamrec.format import example as ex
 from streamrec.format.example import batch as example_batch
 
-__all__ = ["BATCH", "PAYLOAD_SIZE", "make_payloads", "run", "spec_for"]
+__all__ = [
+    "BATCH",
+    "MIXED_SPEC",
+    "PAYLOAD_SIZE",
+    "make_mixed_payloads",
+    "make_payloads",
+    "run",
+    "run_mixed",
+    "spec_for",
+]
 
 PAYLOAD_SIZE = 1024
 BATCH = 1024
+BIG_BATCH = 8192
 
 
 def make_payloads(n: int, size: int = PAYLOAD_SIZE) -> list[bytes]:
@@ -61,12 +71,57 @@ def _rate(n: int, fn: Callable[[], object], min_seconds: float = 0.5) -> float:
     return n / best
 
 
+def _arrow_rate(n: int, batches: list[list[bytes]], spec: dict[str, ex.FeatureSpec]) -> float:
+    """records/s of ``decode_batch(..., to="arrow")`` (NaN without pyarrow)."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return float("nan")
+    return _rate(n, lambda: [ex.decode_batch(batch, spec, to="arrow") for batch in batches])
+
+
+def make_mixed_payloads(n: int) -> list[bytes]:
+    """``n`` Examples with variable-length features: a label, 0-39 int64 ids, 0-4 short
+    bytes tags and one 50-499 byte text (~500 bytes on average)."""
+    rng = np.random.default_rng(1)
+    return [
+        ex.encode(
+            {
+                "label": i,
+                "ids": rng.integers(0, 1000, int(rng.integers(0, 40))).astype(np.int64),
+                "tags": [b"tag%d" % k for k in range(i % 5)],
+                "text": bytes(int(rng.integers(50, 500))),
+            }
+        )
+        for i in range(n)
+    ]
+
+
+MIXED_SPEC: dict[str, ex.FeatureSpec] = {
+    "label": ex.FixedLenFeature(np.int64),
+    "ids": ex.VarLenFeature(np.int64),
+    "tags": ex.VarLenFeature(bytes),
+    "text": ex.FixedLenFeature(bytes),
+}
+
+
+def run_mixed(n: int) -> dict[str, float]:
+    """records/s of ``decode_batch`` to numpy and to Arrow on :func:`make_mixed_payloads`
+    (batches of 1,024): keys ``numpy`` and ``arrow``."""
+    payloads = make_mixed_payloads(n)
+    batches = [payloads[i : i + BATCH] for i in range(0, n, BATCH)]
+    numpy_rate = _rate(n, lambda: [ex.decode_batch(batch, MIXED_SPEC) for batch in batches])
+    return {"numpy": numpy_rate, "arrow": _arrow_rate(n, batches, MIXED_SPEC)}
+
+
 def run(n: int) -> dict[str, float]:
     """Decode ``n`` 1 KiB Examples and return records/s for each decoding path.
 
     Keys: ``decode`` (per record, no spec), ``decode_batch`` (C parser if built, in batches of
-    1,024; equal to ``decode_batch_python`` when it is not built) and ``decode_batch_python``
-    (C parser disabled). The slow paths are timed on at most 20,000 of the ``n`` records.
+    1,024; equal to ``decode_batch_python`` when it is not built), ``decode_batch_arrow``
+    (the same batches to ``pyarrow.RecordBatch``es), both again in batches of 8,192
+    (``decode_batch_8192``, ``decode_batch_arrow_8192``: ``to_arrow()``'s default) and ``decode_batch_python`` (C parser
+    disabled). The slow paths are timed on at most 20,000 of the ``n`` records.
     """
     payloads = make_payloads(n)
     spec = spec_for(payloads[0])
@@ -80,6 +135,10 @@ def run(n: int) -> dict[str, float]:
     small = max(1, min(n, 20_000))  # the slow paths need fewer records for a stable number
     results["decode"] = _rate(small, lambda: [ex.decode(p) for p in payloads[:small]])
     results["decode_batch"] = _rate(n, batched) if ex.has_c_accelerator() else float("nan")
+    results["decode_batch_arrow"] = _arrow_rate(n, batches, spec)
+    big = [payloads[i : i + BIG_BATCH] for i in range(0, n, BIG_BATCH)]  # to_arrow's default
+    results["decode_batch_8192"] = _rate(n, lambda: [ex.decode_batch(b, spec) for b in big])
+    results["decode_batch_arrow_8192"] = _arrow_rate(n, big, spec)
     saved = example_batch._cexample  # the C parser's one seam: None runs the Python path
     example_batch._cexample = None
     try:

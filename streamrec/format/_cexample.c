@@ -653,9 +653,96 @@ static PyObject *shortest_bytes(PyObject *self, PyObject *payloads) {
     return PyLong_FromSsize_t(best);
 }
 
+PyDoc_STRVAR(gather_spans_doc,
+"gather_spans(payloads, rows, spans) -> bytearray\n\n"
+"The bytes of every span, one after another: span k is payloads[rows[k]][o:o + n] where\n"
+"(o, n) = spans[2k], spans[2k + 1] (rows: int64, spans: int64 pairs, C-contiguous; what\n"
+"parse_examples wrote for bytes features). ValueError for a span outside its payload.");
+
+static PyObject *gather_spans(PyObject *self, PyObject *args) {
+    PyObject *payloads, *rows_obj, *spans_obj, *fast = NULL, *out = NULL;
+    Py_buffer rows_view, spans_view, view;
+    int have_rows = 0, have_spans = 0, have_view = 0;
+    Py_ssize_t n, m, k, held = -1;
+    size_t total = 0, at = 0;
+    const int64_t *rows, *spans;
+    const char *base = NULL;
+    Py_ssize_t base_len = 0;
+    (void)self;
+
+    if (!PyArg_ParseTuple(args, "OOO:gather_spans", &payloads, &rows_obj, &spans_obj)) return NULL;
+    fast = PySequence_Fast(payloads, "payloads must be a sequence");
+    if (!fast) return NULL;
+    n = PySequence_Fast_GET_SIZE(fast);
+    if (PyObject_GetBuffer(rows_obj, &rows_view, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_rows = 1;
+    if (PyObject_GetBuffer(spans_obj, &spans_view, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_spans = 1;
+    m = rows_view.len / 8;
+    if (rows_view.len % 8 || spans_view.len != rows_view.len * 2) {
+        PyErr_SetString(PyExc_ValueError, "rows and spans disagree in size");
+        goto done;
+    }
+    rows = (const int64_t *)rows_view.buf;
+    spans = (const int64_t *)spans_view.buf;
+    for (k = 0; k < m; k++) { /* sizes first: one allocation, and every span checked */
+        int64_t length = spans[2 * k + 1];
+        if (length < 0 || (uint64_t)length > (uint64_t)PY_SSIZE_T_MAX - total) {
+            PyErr_SetString(PyExc_ValueError, "bad span length");
+            goto done;
+        }
+        total += (size_t)length;
+    }
+    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (!out) goto done;
+    for (k = 0; k < m; k++) {
+        int64_t row = rows[k], offset = spans[2 * k], length = spans[2 * k + 1];
+        if (row < 0 || row >= n) {
+            PyErr_SetString(PyExc_ValueError, "span row out of range");
+            Py_CLEAR(out);
+            goto done;
+        }
+        if (row != held) {
+            PyObject *item = PySequence_Fast_GET_ITEM(fast, row);
+            if (have_view) {
+                PyBuffer_Release(&view);
+                have_view = 0;
+            }
+            if (PyBytes_Check(item)) {
+                base = PyBytes_AS_STRING(item);
+                base_len = PyBytes_GET_SIZE(item);
+            } else {
+                if (PyObject_GetBuffer(item, &view, PyBUF_C_CONTIGUOUS) < 0) {
+                    Py_CLEAR(out);
+                    goto done;
+                }
+                have_view = 1;
+                base = (const char *)view.buf;
+                base_len = view.len;
+            }
+            held = row;
+        }
+        if (offset < 0 || offset > (int64_t)base_len || length > (int64_t)base_len - offset) {
+            PyErr_SetString(PyExc_ValueError, "span outside its payload");
+            Py_CLEAR(out);
+            goto done;
+        }
+        memcpy(PyByteArray_AS_STRING(out) + at, base + offset, (size_t)length);
+        at += (size_t)length;
+    }
+
+done:
+    if (have_view) PyBuffer_Release(&view);
+    if (have_spans) PyBuffer_Release(&spans_view);
+    if (have_rows) PyBuffer_Release(&rows_view);
+    Py_XDECREF(fast);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"parse_examples", parse_examples, METH_VARARGS, parse_examples_doc},
     {"shortest_bytes", shortest_bytes, METH_O, shortest_bytes_doc},
+    {"gather_spans", gather_spans, METH_VARARGS, gather_spans_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -144,10 +144,12 @@ def _kind_name(entry: FeatureSpec) -> str:
     return "bytes" if isinstance(entry, RawFeature) else entry._kind
 
 
-def _decode_batch_c(
+def _parse_c(
     payloads: Sequence[bytes], items: list[tuple[str, FeatureSpec]]
-) -> dict[str, Array | list[Any]] | None:
-    """Decode with the C parser; None when it declines (then the Python path decides)."""
+) -> tuple[list[Array], list[Any]] | None:
+    """The C parser's output: per feature the values (fixed, raw), the ``(offset, length)``
+    spans (fixed bytes) or the per-record counts (var-length), and the var-length values
+    appended; None when it declines (then the Python path decides)."""
     n = len(payloads)
     specs: list[tuple[bytes, int, int, object, object, object]] = []
     outs: list[Array] = []
@@ -181,8 +183,14 @@ def _decode_batch_c(
     result = _cexample.parse_examples(payloads, specs)
     if result is None:
         return None
+    return outs, result
+
+
+def _numpy_from_c(
+    payloads: Sequence[bytes], items: list[tuple[str, FeatureSpec]], outs: list[Array], flats: Any
+) -> dict[str, Array | list[Any]]:
     decoded: dict[str, Array | list[Any]] = {}
-    for (name, entry), out, flat in zip(items, outs, result, strict=True):
+    for (name, entry), out, flat in zip(items, outs, flats, strict=True):
         if isinstance(entry, FixedLenFeature) and entry._kind == "bytes":
             decoded[name] = _bytes_array(payloads, out, entry)
         elif isinstance(entry, VarLenFeature):
@@ -238,8 +246,8 @@ def _byte_view(payload: Any) -> Any:
 
 
 def decode_batch(
-    payloads: Sequence[bytes], spec: Mapping[str, FeatureSpec]
-) -> dict[str, Array | list[Any]]:
+    payloads: Sequence[bytes], spec: Mapping[str, FeatureSpec], *, to: str = "numpy"
+) -> Any:
     """Decode many serialized ``Example`` payloads with one spec and stack the results.
 
     Returns one entry per spec'd feature:
@@ -250,6 +258,10 @@ def decode_batch(
     * :class:`VarLenFeature`: a list of ``n`` per-record values, each a 1-d int64 / float32
       array (with the C parser, views into one shared buffer) or a list of bytes.
 
+    ``to="arrow"`` returns a ``pyarrow.RecordBatch`` instead, one column per feature in the
+    spec's order (types: :mod:`streamrec.format.example.arrow`; needs pyarrow), built from the
+    C parser's output without an object per record or value.
+
     The result equals stacking :func:`decode` of every payload. Uses the C parser when it is
     built (see :func:`has_c_accelerator`); any batch it cannot decode cleanly is decoded again
     by the Python path, so errors are the same either way: :class:`~streamrec.errors.ExampleError`
@@ -258,13 +270,25 @@ def decode_batch(
     (their bytes are decoded, as in a ``bytes`` copy). A fixed shape that some payload is
     too short to hold raises that record's error before the batch's output is allocated.
     """
+    if to not in ("numpy", "arrow"):
+        raise ValueError(f'to must be "numpy" or "arrow", not {to!r}')
     items = check_spec(spec)
+    arrow: Any = None
+    if to == "arrow":
+        from streamrec.format.example import arrow
+
+        arrow.pyarrow()  # a missing pyarrow says so before any decoding
     if has_c_accelerator():
         shortest = _shortest_bytes(payloads)  # one C pass: types and lengths
         if shortest < 0:  # not all bytes: give the C parser flat byte views
             payloads = [_byte_view(payload) for payload in payloads]
             shortest = min(map(len, payloads))
-        decoded = None if _unfillable(shortest, items) else _decode_batch_c(payloads, items)
-        if decoded is not None:
-            return decoded
-    return _decode_batch_python(payloads, items)
+        parsed = None if _unfillable(shortest, items) else _parse_c(payloads, items)
+        if parsed is not None:
+            if arrow is not None:
+                return arrow.batch_from_c(payloads, items, *parsed)
+            return _numpy_from_c(payloads, items, *parsed)
+    decoded = _decode_batch_python(payloads, items)
+    if arrow is not None:
+        return arrow.batch_from_numpy(decoded, items, len(payloads))
+    return decoded

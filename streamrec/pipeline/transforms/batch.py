@@ -95,7 +95,9 @@ def _decode_until_failure(
 class BatchStage(Stage[T]):
     """Batches of ``batch_size`` consecutive items."""
 
-    def __init__(self, source: Any, batch_size: int, drop_remainder: bool = False) -> None:
+    def __init__(
+        self, source: Any, batch_size: int, drop_remainder: bool = False, to: str = "numpy"
+    ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
         if isinstance(source, BatchStage):
@@ -107,8 +109,12 @@ class BatchStage(Stage[T]):
             self.spec = source.spec
         else:
             super().__init__(source)
+        if to != "numpy" and self.spec is None:
+            raise TypeError(f"{to} batches need parsed records: ds.parse(spec).to_{to}(...)")
         self.batch_size = batch_size
         self.drop_remainder = drop_remainder
+        self.to = to
+        """What a batch of parsed records is: ``"numpy"`` (a dict of arrays) or ``"arrow"``."""
 
     def __len__(self) -> int:
         """Batches this consumer gets in one epoch: ``len(source) / batch_size``, rounded up
@@ -124,7 +130,7 @@ class BatchStage(Stage[T]):
         from streamrec.format.example import decode_batch
 
         try:
-            return decode_batch(records, self.spec)
+            return decode_batch(records, self.spec, to=self.to)
         except ExampleError as error:
             if error.batch_index is not None:  # say where the record is, not "of the batch"
                 self._placed(error, records[error.batch_index])
