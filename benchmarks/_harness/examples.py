@@ -120,8 +120,9 @@ def run(n: int) -> dict[str, float]:
     Keys: ``decode`` (per record, no spec), ``decode_batch`` (C parser if built, in batches of
     1,024; equal to ``decode_batch_python`` when it is not built), ``decode_batch_arrow``
     (the same batches to ``pyarrow.RecordBatch``es), both again in batches of 8,192
-    (``decode_batch_8192``, ``decode_batch_arrow_8192``: ``to_arrow()``'s default) and ``decode_batch_python`` (C parser
-    disabled). The slow paths are timed on at most 20,000 of the ``n`` records.
+    (``decode_batch_8192``, ``decode_batch_arrow_8192``: ``to_arrow()``'s default) and
+    ``decode_batch_python`` (C parser disabled). The slow paths are timed on at most 20,000
+    of the ``n`` records.
     """
     payloads = make_payloads(n)
     spec = spec_for(payloads[0])

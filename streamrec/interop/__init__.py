@@ -1,0 +1,10 @@
+"""streamrec from the tools users already have: each module is an optional extra, imported
+only when a user imports it (``import streamrec`` never loads these libraries).
+
+* :mod:`~streamrec.interop.grain`: grain (JAX) data sources: random access over indexed
+  shards (``TFRecordDataSource``) and a checkpointable ``IterDataset`` over any streamrec
+  dataset (``TFRecordIterDataset``). ``pip install "streamrec[grain]"``.
+
+Arrow output lives with the Example decoder (``ds.parse(spec).to_arrow()``,
+:mod:`streamrec.format.example.arrow`); the PyTorch adapter is :mod:`streamrec.torch`.
+"""
