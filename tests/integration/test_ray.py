@@ -84,7 +84,10 @@ def test_rows_equal_streamrec_decode(tmp_path: Path, compression: str | None) ->
 
 def test_indexed_dataset_split_by_record_ranges(tmp_path: Path) -> None:
     urls = write_shards(tmp_path, index=True)
-    source = TFRecordDatasource(urls, spec={"n": FixedLenFeature(np.int64)}, batch_size=32)
+    assert len(TFRecordDatasource(urls).get_read_tasks(200)) == 1  # tiny: one task's worth
+    source = TFRecordDatasource(
+        urls, spec={"n": FixedLenFeature(np.int64)}, batch_size=32, min_task_bytes=0
+    )
     tasks = source.get_read_tasks(7)
     assert len(tasks) == 7 > SHARDS  # cut inside shards
     assert [task.metadata.num_rows for task in tasks] == [42, 43, 43, 43, 43, 43, 43]
@@ -96,7 +99,7 @@ def test_indexed_dataset_split_by_record_ranges(tmp_path: Path) -> None:
 
 def test_unindexed_shards_are_read_whole(tmp_path: Path) -> None:
     urls = write_shards(tmp_path)  # no index, no manifest: counts unknown
-    tasks = TFRecordDatasource(urls).get_read_tasks(7)
+    tasks = TFRecordDatasource(urls, min_task_bytes=0).get_read_tasks(7)
     assert len(tasks) == SHARDS and all(task.metadata.num_rows is None for task in tasks)
     rows = read_tfrecords(urls, override_num_blocks=7).take_all()
     assert sorted(row["record"] for row in rows) == sorted(record(n) for n in range(TOTAL))
@@ -104,7 +107,7 @@ def test_unindexed_shards_are_read_whole(tmp_path: Path) -> None:
 
 def test_compressed_shards_are_not_cut(tmp_path: Path) -> None:
     urls = write_shards(tmp_path, compression="gzip", index=True)
-    tasks = TFRecordDatasource(urls).get_read_tasks(7)
+    tasks = TFRecordDatasource(urls, min_task_bytes=0).get_read_tasks(7)
     assert [task.metadata.num_rows for task in tasks] == [PER_SHARD] * SHARDS
     rows = read_tfrecords(urls, override_num_blocks=7).take_all()
     assert [row["record"] for row in rows] == [record(n) for n in range(TOTAL)]

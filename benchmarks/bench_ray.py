@@ -1,0 +1,184 @@
+"""Ray Data reading TFRecord shards: ``streamrec.interop.ray.read_tfrecords`` against what Ray
+offers on the same files without TensorFlow, on a local Ray cluster.
+
+The files: ``--shards`` (8) local shards of 1 KiB Examples (``_harness/examples.py``: an int64
+label, 64 float32 values, raw bytes), ``--records`` (200,000) in all, indexed (so streamrec's
+read tasks are record ranges). Each round materializes the whole dataset decoded into columns
+(``ds.materialize()``, Arrow blocks in Ray's object store) and counts its rows and the sum of
+its labels: both readers must give the same. A first round, not timed, starts Ray's workers.
+Each pair runs with Ray's default read parallelism (200 blocks or more: Ray splits the tasks'
+output to reach it) and with ``override_num_blocks=--blocks`` (8).
+
+* **streamrec**: ``read_tfrecords(glob, spec=spec)`` (every CRC checked, the C decoder).
+* **Ray's read_tfrecords**: it imports TensorFlow in its read tasks (to parse the Examples);
+  without TensorFlow it fails (``ModuleNotFoundError``). The script records whether it ran.
+* **Ray without TensorFlow**: ``ray.data.read_binary_files`` (one row of bytes per file) and a
+  ``flat_map`` that frames the records in Python (``struct``, as Ray's TFRecord reader does;
+  no CRC checked) and parses each Example with protobuf into a row of columns (as Ray's
+  reader converts ``tf.train.Example`` s).
+
+Usage: ``python benchmarks/bench_ray.py [--records N] [--shards N] [--rounds N] [--cpus N]
+[--blocks N] [--json benchmarks/results/bench_ray.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import struct
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import ray
+from _harness.examples import make_payloads, spec_for
+from _harness.report import cpu_model, now, source_state
+from _harness.results import JSON_HELP, dumps, save_results
+
+import streamrec
+from streamrec.cli import main as streamrec_command
+from streamrec.format.proto import example_pb2
+from streamrec.interop.ray import read_tfrecords
+
+CHART = {"value": "records/s median", "label": ["reader"]}
+BASELINE = "Ray read_binary_files + Python framing + protobuf"
+
+
+def write_files(directory: Path, records: int, shards: int) -> str:
+    payloads = make_payloads(records)
+    per_shard = -(-records // shards)
+    for shard in range(shards):
+        with streamrec.sync.open_writer(str(directory / f"part-{shard:05d}.tfrecord")) as writer:
+            writer.write_many(payloads[shard * per_shard : (shard + 1) * per_shard])
+    pattern = str(directory / "part-*.tfrecord")
+    streamrec_command(["index", "--no-progress", pattern])
+    return pattern
+
+
+def parse_file(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """One file's records as rows: Python framing (no CRC) and protobuf Examples."""
+    data, rows, offset = row["bytes"], [], 0
+    while offset < len(data):
+        (length,) = struct.unpack_from("<Q", data, offset)
+        payload = data[offset + 12 : offset + 12 + length]
+        offset += 12 + length + 4
+        example = example_pb2.Example.FromString(payload)
+        features = example.features.feature
+        rows.append(
+            {
+                "label": features["label"].int64_list.value[0],
+                "values": list(features["values"].float_list.value),
+                "data": features["data"].bytes_list.value[0],
+            }
+        )
+    return rows
+
+
+def summary(dataset: ray.data.Dataset) -> tuple[float, int, int]:
+    """Seconds to materialize it, its rows and the sum of their labels."""
+    started = time.perf_counter()
+    done = dataset.materialize()
+    seconds = time.perf_counter() - started
+    return seconds, done.count(), int(done.sum("label"))
+
+
+def ray_read_tfrecords(pattern: str) -> str:
+    """Whether Ray's own read_tfrecords runs here (its error when it does not)."""
+    try:
+        ray.data.read_tfrecords(sorted(glob.glob(pattern))).take(1)
+    except Exception as error:  # its task's error, re-raised by Ray
+        cause = str(error).strip().splitlines()[-1]
+        return f"fails without TensorFlow: {cause[:120]}"
+    return "runs"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--blocks", type=int, default=8, help="override_num_blocks of the 2nd pair")
+    parser.add_argument("--json", type=Path, help=JSON_HELP)
+    args = parser.parse_args()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        pattern = write_files(Path(tmp), args.records, args.shards)
+        spec = spec_for(next(iter(streamrec.open_dataset(pattern))))
+        ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        files = sorted(glob.glob(pattern))  # the shards (not their .idx)
+
+        def ours(blocks: int | None) -> ray.data.Dataset:
+            return read_tfrecords(pattern, spec=spec, override_num_blocks=blocks)
+
+        def theirs(blocks: int | None) -> ray.data.Dataset:
+            return ray.data.read_binary_files(files, override_num_blocks=blocks).flat_map(
+                parse_file
+            )
+
+        readers = {}
+        for blocks in (None, args.blocks):
+            setting = "Ray's default blocks" if blocks is None else f"{blocks} blocks"
+            readers[f"streamrec read_tfrecords(spec), {setting}"] = partial(ours, blocks)
+            readers[f"{BASELINE}, {setting}"] = partial(theirs, blocks)
+        ray_own = ray_read_tfrecords(pattern)
+        times: dict[str, list[float]] = {name: [] for name in readers}
+        outcome: dict[str, tuple[int, int]] = {}
+        for make in readers.values():  # Ray starts its worker processes: not timed
+            summary(make())
+        for _ in range(args.rounds):
+            for name, make in readers.items():  # alternating: drift hits both alike
+                seconds, rows, labels = summary(make())
+                times[name].append(seconds)
+                outcome[name] = (rows, labels)
+                print(f"{name}: {rows:,} rows in {seconds:.2f} s", flush=True)
+        ray.shutdown()
+    assert len(set(outcome.values())) == 1, outcome  # the same rows from both
+    rows_total = next(iter(outcome.values()))[0]
+    lines = []
+    for name, seconds in times.items():
+        median = statistics.median(seconds)
+        setting = name.rpartition(", ")[2]
+        base = statistics.median(times[f"{BASELINE}, {setting}"])
+        lines.append(
+            f"| {name} | {rows_total:,} | {median:.2f} | {rows_total / median:,.0f} "
+            f"| {base / median:.2f}x |"
+        )
+    command = (
+        f"python benchmarks/bench_ray.py --records {args.records} --shards {args.shards} "
+        f"--rounds {args.rounds} --cpus {args.cpus} --blocks {args.blocks}"
+    )
+    section = "\n".join(
+        [
+            f"Command: `{command}` ({now()}, {time.monotonic() - started:.0f} s in all).",
+            "",
+            f"Machine: {cpu_model('unknown CPU')}, {os.cpu_count()} cores, Ray {ray.__version__}"
+            f" (num_cpus={args.cpus}).",
+            "",
+            f"Source: {source_state()}. Local files, page cache warm.",
+            "",
+            "| reader | records | s median | records/s median | vs Ray without TF |",
+            "|---|--:|--:|--:|--:|",
+            *lines,
+            "",
+            f"Ray's own read_tfrecords on the same files: {ray_own}.",
+        ]
+    )
+    print(section)
+    save_results(args.json, "bench_ray", section, ["Ray Data: TFRecord reads"])
+    if args.json is not None:  # a new results file gets its chart entry; Ray's outcome a note
+        doc = json.loads(args.json.read_text())
+        for table in doc["tables"]:
+            table.setdefault("chart", CHART)
+            table["notes"] = [f"Ray's own read_tfrecords: {ray_own}"]
+        args.json.write_text(dumps(doc))
+
+
+if __name__ == "__main__":
+    main()
