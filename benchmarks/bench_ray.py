@@ -46,6 +46,7 @@ from streamrec.format.proto import example_pb2
 from streamrec.interop.ray import read_tfrecords
 
 CHART = {"value": "records/s median", "label": ["reader"]}
+TITLE = "Ray Data: streamrec's read_tfrecords against Ray without TensorFlow"
 BASELINE = "Ray read_binary_files + Python framing + protobuf"
 
 
@@ -156,7 +157,8 @@ def main() -> None:
     )
     section = "\n".join(
         [
-            f"Command: `{command}` ({now()}, {time.monotonic() - started:.0f} s in all).",
+            f"Command: `{command}` ({now()}, {time.monotonic() - started:.0f} s in all, "
+            f"load {os.getloadavg()[0]:.1f} at the end).",
             "",
             f"Machine: {cpu_model('unknown CPU')}, {os.cpu_count()} cores, Ray {ray.__version__}"
             f" (num_cpus={args.cpus}).",
@@ -177,6 +179,7 @@ def main() -> None:
         for table in doc["tables"]:
             table.setdefault("chart", CHART)
             table["notes"] = [f"Ray's own read_tfrecords: {ray_own}"]
+        doc["title"] = TITLE
         args.json.write_text(dumps(doc))
 
 

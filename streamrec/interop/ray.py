@@ -18,8 +18,10 @@
   (a cut piece is read by index, ``Dataset.get``, in ``batch_size`` records a call; shards
   read whole are streamed), a compressed one is not (its records past a cut could only be
   reached by inflating the shard from its start). Otherwise tasks are groups of whole
-  shards of about equal bytes. Each task opens its own streamrec dataset in its worker and
-  yields Arrow blocks of ``batch_size`` rows: with ``spec`` the decoded features
+  shards of about equal bytes. A task reads at least ``min_task_bytes`` (16 MiB) stored
+  unless ``override_num_blocks`` names the count (Ray asks for 200 tasks whatever the size,
+  and splits their blocks further itself). Each task opens its own streamrec dataset in
+  its worker and yields Arrow blocks of ``batch_size`` rows: with ``spec`` the decoded features
   (:func:`streamrec.example.decode_batch` ``(to="arrow")``: its schema is
   :func:`~streamrec.format.example.arrow.arrow_schema`), without it one column ``"record"``
   of ``large_binary`` payloads. A damaged record raises streamrec's error (a
