@@ -97,6 +97,15 @@ def test_indexed_dataset_split_by_record_ranges(tmp_path: Path) -> None:
     assert [row["n"] for row in materialized.take_all()] == list(range(TOTAL))  # each once
 
 
+def test_counted_unindexed_shards_cut_by_streaming(tmp_path: Path) -> None:
+    with streamrec.sync.open_writer(
+        str(tmp_path / "part-{index}.tfrecord"), max_records=PER_SHARD
+    ) as writer:  # a manifest counts the records; no index to read them by
+        writer.write_many([record(n) for n in range(TOTAL)])
+    dataset = read_tfrecords(str(tmp_path), override_num_blocks=7)
+    assert [row["record"] for row in dataset.take_all()] == [record(n) for n in range(TOTAL)]
+
+
 def test_unindexed_shards_are_read_whole(tmp_path: Path) -> None:
     urls = write_shards(tmp_path)  # no index, no manifest: counts unknown
     tasks = TFRecordDatasource(urls, min_task_bytes=0).get_read_tasks(7)
