@@ -487,7 +487,11 @@ class MixedDataset(Chainable[bytes]):
 
 def _add_stats(total: Stats, stats: Stats) -> None:
     for f in dataclasses.fields(Stats):
-        setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
+        if f.name == "settings":
+            continue
+        mine, theirs = getattr(total, f.name), getattr(stats, f.name)
+        # the sources are iterated together: the mix's wall clock is the longest, not the sum
+        setattr(total, f.name, max(mine, theirs) if f.name == "iterate_s" else mine + theirs)
 
 
 def mix(
