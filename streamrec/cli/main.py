@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from streamrec._version import __version__
-from streamrec.cli import cleanup, count, head, index, inspect, ls, reshard
+from streamrec.cli import cleanup, convert, count, head, index, inspect, ls, reshard
 from streamrec.cli.common import EXIT_DATA_ERROR, error
 from streamrec.errors import StreamrecError
 from streamrec.format import accel
@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="show the version and whether the C accelerators are in use, and exit",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (ls, count, head, inspect, index, reshard, cleanup):
+    for module in (ls, count, head, inspect, index, reshard, convert, cleanup):
         module.register(commands)
     return parser
 
