@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import logging
 import textwrap
 import uuid
@@ -151,6 +150,15 @@ def register(commands: Commands) -> None:
     parser.set_defaults(run=run)
 
 
+def _can_plot() -> bool:
+    """Whether matplotlib's Agg canvas imports (checked before minutes of measuring)."""
+    try:
+        import matplotlib.backends.backend_agg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(part) for part in text.split(","))
@@ -167,9 +175,9 @@ def _size_list(text: str) -> tuple[int, ...]:
 
 def run(args: argparse.Namespace) -> int:
     """Measure, then print the table and the recommendation (or JSON); draw ``--plot``."""
-    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+    if args.plot is not None and not _can_plot():
         error(
-            "--plot needs matplotlib, which is not installed: pip install matplotlib "
+            "--plot needs matplotlib, which cannot be imported here: pip install matplotlib "
             "(or streamrec[bench]), or leave --plot out"
         )
         return EXIT_USAGE

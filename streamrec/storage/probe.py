@@ -338,7 +338,9 @@ async def _step(
         while first or time.monotonic() < end:
             first = False
             obj, start, stop = next(ranges)
-            moved[0] += await _read(store, obj, start, stop, retry)
+            got = await _read(store, obj, start, stop, retry)
+            # (not ``moved[0] += await ...``: that reads moved[0] before the await)
+            moved[0] += got
             moved[1] += 1
 
     began = time.monotonic()
