@@ -295,29 +295,42 @@ async def _read_sweep(
     if not blocks:
         blocks = [largest]  # every object smaller than the smallest block: read them whole
     levels = plan.concurrencies
-    planned = len(blocks) * len(levels)
-    for block_number, block in enumerate(blocks):
-        best = 0.0
-        for level_number, concurrency in enumerate(levels):
-            left = planned - (block_number * len(levels) + level_number)
+    # concurrency by concurrency, every block size still climbing at each: when the time runs
+    # out, what is missing is the highest concurrencies, for every block size alike
+    best = dict.fromkeys(blocks, 0.0)  # the block sizes still climbing, their best so far
+    for number, concurrency in enumerate(levels):
+        climbing = list(best)
+        for position, block in enumerate(climbing):
             now = time.monotonic()
             if now >= end:
-                result.notes.append("the time ran out before every step was measured")
+                result.notes.append(
+                    f"the time ran out before {concurrency} reads in flight, with throughput "
+                    "still growing: a longer --duration-s may find more"
+                )
                 return
             if concurrency * block > plan.memory_cap_bytes:
                 result.notes.append(
-                    f"{_size(block)} blocks stop at concurrency {concurrency // 2 or 1}: "
+                    f"{_size(block)} blocks stop before concurrency {concurrency}: "
                     f"{concurrency} x {_size(block)} is over the memory cap"
                 )
-                break
+                del best[block]
+                continue
+            # the steps still planned share the time left (steps not run give theirs back)
+            left = len(climbing) - position + len(best) * (len(levels) - number - 1)
             tell(f"reads: {concurrency} x {_size(block)}")
-            step_end = now + (end - now) / left
+            step_end = now + (end - now) / max(left, 1)
             point = await _step(store, objects, concurrency, block, step_end, plan.retry)
             result.reads.append(point)
-            if point.bytes_per_s < best * plan.growth:
-                break  # the link is full at this block size: more in flight gains nothing
-            best = max(best, point.bytes_per_s)
-        planned -= len(levels) - (level_number + 1)  # the steps not run give their time back
+            if point.bytes_per_s < best[block] * plan.growth:
+                del best[block]  # the link is full at this block size: more gains nothing
+            else:
+                best[block] = point.bytes_per_s
+        if not best:
+            return
+    result.notes.append(
+        f"throughput still grew at {levels[-1]} reads in flight (the most tried): more may "
+        "gain more (--concurrency)"
+    )
 
 
 async def _step(
