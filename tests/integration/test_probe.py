@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from integration.test_cli import REPO, cli
+from streamrec.cli import build_parser
 from support.fault_proxy import FaultProxy
 from support.servers import MotoS3Server
 
@@ -185,3 +186,25 @@ def test_plot_without_matplotlib_says_so_before_measuring(tmp_path: Path) -> Non
     assert done.stderr.startswith("streamrec: error: --plot needs matplotlib"), done.stderr
     assert done.stdout == ""  # refused before measuring anything
     assert not (tmp_path / "x.png").exists()
+
+
+def test_probe_is_registered_and_its_help_explains_every_option() -> None:
+    assert "    probe " in build_parser().format_help()
+    run = cli("probe", "--help")
+    assert run.rc == 0, run.err
+    help_text = run.out
+    for option in (
+        "--duration-s",
+        "--concurrency",
+        "--block-sizes",
+        "--memory-cap",
+        "--write",
+        "--part-bytes",
+        "--plot",
+        "--json",
+        "--storage-options",
+        "--timeout",
+    ):
+        assert option in help_text, option
+    assert "matplotlib" in help_text
+    assert "Nothing is written without --write" in help_text
