@@ -326,6 +326,9 @@ def draw(result: ProbeResult, path: Path) -> None:
             label=label,
         )
     axes.set_xscale("log", base=2)
+    levels = sorted({p.concurrency for _, _, points in lines for p in points})
+    if levels:
+        axes.set_xticks(levels, [str(level) for level in levels])  # 1, 2, 4, not 2^0, 2^1
     axes.set_xlabel("requests in flight (concurrency)")
     axes.set_ylabel("throughput, MiB/s")
     axes.set_title(f"streamrec probe {result.url}", fontsize=9)

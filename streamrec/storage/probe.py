@@ -409,6 +409,10 @@ async def _write_sweep(
             result.notes.append("the time ran out before every upload step was measured")
             return
         if (concurrency + 1) * part > plan.memory_cap_bytes:
+            result.notes.append(
+                f"uploads stop before concurrency {concurrency}: the writer would hold "
+                f"{concurrency + 1} x {_size(part)}, over the memory cap"
+            )
             break
         tell(f"uploads: {concurrency} x {_size(part)}")
         url = f"{prefix}probe-{uuid.uuid4().hex[:12]}-{concurrency}.bin"
