@@ -22,8 +22,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from streamrec._version import __version__
-from streamrec.cli import cleanup, convert, count, head, index, inspect, ls, probe, reshard
+from streamrec.cli import convert, count, head, index, inspect, ls, reshard
 from streamrec.cli.common import EXIT_DATA_ERROR, error
+from streamrec.cli.store import cleanup, probe
 from streamrec.errors import StreamrecError
 from streamrec.format import accel
 
