@@ -86,7 +86,7 @@ def main(argv: list[str]) -> None:
 
     class Ordered:  # grain reads the source in this order
         def __len__(self) -> int:
-            return args.records
+            return int(args.records)
 
         def __getitem__(self, i: int) -> object:
             return parsed[int(order[i])]
