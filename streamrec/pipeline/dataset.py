@@ -197,6 +197,11 @@ class Dataset(Chainable[bytes]):
         self._report_consumed = self._handed_out = None  # that consumer is done reporting
 
     @property
+    def own_stats(self) -> Stats:
+        """The live counters (what :attr:`stats` returns; transforms above add to them)."""
+        return self._stats
+
+    @property
     def stats(self) -> Stats:
         """Counters of everything this dataset did so far, over all its iterations.
 
@@ -237,12 +242,15 @@ class Dataset(Chainable[bytes]):
                 partial(lookup.keep, on_counts=self._keep_counts),
                 counts.shards if (counts := self._known_counts()) is not None else (),
             )
-            pieces = indexed.pieces(resume, on_planned=partial(self._planned, indexed.where))
+            pieces = indexed.pieces(
+                resume, on_planned=partial(self._planned, indexed.where), timed=timed
+            )
         else:
             options = self.options if timed else replace(self.options, chunk_bytes=FOR_CHUNK_BYTES)
             engine = ReadEngine(self.urls, options, self.epoch, self._stats)
             pieces = engine.pieces(resume, timed=timed, on_planned=partial(self._planned, engine))
-        async with aclosing(clocked(pieces, lambda: self.stats, self.options)) as ordered:
+        clock = clocked(pieces, self._stats, lambda: self.stats, self.options.stats_interval_s)
+        async with aclosing(clock) as ordered:
             async for piece in ordered:
                 yield piece
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from streamrec._portal import owned_generator
 from streamrec.pipeline.stats_report import render_report
@@ -115,25 +115,28 @@ def settings_of(options: ReadOptions) -> dict[str, int]:
 
 @owned_generator
 async def clocked(
-    pieces: AsyncGenerator[T, None], current: Callable[[], Stats], options: Any
+    pieces: AsyncGenerator[T, None],
+    sink: Stats,
+    current: Callable[[], Stats] | None = None,
+    interval_s: float | None = None,
 ) -> AsyncGenerator[T, None]:
-    """``pieces``, with the iteration's wall clock added to ``iterate_s`` piece by piece (the
-    consumer's time included: it runs while this generator waits at its yield; stats read
-    mid-epoch are current), and ``current()`` logged as a JSON line every
-    ``options.stats_interval_s`` seconds and at the end (when set)."""
-    stats = current()
-    interval: float | None = options.stats_interval_s
+    """``pieces``, with the iteration's wall clock added to ``sink.iterate_s`` piece by piece
+    (the consumer's time included: it runs while this generator waits at its yield; stats
+    read mid-epoch are current; an iteration closed early counts up to its close), and
+    ``current()`` logged as a JSON line every ``interval_s`` seconds and when it ends."""
     last = time.perf_counter()
-    next_log = last + (interval or 0.0)
-    async with aclosing(pieces) as source:
-        async for piece in source:
-            now = time.perf_counter()
-            stats.iterate_s += now - last
-            last = now
-            if interval is not None and now >= next_log:
-                logger.info("%s", current().json_line())
-                next_log = now + interval
-            yield piece
-    stats.iterate_s += time.perf_counter() - last
-    if interval is not None:
-        logger.info("%s", current().json_line())
+    next_log = last + (interval_s or 0.0)
+    try:
+        async with aclosing(pieces) as source:
+            async for piece in source:
+                now = time.perf_counter()
+                sink.iterate_s += now - last
+                last = now
+                if current is not None and interval_s is not None and now >= next_log:
+                    logger.info("%s", current().json_line())
+                    next_log = now + interval_s
+                yield piece
+    finally:
+        sink.iterate_s += time.perf_counter() - last
+        if current is not None and interval_s is not None:
+            logger.info("%s", current().json_line())

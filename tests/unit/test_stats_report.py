@@ -99,3 +99,32 @@ def test_prometheus_export(shards: str) -> None:
     assert f'streamrec_records_total{{job="train"}} {float(RECORDS)}' in text
     assert 'streamrec_seconds_total{job="train",stage="storage"}' in text
     assert 'streamrec_bytes_total{job="train",kind="read"}' in text
+
+
+def test_a_mix_keeps_its_own_clock_and_parse_time(shards: str) -> None:
+    a = streamrec.open_dataset(shards)
+    b = streamrec.open_dataset(shards)
+    mixed = streamrec.mix([a, b], stop="all")
+    started = time.perf_counter()
+    got = sum(len(batch["n"]) for batch in mixed.parse(SPEC).batch(100))
+    wall = time.perf_counter() - started
+    assert got == 2 * RECORDS
+    stats = mixed.stats
+    assert stats.parse_s > 0  # added to the mix's own counters, not to a sum made when asked
+    assert 0 < stats.iterate_s <= wall
+    assert stats.settings == a.stats.settings
+
+
+def test_reads_by_index_time_their_waits_under_transforms(shards: str) -> None:
+    ds = streamrec.open_dataset(shards, shuffle="global")
+    assert sum(len(batch["n"]) for batch in ds.parse(SPEC).batch(50)) == RECORDS
+    assert ds.stats.wait_s > 0 and ds.stats.iterate_s >= ds.stats.wait_s
+
+
+def test_an_iteration_closed_early_counts_up_to_its_close(shards: str) -> None:
+    ds = streamrec.open_dataset(shards)
+    iterator = iter(ds)
+    next(iterator)
+    time.sleep(0.05)  # the consumer's own time with its first record, then it stops
+    iterator.close()  # type: ignore[attr-defined]
+    assert ds.stats.iterate_s >= 0.05

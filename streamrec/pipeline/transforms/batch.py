@@ -51,7 +51,7 @@ class ParseStage(Stage[dict[str, Any]]):
         """The feature spec."""
 
     def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
-        return parse_pieces(chunks, self.spec, self._placed, self.stats)
+        return parse_pieces(chunks, self.spec, self._placed, self._live_stats())
 
 
 @owned_generator
@@ -150,8 +150,7 @@ class BatchStage(Stage[T]):
                 self._parse_stats.parse_s += time.perf_counter() - started
 
     def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
-        # the root's live counters, looked up once (a mix's stats are a sum made when asked)
-        self._parse_stats = self.stats if self.spec is not None else None
+        self._parse_stats = self._live_stats() if self.spec is not None else None
         return batch_pieces(chunks, self.batch_size, self.drop_remainder, self._finish)
 
 
