@@ -75,6 +75,7 @@ FIXED_MIB = 16  # the per-process allowance beside prefetch_bytes
 PROCS_PER_CPU = 4  # N above this many per CPU is left out
 PATHS = ("link", "loopback")
 STORE_OF = {"link": "s3-link", "loopback": "s3-lo"}
+NOTED = ("Data:", "N = ", "100KiB, N=", "1KiB, N=")  # the section's lines kept as notes
 
 
 # ---------------------------------------------------------------- the consumer (a child)
@@ -149,10 +150,10 @@ class Job:
     conns: int | None = None
 
     def growth_mib(self) -> float:
-        return sum((r["rss_peak"] - r["rss_base"]) / KIB for r in self.results)
+        return float(sum((r["rss_peak"] - r["rss_base"]) / KIB for r in self.results))
 
     def cpu(self) -> float:
-        return sum(r["cpu"] for r in self.results)
+        return float(sum(r["cpu"] for r in self.results))
 
 
 def run_job(job: dict[str, Any], n: int, timeout: float) -> tuple[Job, float]:
@@ -398,7 +399,8 @@ def save(path: Path | None, section: str, args: argparse.Namespace) -> None:
             entry["notes"] = [
                 f"--cpus {args.cpus}; prefetch_bytes {args.prefetch_mib} MiB; "
                 f"reader {args.reader}; x ref: x the link limit (link), x N=1 (loopback); "
-                "budget N x (prefetch_bytes + 16 MiB)"
+                "budget N x (prefetch_bytes + 16 MiB)",
+                *[line for line in section.splitlines() if line.startswith(NOTED)],
             ]
     path.write_text(dumps(doc))
 
