@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 from streamrec.cli.common import (
+    EXIT_DATA_ERROR,
     EXIT_OK,
     Commands,
     Progress,
@@ -22,7 +24,15 @@ from streamrec.cli.common import (
     print_json,
     read_options_of,
 )
+from streamrec.convert.sample import Sample, sample_records
 from streamrec.errors import ExampleError
+from streamrec.format.example.arrow import arrow_schema
+from streamrec.format.example.batch import decode_batch
+from streamrec.format.example.infer import (
+    SpecInference,
+    spec_entry_source,
+    spec_to_json,
+)
 from streamrec.format.inspect import FeatureStats, Inspector, spec_source
 from streamrec.pipeline.stream.scan import ShardScan
 
@@ -56,6 +66,19 @@ examples:
          "spec": {name: spec}, "shards_sampled", "shards_listed", "complete"}   (values etc.
          are {"min", "max", "mean"}; shards_sampled counts the shards read, empty ones
          included; complete: every record was sampled)
+--schema: a spec (and its Arrow schema) for Examples, from a sample spread over the whole
+dataset rather than its first records: with every shard's record count known (manifests,
+the dataset index, index sidecars) N positions drawn uniformly over all records (--seed),
+else the first records of every shard (or of N shards evenly spread when there are more
+shards than N). A feature in every sampled record with the same count >= 1 becomes
+FixedLenFeature(dtype[, (count,)]), any other VarLenFeature(dtype); the spec is checked to
+parse the whole sample. Prints the Python spec, the Arrow schema and "looked at K records
+from S of T shards". --json: {"records", "shards_sampled", "shards_listed",
+"total_records", "how", "spec" (the JSON spec streamrec convert --spec reads),
+"spec_source", "arrow_schema": [{"name", "type"}], "skipped": {name: why}}
+  streamrec inspect --schema --sample 5000 --seed 1 's3://bucket/train-*.tfrecord'
+  streamrec inspect --schema --json data/ | jq .spec > spec.json
+
 exit status: 0 ok; 1 damaged data or a missing object; 2 usage error
 """
 
@@ -101,6 +124,18 @@ def register(commands: Commands) -> None:
         default="auto",
         help="payload type (default: auto, guessed per record)",
     )
+    parser.add_argument(
+        "--schema",
+        action="store_true",
+        help="infer a spec and Arrow schema for Examples from records sampled across all "
+        "shards (uniform positions where record counts are known; see below)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="with --schema: the seed of the sampled positions (default: 0)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -141,6 +176,8 @@ async def _sample(args: argparse.Namespace, inspector: Inspector) -> _Coverage:
 
 def run(args: argparse.Namespace) -> int:
     """Sample records and describe their features."""
+    if args.schema:
+        return run_schema(args)
     inspector = Inspector(args.kind)
     coverage = asyncio.run(_sample(args, inspector))
     report = inspector.report()
@@ -229,3 +266,68 @@ def _print_table(rows: list[FeatureStats], sampled: int) -> None:
         print(f"  note: {', '.join(names)}: {note}")
     if rows[0].section == "feature_lists":
         print("  note: read feature lists with streamrec.example.decode_sequence")
+
+
+def run_schema(args: argparse.Namespace) -> int:
+    """``--schema``: a spec inferred from a sample across the shards, checked against it."""
+    wanted = sys.maxsize if args.all else args.sample
+    sample = asyncio.run(sample_records(args.urls, read_options_of(args), wanted, args.seed))
+    inference = SpecInference()
+    for number, payload in enumerate(sample.payloads):
+        try:
+            inference.add_payload(payload)
+        except ExampleError as exc:
+            raise ExampleError(f"sampled record {number}: {exc}") from exc
+    spec = inference.spec()
+    # the promise: the spec parses every sampled record (raises FeatureError otherwise)
+    decode_batch(sample.payloads, spec)
+    try:
+        schema = arrow_schema(spec)
+    except ImportError:
+        schema = None
+    report = schema_report(sample, inference, schema)
+    if args.json:
+        print_json(report)
+    else:
+        _print_schema(report, sample)
+    return EXIT_OK if spec or not inference.skipped else EXIT_DATA_ERROR
+
+
+def schema_report(sample: Sample, inference: SpecInference, schema: Any) -> dict[str, Any]:
+    """``--schema --json``'s document."""
+    spec = inference.spec()
+    return {
+        "records": len(sample.payloads),
+        "shards_sampled": sample.shards_sampled,
+        "shards_listed": sample.shards_listed,
+        "total_records": sample.total,
+        "how": sample.how,
+        "spec": spec_to_json(spec),
+        "spec_source": spec_source({k: spec_entry_source(v) for k, v in spec.items()}),
+        "arrow_schema": None
+        if schema is None
+        else [{"name": f.name, "type": str(f.type)} for f in schema],
+        "skipped": inference.skipped,
+    }
+
+
+def _print_schema(report: dict[str, Any], sample: Sample) -> None:
+    shards = f"{report['shards_sampled']} of {plural(report['shards_listed'], 'shard')}"
+    how = (
+        f"positions drawn uniformly over all {plural(report['total_records'], 'record')}"
+        if sample.how == "positions"
+        else "record counts unknown: the first records of each shard sampled"
+    )
+    print(f"looked at {plural(report['records'], 'record')} from {shards} ({how})")
+    print()
+    print("spec (parses every sampled record):")
+    print(report["spec_source"])
+    for name, why in report["skipped"].items():
+        print(f"  note: {name} left out: {why}")
+    print()
+    if report["arrow_schema"] is None:
+        print('Arrow schema: pyarrow is not installed (pip install "streamrec[arrow]")')
+        return
+    print("Arrow schema:")
+    for entry in report["arrow_schema"]:
+        print(f"  {entry['name']}: {entry['type']}")

@@ -1,5 +1,5 @@
 """The ``streamrec`` command line: ``ls``, ``count``, ``verify``, ``head``, ``inspect``,
-``index``, ``reshard`` and ``cleanup``.
+``index``, ``reshard``, ``cleanup`` and ``probe``.
 
 Each subcommand lives in a module of ``streamrec.cli`` exposing ``register(commands)``, which adds
 its parser and stores its handler with ``set_defaults(run=handler)``; a handler takes the parsed
@@ -22,8 +22,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from streamrec._version import __version__
-from streamrec.cli import cleanup, count, head, index, inspect, ls, reshard
+from streamrec.cli import convert, count, head, index, inspect, ls, reshard
 from streamrec.cli.common import EXIT_DATA_ERROR, error
+from streamrec.cli.store import cleanup, probe
 from streamrec.errors import StreamrecError
 from streamrec.format import accel
 
@@ -48,6 +49,7 @@ examples:
   streamrec head -n 2 --decode data/train-00000.tfrecord
   streamrec inspect 's3://bucket/train-*' --storage-options '{"anon": true}'
   streamrec index 'data/train-*.tfrecord'          # SHARD.idx beside each: len(ds) without reading
+  streamrec probe 's3://bucket/train/'             # measure the store; settings to use
 """
 
 Handler = Callable[[argparse.Namespace], int]
@@ -73,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="show the version and whether the C accelerators are in use, and exit",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (ls, count, head, inspect, index, reshard, cleanup):
+    for module in (ls, count, head, inspect, index, reshard, convert, cleanup, probe):
         module.register(commands)
     return parser
 

@@ -659,6 +659,17 @@ PyDoc_STRVAR(gather_spans_doc,
 "(o, n) = spans[2k], spans[2k + 1] (rows: int64, spans: int64 pairs, C-contiguous; what\n"
 "parse_examples wrote for bytes features). ValueError for a span outside its payload.");
 
+/* The byte length of a payload (bytes or any buffer); -1 with an exception set. */
+static Py_ssize_t payload_size(PyObject *item) {
+    Py_buffer view;
+    Py_ssize_t size;
+    if (PyBytes_Check(item)) return PyBytes_GET_SIZE(item);
+    if (PyObject_GetBuffer(item, &view, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    size = view.len;
+    PyBuffer_Release(&view);
+    return size;
+}
+
 static PyObject *gather_spans(PyObject *self, PyObject *args) {
     PyObject *payloads, *rows_obj, *spans_obj, *fast = NULL, *out = NULL;
     Py_buffer rows_view, spans_view, view;
@@ -685,10 +696,21 @@ static PyObject *gather_spans(PyObject *self, PyObject *args) {
     }
     rows = (const int64_t *)rows_view.buf;
     spans = (const int64_t *)spans_view.buf;
-    for (k = 0; k < m; k++) { /* sizes first: one allocation, and every span checked */
-        int64_t length = spans[2 * k + 1];
+    for (k = 0; k < m; k++) { /* every span checked before the one allocation */
+        int64_t row = rows[k], offset = spans[2 * k], length = spans[2 * k + 1];
+        Py_ssize_t size;
         if (length < 0 || (uint64_t)length > (uint64_t)PY_SSIZE_T_MAX - total) {
             PyErr_SetString(PyExc_ValueError, "bad span length");
+            goto done;
+        }
+        if (row < 0 || row >= n) {
+            PyErr_SetString(PyExc_ValueError, "span row out of range");
+            goto done;
+        }
+        size = payload_size(PySequence_Fast_GET_ITEM(fast, row));
+        if (size < 0) goto done;
+        if (offset < 0 || offset > (int64_t)size || length > (int64_t)size - offset) {
+            PyErr_SetString(PyExc_ValueError, "span outside its payload");
             goto done;
         }
         total += (size_t)length;

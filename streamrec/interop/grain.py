@@ -29,6 +29,7 @@ arrays per record); without, they are ``bytes``.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, SupportsIndex
 
@@ -42,6 +43,7 @@ except ImportError as error:  # pragma: no cover - the extra is installed in the
 from streamrec.format.example import FeatureSpec, decode, decode_batch
 from streamrec.pipeline.dataset import Dataset, open_dataset
 from streamrec.pipeline.transforms.batch import split_batch
+from streamrec.pipeline.transforms.stage import root_of
 from streamrec.redact import redact
 
 __all__ = ["TFRecordDataSource", "TFRecordIterDataset"]
@@ -95,17 +97,35 @@ class TFRecordDataSource:
 
 
 class TFRecordIterDataset(grain.IterDataset):  # type: ignore[misc]
-    """A ``grain.IterDataset`` over a streamrec dataset, a mix or any chain of transforms:
-    each ``iter()`` is one pass over it; the iterator's state is the dataset's exact
-    ``state_dict()`` (JSON), so grain's (and Orbax's) checkpoints resume it exactly."""
+    """A ``grain.IterDataset`` over a streamrec dataset, a mix or any chain of transforms.
+
+    Each ``iter()`` is one pass over its own copy of ``source`` (as it is when ``iter`` is
+    called), so two iterators never share a position; the iterator's state is that copy's
+    exact ``state_dict()`` (JSON), so grain's (and Orbax's) checkpoints resume it exactly.
+    grain's ``mp_prefetch`` workers each read their own share (:meth:`set_slice`). grain's
+    prefetching asks for the state after every element it reads ahead: with a shuffle
+    buffer that is a large state, so put ``.batch()`` before any prefetch."""
 
     def __init__(self, source: Any) -> None:
         super().__init__()
         self.source = source
-        """The streamrec dataset iterated."""
+        """The streamrec dataset iterated (copied by each ``iter()``)."""
 
     def __iter__(self) -> _StreamIterator:
-        return _StreamIterator(self.source)
+        return _StreamIterator(pickle.loads(pickle.dumps(self.source)))
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """Read only share ``sl.start`` of ``sl.step`` (grain's ``mp_prefetch`` worker
+        split): the shards are split again as ``num_hosts`` splits them, for every dataset
+        at the root of the chain (each source of a mix). ``sequential_slice`` is not
+        supported: shares are interleaved, as ``num_hosts`` makes them."""
+        if sequential_slice:
+            raise ValueError("TFRecordIterDataset splits shards interleaved, not sequentially")
+        start, step = sl.start or 0, sl.step or 1
+        root = root_of(self.source)
+        for dataset in getattr(root, "datasets", [root]):  # a mix: each of its sources
+            hosts, index = dataset.num_hosts, dataset.host_index
+            dataset.split_hosts(hosts * step, index + hosts * start)
 
     def __str__(self) -> str:
         return f"TFRecordIterDataset({self.source!r})"

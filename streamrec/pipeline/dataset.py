@@ -41,7 +41,7 @@ from streamrec.pipeline.position.trackers import (
     where_from,
 )
 from streamrec.pipeline.position.url_names import UrlNames, url_names
-from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.stats import Stats, clocked, settings_of
 from streamrec.pipeline.stream.engine import ReadEngine
 from streamrec.pipeline.transforms.chainable import Chainable
 from streamrec.pipeline.transforms.ledger import Consumption
@@ -77,7 +77,7 @@ class Dataset(Chainable[bytes]):
         # the first client's set-up, done while the caller prepares the rest (a model, ...)
         prewarm(self.urls, self.options.storage_options)
         self.epoch = 0
-        self._stats = Stats()
+        self._stats = Stats(settings=settings_of(self.options))
         self._handed_before = 0  # records handed out by the cursors before the current one
         self._resume: DatasetState | None = None  # loaded state, for the next iteration
         self._cursor: Cursor | None = None  # the consumer's position in this epoch
@@ -197,6 +197,11 @@ class Dataset(Chainable[bytes]):
         self._report_consumed = self._handed_out = None  # that consumer is done reporting
 
     @property
+    def own_stats(self) -> Stats:
+        """The live counters (what :attr:`stats` returns; transforms above add to them)."""
+        return self._stats
+
+    @property
     def stats(self) -> Stats:
         """Counters of everything this dataset did so far, over all its iterations.
 
@@ -237,12 +242,15 @@ class Dataset(Chainable[bytes]):
                 partial(lookup.keep, on_counts=self._keep_counts),
                 counts.shards if (counts := self._known_counts()) is not None else (),
             )
-            pieces = indexed.pieces(resume, on_planned=partial(self._planned, indexed.where))
+            pieces = indexed.pieces(
+                resume, on_planned=partial(self._planned, indexed.where), timed=timed
+            )
         else:
             options = self.options if timed else replace(self.options, chunk_bytes=FOR_CHUNK_BYTES)
             engine = ReadEngine(self.urls, options, self.epoch, self._stats)
             pieces = engine.pieces(resume, timed=timed, on_planned=partial(self._planned, engine))
-        async with aclosing(pieces) as ordered:
+        clock = clocked(pieces, self._stats, lambda: self.stats, self.options.stats_interval_s)
+        async with aclosing(clock) as ordered:
             async for piece in ordered:
                 yield piece
 
@@ -472,6 +480,7 @@ def open_dataset(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_bytes: int | None = None,
     max_read_amplification: float | None = DEFAULT_MAX_READ_AMPLIFICATION,
+    stats_interval_s: float | None = None,
 ) -> Dataset:
     """Open TFRecord shards for reading.
 
@@ -546,6 +555,10 @@ def open_dataset(
             neighbour within 256 KiB). Sparse small records are then read one request each:
             raise it where requests cost more than bytes. ``ds.stats.bytes_fetched`` shows
             what storage sent beside ``bytes_read``.
+        stats_interval_s: while the dataset is iterated, log ``ds.stats`` as one line of JSON
+            (logger ``streamrec.stats``, level INFO) at most every this many seconds, and once
+            more when an iteration ends; None (default): never. ``ds.stats.report()`` says
+            where the time went.
 
     A bad argument (type or range) is an :class:`~streamrec.errors.ArgumentError` naming it.
 
@@ -582,5 +595,6 @@ def open_dataset(
             cache_dir=None if cache_dir is None else check_url(cache_dir, "cache_dir"),
             cache_bytes=cache_bytes,
             max_read_amplification=max_read_amplification,
+            stats_interval_s=stats_interval_s,
         ),
     )

@@ -98,6 +98,7 @@ class ReadOptions:
     cache_dir: str | None = None
     cache_bytes: int | None = None
     max_read_amplification: float | None = DEFAULT_MAX_READ_AMPLIFICATION
+    stats_interval_s: float | None = None
     chunk_bytes: int = 1 << 20
     """Most bytes of arrived pieces decoded into one chunk of records (not an
     ``open_dataset`` setting: the blocking ``for`` asks for larger chunks, see dataset.py)."""
@@ -152,6 +153,8 @@ class ReadOptions:
             self.max_read_amplification, "max_read_amplification", minimum=1.0
         )
         object.__setattr__(self, "max_read_amplification", ratio)
+        interval = check_optional_ratio(self.stats_interval_s, "stats_interval_s", minimum=0.001)
+        object.__setattr__(self, "stats_interval_s", interval)
         if self.compression is not None and not isinstance(self.compression, str):
             raise ArgumentError(
                 f"compression must be 'auto', None, 'gzip' or 'zlib', not {self.compression!r}"

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping
+from contextlib import aclosing
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
-__all__ = ["Stats"]
+from streamrec._portal import owned_generator
+from streamrec.pipeline.stats_report import render_report
+
+if TYPE_CHECKING:
+    from streamrec.pipeline.options import ReadOptions
+
+__all__ = ["Stats", "clocked", "settings_of"]
+
+T = TypeVar("T")
+logger = logging.getLogger("streamrec.stats")
 
 
 @dataclass
@@ -47,7 +62,81 @@ class Stats:
     prefetch_bytes, unless a single read is larger than all of it)."""
     wait_s: float = 0.0
     """Seconds the consumer spent waiting for records (storage or decoding was the bottleneck)."""
+    iterate_s: float = 0.0
+    """Wall-clock seconds of the iterations so far (``for`` / ``async for`` over the dataset or
+    any transform of it), from the start of each to its last record: the consumer's own time
+    is ``iterate_s - wait_s``."""
+    listing_s: float = 0.0
+    """Seconds spent listing shards and loading the dataset index (each iteration lists)."""
+    requests: int = 0
+    """Range reads of shards sent to storage (coalesced reads and index checks included;
+    retries of one read count once)."""
+    storage_s: float = 0.0
+    """Seconds those reads took, from asking to the last byte, summed: reads overlap, so this
+    exceeds the wall-clock time when ``max_concurrency`` > 1."""
+    framing_s: float = 0.0
+    """Seconds the reading thread spent in the format core: framing records, checking CRCs,
+    inflating GZIP / ZLIB."""
+    parse_s: float = 0.0
+    """Seconds spent decoding Examples (``parse`` / ``batch`` / ``to_arrow``)."""
+    settings: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    """What the dataset reads with (``max_concurrency``, ``block_bytes``, ``prefetch_bytes``),
+    quoted by :meth:`report`; not a counter (left out of :meth:`as_dict`)."""
+
+    def count_read(self, seconds: float) -> None:
+        """One range read of a shard, which took ``seconds``."""
+        self.requests += 1
+        self.storage_s += seconds
 
     def as_dict(self) -> dict[str, float]:
         """The counters as a plain dict (for logging or JSON)."""
-        return asdict(self)
+        counters: dict[str, float] = asdict(self)
+        del counters["settings"]
+        return counters
+
+    def json_line(self) -> str:
+        """The counters as one line of JSON (keys sorted), for logs."""
+        return json.dumps(self.as_dict(), sort_keys=True)
+
+    def report(self, settings: Mapping[str, int] | None = None) -> str:
+        """A short table of where the time went, and one sentence naming the bottleneck.
+
+        ``settings`` (``max_concurrency``, ``block_bytes``: what the dataset reads with; a
+        dataset's ``stats`` passes its own) are quoted in the advice.
+        """
+        return render_report(self.as_dict(), self.settings if settings is None else settings)
+
+
+def settings_of(options: ReadOptions) -> dict[str, int]:
+    """What :meth:`Stats.report` quotes of a dataset's options."""
+    names = ("max_concurrency", "block_bytes", "prefetch_bytes")
+    return {name: int(getattr(options, name)) for name in names}
+
+
+@owned_generator
+async def clocked(
+    pieces: AsyncGenerator[T, None],
+    sink: Stats,
+    current: Callable[[], Stats] | None = None,
+    interval_s: float | None = None,
+) -> AsyncGenerator[T, None]:
+    """``pieces``, with the iteration's wall clock added to ``sink.iterate_s`` piece by piece
+    (the consumer's time included: it runs while this generator waits at its yield; stats
+    read mid-epoch are current; an iteration closed early counts up to its close), and
+    ``current()`` logged as a JSON line every ``interval_s`` seconds and when it ends."""
+    last = time.perf_counter()
+    next_log = last + (interval_s or 0.0)
+    try:
+        async with aclosing(pieces) as source:
+            async for piece in source:
+                now = time.perf_counter()
+                sink.iterate_s += now - last
+                last = now
+                if current is not None and interval_s is not None and now >= next_log:
+                    logger.info("%s", current().json_line())
+                    next_log = now + interval_s
+                yield piece
+    finally:
+        sink.iterate_s += time.perf_counter() - last
+        if current is not None and interval_s is not None:
+            logger.info("%s", current().json_line())

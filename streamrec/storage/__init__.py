@@ -7,7 +7,8 @@
   (retries decided by exception type); ``pages.py``: a paged listing checked page by page;
 * ``sink_base.py``: the sink interface writers upload through; ``leftovers.py``: what killed
   writers left behind; ``fsspec_store.py``: listing through fsspec's async filesystems;
-  ``warmup.py``: start-up work done ahead in threads;
+  ``warmup.py``: start-up work done ahead in threads; ``probe.py``: a store measured through
+  its own reads and uploads (``streamrec probe``), and the settings that follow;
 * wings per scheme: ``s3/``, ``gcs/``, ``azure/``, ``http/``, ``local/``; ``cache/``.
 
 Rules: imports nothing from ``pipeline``, ``write`` or above; every call makes one attempt;

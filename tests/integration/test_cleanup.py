@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrec.cli.cleanup import parse_duration
+from streamrec.cli.store.cleanup import parse_duration
 from streamrec.format.framing import RecordEncoder
 from streamrec.reshard.job import reshard
 from support.servers import MotoS3Server

@@ -116,3 +116,22 @@ def test_iter_dataset_resumes_from_its_json_state(indexed: str) -> None:
 def test_iter_dataset_of_raw_records(indexed: str) -> None:
     payloads = list(TFRecordIterDataset(streamrec.open_dataset(indexed)))
     assert [int(decode(p)["n"][0]) for p in payloads] == list(range(TOTAL))
+
+
+def test_iterators_keep_their_own_positions(indexed: str) -> None:
+    stream = TFRecordIterDataset(streamrec.open_dataset(indexed))
+    first, second = iter(stream), iter(stream)
+    taken = [next(first) for _ in range(10)]
+    assert [int(decode(next(second))["n"][0]) for _ in range(3)] == [0, 1, 2]
+    state = first.get_state()
+    resumed = iter(stream)
+    resumed.set_state(state)
+    assert int(decode(next(resumed))["n"][0]) == 10 and len(taken) == 10
+    assert len(list(stream)) == TOTAL and len(list(stream)) == TOTAL  # every pass is whole
+
+
+def test_mp_prefetch_workers_read_their_own_shares(indexed: str) -> None:
+    stream = TFRecordIterDataset(streamrec.open_dataset(indexed).parse(SPEC)).batch(20)
+    workers = stream.mp_prefetch(grain.MultiprocessingOptions(num_workers=2))
+    got = sorted(int(n) for batch in workers for n in batch["n"])
+    assert got == list(range(TOTAL))

@@ -35,6 +35,12 @@ while the proxy runs.
   ``after_bytes`` body bytes), then carry on; stop() cancels a stall at once.
 - ``delay(seconds)``: wait ``seconds`` before forwarding the request.
 
+Rate limit. ``bytes_per_s_per_connection`` (a constructor argument, or set on a running proxy)
+caps what each client connection receives, as a link whose every connection is held to that
+bandwidth (a congestion window, a per-flow shaper): responses are paced out in pieces of
+16 KiB by a token bucket of one piece per connection. Together with ``delay`` it emulates a
+remote store: a round trip and a bandwidth per connection, so more connections move more.
+
 ``after_bytes`` counts body bytes as they go over the wire (for a chunked response that includes
 the chunk framing). ``Location`` headers that point at the upstream are rewritten to point at
 the proxy, so follow-up requests (e.g. GCS resumable upload sessions) also go through it.
@@ -76,6 +82,7 @@ Flavor = Literal["http", "s3", "gcs", "azure"]
 
 _HEAD_LIMIT = 1 << 20
 _CHUNK = 1 << 16
+_PACE_BYTES = 16 << 10  # the token bucket's piece (and burst) when a rate limit is set
 
 
 class ProtocolError(Exception):
@@ -401,6 +408,8 @@ class FaultProxy:
     Timeouts (seconds): ``connect_timeout`` to the upstream, ``upstream_timeout`` for each
     read from it, ``write_timeout`` for each write to the client, ``idle_timeout`` for a client
     connection between requests, ``stop_timeout`` for stop() as a whole.
+    ``bytes_per_s_per_connection``: the most bytes per second sent to each client connection
+    (None: no limit); may be changed while the proxy runs.
     """
 
     def __init__(
@@ -416,7 +425,11 @@ class FaultProxy:
         write_timeout: float = 30.0,
         idle_timeout: float = 60.0,
         stop_timeout: float = 5.0,
+        bytes_per_s_per_connection: float | None = None,
     ) -> None:
+        if bytes_per_s_per_connection is not None and bytes_per_s_per_connection <= 0:
+            raise ValueError(f"rate must be positive, not {bytes_per_s_per_connection}")
+        self.bytes_per_s_per_connection = bytes_per_s_per_connection
         self.upstream_host = upstream_host
         self.upstream_port = upstream_port
         self.flavor: Flavor = flavor
@@ -785,6 +798,7 @@ class _Connection:
         self.fault: Fault | None = None  # the fault chosen for the current request
         self.applied = False
         self.record = ProxyRecord("", "", None)  # the current request's record
+        self.paced_until = 0.0  # the rate limit's bucket: when the next piece may go
 
     # helpers -----------------------------------------------------------------------------
     async def _timed(self, awaitable: Awaitable[T], timeout: float) -> T:
@@ -793,8 +807,23 @@ class _Connection:
     async def send(self, data: bytes) -> None:
         if self.writer.is_closing():
             raise _Closed
-        self.writer.write(data)
-        await self._timed(self.writer.drain(), self.proxy.write_timeout)
+        rate = self.proxy.bytes_per_s_per_connection
+        if rate is None:
+            self.writer.write(data)
+            await self._timed(self.writer.drain(), self.proxy.write_timeout)
+            return
+        view = memoryview(data)
+        for at in range(0, len(data), _PACE_BYTES):
+            piece = view[at : at + _PACE_BYTES]
+            wait = self.paced_until - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)  # the link's pace, not a synchronisation
+            # an idle connection earns no credit beyond one piece
+            self.paced_until = max(self.paced_until, time.monotonic()) + len(piece) / rate
+            if self.writer.is_closing():
+                raise _Closed
+            self.writer.write(piece)
+            await self._timed(self.writer.drain(), self.proxy.write_timeout)
 
     async def flush(self) -> None:
         """Wait until everything written has been handed to the kernel."""

@@ -145,6 +145,8 @@ def test_the_c_gather_checks_every_span() -> None:
         gather(payloads, rows, spans((0, -1), (0, 1)))
     with pytest.raises(ValueError, match="disagree"):
         gather(payloads, rows, spans((0, 1)))
+    with pytest.raises(ValueError, match="outside its payload"):  # refused before allocating
+        gather(payloads, rows, spans((0, 1), (0, 1 << 62)))
 
 
 def test_raw_features_in_any_byte_order_and_unsupported_dtypes() -> None:
@@ -155,6 +157,17 @@ def test_raw_features_in_any_byte_order_and_unsupported_dtypes() -> None:
     assert batch.schema.field("r").type == pa.list_(pa.list_(pa.int16(), 3), 2)
     with pytest.raises(TypeError, match="no Arrow type"):
         ex.decode_batch(payloads, {"r": ex.RawFeature("V12", (1,))}, to="arrow")
+
+
+def test_fixed_size_bytes_keep_their_nuls_and_an_empty_spec_keeps_the_rows() -> None:
+    payloads = [ex.encode({"r": b"ab\x00\x00cd\x00\x00"}), ex.encode({"r": b"\x00" * 8})]
+    for use_c in [path == "c" for path in PATHS]:
+        got = on_path(use_c, payloads, {"r": ex.RawFeature("S8", ())}, "arrow")[1]
+        assert got.schema.field("r").type == pa.binary(8)
+        assert got.column("r").to_pylist() == [b"ab\x00\x00cd\x00\x00", b"\x00" * 8]
+        assert on_path(use_c, payloads, {}, "arrow")[1].num_rows == 2
+    with pytest.raises(TypeError, match="no Arrow type"):
+        ex.decode_batch(payloads, {"r": ex.RawFeature("U2", ())}, to="arrow")
 
 
 def test_a_bad_target_is_refused() -> None:
@@ -215,3 +228,6 @@ def test_arrow_batches_need_a_spec(tmp_path: Path) -> None:
     pattern = write_labelled(tmp_path, shards=1, per_shard=3)
     with pytest.raises(TypeError, match=r"parse\(spec\)"):
         ArrowDataset(streamrec.open_dataset(pattern), 4, to="arrow")
+    parsed = streamrec.open_dataset(pattern).parse({"c": ex.RawFeature("c8", (1,))})
+    with pytest.raises(TypeError, match="no Arrow type"):  # before any read
+        parsed.to_arrow()

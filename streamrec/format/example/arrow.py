@@ -14,9 +14,12 @@ spec                                        Arrow type (``n`` records)
                                             running sum as the offsets, not copied
 ``VarLenFeature(bytes)``                    ``large_list(large_binary)``
 ``RawFeature(dtype, shape)``                ``dtype``'s Arrow type, nested by ``shape``
+                                            (``S<n>``: ``fixed_size_binary(n)``; ``U<n>``,
+                                            complex and structured dtypes: TypeError)
 ==========================================  =================================================
 
-Large (64-bit offset) types throughout: one schema for every batch whatever its size, and the
+A spec without features gives batches of ``n`` rows and no column. Large (64-bit offset)
+types throughout: one schema for every batch whatever its size, and the
 C parser's int64 counts become offsets without a conversion. Without the C parser the numpy
 batch of the Python path is converted (same values, same types). pyarrow is imported on first
 use (``pip install streamrec[arrow]``). This module does no I/O.
@@ -72,10 +75,17 @@ def _native(dtype: np.dtype[Any]) -> np.dtype[Any]:
 
 def _value_type(pa: Any, entry: FeatureSpec) -> Any:
     if isinstance(entry, RawFeature):
+        dtype = entry._dtype
+        if dtype.kind == "S":  # each value whole, NULs included (not a C string)
+            return pa.binary(dtype.itemsize)
+        if dtype.kind == "U":
+            raise TypeError(
+                f"RawFeature dtype {dtype} has no Arrow type (use bytes: S{dtype.itemsize * 4})"
+            )
         try:
-            return pa.from_numpy_dtype(_native(entry._dtype))
+            return pa.from_numpy_dtype(_native(dtype))
         except (NotImplementedError, TypeError, ValueError, pa.ArrowException) as error:
-            raise TypeError(f"RawFeature dtype {entry._dtype} has no Arrow type") from error
+            raise TypeError(f"RawFeature dtype {dtype} has no Arrow type") from error
     if entry._kind == "bytes":
         return pa.large_binary()
     return pa.int64() if entry._kind == "int64" else pa.float32()
@@ -166,7 +176,7 @@ def batch_from_c(
             columns.append(_nest(pa, values, entry.shape, n))
         else:
             columns.append(_nest(pa, _numbers(pa, out), entry.shape, n))
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return _batch(pa, columns, schema, n)
 
 
 def _numbers(pa: Any, values: Array) -> Any:
@@ -176,6 +186,9 @@ def _numbers(pa: Any, values: Array) -> Any:
         flat = flat.astype(_native(flat.dtype))
     if flat.dtype.kind in "iuf":  # the buffer as it is: 4x quicker than pa.array's checks
         kind = pa.from_numpy_dtype(flat.dtype)
+        return pa.Array.from_buffers(kind, len(flat), [None, pa.py_buffer(flat)])
+    if flat.dtype.kind == "S":  # fixed-size binary: pa.array would cut each at its first NUL
+        kind = pa.binary(flat.dtype.itemsize)
         return pa.Array.from_buffers(kind, len(flat), [None, pa.py_buffer(flat)])
     return pa.array(flat)
 
@@ -217,6 +230,14 @@ def batch_from_numpy(
             columns.append(_nest(pa, flat, entry.shape, n))
         else:
             columns.append(_nest(pa, _numbers(pa, value), entry.shape, n))
+    return _batch(pa, columns, schema, n)
+
+
+def _batch(pa: Any, columns: list[Any], schema: Any, n: int) -> Any:
+    if not columns:  # no feature asked for: still n rows (from_arrays would make 0)
+        return pa.RecordBatch.from_struct_array(
+            pa.StructArray.from_buffers(pa.struct([]), n, [None])
+        )
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 

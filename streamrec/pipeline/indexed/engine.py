@@ -37,6 +37,7 @@ read must carry many times what a request costs on a cloud link) and at most one
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from contextlib import aclosing
@@ -207,8 +208,11 @@ class IndexedEngine:
         resume: DatasetState | None,
         *,
         on_planned: Callable[[str], None] | None = None,
+        timed: bool = True,
     ) -> AsyncGenerator[Piece, None]:
-        """This consumer's records of the epoch, in pieces, from ``resume`` or the start."""
+        """This consumer's records of the epoch, in pieces, from ``resume`` or the start.
+        ``timed``: add the time waited for each piece to ``stats.wait_s`` (off where the
+        consumer's own thread measures its wait: the blocking ``for``)."""
         options = self.options
         budget = self.budget_plan.budget
         async with StoreSet(options.storage_options, options.max_concurrency * 4) as stores:
@@ -248,8 +252,12 @@ class IndexedEngine:
                 # closed here, before the stores: an Owned generator dropped open is closed
                 # by the garbage collector, synchronously ("ignored GeneratorExit")
                 async with aclosing(self._read(table, plan, stores, budget)) as pieces:
+                    waited = time.monotonic()
                     async for piece in pieces:
+                        if timed:
+                            self.stats.wait_s += time.monotonic() - waited
                         yield piece
+                        waited = time.monotonic()
             finally:
                 self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -463,16 +464,25 @@ async def _read_span(
     await budget.reserve(reserved)  # no overdraft: granted alone when it exceeds the budget
     try:
         pieces = await read_exact(
-            store_of(shard.url), shard, span.start, span.end, policy=policy, on_retry=on_retry
+            store_of(shard.url),
+            shard,
+            span.start,
+            span.end,
+            policy=policy,
+            on_retry=on_retry,
+            on_read=None if stats is None else stats.count_read,
         )
         if stats is not None:  # fetched, whatever its decoding finds
             stats.bytes_fetched += length
+        started = time.perf_counter()
         for piece in pieces:
             decoder.feed(piece)
             if decoder.done:
                 break
         del pieces
         records = decoder.close()
+        if stats is not None:
+            stats.framing_s += time.perf_counter() - started
     finally:
         budget.release(reserved)
     if stats is not None:

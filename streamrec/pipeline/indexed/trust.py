@@ -210,7 +210,15 @@ def budgeted_reader(
     async def read(start: int, end: int) -> list[bytes]:
         await budget.reserve(end - start)
         try:
-            pieces = await read_exact(store, shard, start, end, policy=policy, on_retry=on_retry)
+            pieces = await read_exact(
+                store,
+                shard,
+                start,
+                end,
+                policy=policy,
+                on_retry=on_retry,
+                on_read=None if stats is None else stats.count_read,
+            )
         finally:
             budget.release(end - start)
         if stats is not None:  # fetched, whatever the check finds

@@ -30,6 +30,7 @@ import mmap
 import os
 import shlex
 import tempfile
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -218,6 +219,19 @@ async def load_dataset_index(
 ) -> TableSource | None:
     """The dataset index of ``shards``, if there is one that describes all of them as they
     are (see the module docstring); None otherwise (read the sidecars)."""
+    started = time.perf_counter()
+    try:
+        return await _load(shards, store_of, options, stats)
+    finally:
+        stats.listing_s += time.perf_counter() - started
+
+
+async def _load(
+    shards: Sequence[ObjectInfo],
+    store_of: Callable[[str], ObjectStore],
+    options: ReadOptions,
+    stats: Stats,
+) -> TableSource | None:
     url = dataset_index_url(shards)
     if url is None:
         return None

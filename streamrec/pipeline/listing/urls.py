@@ -37,6 +37,7 @@ their first bytes to learn it.
 from __future__ import annotations
 
 import fnmatch
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -150,14 +151,18 @@ async def list_shards(
     def count_retry(_: Exception) -> None:
         stats.retries += 1
 
-    return await list_sources(
-        urls,
-        store_of,
-        options.retry,
-        allow_absolute_urls=options.allow_absolute_urls,
-        on_retry=count_retry,
-        on_first=on_first,
-    )
+    started = time.perf_counter()
+    try:
+        return await list_sources(
+            urls,
+            store_of,
+            options.retry,
+            allow_absolute_urls=options.allow_absolute_urls,
+            on_retry=count_retry,
+            on_first=on_first,
+        )
+    finally:
+        stats.listing_s += time.perf_counter() - started
 
 
 async def list_sources(

@@ -54,7 +54,7 @@ from streamrec.pipeline.mix.order import (
 from streamrec.pipeline.mix.state import MIX_STATE_VERSION, parse_mix_state
 from streamrec.pipeline.position.state import parse_state
 from streamrec.pipeline.position.trackers import Where
-from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.stats import Stats, clocked
 from streamrec.pipeline.transforms.chainable import Chainable
 from streamrec.pipeline.transforms.ledger import (
     Consumption,
@@ -206,6 +206,7 @@ class MixedDataset(Chainable[bytes]):
         self._runs: Consumption[_Run] | None = None  # handed on, not all consumed yet
         self._copies: list[Dataset] = []  # restarted sources (stop="never"), for stats
         self._retired = Stats()  # the counters of copies read to their end (then dropped)
+        self._own = Stats()  # the mix's own: its iterations' wall clock, parsing above it
         self._consumed = 0  # records consumed in this iteration
         self._consumed_before = 0
         self._report_consumed: Callable[[], None] | None = None
@@ -344,7 +345,8 @@ class MixedDataset(Chainable[bytes]):
             return
         runs = self._runs
         assert runs is not None
-        async with owning(self._draw(start, runs)) as chunks:
+        drawn = clocked(self._draw(start, runs), self._own)
+        async with owning(drawn) as chunks:
             async for chunk in chunks:
                 if auto_consume:
                     self.mark_consumed(len(chunk))
@@ -461,10 +463,17 @@ class MixedDataset(Chainable[bytes]):
         return first_stop_length(mix_key(self.seed, self.epoch), self.weights, lengths)
 
     @property
+    def own_stats(self) -> Stats:
+        """The counters the mix keeps itself (what transforms above it add to)."""
+        return self._own
+
+    @property
     def stats(self) -> Stats:
         """Every source's counters added up (``peak_prefetch_bytes``: the sum of their
         peaks, each within its own budget); ``records``: records the mix handed out."""
-        total = dataclasses.replace(self._retired)
+        total = dataclasses.replace(self._retired, settings=dict(self.datasets[0].stats.settings))
+        _add_stats(total, self._own)
+        total.iterate_s = self._own.iterate_s
         for ds in chain(self.datasets, self._copies):
             _add_stats(total, ds.stats)
         handed = self._handed_out() if self._handed_out is not None else self._consumed
@@ -487,6 +496,8 @@ class MixedDataset(Chainable[bytes]):
 
 def _add_stats(total: Stats, stats: Stats) -> None:
     for f in dataclasses.fields(Stats):
+        if f.name in ("settings", "iterate_s"):  # (the mix clocks its own iterations)
+            continue
         setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
 
 

@@ -115,6 +115,7 @@ class ReadEngine:
             max_held_bytes=sizes.max_held_bytes,
             policy=options.retry,
             on_retry=self._count_retry,
+            on_read=self.stats.count_read,
             open_cache=self._open_cache(shard, start),
         )
 

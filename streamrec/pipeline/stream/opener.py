@@ -242,6 +242,7 @@ class ShardOpener:
             max_concurrency=1,
             policy=self.options.retry,
             on_retry=self._count_retry,
+            on_read=self.stats.count_read,
         )
         reader.prime()
         offsets = {loc[2]: loc[1] for loc in places}

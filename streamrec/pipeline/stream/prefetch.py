@@ -25,6 +25,7 @@ still reserved in the budget (no copy, no request of its own), and the copy is p
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
@@ -105,6 +106,7 @@ class ObjectReader:
         policy: RetryPolicy | None = None,
         on_retry: Callable[[TransientStorageError], None] | None = None,
         open_cache: OpenCache | None = None,
+        on_read: Callable[[float], None] | None = None,
     ) -> None:
         if block_bytes <= 0 or max_concurrency <= 0:
             raise ValueError("block_bytes and max_concurrency must be positive")
@@ -127,6 +129,7 @@ class ObjectReader:
         self.max_concurrency = min(max_concurrency, store.concurrency_limit or max_concurrency)
         self.policy = policy or RetryPolicy()
         self._on_retry = on_retry
+        self._on_read = on_read
         self._inflight: deque[tuple[int, asyncio.Future[list[bytes]]]] = deque()  # (length, task)
         self._ready: deque[bytes] = deque()  # pieces of the oldest block, not yet handed on
         self._open_cache = open_cache
@@ -441,7 +444,13 @@ class ObjectReader:
             pieces = store.read_range_cached(obj, start, end)
         if pieces is None:
             pieces = await read_exact(
-                store, obj, start, end, policy=self.policy, on_retry=self._on_retry
+                store,
+                obj,
+                start,
+                end,
+                policy=self.policy,
+                on_retry=self._on_retry,
+                on_read=self._on_read,
             )
         if isinstance(route, CacheFill):
             # written while the block is still reserved in the budget: no extra copy held
@@ -457,10 +466,13 @@ async def read_exact(
     *,
     policy: RetryPolicy,
     on_retry: Callable[[TransientStorageError], None] | None = None,
+    on_read: Callable[[float], None] | None = None,
 ) -> list[bytes]:
     """Exactly bytes ``start:end`` of ``obj`` (as pieces), each attempt retried per
     ``policy``, resuming after short reads at the exact offset (a short body counts as a
-    retry: ``on_retry`` is called for it too)."""
+    retry: ``on_retry`` is called for it too). ``on_read(seconds)`` is told how long the
+    read took, retries included, once it has all its bytes."""
+    started = time.perf_counter()
     pieces: list[bytes] = []
     have = 0
     short_reads = 0
@@ -493,4 +505,6 @@ async def read_exact(
                 on_retry(error)
         pieces.extend(piece for piece in got if piece)
         have += size
+    if on_read is not None:
+        on_read(time.perf_counter() - started)
     return pieces

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from itertools import chain
@@ -101,7 +102,7 @@ async def read_shard(
         max_piece_bytes=min(reader.block_bytes, DEFAULT_PIECE_BYTES),
     )
     reported = 0
-    blocks = decode_blocks(reader, decoder, count_bytes, first, group_bytes)
+    blocks = decode_blocks(reader, decoder, count_bytes, first, group_bytes, stats)
     async with aclosing(blocks) as chunks:
         async for records in chunks:
             stats.records_read += len(records)
@@ -117,6 +118,7 @@ async def decode_blocks(
     on_block: Callable[[int], None] | None = None,
     first: bytes | None = None,
     group_bytes: int = GROUP_BYTES,
+    stats: Stats | None = None,
 ) -> AsyncGenerator[list[bytes], None]:
     """Drive ``decoder`` with ``reader``'s blocks: the records of each inflated piece as soon
     as they are framed, those before any damage always before the error. ``on_block(size)``
@@ -143,7 +145,14 @@ async def decode_blocks(
                 for block in [head, *reader.take_ready(group_bytes - len(head))]:
                     if on_block is not None:
                         on_block(len(block))
-                    for records in decoder.stream(block):  # raises after those before damage
+                    framed = decoder.stream(block)  # raises after the records before damage
+                    while True:
+                        started = time.perf_counter()  # the format core's time, not ours
+                        records = next(framed, None)
+                        if stats is not None:
+                            stats.framing_s += time.perf_counter() - started
+                        if records is None:
+                            break
                         if decoder.compression is None:
                             gathered.append(records)  # stored: one chunk per group of pieces
                         else:

@@ -11,6 +11,7 @@ decoding is imported on first use (protobuf stays unloaded until a spec is used)
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from itertools import repeat
@@ -23,6 +24,7 @@ from streamrec.pipeline.transforms.stage import Chunks, Stage, check_count
 
 if TYPE_CHECKING:
     from streamrec.format.example import FeatureSpec
+    from streamrec.pipeline.stats import Stats
 
 __all__ = [
     "BatchStage",
@@ -49,7 +51,7 @@ class ParseStage(Stage[dict[str, Any]]):
         """The feature spec."""
 
     def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
-        return parse_pieces(chunks, self.spec, self._placed)
+        return parse_pieces(chunks, self.spec, self._placed, self._live_stats())
 
 
 @owned_generator
@@ -57,13 +59,16 @@ async def parse_pieces(
     chunks: Chunks,
     spec: Mapping[str, FeatureSpec],
     placed: Callable[[ExampleError, object], ExampleError] | None = None,
+    stats: Stats | None = None,
 ) -> AsyncGenerator[ItemPiece, None]:
     """One dict per record, one ``decode_batch`` per chunk; a bad record raises after every
-    good one before it (``placed(error, payload)`` names where the record comes from)."""
+    good one before it (``placed(error, payload)`` names where the record comes from). The
+    decoding time is added to ``stats.parse_s``."""
     from streamrec.format.example import decode_batch
 
     async with aclosing(chunks) as source:
         async for chunk in source:
+            started = time.perf_counter()
             try:
                 decoded = decode_batch(chunk, spec)
             except StreamrecError as error:
@@ -74,7 +79,10 @@ async def parse_pieces(
                 if good:
                     yield good, None, 0
                 raise failure from None
-            yield split_batch(decoded, len(chunk)), None, 0
+            items = split_batch(decoded, len(chunk))
+            if stats is not None:
+                stats.parse_s += time.perf_counter() - started
+            yield items, None, 0
 
 
 def _decode_until_failure(
@@ -115,6 +123,7 @@ class BatchStage(Stage[T]):
         self.drop_remainder = drop_remainder
         self.to = to
         """What a batch of parsed records is: ``"numpy"`` (a dict of arrays) or ``"arrow"``."""
+        self._parse_stats: Stats | None = None
 
     def __len__(self) -> int:
         """Batches this consumer gets in one epoch: ``len(source) / batch_size``, rounded up
@@ -129,14 +138,19 @@ class BatchStage(Stage[T]):
             return records
         from streamrec.format.example import decode_batch
 
+        started = time.perf_counter()
         try:
             return decode_batch(records, self.spec, to=self.to)
         except ExampleError as error:
             if error.batch_index is not None:  # say where the record is, not "of the batch"
                 self._placed(error, records[error.batch_index])
             raise
+        finally:
+            if self._parse_stats is not None:
+                self._parse_stats.parse_s += time.perf_counter() - started
 
     def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
+        self._parse_stats = self._live_stats() if self.spec is not None else None
         return batch_pieces(chunks, self.batch_size, self.drop_remainder, self._finish)
 
 

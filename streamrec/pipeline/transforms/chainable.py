@@ -172,6 +172,12 @@ class ArrowDataset(BatchStage[Any], Chainable[Any]):
     batches to Arrow consumers (DuckDB, Polars, ``pyarrow.dataset``) as a stream.
     """
 
+    def __init__(
+        self, source: Any, batch_size: int, drop_remainder: bool = False, to: str = "arrow"
+    ) -> None:
+        super().__init__(source, batch_size, drop_remainder, to)
+        _ = self.schema  # a spec Arrow cannot hold fails here, not after the first reads
+
     @property
     def schema(self) -> Any:
         """The ``pyarrow.Schema`` of every batch."""
@@ -181,9 +187,10 @@ class ArrowDataset(BatchStage[Any], Chainable[Any]):
         return arrow_schema(self.spec)
 
     def reader(self) -> Any:
-        """One pass over the batches as a ``pyarrow.RecordBatchReader``: DuckDB queries it by
-        its variable's name, ``polars.from_arrow`` and ``pyarrow.Table.from_batches`` read it.
-        Closing the reader (or reading it to the end) closes the iteration."""
+        """One pass over the batches as a ``pyarrow.RecordBatchReader`` (DuckDB queries it,
+        ``read_all()`` makes a table). Reading it to its end ends the iteration; a reader
+        left part-way holds the iteration (its reads and loop thread) until it is garbage
+        collected (``del reader``): pyarrow's ``close()`` does not reach the iteration."""
         from streamrec.format.example.arrow import pyarrow
 
         return pyarrow().RecordBatchReader.from_batches(self.schema, _closing(iter(self)))

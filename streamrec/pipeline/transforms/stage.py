@@ -176,6 +176,12 @@ class Stage(Generic[T]):
         """The source's counters (``records``: records handed to the consumer)."""
         return cast("Stats", self.source.stats)
 
+    def _live_stats(self) -> Stats:
+        """The root's live counters, which a transform adds its own time to (a mix's
+        ``stats`` is a sum made when asked: adding to it would be lost)."""
+        root = root_of(self)
+        return cast("Stats", getattr(root, "own_stats", None) or root.stats)
+
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch of the source; another epoch than the current one starts at its
         beginning (own counters too)."""

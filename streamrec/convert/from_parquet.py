@@ -1,0 +1,170 @@
+"""Parquet rows -> TFRecord Examples, store to store (``streamrec convert --from parquet``).
+
+Each Parquet file (read whole into memory, then a row group at a time) gives its rows in
+order; each row becomes one Example (:func:`streamrec.example.encode`, TensorFlow's
+serialization), written through :func:`streamrec.open_writer` (rotation by ``max_records`` /
+``max_bytes`` or ``num_shards``, index sidecars, ``_manifest.json`` last; each shard appears
+only when complete). Per column:
+
+==========================================  ===============================================
+Arrow type                                  feature
+==========================================  ===============================================
+integers, bool                              ``int64_list`` (one value)
+floating point                              ``float_list`` (one float32 value, bits kept)
+binary, string (UTF-8)                      ``bytes_list`` (one value)
+list / large_list / fixed_size_list of ...  the leaf kind, the row's values flattened
+null (a missing value)                      no feature in that row's Example
+==========================================  ===============================================
+
+A file that ``streamrec convert --to parquet`` wrote round-trips: Examples whose features are
+all present (a VarLenFeature's missing feature becomes an empty list, written back as an empty
+one) come back byte for byte. A null inside a list, or any other type (structs, maps, dates,
+decimals), is a :class:`~streamrec.errors.FormatError` naming the file, the rows and the
+column.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from streamrec.errors import FormatError
+from streamrec.format.example.arrow import pyarrow
+from streamrec.format.example.encoding import encode
+from streamrec.pipeline.options import ReadOptions
+from streamrec.storage.base import ObjectInfo
+from streamrec.storage.registry import StoreSet
+from streamrec.write.writer import open_writer
+
+__all__ = ["column_values", "from_parquet", "list_parquet"]
+
+
+def _leaf(pa: Any, column: Any) -> tuple[Any, Any]:
+    """``(leaf values, bounds)``: row ``i``'s values are ``leaf[bounds[i]:bounds[i + 1]]``."""
+    types = pa.types
+    kind = column.type
+    n = len(column)
+    if types.is_list(kind) or types.is_large_list(kind) or types.is_fixed_size_list(kind):
+        if types.is_fixed_size_list(kind):
+            size = kind.list_size
+            offsets = (column.offset + np.arange(n + 1, dtype=np.int64)) * size
+        else:
+            offsets = np.asarray(column.offsets, dtype=np.int64)
+        leaf, child_bounds = _leaf(pa, column.values)
+        return leaf, child_bounds[offsets]
+    return column, np.arange(n + 1, dtype=np.int64)
+
+
+def _leaf_values(pa: Any, leaf: Any, name: str) -> Any:
+    """The leaf values as an int64 / float32 array or a list of bytes."""
+    types = pa.types
+    kind = leaf.type
+    if leaf.null_count:
+        raise ValueError(f"column {name!r} holds a null inside a list: no Example holds one")
+    if types.is_integer(kind) or types.is_boolean(kind):
+        return np.asarray(leaf.cast(pa.int64()), dtype=np.int64)
+    if types.is_floating(kind):
+        return np.asarray(leaf.cast(pa.float32()), dtype=np.float32)
+    if types.is_binary(kind) or types.is_large_binary(kind) or types.is_fixed_size_binary(kind):
+        return leaf.to_pylist()
+    if types.is_string(kind) or types.is_large_string(kind):
+        return [text.encode("utf-8") for text in leaf.to_pylist()]
+    raise ValueError(
+        f"column {name!r} has type {kind}: only numbers, bool, binary, string "
+        "and lists of them become Example features"
+    )
+
+
+def column_values(column: Any, name: str) -> list[Any]:
+    """One column of a RecordBatch as each row's feature value (None: null, no feature)."""
+    pa = pyarrow()
+    leaf, bounds = _leaf(pa, column)
+    values = _leaf_values(pa, leaf, name)
+    valid = (
+        np.ones(len(column), dtype=bool)
+        if column.null_count == 0
+        else np.asarray(column.is_valid(), dtype=bool)
+    )
+    rows: list[Any] = []
+    for i in range(len(column)):
+        rows.append(values[bounds[i] : bounds[i + 1]] if valid[i] else None)
+    return rows
+
+
+def batch_payloads(batch: Any) -> list[bytes]:
+    """Each row of a RecordBatch as a serialized Example."""
+    names = batch.schema.names
+    columns = [column_values(batch.column(i), name) for i, name in enumerate(names)]
+    payloads = []
+    for r in range(batch.num_rows):
+        features = {
+            name: column[r]
+            for name, column in zip(names, columns, strict=True)
+            if column[r] is not None
+        }
+        payloads.append(encode(features))
+    return payloads
+
+
+async def list_parquet(urls: Sequence[str], stores: StoreSet) -> list[ObjectInfo]:
+    """The Parquet files ``urls`` name: files, globs, or directories (their ``*.parquet``)."""
+    found: list[ObjectInfo] = []
+    for url in urls:
+        pattern = url
+        if url.endswith("/") or ("://" not in url and os.path.isdir(url)):
+            pattern = url.rstrip("/") + "/*.parquet"
+        found += await stores.get(pattern).expand(pattern)
+    return found
+
+
+async def from_parquet(
+    urls: Sequence[str],
+    template: str,
+    options: ReadOptions,
+    *,
+    batch_rows: int = 65_536,
+    on_bytes: Callable[[int], None] | None = None,
+    on_plan: Callable[[int, int], None] | None = None,
+    **writer_options: Any,
+) -> tuple[int, list[Any], str | None]:
+    """Write every row of the Parquet files ``urls`` name as an Example in TFRecord shards
+    named by ``template`` (``writer_options`` go to :func:`streamrec.open_writer`).
+
+    Returns ``(records, the shards' manifest entries, the manifest's url)``.
+    """
+    pyarrow()  # an ImportError that says how to install it
+    pq = importlib.import_module("pyarrow.parquet")
+    async with StoreSet(options.storage_options) as stores:
+        files = await list_parquet(urls, stores)
+        if on_plan is not None:
+            on_plan(len(files), sum(f.size for f in files))
+        writer = open_writer(
+            template, storage_options=options.storage_options, retry=options.retry, **writer_options
+        )
+        async with writer:
+            for info in files:
+                data = await stores.get(info.url).read_range(info, 0, info.size)
+                if len(data) != info.size:
+                    raise ValueError(f"{info.url}: read {len(data)} of {info.size} bytes")
+                try:
+                    parquet = pq.ParquetFile(io.BytesIO(data))
+                except (ValueError, OSError) as exc:
+                    raise FormatError(f"not a Parquet file: {exc}", url=info.url) from exc
+                row = 0
+                for batch in parquet.iter_batches(batch_size=batch_rows):
+                    try:
+                        payloads = batch_payloads(batch)
+                    except (ValueError, TypeError) as exc:
+                        raise FormatError(
+                            f"rows {row}..{row + batch.num_rows - 1}: {exc}", url=info.url
+                        ) from exc
+                    await writer.write_many(payloads)
+                    row += batch.num_rows
+                if on_bytes is not None:
+                    on_bytes(info.size)
+        return writer.records, writer.shards, writer.manifest_url

@@ -1,0 +1,282 @@
+"""TFRecord Examples -> Parquet files, store to store, resumable (``streamrec convert``).
+
+The input shards (listed as ``open_dataset`` lists them) are cut into tasks of consecutive
+shards, about ``task_bytes`` of input each (:func:`streamrec.reshard.plan.group_by_bytes`,
+reshard's planner). Task ``t`` writes ``part-<t:05d>-<f:05d>.parquet`` in the destination
+directory, a new file every ``rows_per_file`` rows, a row group every ``row_group_rows``;
+records become rows through ``decode_batch(..., to="arrow")`` with the job's spec. Each file
+is written to a local temporary file by pyarrow, then stored through the destination store's
+sink (a rename for local paths, one PUT or a multipart upload for S3): a file appears only when
+complete.
+
+Resume: the job is named by a fingerprint of its inputs (url, size, version), spec and
+settings (:func:`streamrec.reshard.plan.fingerprint_of`); once all of a task's files are
+stored, ``_convert/<fingerprint>/task-<t>.json`` records them. A rerun of the same job skips
+the tasks that have one and redoes the others, whose files get the same names and contents
+(written over, never beside them): no duplicates, nothing complete rewritten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamrec._portal import run_all
+from streamrec.errors import ExampleError, ObjectNotFoundError
+from streamrec.format.example.arrow import arrow_schema
+from streamrec.format.example.batch import decode_batch
+from streamrec.format.example.decoding import decode
+from streamrec.format.example.infer import spec_to_json
+from streamrec.format.example.spec import FeatureSpec
+from streamrec.format.framing import FOOTER_BYTES, HEADER_BYTES
+from streamrec.pipeline.options import ReadOptions
+from streamrec.pipeline.stream.scan import ShardScan
+from streamrec.reshard.plan import fingerprint_of, group_by_bytes
+from streamrec.storage.base import ObjectInfo, ObjectStore
+
+__all__ = ["ParquetSummary", "to_parquet"]
+
+STATE_DIR = "_convert"
+DEFAULT_ROWS_PER_FILE = 1_000_000
+DEFAULT_ROW_GROUP_ROWS = 65_536
+DEFAULT_TASK_BYTES = 256 << 20
+_COPY_BYTES = 8 << 20
+
+
+@dataclass
+class ParquetSummary:
+    """What a conversion did."""
+
+    fingerprint: str
+    files: list[dict[str, Any]] = field(default_factory=list)
+    """Every output file of the job, by name: ``{"url", "rows", "bytes"}``."""
+    tasks: int = 0
+    tasks_skipped: int = 0
+    """Tasks a previous run had completed (their files were not written again)."""
+
+    @property
+    def rows(self) -> int:
+        """Rows in all output files."""
+        return sum(int(f["rows"]) for f in self.files)
+
+
+def _join(directory: str, name: str) -> str:
+    return f"{directory.rstrip('/')}/{name}"
+
+
+async def _read_all(store: ObjectStore, url: str) -> bytes | None:
+    """The whole object at ``url``, or None when there is none."""
+    try:
+        [obj] = await store.expand(url)
+    except ObjectNotFoundError:
+        return None
+    return await store.read_range(obj, 0, obj.size)
+
+
+async def _store_file(store: ObjectStore, path: str, url: str) -> int:
+    """Copy the local file ``path`` to ``url`` through the store's sink; its size."""
+    sink = store.open_sink(url)
+    try:
+        with open(path, "rb") as source:  # a local temp file; its reads run in a thread
+            while block := await asyncio.to_thread(source.read, _COPY_BYTES):
+                await sink.write(block)
+        committed = await sink.commit()
+    except BaseException:
+        await sink.abort()
+        raise
+    return committed.bytes
+
+
+@dataclass
+class _Task:
+    number: int
+    inputs: list[ObjectInfo]
+
+
+class _TaskRun:
+    """One task: its shards' records, as rows of Parquet files of ``rows_per_file`` rows."""
+
+    def __init__(self, job: _Job, task: _Task, scan: ShardScan, tmp_dir: str) -> None:
+        self.job, self.task, self.scan = job, task, scan
+        self.tmp_path = os.path.join(tmp_dir, f"task-{task.number:05d}.parquet")
+        self.files: list[dict[str, Any]] = []
+        self.writer: Any = None
+        self.rows_in_file = 0
+        self.batch: list[bytes] = []
+        self.where: list[tuple[str, int, int]] = []  # (url, index, offset) of each record
+
+    async def run(self) -> list[dict[str, Any]]:
+        job = self.job
+        for shard in self.task.inputs:
+            read = self.scan.shard(shard, on_bytes=job.on_bytes)
+            index = offset = 0
+            async with aclosing(read.chunks()) as chunks:
+                async for chunk in chunks:
+                    for payload in chunk:
+                        self.batch.append(payload)
+                        self.where.append((shard.url, index, offset))
+                        index += 1
+                        offset += HEADER_BYTES + len(payload) + FOOTER_BYTES
+                        room = job.rows_per_file - self.rows_in_file
+                        if len(self.batch) >= min(job.row_group_rows, room):
+                            await self._flush()
+        if self.batch:
+            await self._flush()
+        if self.writer is not None:
+            await self._finish_file()
+        return self.files
+
+    def _decoded(self) -> Any:
+        try:
+            return decode_batch(self.batch, self.job.spec, to="arrow")
+        except ExampleError:
+            for payload, (url, index, offset) in zip(self.batch, self.where, strict=True):
+                try:
+                    decode(payload, self.job.spec)
+                except ExampleError as exc:
+                    raise ExampleError(
+                        f"record {index} in {url} at byte offset {offset}: {exc} (the spec "
+                        "does not fit it: sample more records, or give a spec)"
+                    ) from exc
+            raise
+
+    async def _flush(self) -> None:
+        batch = self._decoded()
+        if self.writer is None:
+            pq = importlib.import_module("pyarrow.parquet")
+            self.writer = pq.ParquetWriter(self.tmp_path, self.job.schema)
+        self.writer.write_batch(batch, row_group_size=self.job.row_group_rows)
+        self.rows_in_file += len(self.batch)
+        self.job.on_rows(len(self.batch))
+        self.batch, self.where = [], []
+        if self.rows_in_file >= self.job.rows_per_file:
+            await self._finish_file()
+
+    async def _finish_file(self) -> None:
+        self.writer.close()
+        self.writer = None
+        name = f"part-{self.task.number:05d}-{len(self.files):05d}.parquet"
+        url = _join(self.job.destination, name)
+        size = await _store_file(self.job.store, self.tmp_path, url)
+        os.remove(self.tmp_path)
+        self.files.append({"url": url, "rows": self.rows_in_file, "bytes": size})
+        self.rows_in_file = 0
+
+
+@dataclass
+class _Job:
+    destination: str
+    spec: Mapping[str, FeatureSpec]
+    schema: Any
+    rows_per_file: int
+    row_group_rows: int
+    store: ObjectStore
+    on_bytes: Callable[[int], None]
+    on_rows: Callable[[int], None]
+
+
+async def to_parquet(
+    shards: Sequence[ObjectInfo],
+    destination: str,
+    spec: Mapping[str, FeatureSpec],
+    options: ReadOptions,
+    *,
+    rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+    task_bytes: int = DEFAULT_TASK_BYTES,
+    jobs: int = 4,
+    on_bytes: Callable[[int], None] | None = None,
+    on_rows: Callable[[int], None] | None = None,
+    on_plan: Callable[[int, int], None] | None = None,
+) -> ParquetSummary:
+    """Write the Examples of ``shards`` (listed as ``ShardScan.list_shards`` lists them) as
+    Parquet files in the directory ``destination``; ``jobs`` tasks at a time.
+
+    ``on_plan(tasks to run, their input bytes)`` is called once before any is run;
+    ``on_bytes`` with each block read, ``on_rows`` with the rows of each batch written.
+    """
+    if not spec:
+        raise ValueError("the spec has no feature: there is no column to write")
+    if rows_per_file < 1 or row_group_rows < 1 or task_bytes < 1 or jobs < 1:
+        raise ValueError("rows_per_file, row_group_rows, task_bytes and jobs must be >= 1")
+    schema = arrow_schema(spec)
+    settings = {
+        "convert": "parquet/1",
+        "destination": destination,
+        "spec": spec_to_json(spec),
+        "rows_per_file": rows_per_file,
+        "row_group_rows": row_group_rows,
+        "task_bytes": task_bytes,
+    }
+    fingerprint = fingerprint_of(shards, settings)
+    groups = group_by_bytes([shard.size for shard in shards], task_bytes)
+    tasks = [_Task(t, [shards[i] for i in group]) for t, group in enumerate(groups)]
+    summary = ParquetSummary(fingerprint, tasks=len(tasks))
+    state_dir = _join(destination, f"{STATE_DIR}/{fingerprint}")
+    async with ShardScan(options) as scan:
+        store = scan.stores.get(destination)
+        done: dict[int, list[dict[str, Any]]] = {}
+        for task in tasks:  # (a job has few tasks: task_bytes of input each)
+            state = await _read_all(store, _join(state_dir, f"task-{task.number:05d}.json"))
+            if state is not None:
+                done[task.number] = _task_files(state, state_dir, task.number)
+        pending = [task for task in tasks if task.number not in done]
+        summary.tasks_skipped = len(done)
+        if on_plan is not None:
+            on_plan(len(pending), sum(s.size for t in pending for s in t.inputs))
+        job = _Job(
+            destination,
+            spec,
+            schema,
+            rows_per_file,
+            row_group_rows,
+            store,
+            on_bytes or (lambda _: None),
+            on_rows or (lambda _: None),
+        )
+        gate = asyncio.Semaphore(jobs)
+        with tempfile.TemporaryDirectory(prefix="streamrec-convert-") as tmp_dir:
+
+            async def one(task: _Task) -> None:
+                async with gate:
+                    files = await _TaskRun(job, task, scan, tmp_dir).run()
+                state = json.dumps({"task": task.number, "files": files}).encode()
+                await _put(store, _join(state_dir, f"task-{task.number:05d}.json"), state)
+                done[task.number] = files
+
+            await run_all(one(task) for task in pending)
+    summary.files = [f for number in sorted(done) for f in done[number]]
+    return summary
+
+
+def _task_files(state: bytes, state_dir: str, number: int) -> list[dict[str, Any]]:
+    """The files a task's state lists; a ValueError naming it when it is not one."""
+    where = f"{state_dir}/task-{number:05d}.json"
+    try:
+        document = json.loads(state)
+        files = document["files"]
+        if document["task"] != number or not isinstance(files, list):
+            raise ValueError("not this task's state")
+        for entry in files:
+            if not (isinstance(entry["url"], str) and isinstance(entry["rows"], int)):
+                raise ValueError(f"a bad file entry {entry!r}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{where}: not a conversion task's state ({exc}); remove it") from exc
+    return list(files)
+
+
+async def _put(store: ObjectStore, url: str, data: bytes) -> None:
+    sink = store.open_sink(url)
+    try:
+        await sink.write(data)
+        await sink.commit()
+    except BaseException:
+        await sink.abort()
+        raise
