@@ -164,6 +164,7 @@ def test_the_cli_reports_a_refused_connection_as_refused(
     assert "connection refused by 127.0.0.1:" in errors[0] and url in errors[0], done.stderr
 
 
+@pytest.mark.slow  # waits for the credential look-up to time out
 def test_gs_without_a_token_says_it_is_looking_for_credentials(refusing_endpoint: str) -> None:
     """Without a ``token`` gcsfs looks for Google credentials, the Compute Engine metadata
     server last, in blocking calls that take 15-90 s off Google Cloud: streamrec sat silent

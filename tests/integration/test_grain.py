@@ -17,6 +17,8 @@ from streamrec.errors import RandomAccessUnavailableError
 from streamrec.example import FeatureSpec, FixedLenFeature, VarLenFeature, decode, encode
 from streamrec.interop.grain import TFRecordDataSource, TFRecordIterDataset
 
+pytestmark = pytest.mark.slow  # seconds a test: `pytest -m slow` (a CI step of its own)
+
 SHARDS, PER_SHARD = 3, 100
 TOTAL = SHARDS * PER_SHARD
 SPEC: dict[str, FeatureSpec] = {"n": FixedLenFeature(np.int64), "tags": VarLenFeature(bytes)}

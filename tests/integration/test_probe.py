@@ -25,6 +25,8 @@ from streamrec.cli import build_parser
 from support.fault_proxy import FaultProxy
 from support.servers import MotoS3Server
 
+pytestmark = pytest.mark.slow  # seconds a test: `pytest -m slow` (a CI step of its own)
+
 MIB = 1 << 20
 DELAY_S = 0.05
 CAP = 2 * MIB  # bytes per second per connection

@@ -20,6 +20,8 @@ from streamrec.example import FeatureSpec, FixedLenFeature, VarLenFeature, decod
 from streamrec.interop.ray import TFRecordDatasink, TFRecordDatasource, read_tfrecords
 from support.servers import MotoS3Server
 
+pytestmark = pytest.mark.slow  # seconds a test: `pytest -m slow` (a CI step of its own)
+
 SHARDS, PER_SHARD = 3, 100
 TOTAL = SHARDS * PER_SHARD
 SPEC: dict[str, FeatureSpec] = {

@@ -93,6 +93,7 @@ def test_the_readme_has_the_blocks_this_test_runs() -> None:
     assert any(line.startswith("streamrec ") for line in blocks("bash")[1].splitlines())
 
 
+@pytest.mark.slow  # the whole README seven times, Ray once: `pytest -m slow`
 def test_python_blocks_and_the_training_loop_resume_exactly_after_kills(
     tmp_path: Path, readme_env: dict[str, str]
 ) -> None:
@@ -112,6 +113,7 @@ def test_python_blocks_and_the_training_loop_resume_exactly_after_kills(
     assert (killed / "trained.log").read_text().splitlines() == expected
 
 
+@pytest.mark.slow
 def test_command_line_block_runs(tmp_path: Path, readme_env: dict[str, str]) -> None:
     assert run_script(tmp_path, readme_env, skip=SLOW_BLOCKS) == 0  # the data the commands read
     commands = blocks("bash")[1].replace("\\\n", " ")
