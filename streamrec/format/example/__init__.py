@@ -62,9 +62,11 @@ reads the bytes itself, keeps the original bits; all other values are identical.
 The package's modules, one job each: :mod:`~streamrec.format.example.spec` (the specs and the
 Feature kinds), :mod:`~streamrec.format.example.encoding` (:func:`encode`,
 :func:`encode_sequence`), :mod:`~streamrec.format.example.decoding` (:func:`decode`,
-:func:`decode_sequence`) and :mod:`~streamrec.format.example.batch` (:func:`decode_batch`, its
-C path and fallback). The names below are the public API; import them from here (or from
-:mod:`streamrec.example`).
+:func:`decode_sequence`), :mod:`~streamrec.format.example.batch` (:func:`decode_batch`, its
+C path and fallback), :mod:`~streamrec.format.example.arrow` (its Arrow output),
+:mod:`~streamrec.format.example.sequence` (:func:`decode_sequence_batch`: SequenceExamples as
+Arrow) and :mod:`~streamrec.format.example.infer` (a spec from a sample). The names below
+are the public API; import them from here (or from :mod:`streamrec.example`).
 
 This package does no I/O.
 """
@@ -72,6 +74,7 @@ This package does no I/O.
 from streamrec.format.example.batch import decode_batch, has_c_accelerator
 from streamrec.format.example.decoding import decode, decode_sequence
 from streamrec.format.example.encoding import encode, encode_sequence
+from streamrec.format.example.sequence import decode_sequence_batch
 from streamrec.format.example.spec import (
     Decoded,
     FeatureSpec,
@@ -89,6 +92,7 @@ __all__ = [
     "decode",
     "decode_batch",
     "decode_sequence",
+    "decode_sequence_batch",
     "encode",
     "encode_sequence",
     "has_c_accelerator",
