@@ -67,22 +67,9 @@ class StatsCollector:
             family = CounterMetricFamily(f"{self.prefix}_{key}", text, labels=names)
             family.add_metric(values, stats[key])
             yield family
-        family = CounterMetricFamily(
-            f"{self.prefix}_bytes",
-            "Bytes by kind: read, fetched, checked.",
-            labels=[*names, "kind"],
-        )
-        for kind, key in _BYTES.items():
-            family.add_metric([*values, kind], stats[key])
-        yield family
-        family = CounterMetricFamily(
-            f"{self.prefix}_seconds",
-            "Seconds by stage (storage: summed over overlapping reads).",
-            labels=[*names, "stage"],
-        )
-        for stage, key in _STAGES.items():
-            family.add_metric([*values, stage], stats[key])
-        yield family
+        yield self._by(stats, "bytes", "Bytes by kind: read, fetched, checked.", "kind", _BYTES)
+        text = "Seconds by stage (storage: summed over overlapping reads)."
+        yield self._by(stats, "seconds", text, "stage", _STAGES)
         gauge = GaugeMetricFamily(
             f"{self.prefix}_peak_prefetch_bytes",
             "Most bytes held read-ahead at once.",
@@ -90,6 +77,16 @@ class StatsCollector:
         )
         gauge.add_metric(values, stats["peak_prefetch_bytes"])
         yield gauge
+
+    def _by(
+        self, stats: Mapping[str, float], name: str, text: str, label: str, keys: Mapping[str, str]
+    ) -> Any:
+        """One counter family with a value per ``label`` (``keys``: label value -> counter)."""
+        values = list(self.labels.values())
+        family = CounterMetricFamily(f"{self.prefix}_{name}", text, labels=[*self.labels, label])
+        for kind, key in keys.items():
+            family.add_metric([*values, kind], stats[key])
+        return family
 
 
 def to_prometheus(

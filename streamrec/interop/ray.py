@@ -54,12 +54,12 @@ try:
 except ImportError as error:  # pragma: no cover - the extra is installed in the tests
     raise ImportError("streamrec.interop.ray needs ray: pip install 'streamrec[ray]'") from error
 
-import numpy as np
 
 from streamrec._portal import EventLoopThread
+from streamrec.convert.from_parquet import batch_payloads
 from streamrec.errors import ArgumentError, RandomAccessUnavailableError
 from streamrec.format.codecs import Compression, compression_known, normalize_compression
-from streamrec.format.example import FeatureSpec, decode_batch, encode
+from streamrec.format.example import FeatureSpec, decode_batch
 from streamrec.format.example.arrow import arrow_schema
 from streamrec.manifest.core import MANIFEST_NAME, ManifestEntry
 from streamrec.pipeline.dataset import Dataset, open_dataset
@@ -446,7 +446,7 @@ class TFRecordDatasink(Datasink[_WriteReturn]):
     def _payloads(self, table: pa.Table) -> Iterable[bytes]:
         if self.payload_column is not None:
             return table.column(self.payload_column).to_pylist()  # type: ignore[no-any-return]
-        return (_example(row) for row in table.to_pylist())
+        return itertools.chain.from_iterable(map(batch_payloads, table.to_batches()))
 
     def on_write_complete(self, write_result: Any) -> None:
         """Every task's shards in task order: the dataset index (``index=True``), then the
@@ -477,19 +477,6 @@ class TFRecordDatasink(Datasink[_WriteReturn]):
                     storage_options=self.storage_options,
                 )
             )
-
-
-def _example(row: dict[str, Any]) -> bytes:
-    """One Arrow row as a ``tf.train.Example``: nested lists (fixed-shape features) flattened,
-    nulls left out."""
-    features: dict[str, Any] = {}
-    for name, value in row.items():
-        if value is None:
-            continue
-        if isinstance(value, list) and value and isinstance(value[0], list):
-            value = np.asarray(value).reshape(-1)
-        features[name] = value
-    return encode(features)
 
 
 def write_tfrecords(
