@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamrec._portal import run_all
-from streamrec.errors import ExampleError, ObjectNotFoundError
+from streamrec.errors import ExampleError, ObjectNotFoundError, StateError
 from streamrec.format.example.arrow import arrow_schema
 from streamrec.format.example.batch import decode_batch
 from streamrec.format.example.decoding import decode
@@ -247,7 +247,8 @@ async def to_parquet(
             async def one(task: _Task) -> None:
                 async with gate:
                     files = await _TaskRun(job, task, scan, tmp_dir).run()
-                state = json.dumps({"task": task.number, "files": files}).encode()
+                document = {"format": TASK_STATE_FORMAT, "version": 1, "task": task.number}
+                state = json.dumps({**document, "files": files}).encode()
                 await _put(store, _join(state_dir, f"task-{task.number:05d}.json"), state)
                 done[task.number] = files
 
@@ -256,19 +257,26 @@ async def to_parquet(
     return summary
 
 
+TASK_STATE_FORMAT = "streamrec-convert-task"
+"""The literal marking a conversion task's state (``task-NNNNN.json``), version 1."""
+
+
 def _task_files(state: bytes, state_dir: str, number: int) -> list[dict[str, Any]]:
-    """The files a task's state lists; a ValueError naming it when it is not one."""
+    """The files a task's state lists; a StateError (a ValueError) naming it when it is not
+    one, or of another version."""
     where = f"{state_dir}/task-{number:05d}.json"
     try:
         document = json.loads(state)
         files = document["files"]
+        if document["format"] != TASK_STATE_FORMAT or document["version"] != 1:
+            raise ValueError(f"format {document['format']!r} version {document['version']!r}")
         if document["task"] != number or not isinstance(files, list):
             raise ValueError("not this task's state")
         for entry in files:
             if not (isinstance(entry["url"], str) and isinstance(entry["rows"], int)):
                 raise ValueError(f"a bad file entry {entry!r}")
     except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{where}: not a conversion task's state ({exc}); remove it") from exc
+        raise StateError(f"{where}: not a conversion task's state ({exc}); remove it") from exc
     return list(files)
 
 
