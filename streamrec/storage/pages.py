@@ -17,20 +17,36 @@ lists so (:meth:`~streamrec.storage.base.ObjectStore.glob_pages`), each page a r
 own under the retry policy (timed alone, retried from its own continuation token, so that a
 listing of many pages is not bounded by one attempt's time), else one retried
 :meth:`~streamrec.storage.base.ObjectStore.expand`.
+
+:func:`glob_prefix` is what a store lists for a glob a page at a time (the prefix up to its
+first wildcard, one level below it, fsspec's pattern on the names: as fsspec's ``glob``
+lists it), and :func:`follow_pages` the loop of such a listing, for the stores whose pages
+are :data:`ListPage` calls (GCS, Azure).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
+from streamrec._portal import owned_generator
 from streamrec.errors import ObjectNotFoundError, StorageError, TransientStorageError
-from streamrec.storage.base import ObjectInfo, ObjectStore
+from streamrec.storage.base import ObjectInfo, ObjectStore, has_glob
 from streamrec.storage.retry import RetryPolicy
 
-__all__ = ["PageTrail", "list_glob"]
+__all__ = [
+    "GlobPrefix",
+    "ListPage",
+    "Listed",
+    "PageTrail",
+    "follow_pages",
+    "glob_prefix",
+    "list_glob",
+]
 
 
 async def list_glob(
@@ -102,3 +118,82 @@ class PageTrail:
 
     def _broken(self, what: str) -> NoReturn:
         raise StorageError(f"{self.url}: a broken listing: page {self.pages}: {what}")
+
+
+class GlobPrefix(NamedTuple):
+    """What a glob lists: the keys of ``bucket`` under ``prefix`` one level down (``/`` the
+    delimiter), those ``bucket/key`` names that ``matches``."""
+
+    bucket: str
+    prefix: str
+    matches: Callable[[str], bool]
+
+
+def glob_prefix(path: str) -> GlobPrefix | None:
+    """The listing of the glob ``path`` (``bucket/dir/shard-*``, as the filesystem names it)
+    when its wildcards are all in its last component and none is ``**``: the prefix up to the
+    first wildcard, and fsspec's pattern for the names (what fsspec's ``glob`` lists and
+    matches; a name ending in ``/``, a directory placeholder, never matches). Other globs:
+    None (the store lists them through its filesystem)."""
+    from fsspec.utils import glob_translate
+
+    head, _, last = path.rpartition("/")
+    if not head or not has_glob(last) or has_glob(head) or "**" in last:
+        return None
+    pattern = re.compile(glob_translate(path)).match
+    bucket, _, key = head.partition("/")
+    stem = last[: min(i for i in (last.find(c) for c in "*?[") if i >= 0)]
+
+    def matches(name: str) -> bool:
+        return not name.endswith("/") and pattern(name) is not None
+
+    return GlobPrefix(bucket, f"{key}/{stem}" if key else stem, matches)
+
+
+class Listed(NamedTuple):
+    """One object of a listing page: its key, size and version."""
+
+    key: str
+    size: int
+    version: str | None
+
+
+ListPage = Callable[[str | None, int], Awaitable[tuple[list[Listed], str | None]]]
+"""One attempt at one page: ``(token, pages before)`` -> its objects in the order listed and
+the next page's token (None: the last page); errors translated."""
+
+
+@owned_generator
+async def follow_pages(
+    pattern: str,
+    glob: GlobPrefix,
+    list_page: ListPage,
+    url_of: Callable[[str], str],
+    retry: RetryPolicy | None,
+    on_retry: Callable[[TransientStorageError], None] | None,
+) -> AsyncGenerator[list[ObjectInfo], None]:
+    """The matches of the glob ``pattern`` a page at a time (see
+    :meth:`~streamrec.storage.base.ObjectStore.glob_pages`): each page one ``list_page``
+    call (with ``retry``, under that policy: timed and retried alone, from its own token),
+    checked against the pages before it (:class:`PageTrail`); ``url_of(bucket/key)``: the
+    url of a match."""
+    trail = PageTrail(pattern)
+    token: str | None = None
+    while True:
+        attempt = functools.partial(list_page, token, trail.pages)
+        if retry is None:
+            listed, following = await attempt()
+        else:
+            listed, following = await retry.run(
+                attempt, describe=f"listing {pattern} (page {trail.pages + 1})", on_retry=on_retry
+            )
+        keys = [item.key for item in listed]
+        token = trail.take(keys, following is not None, following)
+        names = (f"{glob.bucket}/{item.key}" for item in listed)
+        yield [
+            ObjectInfo(url_of(name), item.size, item.version)
+            for name, item in zip(names, listed, strict=True)
+            if glob.matches(name)
+        ]
+        if token is None:
+            return

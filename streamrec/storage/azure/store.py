@@ -24,9 +24,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from streamrec.errors import ObjectChangedError, ObjectNotFoundError, StorageError
+from streamrec.errors import (
+    ObjectChangedError,
+    ObjectNotFoundError,
+    StorageError,
+    TransientStorageError,
+)
+from streamrec.storage.azure.listing import list_page
 from streamrec.storage.azure.sink import AzureBlockSink
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, split_scheme
 from streamrec.storage.fsspec_store import FsspecStore
@@ -37,9 +44,11 @@ from streamrec.storage.http.body import (
     read_pieces,
     read_pieces_within,
 )
+from streamrec.storage.pages import Listed, follow_pages, glob_prefix
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
+    from streamrec.storage.retry import RetryPolicy
     from streamrec.storage.sink_base import SinkContext
 
 __all__ = ["AzureStore"]
@@ -124,6 +133,38 @@ class AzureStore(FsspecStore):
             else o
             for o in objects
         ]
+
+    list_page_keys = 5000
+    """Blobs per listing page (the service's most; tests make it small)."""
+
+    def glob_pages(
+        self,
+        pattern: str,
+        retry: RetryPolicy | None = None,
+        on_retry: Callable[[TransientStorageError], None] | None = None,
+        *,
+        warm: bool = True,
+    ) -> AsyncGenerator[list[ObjectInfo], None] | None:
+        """A glob whose wildcards are all in its last component (``container/dir/shard-*``),
+        listed as adlfs's glob lists it (the prefix up to the first wildcard, ``/`` as
+        delimiter, fsspec's pattern on the names) but a page at a time through the SDK's
+        pager (:mod:`streamrec.storage.azure.listing`): each page checked against the ones
+        before and, with ``retry``, timed and retried alone, from its own marker. The urls
+        keep the pattern's scheme (``abfs://``). Other globs: None (adlfs lists them)."""
+        glob = glob_prefix(self.path_of(pattern))
+        if glob is None or not glob.bucket:
+            return None
+        scheme = split_scheme(pattern)[0]
+        container = self.fs.service_client.get_container_client(glob.bucket)
+        keys = self.list_page_keys
+
+        def one_page(token: str | None, before: int) -> Awaitable[tuple[list[Listed], str | None]]:
+            return list_page(container, pattern, glob.prefix, token, before, keys, NO_RETRIES)
+
+        def url_of(name: str) -> str:
+            return f"{scheme}://{name}"
+
+        return follow_pages(pattern, glob, one_page, url_of, retry, on_retry)
 
     # ------------------------------------------------------------------ reads
 

@@ -14,12 +14,13 @@ dataset's range reads.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, quote_plus
 
 import aiohttp
 
-from streamrec.errors import PermissionDeniedError, StorageError
+from streamrec.errors import PermissionDeniedError, StorageError, TransientStorageError
 from streamrec.storage.base import ObjectInfo, split_scheme
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.gcs.client import (
@@ -29,12 +30,15 @@ from streamrec.storage.gcs.client import (
     request_headers,
     start_filesystem,
 )
+from streamrec.storage.gcs.listing import list_page
 from streamrec.storage.gcs.sink import GCSAccess, GCSResumableSink
 from streamrec.storage.http.body import get_range, probe_first_bytes
+from streamrec.storage.pages import Listed, follow_pages, glob_prefix
 from streamrec.storage.retry import waiting_for
 from streamrec.storage.sink_base import bucket_and_key
 
 if TYPE_CHECKING:
+    from streamrec.storage.retry import RetryPolicy
     from streamrec.storage.sink_base import SinkContext
 
 __all__ = ["GCSStore"]
@@ -141,8 +145,35 @@ class GCSStore(FsspecStore):
         await self.filesystem()
 
     async def expand(self, pattern: str) -> list[ObjectInfo]:
-        await self.filesystem(pattern)  # (listing is gcsfs's: it makes its own session)
+        await self.filesystem(pattern)  # (gcsfs's listing: it makes its own session)
         return await super().expand(pattern)
+
+    list_page_keys = 1000
+    """Objects per listing page (the JSON API's most; tests make it small)."""
+
+    def glob_pages(
+        self,
+        pattern: str,
+        retry: RetryPolicy | None = None,
+        on_retry: Callable[[TransientStorageError], None] | None = None,
+        *,
+        warm: bool = True,
+    ) -> AsyncGenerator[list[ObjectInfo], None] | None:
+        """A glob whose wildcards are all in its last component (``bucket/dir/shard-*``),
+        listed as gcsfs's glob lists it (the prefix up to the first wildcard, ``/`` as
+        delimiter, fsspec's pattern on the names) but by streamrec's own JSON API requests,
+        a page at a time (:mod:`streamrec.storage.gcs.listing`): each page checked against
+        the ones before and, with ``retry``, timed and retried alone, from its own
+        ``pageToken``. Other globs, and version-aware filesystems: None (gcsfs lists them)."""
+        glob = glob_prefix(self.path_of(pattern))
+        if glob is None or self._options.get("version_aware"):
+            return None
+        keys = self.list_page_keys
+
+        def one_page(token: str | None, before: int) -> Awaitable[tuple[list[Listed], str | None]]:
+            return list_page(self, pattern, glob.bucket, glob.prefix, token, before, keys)
+
+        return follow_pages(pattern, glob, one_page, self.url_of, retry, on_retry)
 
     def version_of(self, info: dict[str, Any]) -> str | None:
         generation = info.get("generation")

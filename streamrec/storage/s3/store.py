@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +31,7 @@ from streamrec.storage import warmup
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, has_glob, split_scheme
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.http.body import parse_content_range, read_pieces_within, too_long
-from streamrec.storage.pages import PageTrail
+from streamrec.storage.pages import GlobPrefix, PageTrail, glob_prefix
 from streamrec.storage.s3.door import S3Door
 from streamrec.storage.s3.listing import HostilePage, refuse_hostile_page
 from streamrec.storage.s3.params import RequestParams, extra_params
@@ -160,31 +159,21 @@ class S3Store(FsspecStore):
         alone, from its own continuation token. ``warm``: the first GET's connection opens
         beside the first page (for a listing whose objects are read next). Other globs, and
         version-aware filesystems: None."""
-        path = self.path_of(pattern)
-        head, _, last = path.rpartition("/")
-        if not head or not has_glob(last) or has_glob(head) or "**" in last:
+        glob = glob_prefix(self.path_of(pattern))
+        if glob is None or getattr(self.fs, "version_aware", False):
             return None
-        if getattr(self.fs, "version_aware", False):
-            return None
-        return self._glob_pages(pattern, path, head, last, retry, on_retry, warm)
+        return self._glob_pages(pattern, glob, retry, on_retry, warm)
 
     @owned_generator
     async def _glob_pages(
         self,
         pattern: str,
-        path: str,
-        head: str,
-        last: str,
+        glob: GlobPrefix,
         retry: RetryPolicy | None,
         on_retry: Callable[[TransientStorageError], None] | None,
         warm: bool,
     ) -> AsyncGenerator[list[ObjectInfo], None]:
-        from fsspec.utils import glob_translate
-
-        matches = re.compile(glob_translate(path)).match
-        bucket, _, key = head.partition("/")
-        stem = last[: min(i for i in (last.find(c) for c in "*?[") if i >= 0)]
-        prefix = f"{key}/{stem}" if key else stem
+        bucket, prefix, matches = glob
         trail = PageTrail(pattern, ordered=not bucket.endswith(DIRECTORY_BUCKET))
         token: str | None = None
         while True:
