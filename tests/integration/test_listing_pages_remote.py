@@ -1,0 +1,238 @@
+"""GCS's and Azure's paged listings are streamrec's own (storage/gcs/listing.py,
+storage/azure/listing.py, storage/pages.py), against fake-gcs-server and Azurite behind a
+fault proxy (support/fault_proxy.py) that counts the listing requests and answers chosen pages
+itself:
+
+* a glob or directory of more objects than a page holds is listed a page at a time, every
+  shard once;
+* a page that repeats a key of the page before, goes back in key order, or names the
+  continuation token of the page before: a broken listing, a StorageError naming the url and
+  the page, never records read twice;
+* each page is one request under the retry policy: a listing whose pages together take longer
+  than one attempt's ``timeout_s`` completes, and a page that fails is asked for again from
+  its own token (the pages before it are not asked for again).
+
+(gcsfs and adlfs page inside one call: a token that came again was followed until the
+attempt's time ran out, and a listing of many pages had to fit in one attempt.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, quote_plus, urlencode
+
+import pytest
+
+import streamrec
+from streamrec.errors import StorageError
+from streamrec.format.framing import RecordEncoder
+from streamrec.storage.azure.store import AzureStore
+from streamrec.storage.gcs.store import GCSStore
+from streamrec.storage.retry import RetryPolicy
+from support.fault_proxy import FaultProxy
+from support.servers import http_request
+
+NAMES = [f"d/part-{i}.tfrecord" for i in range(6)]
+RECORDS = {name: [f"{name}:{i}".encode() for i in range(5)] for name in NAMES}
+EVERY_RECORD = [record for name in NAMES for record in RECORDS[name]]
+
+
+@dataclass
+class Remote:
+    """One store behind a proxy: its urls, options, and the pages its server lists."""
+
+    scheme: str
+    bucket: str
+    proxy: FaultProxy
+    options: dict[str, Any]
+    listing: re.Pattern[str]
+    """What the listing requests' targets hold (and no other request's)."""
+    first_token: Callable[[int], str]
+    """The token that the server's first page of ``d/`` (of that many keys) names."""
+    page: Callable[[list[str], str | None], tuple[bytes, str]]
+    """A page of these keys naming this next token: its body and content type."""
+    token_in_target: Callable[[str], re.Pattern[str]]
+
+    def url(self, tail: str) -> str:
+        return f"{self.scheme}://{self.bucket}/{tail}"
+
+    def listed(self) -> int:
+        return sum(1 for record in self.proxy.records if self.listing.search(record.target))
+
+
+def _gcs(request: pytest.FixtureRequest, fault_proxy: Any) -> Remote:
+    server = request.getfixturevalue("gcs_server")
+    bucket = request.getfixturevalue("gcs_bucket")
+    for name in NAMES:
+        server.put(bucket, name, RecordEncoder().encode_many(RECORDS[name]))
+    stats = {name: server.stat(bucket, name) for name in NAMES}
+    proxy = fault_proxy(server.endpoint_url, flavor="gcs")
+
+    def first_token(per_page: int) -> str:
+        query = urlencode({"prefix": "d/", "delimiter": "/", "maxResults": per_page})
+        answer = http_request("GET", f"{server.endpoint_url}/storage/v1/b/{bucket}/o?{query}")
+        token: str = answer.json()["nextPageToken"]
+        return token
+
+    def page(keys: list[str], token: str | None) -> tuple[bytes, str]:
+        items = [
+            {"name": key, "size": stats[key]["size"], "generation": stats[key]["generation"]}
+            for key in keys
+        ]
+        body = {"kind": "storage#objects", "items": items}
+        if token is not None:
+            body["nextPageToken"] = token
+        return json.dumps(body).encode(), "application/json"
+
+    return Remote(
+        "gs",
+        bucket,
+        proxy,
+        {**server.storage_options, "endpoint_url": proxy.url},
+        re.compile(rf"/storage/v1/b/{bucket}/o\?"),
+        first_token,
+        page,
+        lambda token: _either("pageToken", token),
+    )
+
+
+def _azure(request: pytest.FixtureRequest, fault_proxy: Any) -> Remote:
+    server = request.getfixturevalue("azure_server")
+    container = request.getfixturevalue("azure_container")
+    for name in NAMES:
+        server.put(container, name, RecordEncoder().encode_many(RECORDS[name]))
+    client = server.client.get_container_client(container)
+    sizes = {name: client.get_blob_client(name).get_blob_properties().size for name in NAMES}
+    proxy = fault_proxy(server.server_url, flavor="azure")
+
+    def first_token(per_page: int) -> str:
+        pages = client.walk_blobs(
+            name_starts_with="d/", delimiter="/", results_per_page=per_page
+        ).by_page()
+        list(next(pages))
+        token: str = pages.continuation_token
+        return token
+
+    def page(keys: list[str], token: str | None) -> tuple[bytes, str]:
+        blobs = "".join(
+            f"<Blob><Name>{key}</Name><Properties>"
+            "<Last-Modified>Sat, 28 Nov 2026 07:00:00 GMT</Last-Modified>"
+            f"<Etag>0x8D{i:014X}</Etag><Content-Length>{sizes[key]}</Content-Length>"
+            "<BlobType>BlockBlob</BlobType></Properties></Blob>"
+            for i, key in enumerate(keys)
+        )
+        body = (
+            '<?xml version="1.0" encoding="utf-8"?>'
+            f'<EnumerationResults ServiceEndpoint="{proxy.url}/" ContainerName="{container}">'
+            f"<Prefix>d/</Prefix><Delimiter>/</Delimiter><Blobs>{blobs}</Blobs>"
+            f"<NextMarker>{token or ''}</NextMarker></EnumerationResults>"
+        )
+        return body.encode(), "application/xml"
+
+    return Remote(
+        "az",
+        container,
+        proxy,
+        {"connection_string": server.connection_string(proxy.url)},
+        re.compile(r"[?&]comp=list(&|$)"),
+        first_token,
+        page,
+        lambda token: _either("marker", token),
+    )
+
+
+def _either(field: str, token: str) -> re.Pattern[str]:
+    """The query field ``field=token``, however the client quotes it."""
+    forms = {quote_plus(token), quote(token, safe=""), quote(token, safe="/")}
+    return re.compile("|".join(rf"[?&]{field}={re.escape(form)}(&|$)" for form in forms))
+
+
+@pytest.fixture(params=["gcs", "azure"])
+def remote(request: pytest.FixtureRequest, fault_proxy: Any) -> Remote:
+    return _gcs(request, fault_proxy) if request.param == "gcs" else _azure(request, fault_proxy)
+
+
+@pytest.fixture
+def page_keys(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], int]:
+    """Set both stores' objects per listing page (the JSON API's and List Blobs' most make
+    a listing of a few objects one page). ``raising=False``: a store that pages inside one
+    call ignores it, and the request counts below tell."""
+
+    def make(keys: int) -> int:
+        for store in (GCSStore, AzureStore):
+            monkeypatch.setattr(store, "list_page_keys", keys, raising=False)
+        return keys
+
+    return make
+
+
+def _read(url: str, options: dict[str, Any], retry: RetryPolicy) -> list[bytes]:
+    dataset = streamrec.open_dataset(url, storage_options=options, retry=retry)
+    return [record for record in dataset]  # (list() would list once more for len())
+
+
+FAST = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=10)
+
+
+@pytest.mark.parametrize("tail", ["d/*", "d/part-*.tfrecord", "d/"])
+def test_a_listing_of_many_pages_gives_every_shard_once(
+    remote: Remote, page_keys: Callable[[int], int], tail: str
+) -> None:
+    keys = page_keys(2)
+    assert _read(remote.url(tail), remote.options, FAST) == EVERY_RECORD
+    assert remote.listed() == len(NAMES) // keys  # a page a request, each asked for once
+
+
+@pytest.mark.parametrize(
+    ("scripted", "problem"),
+    [
+        # the page after the first repeats its last key (read before: 35 records for 30)
+        (lambda token: ([NAMES[1], NAMES[2]], None), "page 2: a key listed twice"),
+        # the page after the first goes back
+        (lambda token: ([NAMES[0]], None), "page 2: keys out of order"),
+        # the page after the first names its token again (followed before until timeout_s)
+        (lambda token: ([NAMES[2], NAMES[3]], token), "page 2: a continuation token that came"),
+    ],
+)
+def test_a_broken_listing_is_an_error_never_duplicated_records(
+    remote: Remote,
+    page_keys: Callable[[int], int],
+    scripted: Callable[[str], tuple[list[str], str | None]],
+    problem: str,
+) -> None:
+    token = remote.first_token(page_keys(2))
+    keys, following = scripted(token)
+    body, kind = remote.page(keys, following)
+    remote.proxy.status(
+        200, path=remote.token_in_target(token), body=body, headers={"Content-Type": kind}
+    )
+    for url in (remote.url("d/*"), remote.url("d/")):  # a glob, a directory
+        with pytest.raises(StorageError, match=problem) as raised:
+            _read(url, remote.options, FAST)
+        assert "a broken listing" in str(raised.value) and url in str(raised.value)
+
+
+def test_a_listing_longer_than_one_attempts_timeout_completes(
+    remote: Remote, page_keys: Callable[[int], int]
+) -> None:
+    page_keys(1)
+    # six pages of 0.3 s each: 1.8 s in all, each page well within timeout_s=1
+    remote.proxy.delay(0.3, path=remote.listing)
+    retry = RetryPolicy(max_attempts=2, timeout_s=1.0, initial_backoff_s=0.01)
+    assert _read(remote.url("d/*"), remote.options, retry) == EVERY_RECORD
+    assert remote.listed() == len(NAMES)  # no page timed out, none asked for twice
+
+
+def test_a_failing_page_is_retried_from_its_own_token(
+    remote: Remote, page_keys: Callable[[int], int]
+) -> None:
+    token = remote.first_token(page_keys(2))  # the second page's
+    failing = remote.proxy.status(503, path=remote.token_in_target(token), times=2)
+    assert _read(remote.url("d/*"), remote.options, FAST) == EVERY_RECORD
+    assert failing.fired == 2
+    # three pages, the second asked for three times: the first was not asked for again
+    assert remote.listed() == len(NAMES) // 2 + 2
