@@ -1,7 +1,12 @@
-"""``az://`` and ``abfs://``: adlfs for listing, the Azure SDK's public calls for the rest.
+"""``az://`` and ``abfs://``: the Azure SDK's public calls; adlfs for the lookups it still makes.
 
-* ``store.py``: listing via adlfs; range reads through ``download_blob`` (the SDK's retries
-  off: streamrec's policy decides), their streamed answer read within bounds;
+* ``store.py``: globs and directories listed a page at a time (``glob_pages``), other globs
+  (``**``, wildcards above the last level) by adlfs; range reads through ``download_blob``
+  (the SDK's retries off: streamrec's policy decides), their streamed answer read within
+  bounds;
+* ``listing.py``: one ``List Blobs`` page through the SDK's pager (each page one request
+  under the retry policy, resumed from its own marker, checked by
+  :class:`~streamrec.storage.pages.PageTrail`);
 * ``sink.py``: a block blob staged while the bytes arrive and committed in one step, given a
   blob-client getter, not its store.
 """

@@ -1,6 +1,9 @@
-"""``az://`` and ``abfs://`` through adlfs: listing via adlfs, range GETs on its client directly.
+"""``az://`` and ``abfs://``: globs listed a page at a time and range GETs through the SDK.
 
-adlfs lists and globs blobs with an ``azure.storage.blob.aio`` ``BlobServiceClient``, which
+A glob whose wildcards are in its last level is listed a page at a time through the SDK's
+pager (:meth:`AzureStore.glob_pages`, :mod:`streamrec.storage.azure.listing`: each page under
+streamrec's retry policy); other globs and lookups through adlfs. adlfs lists and globs blobs
+with an ``azure.storage.blob.aio`` ``BlobServiceClient``, which
 the store makes again from the public properties of adlfs's (its url, credential and hosts)
 with the SDK's retries off (``retry_total=0``; 10 attempts with exponential backoff by
 default), so that streamrec's :class:`~streamrec.storage.retry.RetryPolicy` is the only one

@@ -23,8 +23,9 @@ Range reads and uploads go on the store's own aiohttp session (:func:`open_sessi
 the same ``session_kwargs``), with the headers of gcsfs's public credentials object
 (:func:`request_headers`) and the JSON API location of gcsfs's public ``base``
 (:func:`location_of`): gcsfs offers no public way to make its own session, headers or
-location, and streamrec reads no private attribute of another library. Listing (gcsfs's
-calls) keeps gcsfs's session, so a store holds two connection pools.
+location, and streamrec reads no private attribute of another library. The listing pages of
+globs go on the store's own session too; what gcsfs still lists (``**`` globs, lookups)
+keeps gcsfs's session, so a store may hold two connection pools.
 """
 
 from __future__ import annotations

@@ -1,7 +1,11 @@
-"""``gs://`` through gcsfs: listing via gcsfs, range GETs on the store's own session.
+"""``gs://``: globs' listing pages and range GETs on the store's own session, gcsfs for the
+rest of the listing.
 
-gcsfs retries every request 6 times over ~35 s, and that cannot be changed at run time; range
-reads therefore go straight to the JSON API on the store's own aiohttp session, authenticated
+gcsfs retries every request 6 times over ~35 s, and that cannot be changed at run time, and it
+follows a listing's pages inside one call; range reads and the listing pages of a glob
+(:meth:`GCSStore.glob_pages`, :mod:`streamrec.storage.gcs.listing`: a page a request, each
+under streamrec's retry policy) therefore go straight to the JSON API on the store's own
+aiohttp session, authenticated
 with gcsfs's credentials (:mod:`streamrec.storage.gcs.client`), with ``ifGenerationMatch``
 pinned to the listed generation (and the ``X-Goog-Generation`` of every answer compared), so
 that streamrec's retry policy is the only one on the data path. Bodies are read off aiohttp's
