@@ -10,7 +10,11 @@ itself:
   the page, never records read twice;
 * each page is one request under the retry policy: a listing whose pages together take longer
   than one attempt's ``timeout_s`` completes, and a page that fails is asked for again from
-  its own token (the pages before it are not asked for again).
+  its own token (the pages before it are not asked for again);
+* GCS at its own page size (1,000): a second page naming the first page's token again is an
+  error at once (gcsfs followed it until the attempt's ``timeout_s`` ran out), and a page that
+  is no listing page (not JSON, a name outside the prefix, longer than a page can be) is
+  refused, not asked for again.
 
 (gcsfs and adlfs page inside one call: a token that came again was followed until the
 attempt's time ran out, and a listing of many pages had to fit in one attempt.)
@@ -21,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, quote_plus, urlencode
@@ -236,3 +241,65 @@ def test_a_failing_page_is_retried_from_its_own_token(
     assert failing.fired == 2
     # three pages, the second asked for three times: the first was not asked for again
     assert remote.listed() == len(NAMES) // 2 + 2
+
+
+async def test_gcs_a_token_again_past_the_default_page_size_is_an_error_at_once(
+    gcs_server: Any, gcs_bucket: str, fault_proxy: Any
+) -> None:
+    # 1,001 objects: two pages of the JSON API's most, at the store's own page size
+    names = [f"big/s-{i:04d}" for i in range(1001)]
+    shard = RecordEncoder().encode_many([b"r"])
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda name: gcs_server.put(gcs_bucket, name, shard), names))
+    proxy = fault_proxy(gcs_server.endpoint_url, flavor="gcs")
+    options = {**gcs_server.storage_options, "endpoint_url": proxy.url}
+    url = f"gs://{gcs_bucket}/big/*"
+    retry = RetryPolicy(max_attempts=1, timeout_s=5)
+    shards = await streamrec.open_dataset(url, storage_options=options, retry=retry).shards()
+    assert [obj.url for obj in shards] == [f"gs://{gcs_bucket}/{name}" for name in names]
+    listing = re.compile(rf"/storage/v1/b/{gcs_bucket}/o\?")
+    assert sum(1 for record in proxy.records if listing.search(record.target)) == 2
+    # the second page names its own token again: gcsfs followed it until timeout_s
+    query = urlencode({"prefix": "big/", "delimiter": "/", "maxResults": 1000})
+    first = http_request("GET", f"{gcs_server.endpoint_url}/storage/v1/b/{gcs_bucket}/o?{query}")
+    token = first.json()["nextPageToken"]
+    item = gcs_server.stat(gcs_bucket, names[1000])  # (all its fields: gcsfs reads them)
+    again = {"kind": "storage#objects", "items": [item], "nextPageToken": token}
+    proxy.status(
+        200,
+        path=_either("pageToken", token),
+        body=json.dumps(again).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    proxy.clear_records()
+    dataset = streamrec.open_dataset(url, storage_options=options, retry=retry)
+    with pytest.raises(StorageError, match="page 2: a continuation token that came") as raised:
+        await dataset.shards()
+    assert url in str(raised.value)
+    assert sum(1 for record in proxy.records if listing.search(record.target)) == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b"<html>not a page</html>", "not a JSON document"),
+        (b"[]", "not a JSON object"),
+        (b'{"items": [{"name": "e/x", "size": "1"}]}', "outside the prefix"),
+        (b'{"items": [{"name": "d/x", "size": "-1"}]}', "a size that is not a decimal"),
+        (b'{"items": {}}', "items are not a list"),
+        (b'{"nextPageToken": 7}', "nextPageToken is not a string"),
+        (b'{"items": []' + b" " * (17 << 20) + b"}", "longer than 16,777,216 bytes"),
+    ],
+)
+def test_gcs_a_page_that_is_no_listing_page_is_refused_once(
+    gcs_server: Any, gcs_bucket: str, fault_proxy: Any, body: bytes, problem: str
+) -> None:
+    proxy = fault_proxy(gcs_server.endpoint_url, flavor="gcs")
+    listing = re.compile(rf"/storage/v1/b/{gcs_bucket}/o\?")
+    proxy.status(200, path=listing, body=body, headers={"Content-Type": "application/json"})
+    options = {**gcs_server.storage_options, "endpoint_url": proxy.url}
+    url = f"gs://{gcs_bucket}/d/*"
+    with pytest.raises(StorageError, match=problem) as raised:
+        _read(url, options, FAST)
+    assert f"{url}: listing page 1 refused" in str(raised.value)
+    assert sum(1 for record in proxy.records if listing.search(record.target)) == 1
