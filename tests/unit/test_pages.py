@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from streamrec.errors import StorageError
-from streamrec.storage.pages import PageTrail
+from streamrec.storage.pages import PageTrail, glob_prefix
 
 URL = "s3://b/d/*"
 
@@ -50,3 +50,32 @@ def test_an_unsorted_listing_is_checked_for_keys_twice() -> None:
     trail.take(["d/b"], True, "t")
     with pytest.raises(StorageError, match="a continuation token that came before"):
         trail.take(["d/a"], True, "t")
+
+
+@pytest.mark.parametrize(
+    ("path", "bucket", "prefix", "matching", "not_matching"),
+    [
+        (
+            "b/d/part-*.rec",
+            "b",
+            "d/part-",
+            ["b/d/part-1.rec"],
+            ["b/d/part-1.idx", "b/d/x/part-1.rec"],
+        ),
+        ("b/d/*", "b", "d/", ["b/d/a", "b/d/a.idx"], ["b/d/", "b/d/e/f", "b/d-z"]),
+        ("b/d?", "b", "d", ["b/d1"], ["b/d", "b/d12", "b/d/"]),
+        ("b/[ab]*", "b", "", ["b/a", "b/b1"], ["b/c", "b/a/x"]),
+    ],
+)
+def test_a_glob_lists_the_prefix_up_to_its_first_wildcard(
+    path: str, bucket: str, prefix: str, matching: list[str], not_matching: list[str]
+) -> None:
+    glob = glob_prefix(path)
+    assert glob is not None and (glob.bucket, glob.prefix) == (bucket, prefix)
+    assert all(glob.matches(name) for name in matching)
+    assert not any(glob.matches(name) for name in not_matching)
+
+
+@pytest.mark.parametrize("path", ["b/*/x", "b/d/**", "b/d/x", "*"])
+def test_globs_above_the_last_level_are_left_to_the_filesystem(path: str) -> None:
+    assert glob_prefix(path) is None
