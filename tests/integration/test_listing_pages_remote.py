@@ -225,9 +225,9 @@ def test_a_listing_longer_than_one_attempts_timeout_completes(
     remote: Remote, page_keys: Callable[[int], int]
 ) -> None:
     page_keys(1)
-    # six pages of 0.3 s each: 1.8 s in all, each page well within timeout_s=1
-    remote.proxy.delay(0.3, path=remote.listing)
-    retry = RetryPolicy(max_attempts=2, timeout_s=1.0, initial_backoff_s=0.01)
+    # six pages of 0.35 s each: 2.1 s in all, each page well within timeout_s=1.5
+    remote.proxy.delay(0.35, path=remote.listing)
+    retry = RetryPolicy(max_attempts=2, timeout_s=1.5, initial_backoff_s=0.01)
     assert _read(remote.url("d/*"), remote.options, retry) == EVERY_RECORD
     assert remote.listed() == len(NAMES)  # no page timed out, none asked for twice
 
