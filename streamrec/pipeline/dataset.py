@@ -241,6 +241,7 @@ class Dataset(Chainable[bytes]):
                 lookup.table,
                 partial(lookup.keep, on_counts=self._keep_counts),
                 counts.shards if (counts := self._known_counts()) is not None else (),
+                lookup.versions,
             )
             pieces = indexed.pieces(
                 resume, on_planned=partial(self._planned, indexed.where), timed=timed

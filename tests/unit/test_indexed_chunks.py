@@ -45,10 +45,12 @@ def test_chunks_hold_a_third_of_the_budget_whatever_the_sizes(settings: dict[str
     options = ReadOptions(prefetch_bytes=8 * MIB, **settings)
     engine = IndexedEngine(["mem://x"], options, 0, Stats())
     plan = engine._plan(table, None)
-    chunks = list(engine._chunks(table, plan))
+    cut = list(engine._chunks(table, plan))
+    chunks = [chunk for chunk, _ in cut]
     limit = options.prefetch_bytes // CHUNK_PART
-    for chunk in chunks:
+    for chunk, size in cut:
         held = int(table.lengths_of(chunk).sum())
+        assert size == held  # what the chunk holds in the budget while read and consumed
         assert held <= limit or len(chunk) == 1, (held, len(chunk))
     # every position once, in the epoch's order
     everything = plan.order.records_at(plan.part.positions(0, plan.part.length, plan.pool))

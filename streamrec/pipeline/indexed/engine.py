@@ -48,6 +48,7 @@ import numpy as np
 from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.errors import StateError
 from streamrec.pipeline.budget import BudgetPlan, ByteBudget
+from streamrec.pipeline.indexed.lookup import pin_shards
 from streamrec.pipeline.indexed.table import Int64Array, RecordTable, build_table, read_records
 from streamrec.pipeline.indexed.trust import BoundaryTrust
 from streamrec.pipeline.listing.plan import (
@@ -64,6 +65,7 @@ from streamrec.pipeline.position.state import DatasetState, IndexedState
 from streamrec.pipeline.position.trackers import Where
 from streamrec.pipeline.stats import Stats
 from streamrec.storage.base import ObjectInfo
+from streamrec.storage.local.store import FileVersions
 from streamrec.storage.registry import StoreSet
 
 __all__ = ["IndexedEngine", "window_records"]
@@ -123,6 +125,7 @@ class IndexedEngine:
         table: RecordTable | None = None,
         on_table: Callable[[RecordTable], None] | None = None,
         listed: Sequence[ObjectInfo] = (),
+        versions: FileVersions | None = None,
     ):
         self.urls = list(urls)
         self.options = options
@@ -135,6 +138,8 @@ class IndexedEngine:
         self.on_table = on_table
         self.listed = listed
         """The shards as the dataset listed them already (``len()``): not listed again."""
+        self.versions: FileVersions = {} if versions is None else versions
+        """The local shards as first seen (the dataset's: see pin_shards)."""
         self.budget_plan = BudgetPlan(options)
         """How this iteration spends its prefetch budget (the budget, the read chunks)."""
         self._table: RecordTable | None = None
@@ -228,6 +233,7 @@ class IndexedEngine:
                     if self.on_table is not None:
                         self.on_table(table)
                 self._table = table
+                await pin_shards(table, stores, self.versions)
                 digest = shards_digest(table.shards, table.counts())
                 if (
                     resume is not None
@@ -261,13 +267,13 @@ class IndexedEngine:
             finally:
                 self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
 
-    def _chunks(self, table: RecordTable, plan: _Plan) -> Iterator[Int64Array]:
+    def _chunks(self, table: RecordTable, plan: _Plan) -> Iterator[tuple[Int64Array, int]]:
         """The records at the part's positions still to read, in reading order, cut into
         chunks of at most the plan's ``chunk_bytes`` framed bytes by the index's lengths
         (a record larger than that alone): a mean size says nothing of how the sizes are
         spread. In block mode a chunk is whole runs of ``mix`` positions where they fit.
         Positions are looked up a mean-sized chunk's worth at a time, and what one chunk
-        did not take starts the next."""
+        did not take starts the next. With each chunk: its records' framed bytes."""
         full = self.budget_plan.chunk_bytes
         # the first chunks ramp up (doubling): the first record comes after a small chunk's
         # reads, not a full one's (in global shuffle one record per shard of thousands)
@@ -286,10 +292,11 @@ class IndexedEngine:
                 records = np.concatenate((records, more))
                 sizes = np.concatenate((sizes, table.lengths_of(more)))
                 position = stop
-            take = max(1, int(np.searchsorted(np.cumsum(sizes), limit, side="right")))
+            total = np.cumsum(sizes)
+            take = max(1, int(np.searchsorted(total, limit, side="right")))
             if mix < take < len(records):
                 take = take // mix * mix
-            yield records[:take]
+            yield records[:take], int(total[take - 1])
             records, sizes = records[take:], sizes[take:]
             limit = min(full, limit * 2)
 
@@ -304,7 +311,17 @@ class IndexedEngine:
         gate = asyncio.Semaphore(concurrency)  # shared by the chunks' reads (module docstring)
         opened: set[int] = set()  # shards read from in this iteration, for stats.shards_opened
 
-        async def fetch(records: Int64Array) -> list[bytes]:
+        held = 0  # bytes held in the budget for chunks read or being read, not yet consumed
+
+        async def fetch(
+            records: Int64Array, size: int, after: asyncio.Event | None, holding: asyncio.Event
+        ) -> list[bytes]:
+            nonlocal held
+            if after is not None:  # the chunk before holds its room first (never starved)
+                await after.wait()
+            await budget.hold(size)
+            held += size
+            holding.set()
             touched = set(np.unique(table.locate(records)[0]).tolist()) - opened
             opened.update(touched)
             self.stats.shards_opened += len(touched)
@@ -327,24 +344,50 @@ class IndexedEngine:
                 self._ids.popitem(last=False)
             return got
 
+        def start(chunk: tuple[Int64Array, int], after: asyncio.Event | None) -> _Fetch:
+            records, size = chunk
+            holding = asyncio.Event()
+
+            async def run() -> list[bytes]:
+                try:
+                    return await fetch(records, size, after, holding)
+                finally:
+                    holding.set()  # (failed before holding: the next one is cancelled anyway)
+
+            return _Fetch(asyncio.ensure_future(run()), size, holding)
+
         chunks = self._chunks(table, plan)
         events: list[Event] = [plan.begin]
-        pending: asyncio.Task[list[bytes]] | None = None
+        pending: _Fetch | None = None
         try:
             chunk = next(chunks, None)
             while chunk is not None:
-                task = pending or asyncio.ensure_future(fetch(chunk))
+                current = pending or start(chunk, None)
                 pending = None
                 chunk = next(chunks, None)
                 if chunk is not None:  # the next chunk is read while this one is consumed
-                    pending = asyncio.ensure_future(fetch(chunk))
-                records = await task
+                    pending = start(chunk, current.holding)
+                records = await current.task
                 events.append(Advance(len(records)))
                 yield records, events
-                del records  # the consumer's: not kept here while the next chunks are read
+                # the consumer asked for the next piece: done with these records
+                del records
+                held -= current.size
+                budget.unhold(current.size)
                 events = []
             if events:
                 yield [], events
         finally:
             if pending is not None:
-                await cancel_and_wait([pending])
+                await cancel_and_wait([pending.task])
+            budget.unhold(held)  # chunks read (or being read) and never consumed
+
+
+@dataclass(frozen=True)
+class _Fetch:
+    """One chunk's reads under way: the task, the bytes it holds in the budget, and an event
+    set once it holds them (the next chunk's reads wait for it)."""
+
+    task: asyncio.Task[list[bytes]]
+    size: int
+    holding: asyncio.Event
