@@ -85,6 +85,10 @@ _FIRST_CHUNK_RECORDS = 32
 next one twice the one before, up to the plan's ``chunk_bytes``: a shard's first read
 verifies its index up to the record wanted (pipeline/indexed/trust.py), so a global shuffle's
 first record waits for a few shards' checks, not every shard's."""
+RECORD_COST_BYTES = 64
+"""What a record read by index costs beyond its framed bytes while its chunk is held: its
+``bytes`` object's header and its slots in the chunk's lists and position arrays (100,000
+empty records are ~6 MiB, not 1.6)."""
 _PIECES_LOCATED = 64  # pieces whose records where() finds (more than are ever pending)
 
 
@@ -273,24 +277,24 @@ class IndexedEngine:
         (a record larger than that alone): a mean size says nothing of how the sizes are
         spread. In block mode a chunk is whole runs of ``mix`` positions where they fit.
         Positions are looked up a mean-sized chunk's worth at a time, and what one chunk
-        did not take starts the next. With each chunk: its records' framed bytes."""
+        did not take starts the next. A record counts :data:`RECORD_COST_BYTES` beyond its
+        framed bytes (empty records are not free). With each chunk: the bytes it counts."""
         full = self.budget_plan.chunk_bytes
+        mean = plan.mean_bytes + RECORD_COST_BYTES
         # the first chunks ramp up (doubling): the first record comes after a small chunk's
         # reads, not a full one's (in global shuffle one record per shard of thousands)
-        limit = max(1, min(full, _FIRST_CHUNK_BYTES, int(_FIRST_CHUNK_RECORDS * plan.mean_bytes)))
+        limit = max(1, min(full, _FIRST_CHUNK_BYTES, int(_FIRST_CHUNK_RECORDS * mean)))
         mix = plan.order.mix if plan.order.shuffle == "block" else 1
-        step = self.budget_plan.chunk_records(plan.mean_bytes)
-        if mix > 1:
-            step = max(mix, step // mix * mix)
+        step = self.budget_plan.chunk_records(mean)
         position, end = plan.begin.taken, plan.part.length
         records, sizes = _NONE, _NONE
         while position < end or len(records):
             while int(sizes.sum()) <= limit and position < end:
-                wanted = int(2 * limit / plan.mean_bytes) + 1  # (the ramp's chunks: fewer)
-                stop = min(position + max(mix, min(step, wanted)), end)
+                wanted = int(2 * limit / mean) + 1  # (the ramp's chunks: fewer)
+                stop = min(position + min(step, wanted), end)
                 more = plan.order.records_at(plan.part.positions(position, stop, plan.pool))
                 records = np.concatenate((records, more))
-                sizes = np.concatenate((sizes, table.lengths_of(more)))
+                sizes = np.concatenate((sizes, table.lengths_of(more) + RECORD_COST_BYTES))
                 position = stop
             total = np.cumsum(sizes)
             take = max(1, int(np.searchsorted(total, limit, side="right")))
