@@ -21,8 +21,8 @@ READ_AHEAD_PART = 4
 """A shard read ahead of its turn is kept ``1 / READ_AHEAD_PART`` of a share; the shards a
 sequential read opens ahead hold at most ``1 / READ_AHEAD_PART`` of the budget together."""
 CHUNK_PART = 3
-"""An indexed read chunk holds about ``prefetch_bytes / CHUNK_PART`` of records; three exist at
-once (see :mod:`streamrec.pipeline.indexed.engine`)."""
+"""An indexed read chunk holds about ``prefetch_bytes / CHUNK_PART`` of records, held in the
+budget with the reads in flight (see :mod:`streamrec.pipeline.indexed.engine`)."""
 _MIN_STREAM_SHARE = 64 << 10  # a smaller share would mean tiny range reads
 _BLOCKS_PER_SHARE = 4  # a few blocks per share, so that one arrives while another is decoded
 

@@ -17,12 +17,19 @@ sidecar: records are read by position). One iteration:
    record lengths, so skewed sizes keep the bound; a record larger than that is a chunk
    alone; in block mode whole runs of ``mix`` positions where they fit): each chunk's records
    read with :func:`~streamrec.pipeline.indexed.table.read_records` while the one before is
-   consumed. At most three chunks exist at once - the one the consumer has, the one awaited and the
-   next - so reads in flight and decoded records stay within ``prefetch_bytes`` (plus the
-   bytes between coalesced records, which the budget counts while they are in flight). The
-   reads of all chunks share one gate of ``max_concurrency`` slots, first come first served:
-   the next chunk's reads take slots as the current chunk's free them, and no more reads are
-   in flight than one chunk would have.
+   consumed. A chunk *holds* its bytes in the budget (:meth:`ByteBudget.hold
+   <streamrec.pipeline.budget.ByteBudget.hold>`: its framed bytes and
+   :data:`RECORD_COST_BYTES` a record) from before its reads until the consumer asks for the
+   next piece, chunks in reading order, beside the reads in flight (their bytes, gaps
+   included: a span's read and its decoded records are alive at once while it is decoded). So
+   what the consumer has, what is decoded and what is in flight stay within
+   ``prefetch_bytes``, but for one read granted alone when no other is in flight (a record
+   larger than the budget: its read and its copy); a next chunk that does not fit waits for
+   the consumer (issue 29 B.9: 4 MiB records under an 8 MiB budget held three chunks and
+   their copies, 5.4x). The reads of all chunks share one gate of ``max_concurrency``
+   slots, first come first served: the next chunk's reads take slots as the current chunk's
+   free them, and no more reads are in flight than one chunk would have. Every shard is
+   pinned for the iteration (:func:`~streamrec.pipeline.indexed.lookup.pin_shards`).
    Pieces carry :class:`~streamrec.pipeline.position.events.Begin` /
    :class:`~streamrec.pipeline.position.events.Advance` events, so the consumer's state is one
    number.

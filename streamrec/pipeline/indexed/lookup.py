@@ -23,6 +23,9 @@ share one range read, reads of up to ``block_bytes`` (and at most ``prefetch_byt
 ``max_concurrency`` in flight, every byte reserved in one ``prefetch_bytes`` budget before it
 is requested, retried per ``retry`` (counted in ``stats.retries``), every CRC checked
 (``verify_crc``; ``on_corrupt`` does not apply: a damaged record is an error, never skipped).
+Every shard is pinned while read (:func:`pin_shards`): a local shard replaced meanwhile (an atomic
+rename) is read as the dataset first saw it, or is an
+:class:`~streamrec.errors.ObjectChangedError` naming it, never records of two versions.
 A record is read only from a boundary verified against the shard's own framing
 (:mod:`streamrec.pipeline.indexed.trust`: the first call into a shard reads the length fields of its
 records before the one asked for, or a compressed shard whole; kept per dataset).
