@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from streamrec.format import framing
-from streamrec.storage.local import records
+from streamrec.storage.local import records, store
 from support.corpus import CORPUS_DIR, MANIFEST
 
 pytest_plugins = ["support.server_fixtures"]
@@ -36,6 +36,7 @@ def scanner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     scan and the fused copy + CRC of big records, the direct reads of local large records)."""
     if request.param == "python":
         monkeypatch.setattr(records, "_cread", None)
+        monkeypatch.setattr(store, "_CREAD", [None])  # local range reads into a bytearray
         monkeypatch.setattr(framing, "_scan", framing._scan_python)
         monkeypatch.setattr(framing, "_new_payload", framing._new_payload_python)
         monkeypatch.setattr(framing, "_fill", framing._fill_python)

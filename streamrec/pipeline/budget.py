@@ -21,8 +21,8 @@ READ_AHEAD_PART = 4
 """A shard read ahead of its turn is kept ``1 / READ_AHEAD_PART`` of a share; the shards a
 sequential read opens ahead hold at most ``1 / READ_AHEAD_PART`` of the budget together."""
 CHUNK_PART = 3
-"""An indexed read chunk holds about ``prefetch_bytes / CHUNK_PART`` of records; three exist at
-once (see :mod:`streamrec.pipeline.indexed.engine`)."""
+"""An indexed read chunk holds about ``prefetch_bytes / CHUNK_PART`` of records, held in the
+budget with the reads in flight (see :mod:`streamrec.pipeline.indexed.engine`)."""
 _MIN_STREAM_SHARE = 64 << 10  # a smaller share would mean tiny range reads
 _BLOCKS_PER_SHARE = 4  # a few blocks per share, so that one arrives while another is decoded
 
@@ -47,6 +47,11 @@ class ByteBudget:
     grant). So the first streams opened cannot take the room the ones the consumer needs
     next are owed, and room nobody needs is still used.
 
+    Bytes already read and decoded may stay *held* (:meth:`hold`: the indexed engine's chunks
+    from before their reads start until the consumer is done with their records): they count
+    in ``reserved`` (and :attr:`peak`), so reads get only the room left beside them, but a read
+    is still granted alone when no other read is in flight (the held chunk waits for it).
+
     Streams that stopped requesting for lack of room ask to be woken (:meth:`wake_on_release`)
     and are called back, in the order they asked, soon after bytes are released: the budget
     keeps being used while the stream that released the bytes runs first (it re-requests in
@@ -61,6 +66,7 @@ class ByteBudget:
         self.peak = 0
         self.kept = 0  # the shares of all streams open at once (see the class docstring)
         self.covered = 0  # the part of their shares streams hold
+        self.held = 0  # of reserved: decoded records not yet consumed (see hold)
         self._released = asyncio.Event()
         self._wakers: dict[Callable[[], object], None] = {}  # ordered set
         self._wake_scheduled = False
@@ -78,7 +84,8 @@ class ByteBudget:
         """Reserve ``n`` bytes if that fits now, leaving ``keep_free`` bytes (what other
         streams are owed; less than none is none: streams whose shares add up to more than
         the limit are owed nothing beyond it); never waits."""
-        if self.reserved and self.reserved + n + max(0, keep_free) > self.limit:
+        in_flight = self.reserved - self.held
+        if in_flight and self.reserved + n + max(0, keep_free) > self.limit:
             return False
         self._take(n)
         return True
@@ -101,6 +108,23 @@ class ByteBudget:
                 return
             self._released.clear()
             await self._released.wait()
+
+    async def hold(self, n: int) -> None:
+        """Reserve ``n`` bytes of records to be kept after their reads (until :meth:`unhold`),
+        waiting until they fit beside everything reserved, or nothing is: so held bytes stay
+        within ``limit`` unless one holder alone is larger. Holders are served in the order
+        their caller asks (one at a time: the indexed engine's chunks, in reading order)."""
+        while self.reserved and self.reserved + n > self.limit:
+            self._released.clear()
+            await self._released.wait()
+        self._take(n)
+        self.held += n
+
+    def unhold(self, n: int) -> None:
+        """Give back ``n`` held bytes (their records were consumed, or never will be)."""
+        self.held -= n
+        assert self.held >= 0, "unheld more than held"
+        self.release(n)
 
     def release(self, n: int) -> None:
         """Give back ``n`` reserved bytes."""

@@ -171,8 +171,7 @@ class Dataset(Chainable[bytes]):
         self._set_cursor(None)
         self._finished = resume.finished
 
-    def _config(self) -> dict[str, Any]:
-        # no credentials in states
+    def _config(self) -> dict[str, Any]:  # (no credentials in states)
         if self._url_names is None:  # (once: state_dict() may run after every batch)
             self._url_names = url_names(self.urls)
         return {"urls": self._url_names, **self.options.config()}
@@ -241,6 +240,7 @@ class Dataset(Chainable[bytes]):
                 lookup.table,
                 partial(lookup.keep, on_counts=self._keep_counts),
                 counts.shards if (counts := self._known_counts()) is not None else (),
+                lookup.versions,
             )
             pieces = indexed.pieces(
                 resume, on_planned=partial(self._planned, indexed.where), timed=timed

@@ -10,7 +10,7 @@ import pytest
 
 from streamrec.format.index.core import IndexBuilder
 from streamrec.pipeline.budget import CHUNK_PART
-from streamrec.pipeline.indexed.engine import IndexedEngine
+from streamrec.pipeline.indexed.engine import RECORD_COST_BYTES, IndexedEngine
 from streamrec.pipeline.indexed.table import RecordTable
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.stats import Stats
@@ -45,10 +45,14 @@ def test_chunks_hold_a_third_of_the_budget_whatever_the_sizes(settings: dict[str
     options = ReadOptions(prefetch_bytes=8 * MIB, **settings)
     engine = IndexedEngine(["mem://x"], options, 0, Stats())
     plan = engine._plan(table, None)
-    chunks = list(engine._chunks(table, plan))
+    cut = list(engine._chunks(table, plan))
+    chunks = [chunk for chunk, _ in cut]
     limit = options.prefetch_bytes // CHUNK_PART
-    for chunk in chunks:
-        held = int(table.lengths_of(chunk).sum())
+    for chunk, size in cut:
+        # what the chunk holds in the budget while read and consumed: its framed bytes and
+        # the records' own cost (an empty record is not free)
+        held = int(table.lengths_of(chunk).sum()) + RECORD_COST_BYTES * len(chunk)
+        assert size == held
         assert held <= limit or len(chunk) == 1, (held, len(chunk))
     # every position once, in the epoch's order
     everything = plan.order.records_at(plan.part.positions(0, plan.part.length, plan.pool))

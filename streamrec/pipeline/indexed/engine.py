@@ -17,12 +17,19 @@ sidecar: records are read by position). One iteration:
    record lengths, so skewed sizes keep the bound; a record larger than that is a chunk
    alone; in block mode whole runs of ``mix`` positions where they fit): each chunk's records
    read with :func:`~streamrec.pipeline.indexed.table.read_records` while the one before is
-   consumed. At most three chunks exist at once - the one the consumer has, the one awaited and the
-   next - so reads in flight and decoded records stay within ``prefetch_bytes`` (plus the
-   bytes between coalesced records, which the budget counts while they are in flight). The
-   reads of all chunks share one gate of ``max_concurrency`` slots, first come first served:
-   the next chunk's reads take slots as the current chunk's free them, and no more reads are
-   in flight than one chunk would have.
+   consumed. A chunk *holds* its bytes in the budget (:meth:`ByteBudget.hold
+   <streamrec.pipeline.budget.ByteBudget.hold>`: its framed bytes and
+   :data:`RECORD_COST_BYTES` a record) from before its reads until the consumer asks for the
+   next piece, chunks in reading order, beside the reads in flight (their bytes, gaps
+   included: a span's read and its decoded records are alive at once while it is decoded). So
+   what the consumer has, what is decoded and what is in flight stay within
+   ``prefetch_bytes``, but for one read granted alone when no other is in flight (a record
+   larger than the budget: its read and its copy); a next chunk that does not fit waits for
+   the consumer (issue 29 B.9: 4 MiB records under an 8 MiB budget held three chunks and
+   their copies, 5.4x). The reads of all chunks share one gate of ``max_concurrency``
+   slots, first come first served: the next chunk's reads take slots as the current chunk's
+   free them, and no more reads are in flight than one chunk would have. Every shard is
+   pinned for the iteration (:func:`~streamrec.pipeline.indexed.lookup.pin_shards`).
    Pieces carry :class:`~streamrec.pipeline.position.events.Begin` /
    :class:`~streamrec.pipeline.position.events.Advance` events, so the consumer's state is one
    number.
@@ -48,6 +55,7 @@ import numpy as np
 from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.errors import StateError
 from streamrec.pipeline.budget import BudgetPlan, ByteBudget
+from streamrec.pipeline.indexed.lookup import pin_shards
 from streamrec.pipeline.indexed.table import Int64Array, RecordTable, build_table, read_records
 from streamrec.pipeline.indexed.trust import BoundaryTrust
 from streamrec.pipeline.listing.plan import (
@@ -64,6 +72,7 @@ from streamrec.pipeline.position.state import DatasetState, IndexedState
 from streamrec.pipeline.position.trackers import Where
 from streamrec.pipeline.stats import Stats
 from streamrec.storage.base import ObjectInfo
+from streamrec.storage.local.store import FileVersions
 from streamrec.storage.registry import StoreSet
 
 __all__ = ["IndexedEngine", "window_records"]
@@ -83,6 +92,10 @@ _FIRST_CHUNK_RECORDS = 32
 next one twice the one before, up to the plan's ``chunk_bytes``: a shard's first read
 verifies its index up to the record wanted (pipeline/indexed/trust.py), so a global shuffle's
 first record waits for a few shards' checks, not every shard's."""
+RECORD_COST_BYTES = 64
+"""What a record read by index costs beyond its framed bytes while its chunk is held: its
+``bytes`` object's header and its slots in the chunk's lists and position arrays (100,000
+empty records are ~6 MiB, not 1.6)."""
 _PIECES_LOCATED = 64  # pieces whose records where() finds (more than are ever pending)
 
 
@@ -123,6 +136,7 @@ class IndexedEngine:
         table: RecordTable | None = None,
         on_table: Callable[[RecordTable], None] | None = None,
         listed: Sequence[ObjectInfo] = (),
+        versions: FileVersions | None = None,
     ):
         self.urls = list(urls)
         self.options = options
@@ -135,6 +149,8 @@ class IndexedEngine:
         self.on_table = on_table
         self.listed = listed
         """The shards as the dataset listed them already (``len()``): not listed again."""
+        self.versions: FileVersions = {} if versions is None else versions
+        """The local shards as first seen (the dataset's: see pin_shards)."""
         self.budget_plan = BudgetPlan(options)
         """How this iteration spends its prefetch budget (the budget, the read chunks)."""
         self._table: RecordTable | None = None
@@ -228,6 +244,7 @@ class IndexedEngine:
                     if self.on_table is not None:
                         self.on_table(table)
                 self._table = table
+                await pin_shards(table, stores, self.versions)
                 digest = shards_digest(table.shards, table.counts())
                 if (
                     resume is not None
@@ -261,35 +278,36 @@ class IndexedEngine:
             finally:
                 self.stats.peak_prefetch_bytes = max(self.stats.peak_prefetch_bytes, budget.peak)
 
-    def _chunks(self, table: RecordTable, plan: _Plan) -> Iterator[Int64Array]:
+    def _chunks(self, table: RecordTable, plan: _Plan) -> Iterator[tuple[Int64Array, int]]:
         """The records at the part's positions still to read, in reading order, cut into
         chunks of at most the plan's ``chunk_bytes`` framed bytes by the index's lengths
         (a record larger than that alone): a mean size says nothing of how the sizes are
         spread. In block mode a chunk is whole runs of ``mix`` positions where they fit.
         Positions are looked up a mean-sized chunk's worth at a time, and what one chunk
-        did not take starts the next."""
+        did not take starts the next. A record counts :data:`RECORD_COST_BYTES` beyond its
+        framed bytes (empty records are not free). With each chunk: the bytes it counts."""
         full = self.budget_plan.chunk_bytes
+        mean = plan.mean_bytes + RECORD_COST_BYTES
         # the first chunks ramp up (doubling): the first record comes after a small chunk's
         # reads, not a full one's (in global shuffle one record per shard of thousands)
-        limit = max(1, min(full, _FIRST_CHUNK_BYTES, int(_FIRST_CHUNK_RECORDS * plan.mean_bytes)))
+        limit = max(1, min(full, _FIRST_CHUNK_BYTES, int(_FIRST_CHUNK_RECORDS * mean)))
         mix = plan.order.mix if plan.order.shuffle == "block" else 1
-        step = self.budget_plan.chunk_records(plan.mean_bytes)
-        if mix > 1:
-            step = max(mix, step // mix * mix)
+        step = self.budget_plan.chunk_records(mean)
         position, end = plan.begin.taken, plan.part.length
         records, sizes = _NONE, _NONE
         while position < end or len(records):
             while int(sizes.sum()) <= limit and position < end:
-                wanted = int(2 * limit / plan.mean_bytes) + 1  # (the ramp's chunks: fewer)
-                stop = min(position + max(mix, min(step, wanted)), end)
+                wanted = int(2 * limit / mean) + 1  # (the ramp's chunks: fewer)
+                stop = min(position + min(step, wanted), end)
                 more = plan.order.records_at(plan.part.positions(position, stop, plan.pool))
                 records = np.concatenate((records, more))
-                sizes = np.concatenate((sizes, table.lengths_of(more)))
+                sizes = np.concatenate((sizes, table.lengths_of(more) + RECORD_COST_BYTES))
                 position = stop
-            take = max(1, int(np.searchsorted(np.cumsum(sizes), limit, side="right")))
+            total = np.cumsum(sizes)
+            take = max(1, int(np.searchsorted(total, limit, side="right")))
             if mix < take < len(records):
                 take = take // mix * mix
-            yield records[:take]
+            yield records[:take], int(total[take - 1])
             records, sizes = records[take:], sizes[take:]
             limit = min(full, limit * 2)
 
@@ -304,7 +322,17 @@ class IndexedEngine:
         gate = asyncio.Semaphore(concurrency)  # shared by the chunks' reads (module docstring)
         opened: set[int] = set()  # shards read from in this iteration, for stats.shards_opened
 
-        async def fetch(records: Int64Array) -> list[bytes]:
+        held = 0  # bytes held in the budget for chunks read or being read, not yet consumed
+
+        async def fetch(
+            records: Int64Array, size: int, after: asyncio.Event | None, holding: asyncio.Event
+        ) -> list[bytes]:
+            nonlocal held
+            if after is not None:  # the chunk before holds its room first (never starved)
+                await after.wait()
+            await budget.hold(size)
+            held += size
+            holding.set()
             touched = set(np.unique(table.locate(records)[0]).tolist()) - opened
             opened.update(touched)
             self.stats.shards_opened += len(touched)
@@ -327,24 +355,50 @@ class IndexedEngine:
                 self._ids.popitem(last=False)
             return got
 
+        def start(chunk: tuple[Int64Array, int], after: asyncio.Event | None) -> _Fetch:
+            records, size = chunk
+            holding = asyncio.Event()
+
+            async def run() -> list[bytes]:
+                try:
+                    return await fetch(records, size, after, holding)
+                finally:
+                    holding.set()  # (failed before holding: the next one is cancelled anyway)
+
+            return _Fetch(asyncio.ensure_future(run()), size, holding)
+
         chunks = self._chunks(table, plan)
         events: list[Event] = [plan.begin]
-        pending: asyncio.Task[list[bytes]] | None = None
+        pending: _Fetch | None = None
         try:
             chunk = next(chunks, None)
             while chunk is not None:
-                task = pending or asyncio.ensure_future(fetch(chunk))
+                current = pending or start(chunk, None)
                 pending = None
                 chunk = next(chunks, None)
                 if chunk is not None:  # the next chunk is read while this one is consumed
-                    pending = asyncio.ensure_future(fetch(chunk))
-                records = await task
+                    pending = start(chunk, current.holding)
+                records = await current.task
                 events.append(Advance(len(records)))
                 yield records, events
-                del records  # the consumer's: not kept here while the next chunks are read
+                # the consumer asked for the next piece: done with these records
+                del records
+                held -= current.size
+                budget.unhold(current.size)
                 events = []
             if events:
                 yield [], events
         finally:
             if pending is not None:
-                await cancel_and_wait([pending])
+                await cancel_and_wait([pending.task])
+            budget.unhold(held)  # chunks read (or being read) and never consumed
+
+
+@dataclass(frozen=True)
+class _Fetch:
+    """One chunk's reads under way: the task, the bytes it holds in the budget, and an event
+    set once it holds them (the next chunk's reads wait for it)."""
+
+    task: asyncio.Task[list[bytes]]
+    size: int
+    holding: asyncio.Event

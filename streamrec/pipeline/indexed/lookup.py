@@ -23,6 +23,9 @@ share one range read, reads of up to ``block_bytes`` (and at most ``prefetch_byt
 ``max_concurrency`` in flight, every byte reserved in one ``prefetch_bytes`` budget before it
 is requested, retried per ``retry`` (counted in ``stats.retries``), every CRC checked
 (``verify_crc``; ``on_corrupt`` does not apply: a damaged record is an error, never skipped).
+Every shard is pinned while read (:func:`pin_shards`): a local shard replaced meanwhile (an atomic
+rename) is read as the dataset first saw it, or is an
+:class:`~streamrec.errors.ObjectChangedError` naming it, never records of two versions.
 A record is read only from a boundary verified against the shard's own framing
 (:mod:`streamrec.pipeline.indexed.trust`: the first call into a shard reads the length fields of its
 records before the one asked for, or a compressed shard whole; kept per dataset).
@@ -55,9 +58,10 @@ from streamrec.pipeline.indexed.trust import BoundaryTrust
 from streamrec.pipeline.listing.lengths import ShardCounts, counts_key
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.stats import Stats
+from streamrec.storage.local.store import FileVersions, LocalStore, note_versions
 from streamrec.storage.registry import StoreSet
 
-__all__ = ["RecordLookup"]
+__all__ = ["RecordLookup", "pin_shards"]
 
 Indices = Sequence[int] | npt.ArrayLike
 OnTable = Callable[[ShardCounts], None]
@@ -79,6 +83,7 @@ class _Session:
         self.budget = self.budget_plan.budget
         self.gate = asyncio.Semaphore(options.max_concurrency)
         self.building = asyncio.Lock()  # one table build at a time
+        self.pinned: RecordTable | None = None  # the table whose shards the stores pin
         self._closing = threading.Lock()
         self.finalizer: weakref.finalize[Any, Any] | None = None
 
@@ -103,6 +108,25 @@ class _Session:
                 self.portal.close()
 
 
+async def pin_shards(table: RecordTable, stores: StoreSet, versions: FileVersions) -> None:
+    """Pin every shard of ``table`` in ``stores`` until they close (``ObjectStore.pin``).
+    Remote reads are pinned to the listed version already; a local shard's reads must find
+    the file noted in ``versions`` (the dataset's: noted when its table was first pinned), so
+    a shard replaced meanwhile (an atomic rename by a writer or a reshard) is read as it was
+    while a descriptor is open, else is an ObjectChangedError naming it: never two versions'
+    records, and never records the index was not checked against."""
+    local = []
+    for shard in table.shards:
+        store = stores.get(shard.url)
+        if isinstance(store, LocalStore):
+            store.pin(shard, versions)
+            local.append(shard)
+        else:
+            store.pin(shard)
+    if local:
+        await asyncio.to_thread(note_versions, local, versions)
+
+
 async def _close(stores: StoreSet) -> None:
     await stores.__aexit__(None, None, None)
 
@@ -119,6 +143,9 @@ class RecordLookup:
         # what is verified of the shards' indexes (pipeline/indexed/trust.py): this dataset's, for
         # get() and every epoch of its indexed reading (Dataset passes it on)
         self.trust = BoundaryTrust()
+        # the local shards as first seen (pin_shards): this dataset's, for get() and every
+        # epoch (Dataset passes it on), pickled into DataLoader workers
+        self.versions: FileVersions = {}
         self.key = counts_key(urls, options)
         self.table: RecordTable | None = None
         self._session: _Session | None = None
@@ -168,6 +195,9 @@ class RecordLookup:
                     )
                     self.table = table
                     on_table(ShardCounts(self.key, table.counts(), shards=tuple(table.shards)))
+        if session.pinned is not table:  # (see pin_shards)
+            session.pinned = table
+            await pin_shards(table, session.stores, self.versions)
         options = self.options
         try:
             return await read_records(
@@ -217,5 +247,6 @@ class RecordLookup:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("versions", {})  # (pickled by an earlier version)
         self.__dict__.update(state)
         self._guard = threading.Lock()

@@ -6,6 +6,11 @@ go through one descriptor, opened by the first, so a file replaced meanwhile (an
 by a writer or a reshard) is read to its end as it was, never spliced with its successor; a
 file changed in place (written, truncated: its size or mtime differ from when it was first
 read) is an :class:`~streamrec.errors.ObjectChangedError`, as a replaced remote object is.
+Random access pins every shard of its table (thousands): at most :data:`MAX_OPEN_PINS`
+descriptors stay open, the least recently read closed first, and a file opened again must be
+the one first seen (device, inode, size, mtime), else ObjectChangedError. What was first seen
+may be shared beyond the store (:data:`FileVersions`: a dataset's, for every epoch, ``get()``
+and DataLoader worker) and noted before any read (:func:`note_versions`).
 """
 
 from __future__ import annotations
@@ -15,14 +20,31 @@ import glob
 import os
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 from streamrec.errors import ObjectChangedError, ObjectNotFoundError, StorageError
+from streamrec.format.accel import load_accelerator
 from streamrec.storage.base import Leftover, ObjectInfo, ObjectStore, has_glob
 from streamrec.storage.sink_base import TEMP_NAME, AtomicLocalSink, SinkContext
 from streamrec.storage.translate import translate
 
-__all__ = ["LocalFile", "LocalStore"]
+__all__ = ["MAX_OPEN_PINS", "FileVersions", "LocalFile", "LocalStore", "note_versions"]
+
+MAX_OPEN_PINS = 64
+"""Most descriptors of pinned files a store keeps open (see the module docstring)."""
+
+_CREAD: list[Any] = []  # the C extension (or None), loaded by the first read: it imports
+# the format package's CRC, which is not importable while streamrec itself is being imported
+
+
+def _receiver(length: int) -> Any:
+    """A C ``Receiver`` of ``length`` bytes (a fresh ``bytes`` behind a writable buffer), or
+    a ``bytearray`` without the C extension."""
+    if not _CREAD:
+        _CREAD.append(load_accelerator("_cread", "streamrec.storage"))
+    return bytearray(length) if _CREAD[0] is None else _CREAD[0].Receiver(length)
 
 
 class LocalStore(ObjectStore):
@@ -34,6 +56,7 @@ class LocalStore(ObjectStore):
 
     def __init__(self) -> None:
         self._pins: dict[tuple[str, int], _Pinned] = {}  # (url, size) -> its pinned file
+        self._open = _OpenPins(MAX_OPEN_PINS)
 
     @staticmethod
     def path(url: str) -> str:
@@ -69,24 +92,40 @@ class LocalStore(ObjectStore):
         if not _allocator_settled:
             _settle_allocator()
         pinned = self._pins.get((obj.url, obj.size))
+        # the bytes are allocated here, in the loop's thread, and filled in a worker thread:
+        # glibc gives each thread its own arena and keeps freed memory in it, so buffers
+        # allocated by whichever worker ran the read left a freed read's worth of resident
+        # memory in every worker's arena (+18 MiB at 4 MiB reads, bench_hostile's skewed case;
+        # without the C extension a bytearray, copied into bytes here: +15 MiB)
+        receiver = _receiver(end - start)
         try:
             if pinned is not None:
-                return await asyncio.to_thread(_pread_pinned, pinned, start, end)
-            return await asyncio.to_thread(_pread, self.path(obj.url), start, end)
+                data = await asyncio.to_thread(_pread_pinned, pinned, start, end, receiver)
+            else:
+                data = await asyncio.to_thread(_pread, self.path(obj.url), start, end, receiver)
+            if isinstance(data, bytearray):
+                data = bytes(data)
         except StorageError:
             raise
         except OSError as exc:
             raise translate(exc, obj.url, f"reading bytes {start}-{end - 1}") from exc
+        return data
 
-    def pin(self, obj: ObjectInfo) -> None:
+    def pin(self, obj: ObjectInfo, versions: FileVersions | None = None) -> None:
         """Read ``obj`` from one descriptor until :meth:`unpin` (see the module docstring).
 
         Pins of the same url and size share the descriptor; it is opened by the first read
-        and closed by the last unpin (a read still running keeps its own duplicate)."""
+        and closed by the last unpin (a read still running keeps its own duplicate).
+        ``versions``: the files as first seen, shared with other pins (a new pin's own by
+        default); the first pin of ``obj`` decides."""
         key = (obj.url, obj.size)
         pinned = self._pins.get(key)
         if pinned is None:
-            pinned = self._pins[key] = _Pinned(obj.url, self.path(obj.url), obj.size)
+            path = self.path(obj.url)
+            pinned = _Pinned(
+                obj.url, path, obj.size, self._open, {} if versions is None else versions
+            )
+            self._pins[key] = pinned
         pinned.pins += 1
 
     def unpin(self, obj: ObjectInfo) -> None:
@@ -256,19 +295,36 @@ def _preadv_copy(fd: int, buffers: list[memoryview], offset: int) -> int:
 _preadv = getattr(os, "preadv", _preadv_copy)
 
 
-def _pread(path: str, start: int, end: int) -> bytes:
+def _pread_fd(fd: int, start: int, end: int, receiver: Any) -> bytes | bytearray:
+    """Bytes ``start:end`` of ``fd`` (fewer at its end), into ``receiver`` (a C ``Receiver``
+    or a ``bytearray`` of ``end - start`` bytes) when given."""
+    if receiver is None:
+        return os.pread(fd, end - start, start)
+    view = memoryview(receiver)
+    try:
+        got = _preadv(fd, [view], start)
+    finally:
+        view.release()
+    if isinstance(receiver, bytearray):  # (pure Python: copied into bytes by the loop)
+        del receiver[got:]
+        return receiver
+    data: bytes = receiver.payload
+    return data if got == len(data) else data[:got]
+
+
+def _pread(path: str, start: int, end: int, receiver: Any = None) -> bytes | bytearray:
     fd = os.open(path, os.O_RDONLY)
     try:
-        return os.pread(fd, end - start, start)
+        return _pread_fd(fd, start, end, receiver)
     finally:
         os.close(fd)
 
 
-def _pread_pinned(pinned: _Pinned, start: int, end: int) -> bytes:
+def _pread_pinned(pinned: _Pinned, start: int, end: int, receiver: Any = None) -> bytes | bytearray:
     """(Worker thread.) Bytes ``start:end`` of the pinned file, checked unchanged after."""
     fd = pinned.open()
     try:
-        data = os.pread(fd, end - start, start)
+        data = _pread_fd(fd, start, end, receiver)
         pinned.check(fd)
         return data
     finally:
@@ -281,17 +337,22 @@ class _Pinned:
     ``pins`` is counted on the event loop's thread; :meth:`open` (worker threads) opens the
     file at the first read and hands every read a duplicate of the descriptor, so
     :meth:`close` never pulls one from under a read still running in a thread (a cancelled
-    read's thread runs to its end)."""
+    read's thread runs to its end). The descriptor may be closed between reads to keep few
+    open (:class:`_OpenPins`); opened again, it must be the same file, unchanged."""
 
-    def __init__(self, url: str, path: str, size: int) -> None:
+    def __init__(
+        self, url: str, path: str, size: int, open_pins: _OpenPins, versions: FileVersions
+    ) -> None:
         self.url = url
         self.path = path
         self.size = size  # as listed
         self.pins = 0
+        self._open_pins = open_pins
+        self._versions = versions  # the file as first seen (by url)
         self._lock = threading.Lock()
         self._fd = -1
         self._closed = False
-        self._seen: tuple[int, int] = (0, 0)  # (size, mtime in ns) when opened
+        self._seen: _Identity = (0, 0, 0, 0)  # (device, inode, size, mtime in ns) when opened
 
     def open(self) -> int:
         """(Worker thread.) A new descriptor of the pinned file: the caller closes it."""
@@ -308,14 +369,28 @@ class _Pinned:
                 except OSError as exc:
                     os.close(fd)
                     raise translate(exc, self.url, "opening it") from exc
-                if seen[0] < self.size:
+                if seen[2] < self.size:
                     os.close(fd)
                     raise ObjectChangedError(
-                        f"{self.url}: the file has {seen[0]} bytes, fewer than the "
+                        f"{self.url}: the file has {seen[2]} bytes, fewer than the "
                         f"{self.size} it had when listed: it changed since"
                     )
+                first = self._versions.setdefault(self.url, seen)
+                if seen != first:
+                    os.close(fd)
+                    raise ObjectChangedError(
+                        f"{self.url}: the file was replaced or changed since it was first seen "
+                        f"({first[2]} bytes then, {seen[2]} now): records are never read from "
+                        "two versions"
+                    )
                 self._fd, self._seen = fd, seen
-            return os.dup(self._fd)
+                reopened = True
+            else:
+                reopened = False
+            fd = os.dup(self._fd)
+        if reopened:  # (outside the lock: closing others takes theirs)
+            self._open_pins.opened(self)
+        return fd
 
     def check(self, fd: int) -> None:
         """Raise ObjectChangedError if the file behind ``fd`` (a duplicate of the pinned
@@ -327,21 +402,71 @@ class _Pinned:
         if now != self._seen:
             raise ObjectChangedError(
                 f"{self.url}: the file changed while it was being read (written or truncated "
-                f"in place: {self._seen[0]} bytes when the read began, {now[0]} now)"
+                f"in place: {self._seen[2]} bytes when the read began, {now[2]} now)"
             )
+
+    def shut(self) -> None:
+        """Close the descriptor, not the pin (the next read opens the file again)."""
+        with self._lock:
+            fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             fd, self._fd = self._fd, -1
+        self._open_pins.forget(self)
         if fd >= 0:
             os.close(fd)
 
 
-def _identity(fd: int) -> tuple[int, int]:
-    """What tells a changed file: its size and modification time (ns)."""
+class _OpenPins:
+    """The pinned files of a store whose descriptors are open, least recently opened first:
+    past ``limit``, the oldest are closed (worker threads: locked)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._open: OrderedDict[int, _Pinned] = OrderedDict()
+
+    def opened(self, pinned: _Pinned) -> None:
+        with self._lock:
+            self._open[id(pinned)] = pinned
+            victims = []
+            while len(self._open) > self.limit:
+                victims.append(self._open.popitem(last=False)[1])
+        for victim in victims:
+            victim.shut()
+
+    def forget(self, pinned: _Pinned) -> None:
+        with self._lock:
+            self._open.pop(id(pinned), None)
+
+
+_Identity = tuple[int, int, int, int]
+FileVersions = dict[str, _Identity]
+"""Local files as first seen, by url: (device, inode, size, mtime in ns)."""
+
+
+def note_versions(objs: Sequence[ObjectInfo], versions: FileVersions) -> None:
+    """(Blocking: a worker thread.) Note the local files ``objs`` as they are now in
+    ``versions``, where not noted yet (a file that cannot be looked up is left to its read to
+    say why)."""
+    for obj in objs:
+        if obj.url in versions:
+            continue
+        try:
+            stat = os.stat(LocalStore.path(obj.url))
+        except OSError:
+            continue
+        versions.setdefault(obj.url, (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns))
+
+
+def _identity(fd: int) -> _Identity:
+    """What tells a replaced or changed file: its device, inode, size and mtime (ns)."""
     stat = os.fstat(fd)
-    return stat.st_size, stat.st_mtime_ns
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def _local_temp_files(prefix: str) -> list[Leftover]:
