@@ -10,6 +10,7 @@ least the delay for its first byte, the pages and metadata reads counted are tho
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,10 @@ def _records(shard: int) -> list[bytes]:
 
 
 def _write_set(root: Path) -> list[Path]:
-    """A set of ``SHARDS`` shards and its ``_manifest.json`` in ``root``; the files written."""
-    with streamrec.sync.open_writer(str(root / "part-{index}.tfrecord"), max_records=RECORDS) as w:
+    """A set of ``SHARDS`` indexed shards and its ``_manifest.json`` in ``root``; the files
+    written."""
+    template = str(root / "part-{index}.tfrecord")
+    with streamrec.sync.open_writer(template, max_records=RECORDS, index=True) as w:
         for shard in range(SHARDS):
             w.write_many(_records(shard))
     return sorted(root.iterdir())
@@ -79,10 +82,10 @@ def test_latency_is_waiting_for_the_first_byte(
     ds = streamrec.open_dataset(
         f"s3://{s3_bucket}/set/part-*.tfrecord",
         storage_options=options,
-        block_bytes=16 << 10,
+        block_bytes=64 << 10,
         max_concurrency=2,
     )
-    assert list(ds) == _expected()
+    assert [record for record in ds] == _expected()
     stats = ds.stats
     # every range read of a shard the proxy forwarded is one the dataset counted
     assert stats.requests == _range_gets(proxy, ".tfrecord") >= SHARDS
@@ -94,6 +97,27 @@ def test_latency_is_waiting_for_the_first_byte(
     # latency-bound: the reads spent most of their time before their first byte
     assert report.splitlines()[-1].startswith("bottleneck: storage: ")
     assert "waiting for the first byte: raise max_concurrency" in report
+
+
+def test_reads_by_index_time_their_first_byte(
+    tmp_path: Path,
+    s3_server: MotoS3Server,
+    s3_bucket: str,
+    fault_proxy: Callable[..., FaultProxy],
+) -> None:
+    proxy, options = _s3_set(tmp_path, s3_server, s3_bucket, fault_proxy)
+    proxy.delay(DELAY_S, range_only=True)
+    url = f"s3://{s3_bucket}/set/part-*.tfrecord"
+    ds = streamrec.open_dataset(url, storage_options=options, shuffle="global")
+    assert sorted(record for record in ds) == sorted(_expected())
+    assert ds.stats.requests >= SHARDS
+    assert ds.stats.first_byte_s >= ds.stats.requests * DELAY_S
+    assert ds.stats.metadata_requests >= 1  # the record indexes (a dataset index, sidecars)
+    ds = streamrec.open_dataset(url, storage_options=options)
+    assert ds.get([0, RECORDS, 2 * RECORDS]) == [_records(shard)[0] for shard in range(SHARDS)]
+    assert ds.stats.requests >= SHARDS
+    assert ds.stats.first_byte_s >= ds.stats.requests * DELAY_S
+    ds.close()
 
 
 def test_bandwidth_is_the_transfer(
@@ -163,6 +187,37 @@ def test_http_reads_time_their_first_byte(
     stats = ds.stats
     assert stats.requests >= SHARDS
     assert stats.first_byte_s >= stats.requests * DELAY_S
+
+
+@pytest.mark.parametrize("scheme", ["gs", "az"])
+def test_gcs_and_azure_reads_time_their_first_byte(
+    scheme: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    fault_proxy: Callable[..., FaultProxy],
+) -> None:
+    gcs = scheme == "gs"
+    server = request.getfixturevalue("gcs_server" if gcs else "azure_server")
+    bucket: str = request.getfixturevalue("gcs_bucket" if gcs else "azure_container")
+    for path in _write_set(tmp_path):
+        server.put(bucket, f"set/{path.name}", path.read_bytes())
+    if gcs:
+        proxy = fault_proxy(server.endpoint_url, flavor="gcs")
+        options = {**server.storage_options, "endpoint_url": proxy.url}
+        listing = re.compile(rf"/storage/v1/b/{bucket}/o\?")
+    else:
+        proxy = fault_proxy(server.server_url, flavor="azure")
+        options = {"connection_string": server.connection_string(proxy.url)}
+        listing = re.compile(r"[?&]comp=list(&|$)")
+    proxy.delay(DELAY_S, range_only=True)
+    ds = streamrec.open_dataset(
+        f"{scheme}://{bucket}/set/part-*.tfrecord", storage_options=options, block_bytes=64 << 10
+    )
+    assert [record for record in ds] == _expected()
+    stats = ds.stats
+    assert stats.requests == _range_gets(proxy, ".tfrecord") >= SHARDS
+    assert stats.first_byte_s >= stats.requests * DELAY_S
+    assert stats.list_requests == sum(1 for r in proxy.records if listing.search(r.target)) >= 1
 
 
 def test_local_reads_have_no_first_byte(tmp_path: Path) -> None:
