@@ -80,7 +80,8 @@ class Stats:
     connection's set-up included): the latency part; ``storage_s - first_byte_s`` is the
     transfer. Remote stores only (local reads have no first byte: 0)."""
     list_requests: int = 0
-    """Listing pages asked for (one request each; retries of a page count once)."""
+    """Pages of S3, GCS and Azure listings asked for (one request each; retries of a page count
+    once); other listings (local directories, http indexes) are not counted."""
     metadata_requests: int = 0
     """Reads of metadata: manifests, record index sidecars, the dataset index, the first bytes
     of a shard whose compression is looked at (retries count once)."""

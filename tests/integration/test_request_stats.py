@@ -23,6 +23,8 @@ from support.fault_proxy import FaultProxy
 from support.server_fixtures import HttpDir
 from support.servers import MotoS3Server
 
+pytestmark = pytest.mark.slow  # emulated slow links: `pytest -m slow`
+
 DELAY_S = 0.05
 SLOW_MANIFEST_S = 0.5
 SHARDS = 3
