@@ -9,6 +9,7 @@ storage back end drive these two and nothing else from the format core.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 from streamrec.errors import CompressionError, FormatError
@@ -81,6 +82,7 @@ class ShardDecoder:
             lengths_only=lengths_only,
         )
         self._decompressor: Decompressor | None = None
+        self.inflate_s = 0.0  # seconds in the codec's stream calls (a reader's stats split it)
         self._head = bytearray()  # bytes held back while "auto" sniffs
         self._held: FormatError | None = None  # a codec failure, raised again on later calls
         self.compression: Compression = None
@@ -138,7 +140,10 @@ class ShardDecoder:
         pieces = self._decompressor.stream(data)
         while True:
             try:
+                started = time.perf_counter()
                 piece = next(pieces, None)
+                if self.compression is not None:  # (stored bytes: nothing inflated)
+                    self.inflate_s += time.perf_counter() - started
             except CompressionError as exc:
                 self._compression_failed(exc)  # raises, unless skipping
                 return

@@ -8,11 +8,13 @@
 
 Each scrape reads ``ds.stats`` (no thread, no timer, nothing kept between scrapes): counters
 ``streamrec_records_total``, ``streamrec_records_read_total``, ``streamrec_bytes_total``
-(label ``kind``: ``read``, ``fetched``, ``checked``), ``streamrec_requests_total``,
-``streamrec_retries_total``, ``streamrec_corrupt_skipped_total``,
-``streamrec_shards_opened_total``, ``streamrec_cache_hits_total`` and
-``streamrec_seconds_total`` (label ``stage``: ``iterate``, ``wait``, ``listing``, ``storage``,
-``framing``, ``parse``), and the gauge ``streamrec_peak_prefetch_bytes``.
+(label ``kind``: ``read``, ``fetched``, ``checked``), ``streamrec_requests_total`` (range
+reads of shards), ``streamrec_list_requests_total`` (listing pages),
+``streamrec_metadata_requests_total``, ``streamrec_retries_total``,
+``streamrec_corrupt_skipped_total``, ``streamrec_shards_opened_total``,
+``streamrec_cache_hits_total`` and ``streamrec_seconds_total`` (label ``stage``: ``iterate``,
+``wait``, ``listing``, ``storage``, ``first_byte`` (of ``storage``), ``framing``, ``inflate``
+(of ``framing``), ``parse``), and the gauge ``streamrec_peak_prefetch_bytes``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ _COUNTERS = {
     "records": "Records handed to the consumer.",
     "records_read": "Records decoded from storage.",
     "requests": "Range reads of shards sent to storage.",
+    "list_requests": "Listing pages asked for.",
+    "metadata_requests": "Reads of manifests, index sidecars, the dataset index, shard heads.",
     "retries": "Storage requests retried after a transient fault.",
     "corrupt_skipped": "Damaged records or shard tails dropped (on_corrupt='skip').",
     "shards_opened": "Shards whose reading began.",
@@ -44,7 +48,9 @@ _STAGES = {
     "wait": "wait_s",
     "listing": "listing_s",
     "storage": "storage_s",
+    "first_byte": "first_byte_s",
     "framing": "framing_s",
+    "inflate": "inflate_s",
     "parse": "parse_s",
 }
 
@@ -68,7 +74,10 @@ class StatsCollector:
             family.add_metric(values, stats[key])
             yield family
         yield self._by(stats, "bytes", "Bytes by kind: read, fetched, checked.", "kind", _BYTES)
-        text = "Seconds by stage (storage: summed over overlapping reads)."
+        text = (
+            "Seconds by stage (storage: summed over overlapping reads; first_byte: of storage; "
+            "inflate: of framing)."
+        )
         yield self._by(stats, "seconds", text, "stage", _STAGES)
         gauge = GaugeMetricFamily(
             f"{self.prefix}_peak_prefetch_bytes",

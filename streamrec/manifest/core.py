@@ -71,6 +71,7 @@ from urllib.parse import unquote
 
 from streamrec.errors import FormatError, StorageError
 from streamrec.pipeline.arguments import check_url
+from streamrec.storage import timing
 from streamrec.storage.base import split_scheme
 from streamrec.storage.registry import ObjectStore, open_store
 from streamrec.storage.retry import RetryPolicy
@@ -480,8 +481,8 @@ async def load_manifest(
     store = store or open_store(url, storage_options)
     try:
         [info] = await policy.run(lambda: store.expand(url), describe=f"{url}: listing")
-        data = await policy.run(
-            lambda: store.read_range(info, 0, info.size), describe=f"{url}: reading"
+        data = await timing.metadata_read(
+            policy.run(lambda: store.read_range(info, 0, info.size), describe=f"{url}: reading")
         )
         if len(data) != info.size:
             raise StorageError(f"{url}: read {len(data)} of {info.size} bytes of the manifest")

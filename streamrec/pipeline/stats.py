@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from streamrec._portal import owned_generator
 from streamrec.pipeline.stats_report import render_report
+from streamrec.storage.timing import recording
 
 if TYPE_CHECKING:
     from streamrec.pipeline.options import ReadOptions
@@ -74,9 +75,22 @@ class Stats:
     storage_s: float = 0.0
     """Seconds those reads took, from asking to the last byte, summed: reads overlap, so this
     exceeds the wall-clock time when ``max_concurrency`` > 1."""
+    first_byte_s: float = 0.0
+    """Of ``storage_s``, the seconds until each read's answer began (its headers; a new
+    connection's set-up included): the latency part; ``storage_s - first_byte_s`` is the
+    transfer. Remote stores only (local reads have no first byte: 0)."""
+    list_requests: int = 0
+    """Pages of S3, GCS and Azure listings asked for (one request each; retries of a page count
+    once); other listings (local directories, http indexes) are not counted."""
+    metadata_requests: int = 0
+    """Reads of metadata: manifests, record index sidecars, the dataset index, the first bytes
+    of a shard whose compression is looked at (retries count once)."""
     framing_s: float = 0.0
     """Seconds the reading thread spent in the format core: framing records, checking CRCs,
     inflating GZIP / ZLIB."""
+    inflate_s: float = 0.0
+    """Of ``framing_s``, the seconds spent inflating compressed shards as they stream (reads by
+    index count their inflating in ``framing_s`` only)."""
     parse_s: float = 0.0
     """Seconds spent decoding Examples (``parse`` / ``batch`` / ``to_arrow``)."""
     settings: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
@@ -123,12 +137,20 @@ async def clocked(
     """``pieces``, with the iteration's wall clock added to ``sink.iterate_s`` piece by piece
     (the consumer's time included: it runs while this generator waits at its yield; stats
     read mid-epoch are current; an iteration closed early counts up to its close), and
-    ``current()`` logged as a JSON line every ``interval_s`` seconds and when it ends."""
+    ``current()`` logged as a JSON line every ``interval_s`` seconds and when it ends. The
+    requests ``pieces`` sends are counted in ``sink`` (:mod:`streamrec.storage.timing`)."""
     last = time.perf_counter()
     next_log = last + (interval_s or 0.0)
     try:
         async with aclosing(pieces) as source:
-            async for piece in source:
+            while True:
+                # the requests sent meanwhile (by the tasks started meanwhile too) are the
+                # sink's: set around each step only, so the consumer's context stays its own
+                with recording(sink):
+                    try:
+                        piece = await anext(source)
+                    except StopAsyncIteration:
+                        break
                 now = time.perf_counter()
                 sink.iterate_s += now - last
                 last = now

@@ -11,7 +11,10 @@ shares:
 * the consumer waited for less than a fifth of the time: reading is not the bottleneck;
 * else, framing and parsing kept the reading thread busy for more than half of the wall
   clock: the CPU is (read in more processes);
-* else storage is: more reads in flight or larger blocks.
+* else storage is. Where the stores timed each read's first byte (remote stores), the
+  verdict says which part of the read time dominates: waiting for the first byte (latency:
+  more reads in flight) or the transfer after it (bandwidth: larger blocks, unless the link
+  is full); else (local files) it names both settings.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ bottleneck."""
 CPU_BOUND = 0.5
 """Share of the wall clock the reading thread must spend framing and parsing before the CPU,
 not storage, is what the consumer waits for."""
+LATENCY_BOUND = 0.5
+"""Share of the read time spent waiting for first bytes past which storage is latency-bound."""
 
 
 def _size(n: float) -> str:
@@ -62,9 +67,23 @@ def verdict(stats: Mapping[str, float], settings: Mapping[str, int]) -> str:
     if "max_concurrency" in settings and "block_bytes" in settings:
         block = _size(settings["block_bytes"])
         now = f" (now {settings['max_concurrency']} reads of {block})"
+    first, read = stats.get("first_byte_s", 0.0), stats["storage_s"]
+    if first <= 0 or read <= 0:  # (local files: no first byte timed)
+        return (
+            f"storage: the consumer waited for data {waited:.0%} of the time; raise "
+            f"max_concurrency or block_bytes{now}"
+        )
+    latency = min(1.0, first / read)
+    if latency > LATENCY_BOUND:
+        return (
+            f"storage: the consumer waited for data {waited:.0%} of the time, and most read "
+            f"time ({latency:.0%}) is waiting for the first byte: raise max_concurrency{now}"
+        )
+    rate = _size(stats["bytes_fetched"] / wall)
     return (
-        f"storage: the consumer waited for data {waited:.0%} of the time; raise "
-        f"max_concurrency or block_bytes{now}"
+        f"transfer: the consumer waited for data {waited:.0%} of the time, and most read time "
+        f"({1 - latency:.0%}) is moving bytes ({rate}/s): raise block_bytes{now}, unless the "
+        "link is full"
     )
 
 
@@ -94,8 +113,21 @@ def render_report(stats: Mapping[str, float], settings: Mapping[str, int]) -> st
     if wall > 0:
         per += f", {stats['storage_s'] / wall:.1f} in flight on average"
     row("storage reads", stats["storage_s"], per, shared=False)
-    row("framing, CRC, inflate", stats["framing_s"])
+    first = stats.get("first_byte_s", 0.0)
+    if first > 0:
+        row("  until the first byte", first, "latency, connecting included", shared=False)
+        row("  transfer", max(0.0, stats["storage_s"] - first), shared=False)
+    inflate = stats.get("inflate_s", 0.0)
+    if inflate > 0:
+        row("framing, CRC", max(0.0, stats["framing_s"] - inflate))
+        row("inflate", inflate)
+    else:
+        row("framing, CRC, inflate", stats["framing_s"])
     row("Example parsing", stats["parse_s"])
+    lines.append(
+        f"  requests: {requests:,.0f} shard reads, {stats.get('list_requests', 0):,.0f} "
+        f"listing pages, {stats.get('metadata_requests', 0):,.0f} metadata reads"
+    )
     if read:
         lines.append(
             f"  bytes fetched {_size(stats['bytes_fetched'])} for {_size(read)} read "

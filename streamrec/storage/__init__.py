@@ -9,6 +9,7 @@
   writers left behind; ``fsspec_store.py``: listing through fsspec's async filesystems;
   ``warmup.py``: start-up work done ahead in threads; ``probe.py``: a store measured through
   its own reads and uploads (``streamrec probe``), and the settings that follow;
+  ``timing.py``: requests and their first byte counted for the dataset that sent them;
 * wings per scheme: ``s3/``, ``gcs/``, ``azure/``, ``http/``, ``local/``; ``cache/``.
 
 Rules: imports nothing from ``pipeline``, ``write`` or above; every call makes one attempt;

@@ -35,6 +35,7 @@ from typing import NamedTuple, NoReturn
 
 from streamrec._portal import owned_generator
 from streamrec.errors import ObjectNotFoundError, StorageError, TransientStorageError
+from streamrec.storage import timing
 from streamrec.storage.base import ObjectInfo, ObjectStore, has_glob
 from streamrec.storage.retry import RetryPolicy
 
@@ -187,6 +188,7 @@ async def follow_pages(
             listed, following = await retry.run(
                 attempt, describe=f"listing {pattern} (page {trail.pages + 1})", on_retry=on_retry
             )
+        timing.listed_page()
         keys = [item.key for item in listed]
         token = trail.take(keys, following is not None, following)
         names = (f"{glob.bucket}/{item.key}" for item in listed)

@@ -74,6 +74,49 @@ def test_the_verdict_names_the_bottleneck() -> None:
     assert verdict(Stats().as_dict(), {}).startswith("nothing iterated yet")
 
 
+def test_the_verdict_tells_latency_from_bandwidth() -> None:
+    settings = {"max_concurrency": 16, "block_bytes": 4 << 20}
+    waited = {"iterate_s": 10, "wait_s": 7, "framing_s": 1, "requests": 100}
+    latency = stats_of(**waited, storage_s=40, first_byte_s=30, bytes_fetched=400 << 20)
+    said = verdict(latency.as_dict(), settings)
+    assert said.startswith("storage: ") and "(75%) is waiting for the first byte" in said
+    assert "raise max_concurrency (now 16 reads of 4.0 MiB)" in said
+    transfer = stats_of(**waited, storage_s=40, first_byte_s=4, bytes_fetched=400 << 20)
+    said = verdict(transfer.as_dict(), settings)
+    assert said.startswith("transfer: ") and "(90%) is moving bytes (40.0 MiB/s)" in said
+    assert "raise block_bytes" in said and "link is full" in said
+    report = transfer.report(settings)
+    assert "until the first byte" in report and "36.00 s" in report  # the transfer row
+    # local files: no first byte timed, the advice names both settings
+    local = stats_of(**waited, storage_s=40)
+    said = verdict(local.as_dict(), settings)
+    assert said.startswith("storage: ") and "max_concurrency or block_bytes" in said
+    assert "until the first byte" not in local.report(settings)
+
+
+def test_requests_by_kind_and_inflating_are_rows_of_the_report() -> None:
+    stats = stats_of(
+        iterate_s=2, requests=7, list_requests=3, metadata_requests=2, framing_s=1.5, inflate_s=1
+    )
+    report = stats.report()
+    assert "requests: 7 shard reads, 3 listing pages, 2 metadata reads" in report
+    rows = {line[:28].strip(): line[28:].split()[0] for line in report.splitlines()[1:]}
+    assert rows["framing, CRC"] == "0.50" and rows["inflate"] == "1.00"
+    assert "framing, CRC, inflate" in stats_of(iterate_s=2, framing_s=1.5).report()
+
+
+def test_inflating_is_timed_apart(tmp_path: Path, shards: str) -> None:
+    path = tmp_path / "part-0.tfrecord.gz"
+    with streamrec.sync.open_writer(str(path), compression="gzip") as writer:
+        writer.write_many([encode({"n": i}) for i in range(2000)])
+    ds = streamrec.open_dataset(str(path))
+    assert len([record for record in ds]) == 2000
+    assert 0 < ds.stats.inflate_s <= ds.stats.framing_s
+    plain = streamrec.open_dataset(shards)
+    assert len([record for record in plain]) == RECORDS
+    assert plain.stats.inflate_s == 0 < plain.stats.framing_s  # (stored: nothing inflated)
+
+
 def test_json_lines_at_the_interval_and_at_the_end(
     shards: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -99,6 +142,10 @@ def test_prometheus_export(shards: str) -> None:
     assert f'streamrec_records_total{{job="train"}} {float(RECORDS)}' in text
     assert 'streamrec_seconds_total{job="train",stage="storage"}' in text
     assert 'streamrec_bytes_total{job="train",kind="read"}' in text
+    assert 'streamrec_list_requests_total{job="train"} 0.0' in text  # (local files)
+    assert 'streamrec_metadata_requests_total{job="train"}' in text
+    for stage in ("first_byte", "inflate"):
+        assert f'streamrec_seconds_total{{job="train",stage="{stage}"}} 0.0' in text
 
 
 def test_a_mix_keeps_its_own_clock_and_parse_time(shards: str) -> None:

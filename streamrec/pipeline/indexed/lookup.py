@@ -60,6 +60,7 @@ from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.stats import Stats
 from streamrec.storage.local.store import FileVersions, LocalStore, note_versions
 from streamrec.storage.registry import StoreSet
+from streamrec.storage.timing import recorded
 
 __all__ = ["RecordLookup", "pin_shards"]
 
@@ -155,7 +156,9 @@ class RecordLookup:
         """The records at ``indices``, blocking."""
         wanted = as_indices(indices)  # a TypeError before any thread starts
         session = self._session_here()
-        return session.portal.call(self._read(session, wanted, listed, on_table))
+        return session.portal.call(
+            recorded(self.stats, self._read(session, wanted, listed, on_table))
+        )
 
     async def aget(
         self, indices: Indices, listed: ShardCounts | None, on_table: OnTable
@@ -163,7 +166,8 @@ class RecordLookup:
         """The records at ``indices``, awaited from the caller's loop."""
         wanted = as_indices(indices)
         session = self._session_here()
-        return await session.portal.run(self._read(session, wanted, listed, on_table))
+        reading = recorded(self.stats, self._read(session, wanted, listed, on_table))
+        return await session.portal.run(reading)
 
     def _session_here(self) -> _Session:
         with self._guard:

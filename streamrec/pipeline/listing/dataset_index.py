@@ -53,6 +53,7 @@ from streamrec.format.index.dataset import DATASET_INDEX_NAME, DatasetIndex
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.stats import Stats
 from streamrec.redact import redact
+from streamrec.storage import timing
 from streamrec.storage.base import GLOB_CHARS, ObjectInfo, ObjectStore
 from streamrec.storage.cache.store import CacheFill, CacheHit, ShardCache, cache_namespace
 from streamrec.storage.local.store import LocalStore
@@ -324,8 +325,9 @@ async def _fetch(
             async def read(start: int = start, end: int = end) -> bytes:
                 return await store.read_range(obj, start, end)
 
-            data = await options.retry.run(
-                read, describe=f"{obj.url}: reading bytes {start}-{end}", on_retry=on_retry
+            describe = f"{obj.url}: reading bytes {start}-{end}"
+            data = await timing.metadata_read(
+                options.retry.run(read, describe=describe, on_retry=on_retry)
             )
             if len(data) != end - start:
                 raise StorageError(f"{obj.url}: read {len(data)} of its bytes {start}-{end}")

@@ -33,6 +33,7 @@ from streamrec.pipeline.order import part_of
 from streamrec.pipeline.stats import Stats
 from streamrec.redact import redact
 from streamrec.storage.registry import ObjectInfo, StoreSet
+from streamrec.storage.timing import recorded
 
 __all__ = [
     "RecordCounts",
@@ -78,7 +79,11 @@ def counts_key(urls: Sequence[str], options: ReadOptions) -> tuple[object, ...]:
 
 async def list_counts(urls: Sequence[str], options: ReadOptions, stats: Stats) -> ShardCounts:
     """Every shard's record count, without reading the shards (see the module docstring), or
-    why they are not all known (``unknown``)."""
+    why they are not all known (``unknown``); its requests counted in ``stats``."""
+    return await recorded(stats, _list_counts(urls, options, stats))
+
+
+async def _list_counts(urls: Sequence[str], options: ReadOptions, stats: Stats) -> ShardCounts:
     key = counts_key(urls, options)
     async with StoreSet(
         options.storage_options, lookup_reads_first_bytes=options.cache_dir is None

@@ -58,6 +58,7 @@ from streamrec.format.index.core import (
     index_size_limit,
     index_url,
 )
+from streamrec.storage import timing
 from streamrec.storage.base import GLOB_CHARS, ObjectInfo, ObjectStore
 from streamrec.storage.pages import list_glob
 from streamrec.storage.registry import store_key
@@ -105,8 +106,8 @@ async def shard_compression(
     async def head() -> bytes:
         return await store.read_range(shard, 0, min(HEADER_BYTES, shard.size))
 
-    first = await retry.run(
-        head, describe=f"{shard.url}: reading its first bytes", on_retry=on_retry
+    first = await timing.metadata_read(
+        retry.run(head, describe=f"{shard.url}: reading its first bytes", on_retry=on_retry)
     )
     return resolve_compression(requested, shard.url, first, shard.compression)
 
@@ -339,9 +340,8 @@ async def _parse_sidecar(
             async def read(start: int = start, stop: int = stop) -> bytes:
                 return await store.read_range(sidecar, start, stop)
 
-            data = await retry.run(
-                read, describe=f"{sidecar.url}: reading bytes {start}-{stop}", on_retry=on_retry
-            )
+            describe = f"{sidecar.url}: reading bytes {start}-{stop}"
+            data = await timing.metadata_read(retry.run(read, describe=describe, on_retry=on_retry))
             if len(data) != stop - start:
                 raise _Resized(
                     f"{sidecar.url}: read {len(data)} of its bytes {start}-{stop} (of "

@@ -148,9 +148,11 @@ async def decode_blocks(
                     framed = decoder.stream(block)  # raises after the records before damage
                     while True:
                         started = time.perf_counter()  # the format core's time, not ours
+                        inflated = decoder.inflate_s
                         records = next(framed, None)
                         if stats is not None:
                             stats.framing_s += time.perf_counter() - started
+                            stats.inflate_s += decoder.inflate_s - inflated
                         if records is None:
                             break
                         if decoder.compression is None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ from streamrec.errors import (
     StorageError,
     TransientStorageError,
 )
+from streamrec.storage import timing
 from streamrec.storage.azure.listing import list_page
 from streamrec.storage.azure.sink import AzureBlockSink
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, split_scheme
@@ -222,7 +224,9 @@ class AzureStore(FsspecStore):
     async def _fetch_pieces(self, obj: ObjectInfo, start: int, end: int) -> list[bytes]:
         action = f"reading bytes {start}-{end - 1}"
         try:
+            asked = time.perf_counter()
             response = await self._get(obj.url, start, end, obj.version)
+            timing.first_byte(time.perf_counter() - asked)  # (the SDK returns at the headers)
             try:
                 headers = response.headers
                 etag = headers.get("ETag")

@@ -12,9 +12,11 @@ read (~0.15-0.25 s of CPU per GB here, a fifth of the reader's cost on loopback)
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from streamrec.errors import ObjectChangedError, StorageError
+from streamrec.storage import timing
 from streamrec.storage.base import PIECE_BYTES, ObjectInfo
 from streamrec.storage.translate import from_status, translate
 
@@ -202,7 +204,9 @@ async def get_range(
     action = f"reading bytes {start}-{end - 1}"
     headers = {**headers, "Range": f"bytes={start}-{end - 1}"}
     try:
+        asked = time.perf_counter()
         async with session.get(request_url, headers=headers) as response:
+            timing.first_byte(time.perf_counter() - asked)  # (aiohttp: once the headers came)
             status = response.status
             if status not in (200, 206):
                 raise from_status(status, obj.url, action, await error_detail(response.content))

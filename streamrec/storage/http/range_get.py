@@ -38,6 +38,7 @@ import os
 import socket
 import ssl
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +96,8 @@ class Answer:
     status: int
     headers: dict[str, str]
     pieces: list[bytes]
+    head_s: float = 0.0
+    """Seconds from asking (a new connection's set-up included) to the answer's headers."""
 
 
 def _buffer(length: int, kept: list[bytes]) -> tuple[Any, memoryview]:
@@ -123,6 +126,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.received = 0  # bytes received in all (the read timeout's progress)
+        self.head_at = 0.0  # the clock when the last answer's headers were read
         self._head = bytearray(FIRST_HEAD_BYTES)
         self._head_view = memoryview(self._head)
         self._head_len = 0
@@ -230,6 +234,7 @@ class _Connection(asyncio.BufferedProtocol):
         status, headers, keep_alive = _parse_head(bytes(self._head_view[:end]))
         extra = self._head_view[end + 4 : self._head_len]
         self._answer = Answer(status, headers, [])
+        self.head_at = time.perf_counter()
         success = 200 <= status < 300
         length = _content_length(headers)
         limit = self._limit if success else self._error_limit
@@ -501,6 +506,7 @@ class RangeClient:
             lines.append(f"{name}: {value}")
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         key = (scheme, host, port)
+        asked = time.perf_counter()
         opening = self._warming.get(key)
         if opening is not None:  # warm(): its connection is pooled once open (or failed)
             await asyncio.wait([opening])
@@ -530,6 +536,7 @@ class RangeClient:
                 raise
             if not conn.closed:
                 self._put(key, conn)
+            answer.head_s = conn.head_at - asked
             return answer
 
     def close(self) -> None:

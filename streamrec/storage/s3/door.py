@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from streamrec.errors import StorageError, TransientStorageError
+from streamrec.storage import timing
 from streamrec.storage.http.body import parse_content_range
 from streamrec.storage.http.range_get import Answer, BadAnswer, BodyTooLong, RangeClient
 from streamrec.storage.s3.credentials import credential_source
@@ -292,6 +293,7 @@ class S3Door:
             raise self._error(answer, name, action)
         if head is None:  # (a 200 to the first bytes is the whole object: head() sizes it)
             check_range(answer.status, answer.headers.get("content-length"), start, end, name)
+            timing.first_byte(answer.head_s)
         return answer.pieces, answer.headers
 
     def _error(self, answer: Answer, name: str, action: str) -> StorageError:

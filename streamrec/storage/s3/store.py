@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamrec._portal import cancel_and_wait, owned_generator
 from streamrec.errors import ObjectNotFoundError, StorageError, TransientStorageError
-from streamrec.storage import warmup
+from streamrec.storage import timing, warmup
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, has_glob, split_scheme
 from streamrec.storage.fsspec_store import FsspecStore
 from streamrec.storage.http.body import parse_content_range, read_pieces_within, too_long
@@ -189,6 +189,7 @@ class S3Store(FsspecStore):
                     describe=f"listing {pattern} (page {trail.pages + 1})",
                     on_retry=on_retry,
                 )
+            timing.listed_page()
             contents = page.get("Contents", [])
             token = trail.take(
                 [item["Key"] for item in contents],
