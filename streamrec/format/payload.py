@@ -153,7 +153,7 @@ class RecordSpans(Sequence[bytes]):
         the rest of its chunk is gone: the other buffers may be freed)."""
         if not len(self):
             return RecordSpans([], self.spans)
-        first, last = int(self.spans[0, 0]), int(self.spans[-1, 0])
+        first, last = int(self.spans[:, 0].min()), int(self.spans[:, 0].max())
         if first == 0 and last == len(self.buffers) - 1:
             return self
         spans = self.spans.copy()
@@ -196,8 +196,6 @@ class RecordSpans(Sequence[bytes]):
 
     def __getitem__(self, index: int | slice) -> Any:
         if isinstance(index, slice):
-            if index.step not in (None, 1):
-                return [self[i] for i in range(*index.indices(len(self)))]
             return RecordSpans(self.buffers, self.spans[index])
         b, o, n = self.spans[index].tolist()
         return self.buffers[b][o : o + n]
