@@ -182,7 +182,8 @@ def _parse_c(
         outs.append(out)
         specs.append((key, mode, count, None if counts is not None else out, default, counts))
     if type(payloads) is RecordSpans:  # read where they lie: no bytes object per record
-        result = _cexample.parse_examples(payloads.buffers, specs, payloads.spans)
+        spans = np.ascontiguousarray(payloads.spans)  # (a strided slice: copied)
+        result = _cexample.parse_examples(payloads.buffers, specs, spans)
     else:
         result = _cexample.parse_examples(payloads, specs)
     if result is None:

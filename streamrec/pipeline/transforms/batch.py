@@ -159,16 +159,48 @@ class BatchStage(Stage[T]):
             if self._parse_stats is not None:
                 self._parse_stats.parse_s += time.perf_counter() - started
 
+    def _finish_many(self, records: Sequence[Any], n: int) -> list[Any] | None:
+        """The batches of ``records`` (a multiple of ``n``) decoded in one call and split into
+        views (one call's overhead per chunk, not per batch: measured, a fifth of the CPU of
+        1 KiB records in batches of 256); None where that fails or does not apply (then
+        batch by batch: the good batches come before the error, which names its record). A
+        batch's arrays are views of its chunk's: holding one holds the chunk's decoded data."""
+        if self.spec is None or len(records) <= n:
+            return None
+        from streamrec.format.example import decode_batch
+
+        started = time.perf_counter()
+        try:
+            decoded = decode_batch(records, self.spec, to=self.to)
+        except StreamrecError:
+            return None
+        finally:
+            if self._parse_stats is not None:
+                self._parse_stats.parse_s += time.perf_counter() - started
+        if self.to == "arrow":
+            return [decoded.slice(start, n) for start in range(0, len(records), n)]
+        return [
+            {name: column[start : start + n] for name, column in decoded.items()}
+            for start in range(0, len(records), n)
+        ]
+
     def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
         self._parse_stats = self._live_stats() if self.spec is not None else None
-        return batch_pieces(chunks, self.batch_size, self.drop_remainder, self._finish)
+        return batch_pieces(
+            chunks, self.batch_size, self.drop_remainder, self._finish, self._finish_many
+        )
 
 
 @owned_generator
 async def batch_pieces(
-    chunks: Chunks, n: int, drop_remainder: bool, finish: Callable[[Sequence[Any]], Any]
+    chunks: Chunks,
+    n: int,
+    drop_remainder: bool,
+    finish: Callable[[Sequence[Any]], Any],
+    finish_many: Callable[[Sequence[Any], int], list[Any] | None] | None = None,
 ) -> AsyncGenerator[ItemPiece, None]:
-    """Batches of ``n`` consecutive items (``finish`` makes each), spanning chunks."""
+    """Batches of ``n`` consecutive items (``finish`` makes each), spanning chunks;
+    ``finish_many(items, n)`` may make all of a chunk's batches at once (None: it did not)."""
     # never modified (a new sequence when more items come): records left in place
     # (RecordSpans) stay in place
     pending: Sequence[Any] = []
@@ -180,8 +212,11 @@ async def batch_pieces(
                 continue
             full = len(records) - len(records) % n
             batches: list[Any] = []
+            many = None if finish_many is None else finish_many(records[:full], n)
             try:
-                for start in range(0, full, n):
+                if many is not None:
+                    batches = many
+                for start in range(len(batches) * n, full, n):
                     batches.append(finish(records[start : start + n]))
             except StreamrecError:
                 if batches:  # the good batches before the bad one still come first
