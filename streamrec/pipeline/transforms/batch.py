@@ -161,8 +161,8 @@ class BatchStage(Stage[T]):
 
     def _finish_many(self, records: Sequence[Any], n: int) -> list[Any] | None:
         """The batches of ``records`` (a multiple of ``n``) decoded in one call and split into
-        views (one call's overhead per chunk, not per batch: measured, a fifth of the CPU of
-        1 KiB records in batches of 256); None where that fails or does not apply (then
+        views (one call's overhead per chunk, not per batch: measured, 7 % less CPU for 1 KiB
+        records in batches of 256, none for 10 KiB); None where that fails or does not apply (then
         batch by batch: the good batches come before the error, which names its record). A
         batch's arrays are views of its chunk's: holding one holds the chunk's decoded data."""
         if self.spec is None or len(records) <= n:
