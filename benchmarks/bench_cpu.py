@@ -15,6 +15,8 @@ each round). Readers (the ``reader`` column):
 * ``streamrec for``: ``for rec in streamrec.open_dataset(glob, storage_options=...)`` at the
   defaults (CRCs checked, every record a ``bytes``), counting records.
 * ``streamrec chunks``: ``async for chunk in ds.record_chunks()``, counting records.
+* ``streamrec in place`` (not by default: ``--readers``): ``record_chunks(in_place=True)``, the
+  reading part of ``parse(spec).batch(n)`` (records left in the arrived pieces, no decoding).
 * ``env for`` / ``env chunks``: the same with no ``storage_options``: the keys and the
   endpoint come from the worker's environment (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``),
   resolved by botocore's credential chain as keys from a profile or a role are.
@@ -64,10 +66,12 @@ START_MARK = "<!-- bench_cpu:start -->"
 END_MARK = "<!-- bench_cpu:end -->"
 TARGET_VS_BARE = 1.5
 READERS = ("streamrec for", "streamrec chunks", "env for", "env chunks", "bare GETs", "obstore")
+OTHER_READERS = ("streamrec in place",)
 BASE_READERS = ("base for", "base chunks", "base env chunks")
 KINDS = {
     "streamrec for": "streamrec_for",
     "streamrec chunks": "streamrec_chunks",
+    "streamrec in place": "streamrec_in_place",
     "env for": "env_for",
     "env chunks": "env_chunks",
     "base for": "streamrec_for",
@@ -101,7 +105,9 @@ def blocks(objects: Sequence[tuple[str, int]]) -> list[tuple[str, int, int]]:
     return out
 
 
-def work_streamrec(job: dict[str, Any], chunks: bool, from_env: bool = False) -> dict[str, Any]:
+def work_streamrec(
+    job: dict[str, Any], chunks: bool, from_env: bool = False, in_place: bool = False
+) -> dict[str, Any]:
     import streamrec
 
     options: dict[str, Any] | None = storage_options("s3", job["endpoint"])
@@ -122,7 +128,7 @@ def work_streamrec(job: dict[str, Any], chunks: bool, from_env: bool = False) ->
 
         async def run() -> int:
             count = 0
-            async for chunk in ds.record_chunks():
+            async for chunk in ds.record_chunks(in_place=in_place):
                 if not first:
                     first.append(cpu_seconds())
                 count += len(chunk)
@@ -234,6 +240,7 @@ def work_ranges(job: dict[str, Any], read: Any) -> dict[str, Any]:
 WORKERS = {
     "streamrec_for": lambda job: work_streamrec(job, chunks=False),
     "streamrec_chunks": lambda job: work_streamrec(job, chunks=True),
+    "streamrec_in_place": lambda job: work_streamrec(job, chunks=True, in_place=True),
     "env_for": lambda job: work_streamrec(job, chunks=False, from_env=True),
     "env_chunks": lambda job: work_streamrec(job, chunks=True, from_env=True),
     "bare": lambda job: work_ranges(job, _bare),
@@ -242,6 +249,7 @@ WORKERS = {
 PRELOAD = {
     "streamrec_for": ("aiohttp", "crc32c", "s3fs", "streamrec"),
     "streamrec_chunks": ("aiohttp", "crc32c", "s3fs", "streamrec"),
+    "streamrec_in_place": ("aiohttp", "crc32c", "s3fs", "streamrec"),
     "env_for": ("aiohttp", "crc32c", "s3fs", "streamrec"),
     "env_chunks": ("aiohttp", "crc32c", "s3fs", "streamrec"),
     "bare": ("aiohttp", "botocore.auth", "streamrec"),
@@ -410,7 +418,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="rounds (default 5, 2 with --quick)")
     parser.add_argument("--base", type=Path, help="also read with streamrec from this tree")
     parser.add_argument(
-        "--readers", nargs="+", choices=[*READERS, *BASE_READERS], help="only these readers"
+        "--readers",
+        nargs="+",
+        choices=[*READERS, *OTHER_READERS, *BASE_READERS],
+        help="only these readers",
     )
     parser.add_argument("--out", type=Path, help="write the table into this README's section")
     parser.add_argument("--json", type=Path, help=JSON_HELP)

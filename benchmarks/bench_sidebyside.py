@@ -21,6 +21,11 @@ sides alike. Suites:
 * ``gzip``: this script's workers reading gzip copies of bench_local's ``--quick`` files
   (compressed once with Python's ``gzip`` module, level 6): ``for`` at 100 B, 1 KiB and
   100 KiB, ``async for`` at 1 KiB; best of 5 reads in the process, after one untimed read.
+* ``parse``: this script's workers decoding ``Example`` records of 1 KiB and 10 KiB (a
+  ``RawFeature`` of ~all the bytes plus an int64 label; 256 MiB files written once into
+  ``benchmarks/data`` by the new tree) with ``open_dataset(path).parse(spec).batch(256)``,
+  ``for`` and ``async for``; best of 5 reads in the process, after one untimed read, in
+  records per second of wall time and (``per CPU s``) of the process's CPU time.
 * ``write``: this script's workers writing 200,000 records of 1 KiB (half random, half a
   repeated pattern; 4,096 distinct payloads cycled) with ``streamrec.sync.open_writer``, one
   ``write()`` per record, to a local directory: ``plain`` (one file), ``gzip`` (one file),
@@ -71,6 +76,13 @@ GZIP_CASES = {
     "gzip 1 KiB async for": (KIB, "async"),
     "gzip 100 KiB for": (100 * KIB, "for"),
 }
+PARSE_CASES = {
+    "parse 1 KiB batch(256) for": (KIB, "for"),
+    "parse 1 KiB batch(256) async for": (KIB, "async"),
+    "parse 10 KiB batch(256) for": (10 * KIB, "for"),
+    "parse 10 KiB batch(256) async for": (10 * KIB, "async"),
+}
+PARSE_FILE_BYTES = 256 * MIB
 WRITE_CASES = {
     "write plain": (None, None),
     "write gzip": ("gzip", None),
@@ -118,6 +130,76 @@ def worker_gzip(case: str) -> dict[str, Any]:
     return {"records": records, "seconds": times}
 
 
+def parse_path(size: int) -> Path:
+    return DATA / f"parse-{size}B-{PARSE_FILE_BYTES // MIB}MiB.tfrecord"
+
+
+def parse_spec(size: int) -> dict[str, Any]:
+    import numpy as np
+
+    from streamrec.example import FixedLenFeature, RawFeature
+
+    body = size - (43 if size > 4 * KIB else 39)  # the Example's own framing taken off
+    return {"data": RawFeature(np.uint8, (body,)), "label": FixedLenFeature(np.int64)}
+
+
+def write_parse_files() -> dict[str, Any]:
+    import numpy as np
+
+    import streamrec.sync
+    from streamrec.example import encode
+
+    rng = np.random.default_rng(1)
+    for size in sorted({size for size, _ in PARSE_CASES.values()}):
+        path = parse_path(size)
+        if path.exists():
+            continue
+        (body,) = parse_spec(size)["data"].shape
+        pool = [
+            encode({"data": rng.bytes(body), "label": np.array([i], dtype=np.int64)})
+            for i in range(256)
+        ]
+        assert abs(len(pool[0]) - size) <= 8, (len(pool[0]), size)  # (~size: varints)
+        with streamrec.sync.open_writer(str(path) + ".part") as w:
+            for i in range(PARSE_FILE_BYTES // (size + 16)):
+                w.write(pool[i & 255])
+        os.replace(str(path) + ".part", path)
+    return {"records": 0, "seconds": [1.0]}
+
+
+def worker_parse(case: str) -> dict[str, Any]:
+    import streamrec
+
+    size, mode = PARSE_CASES[case]
+    path, spec = str(parse_path(size)), parse_spec(size)
+
+    def read_for() -> int:
+        n = 0
+        for batch in streamrec.open_dataset(path).parse(spec).batch(256):
+            n += len(batch["label"])
+        return n
+
+    def read_async() -> int:
+        async def consume() -> int:
+            n = 0
+            async for batch in streamrec.open_dataset(path).parse(spec).batch(256):
+                n += len(batch["label"])
+            return n
+
+        return asyncio.run(consume())
+
+    read = read_for if mode == "for" else read_async
+    records = read()  # warm-up, untimed
+    times, cpu = [], []
+    for _ in range(5):
+        t0, c0 = time.perf_counter(), time.process_time()
+        n = read()
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+        assert n == records
+    return {"records": records, "seconds": times, "cpu_seconds": cpu}
+
+
 def payload_pool() -> list[bytes]:
     rng = __import__("random").Random(1)
     half = WRITE_SIZE // 2
@@ -159,7 +241,14 @@ def worker_main(case: str, tree: str) -> int:
     origin = str(Path(streamrec.__file__).resolve())
     if not origin.startswith(str(Path(tree).resolve()) + os.sep):
         raise SystemExit(f"streamrec imported from {origin}, not from {tree}")
-    result = worker_gzip(case) if case in GZIP_CASES else worker_write(case)
+    if case in GZIP_CASES:
+        result = worker_gzip(case)
+    elif case in PARSE_CASES:
+        result = worker_parse(case)
+    elif case == "parse-files":
+        result = write_parse_files()
+    else:
+        result = worker_write(case)
     result["streamrec"] = origin
     print(json.dumps(result))
     return 0
@@ -220,6 +309,8 @@ def suite_workers(tree: Path, cases: dict[str, Any]) -> dict[str, float]:
         out = run(tree, [str(Path(__file__).resolve()), "--worker", case, "--tree", str(tree)])
         result = json.loads(out.strip().splitlines()[-1])
         rates[case] = result["records"] / min(result["seconds"])
+        if "cpu_seconds" in result:  # (less at the mercy of a shared machine than wall time)
+            rates[f"{case}, per CPU s"] = result["records"] / min(result["cpu_seconds"])
     return rates
 
 
@@ -227,6 +318,7 @@ SUITES: dict[str, Callable[[Path], dict[str, float]]] = {
     "local": suite_local,
     "pipeline": suite_pipeline,
     "gzip": lambda tree: suite_workers(tree, GZIP_CASES),
+    "parse": lambda tree: suite_workers(tree, PARSE_CASES),
     "write": lambda tree: suite_workers(tree, WRITE_CASES),
 }
 
@@ -267,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     trees = {"old": args.old.resolve(), "new": args.new.resolve()}
     if "gzip" in suites:
         ensure_gzip_files()
+    if "parse" in suites:  # (written by the new tree's streamrec)
+        run(trees["new"], [__file__, "--worker", "parse-files", "--tree", str(trees["new"])], 900)
     samples: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
     t_start = time.perf_counter()
     for r in range(args.rounds):

@@ -492,28 +492,53 @@ static void release_specs(Spec *specs, Py_ssize_t n) {
 }
 
 PyDoc_STRVAR(parse_examples_doc,
-"parse_examples(payloads, specs) -> list | None\n\n"
+"parse_examples(payloads, specs, spans=None) -> list | None\n\n"
 "Decode serialized Examples into preallocated buffers. specs is a sequence of tuples\n"
 "(key: bytes, mode: int, count: int, out, default, counts): out is a writable C-contiguous\n"
 "buffer for the fixed modes, default a bytes-like (numeric modes) or any non-None object\n"
 "(bytes mode) or None, counts a writable int64 buffer of len(payloads) for the var modes.\n"
 "Returns a list with a bytearray of appended values for each var-mode spec (None for the\n"
-"others), or None when the batch must be decoded by the Python path instead.");
+"others), or None when the batch must be decoded by the Python path instead. With spans\n"
+"(a C-contiguous int64 buffer of (buffer index, offset, length) triples), record i is\n"
+"payloads[b][o:o + n] of its triple (payloads: bytes objects; ValueError outside them).");
 
 static PyObject *parse_examples(PyObject *self, PyObject *args) {
-    PyObject *payloads, *spec_seq, *fast = NULL, *spec_fast = NULL, *result = NULL;
+    PyObject *payloads, *spec_seq, *spans_obj = Py_None, *fast = NULL, *spec_fast = NULL,
+                                    *result = NULL;
     Spec *specs = NULL;
-    Py_ssize_t n, nspecs = 0, i;
+    Py_ssize_t n, nspecs = 0, i, nbuffers;
+    Py_buffer spans_view;
+    const int64_t *spans = NULL;
     Ctx ctx;
     int ok = 1;
     (void)self;
 
-    if (!PyArg_ParseTuple(args, "OO:parse_examples", &payloads, &spec_seq)) return NULL;
+    if (!PyArg_ParseTuple(args, "OO|O:parse_examples", &payloads, &spec_seq, &spans_obj))
+        return NULL;
     fast = PySequence_Fast(payloads, "payloads must be a sequence");
     if (!fast) return NULL;
     spec_fast = PySequence_Fast(spec_seq, "specs must be a sequence");
     if (!spec_fast) goto done;
-    n = PySequence_Fast_GET_SIZE(fast);
+    n = nbuffers = PySequence_Fast_GET_SIZE(fast);
+    if (spans_obj != Py_None) {
+        if (PyObject_GetBuffer(spans_obj, &spans_view, PyBUF_C_CONTIGUOUS) < 0) goto done;
+        spans = (const int64_t *)spans_view.buf;
+        n = spans_view.len / (Py_ssize_t)(3 * sizeof(int64_t));
+        for (i = 0; i < nbuffers; i++) {
+            if (!PyBytes_Check(PySequence_Fast_GET_ITEM(fast, i))) {
+                PyErr_SetString(PyExc_TypeError, "spans index bytes objects only");
+                goto done;
+            }
+        }
+        for (i = 0; i < n; i++) {
+            int64_t b = spans[3 * i], o = spans[3 * i + 1], len = spans[3 * i + 2];
+            if (b < 0 || b >= nbuffers || o < 0 || len < 0 ||
+                o > PyBytes_GET_SIZE(PySequence_Fast_GET_ITEM(fast, b)) - len) {
+                PyErr_SetString(PyExc_ValueError, "a span lies outside its buffer");
+                goto done;
+            }
+        }
+    }
     nspecs = PySequence_Fast_GET_SIZE(spec_fast);
     specs = (Spec *)calloc((size_t)(nspecs ? nspecs : 1), sizeof(Spec));
     if (!specs) {
@@ -576,7 +601,14 @@ static PyObject *parse_examples(PyObject *self, PyObject *args) {
     ctx.specs = specs;
     ctx.nspecs = nspecs;
     if (!little_endian()) ok = 0;
-    for (i = 0; ok && i < n; i++) {
+    for (i = 0; ok && spans != NULL && i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, spans[3 * i]);
+        const uint8_t *p = (const uint8_t *)PyBytes_AS_STRING(item) + spans[3 * i + 1];
+        ctx.record = i;
+        ctx.base = p;
+        ok = parse_example(&ctx, p, p + spans[3 * i + 2]);
+    }
+    for (i = 0; ok && spans == NULL && i < n; i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
         ctx.record = i;
         if (PyBytes_Check(item)) {
@@ -625,6 +657,7 @@ static PyObject *parse_examples(PyObject *self, PyObject *args) {
 
 done:
     if (specs) release_specs(specs, nspecs);
+    if (spans != NULL) PyBuffer_Release(&spans_view);
     Py_XDECREF(spec_fast);
     Py_XDECREF(fast);
     return result;

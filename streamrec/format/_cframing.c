@@ -239,14 +239,16 @@ static uint32_t copy_crc(unsigned char *dst, const unsigned char *src, size_t n,
 /* scan(buf, start, verify, large_crc, large_threshold[, lengths_only]):
  * (records, pos, status, stored, computed). With lengths_only, records is a bytes object of
  * the payload lengths as native int64 instead of a list of payloads: the same checks, no
- * payload copied (what a record index needs). */
+ * payload copied (what a record index needs). lengths_only=2 ("spans"): the same, as native
+ * int64 (payload offset in buf, length) pairs: the records stay in buf, where a batch
+ * decoder reads them (no bytes object per record). */
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t start, large_threshold;
     int verify, lengths_only = 0;
     PyObject *large_crc;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*npOn|p", &view, &start, &verify, &large_crc,
+    if (!PyArg_ParseTuple(args, "y*npOn|i", &view, &start, &verify, &large_crc,
                           &large_threshold, &lengths_only))
         return NULL;
     const unsigned char *buf = (const unsigned char *)view.buf;
@@ -323,6 +325,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             }
         }
         if (lengths_only) {
+            if (lengths_only == 2 && push_length(&lengths, &count, &cap, (int64_t)pos + 12) < 0)
+                goto fail;
             if (push_length(&lengths, &count, &cap, (int64_t)n) < 0) goto fail;
         } else {
             PyObject *rec = PyBytes_FromStringAndSize((const char *)payload, n);

@@ -39,12 +39,14 @@ from streamrec.format.framing_python import mask as _mask
 from streamrec.format.framing_python import new_payload as _new_payload_python
 from streamrec.format.framing_python import scan as _scan_python
 from streamrec.format.identify import HEAD_BYTES, explain
+from streamrec.format.payload import RecordSpans
 
 __all__ = [
     "FOOTER_BYTES",
     "HEADER_BYTES",
     "OnCorrupt",
     "RecordDecoder",
+    "Records",
     "RecordEncoder",
     "accelerated",
     "framed_bytes",
@@ -77,6 +79,9 @@ _U64 = struct.Struct("<Q")
 # (buf, start, verify, large_crc, large_threshold[, lengths_only]) -> ScanResult
 ScanFunction = Callable[..., ScanResult]
 
+Records = list[bytes] | RecordSpans
+"""A chunk of payloads: ``bytes`` objects, or (a decoder's ``spans``) left in place."""
+
 
 def _bytes_as_is(payload: bytes | bytearray) -> bytes:
     """The C path's payload object is already the final ``bytes``."""
@@ -88,9 +93,29 @@ _cframing = load_accelerator("_cframing")
 _scan: ScanFunction = _scan_python if _cframing is None else _cframing.scan
 accelerated = _cframing is not None
 # framed_bytes(records): what a sequence of payloads takes framed (the Take events' counts)
-framed_bytes: Callable[[Sequence[BytesLike]], int] = (
+_framed_bytes: Callable[[Sequence[BytesLike]], int] = (
     _framed_bytes_python if _cframing is None else _cframing.framed_bytes
 )
+
+
+def framed_bytes(records: Sequence[BytesLike]) -> int:
+    """What a sequence of payloads takes framed (payloads plus 16 bytes each)."""
+    if type(records) is RecordSpans:
+        return records.framed_bytes()
+    return _framed_bytes(records)
+
+
+def joined(first: Records, second: Records) -> Records:
+    """The records of ``first``, then ``second`` (one list, or one :class:`RecordSpans`)."""
+    if not second:
+        return first
+    if not first:
+        return second
+    if type(first) is list and type(second) is list:
+        return first + second
+    return RecordSpans.join([first, second])
+
+
 _new_payload: Callable[[int], bytes | bytearray]
 _fill: Callable[[bytes | bytearray, int, BytesLike, int, bool], int]
 _finish: Callable[[bytes | bytearray], bytes]
@@ -154,6 +179,11 @@ class RecordDecoder:
     Nothing is raised then; each drop is appended to :attr:`dropped` for the caller to log and
     count. ``verify_crc=False`` skips all CRC work (damage then shows up as truncation at best).
 
+    ``spans=True`` (with the C accelerator; a no-op without): the records of a ``bytes`` chunk
+    fed are returned in place, a :class:`~streamrec.format.payload.RecordSpans` over the chunk
+    (CRCs checked as always), not copied into a ``bytes`` object each; a record assembled from
+    several chunks is still its own ``bytes`` (a buffer of the spans of its own).
+
     ``offset`` in errors is the byte offset of the record's header in this (uncompressed)
     stream, counted from ``start_offset``; ``record_index`` counts from ``start_index``.
 
@@ -178,6 +208,7 @@ class RecordDecoder:
         end_offset: int | None = None,
         max_record_bytes: int | None = None,
         lengths_only: bool = False,
+        spans: bool = False,
     ) -> None:
         if on_corrupt not in ("raise", "skip"):
             raise ValueError(f"on_corrupt must be 'raise' or 'skip', not {on_corrupt!r}")
@@ -186,6 +217,7 @@ class RecordDecoder:
         # one array per call), no payload is copied and feed() returns [] (what an index needs)
         self.lengths: array[int] | None = array("q") if lengths_only else None
         self.verify_crc = verify_crc
+        self.spans = spans and _cframing is not None and not lengths_only
         self.skip_corrupt = on_corrupt == "skip"
         self.dropped: list[FormatError] = []
         self.end_offset = end_offset
@@ -238,7 +270,7 @@ class RecordDecoder:
         self._big, self._big_payload = [], None
         self._discarding = True
 
-    def feed(self, data: BytesLike) -> list[bytes]:
+    def feed(self, data: BytesLike) -> Records:
         """Add bytes; return every record they complete, in order.
 
         Raises a FormatError only when no record comes before the damage; otherwise the
@@ -253,7 +285,7 @@ class RecordDecoder:
             raise self._error
         return records
 
-    def _feed(self, data: BytesLike) -> list[bytes]:
+    def _feed(self, data: BytesLike) -> Records:
         """:meth:`feed` without raising: damage is held in ``_error`` (or dropped, in skip)."""
         if self._discarding or not data:
             return []
@@ -267,10 +299,10 @@ class RecordDecoder:
                 return records
             if self._big_length >= 0:  # (copied at once when its payload is allocated)
                 rest = memoryview(data)[start:] if self._big_payload is not None else None
-                return records + self._feed_big(rest or _stable_view(data, start))
+                return joined(records, self._feed_big(rest or _stable_view(data, start)))
         more, pos = self._frame(data, start)
         self._keep_tail(data, start, pos)
-        return records + more if records else more
+        return joined(records, more)
 
     def close(self) -> None:
         """Declare the end of the stream; raise TruncatedRecordError if it ends mid-record."""
@@ -309,6 +341,7 @@ class RecordDecoder:
             if len(self._pending) < HEADER_BYTES:
                 return records, taken
             more, pos = self._frame(self._pending, 0)
+            assert type(more) is list  # (a bytearray's records are always copied out)
             records += more
             self._keep_tail(self._pending, 0, pos)
             if (
@@ -320,8 +353,14 @@ class RecordDecoder:
             ):
                 return records, taken
 
-    def _scan(self, buf: BytesLike, start: int) -> ScanResult:
+    def _scan(self, buf: BytesLike, start: int) -> tuple[Records, int, int, int, int]:
         """The scanner on ``buf[start:]``; its records counted (lengths_only: kept)."""
+        if self.spans and type(buf) is bytes:  # immutable: its records may stay in it
+            pairs, pos, status, stored, computed = _scan(
+                buf, start, self.verify_crc, None, _LARGE_CRC_BYTES, 2
+            )
+            self._index += len(pairs) // 16
+            return RecordSpans.in_buffer(buf, pairs), pos, status, stored, computed
         if self.lengths is None:
             result = _scan(buf, start, self.verify_crc, _crc32c_package.crc32c, _LARGE_CRC_BYTES)
             self._index += len(result[0])
@@ -333,9 +372,8 @@ class RecordDecoder:
         self._index += len(got) // 8
         return [], pos, status, stored, computed
 
-    def _frame(self, buf: BytesLike, start: int) -> tuple[list[bytes], int]:
+    def _frame(self, buf: BytesLike, start: int) -> tuple[Records, int]:
         """Scan ``buf[start:]``; handle damage; return the records and where framing stopped."""
-        records: list[bytes]
         records, pos, status, stored, computed = self._scan(buf, start)
         while status != _NEED_MORE:
             which = "length" if status == _BAD_LENGTH_CRC else "payload"
@@ -354,7 +392,7 @@ class RecordDecoder:
             (length,) = _U64.unpack_from(buf, pos)
             self._index += 1
             more, pos, status, stored, computed = self._scan(buf, pos + OVERHEAD_BYTES + length)
-            records += more
+            records = joined(records, more)
         return records, pos
 
     def _keep_tail(self, buf: BytesLike, start: int, pos: int) -> None:
@@ -410,7 +448,7 @@ class RecordDecoder:
         self._big_have = have + take
         return take
 
-    def _feed_big(self, data: BytesLike) -> list[bytes]:
+    def _feed_big(self, data: BytesLike) -> Records:
         """Add a chunk to the big record in progress; once it is complete, check it and go on
         framing what follows it in the chunk."""
         length = self._big_length
@@ -457,9 +495,7 @@ class RecordDecoder:
             self.dropped.append(error)
         self._offset += total
         self._index += 1
-        if rest:
-            records += self._feed(rest)
-        return records
+        return joined(records, self._feed(rest)) if rest else records
 
     def _damaged(self, error: FormatError) -> None:
         """Damage that ends the stream: held back (raise mode) or dropped with the rest."""

@@ -23,7 +23,7 @@ from streamrec.format.codecs import (
 )
 from streamrec.format.crc import BytesLike
 from streamrec.format.encoder import ShardEncoder
-from streamrec.format.framing import HEADER_BYTES, OnCorrupt, RecordDecoder
+from streamrec.format.framing import HEADER_BYTES, OnCorrupt, RecordDecoder, Records, joined
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "DEFAULT_PIECE_BYTES", "ShardDecoder", "ShardEncoder"]
 
@@ -44,6 +44,7 @@ class ShardDecoder:
     ``on_corrupt``, error delivery and :attr:`dropped`; ``start_offset`` / ``start_index``
     describe where the bytes fed begin (resuming mid-file, uncompressed only).
     ``lengths_only``: no payloads are returned; their lengths collect in ``framing.lengths``.
+    ``spans``: records are returned in place where they can be (see :class:`RecordDecoder`).
 
     Record lengths are checked against what is known before anything is buffered for them:
     ``size`` is the file's stored size. Uncompressed, a record must fit in the file
@@ -68,6 +69,7 @@ class ShardDecoder:
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         max_piece_bytes: int = DEFAULT_PIECE_BYTES,
         lengths_only: bool = False,
+        spans: bool = False,
     ) -> None:
         self.url = url
         self.size = size
@@ -80,6 +82,7 @@ class ShardDecoder:
             start_offset=start_offset,
             start_index=start_index,
             lengths_only=lengths_only,
+            spans=spans,
         )
         self._decompressor: Decompressor | None = None
         self.inflate_s = 0.0  # seconds in the codec's stream calls (a reader's stats split it)
@@ -104,24 +107,24 @@ class ShardDecoder:
         """True when an error is held back: ``raise_pending()`` raises it."""
         return self.framing.failed or self._held is not None
 
-    def feed(self, data: BytesLike) -> list[bytes]:
+    def feed(self, data: BytesLike) -> Records:
         """Add stored bytes; return all the payloads they complete (see :meth:`stream`).
 
         Raises only when no payload comes before the damage; otherwise the error is held
         back for :meth:`raise_pending`. All of ``data``'s records are returned at once: a
         reader of untrusted compressed data uses :meth:`stream`.
         """
-        records: list[bytes] = []
+        records: Records = []
         try:
             for chunk in self.stream(data):
-                records += chunk
+                records = joined(records, chunk)
         except FormatError:
             if not records:
                 raise
             # held back (by the framing or in _held): raise_pending() raises it
         return records
 
-    def stream(self, data: BytesLike) -> Iterator[list[bytes]]:
+    def stream(self, data: BytesLike) -> Iterator[Records]:
         """Add stored bytes; yield the payloads they complete, in chunks (non-empty lists).
 
         Compressed data is inflated ``max_piece_bytes`` at a time, and each piece's records
@@ -155,17 +158,17 @@ class ShardDecoder:
                 yield records
             self.framing.raise_pending()
 
-    def close(self) -> list[bytes]:
+    def close(self) -> Records:
         """End of file: return the last payloads; raise if the file ends badly."""
-        records: list[bytes] = []
+        records: Records = []
         if self._decompressor is None:
             self._use(sniff(self._head))
             records = self.feed(self._head) if self._head else []
         assert self._decompressor is not None
         try:
-            records += self._frame(self._decompressor.close())
+            records = joined(records, self._frame(self._decompressor.close()))
         except CompressionError as exc:
-            return records + self._compression_failed(exc)
+            return joined(records, self._compression_failed(exc))
         if not records:
             self.framing.close()
             return records
@@ -194,11 +197,11 @@ class ShardDecoder:
                 limit = min(limit, _MAX_DEFLATE_RATIO * size)
             framing.max_record_bytes = limit
 
-    def _frame(self, pieces: list[bytes]) -> list[bytes]:
-        records: list[bytes] = []
+    def _frame(self, pieces: list[bytes]) -> Records:
+        records: Records = []
         for piece in pieces:
             try:
-                records += self.framing.feed(piece)
+                records = joined(records, self.framing.feed(piece))
             except FormatError:
                 if not records:
                     raise

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import AsyncGenerator, Callable, Generator, Iterator
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import replace
 from functools import partial
@@ -224,7 +224,7 @@ class Dataset(Chainable[bytes]):
     # ------------------------------------------------------------------ the pipeline
 
     async def _pieces(
-        self, resume: DatasetState | None, *, timed: bool = True
+        self, resume: DatasetState | None, *, timed: bool = True, in_place: bool = False
     ) -> AsyncGenerator[Piece, None]:
         """This epoch's pieces from the read engine (none once the epoch is finished)."""
         if self._finished:
@@ -246,7 +246,8 @@ class Dataset(Chainable[bytes]):
                 resume, on_planned=partial(self._planned, indexed.where), timed=timed
             )
         else:
-            options = self.options if timed else replace(self.options, chunk_bytes=FOR_CHUNK_BYTES)
+            chunk_bytes = self.options.chunk_bytes if timed else FOR_CHUNK_BYTES
+            options = replace(self.options, chunk_bytes=chunk_bytes, record_spans=in_place)
             engine = ReadEngine(self.urls, options, self.epoch, self._stats)
             pieces = engine.pieces(resume, timed=timed, on_planned=partial(self._planned, engine))
         clock = clocked(pieces, self._stats, lambda: self.stats, self.options.stats_interval_s)
@@ -272,8 +273,9 @@ class Dataset(Chainable[bytes]):
         auto_consume: bool = True,
         report_consumed: Callable[[], None] | None = None,
         handed_out: Callable[[], int] | None = None,
-    ) -> AsyncGenerator[list[bytes], None]:
-        """The records in reading order, as chunks (lists): the fast path for consumers.
+        in_place: bool = False,
+    ) -> AsyncGenerator[Sequence[bytes], None]:
+        """Records in reading order, as chunks (lists; ``in_place``: RecordSpans too): fast path.
 
         Shards are planned (shuffled, split across hosts and workers), read (interleaved when
         ``cycle_length`` > 1) and optionally shuffled through a record buffer. All shards
@@ -292,7 +294,7 @@ class Dataset(Chainable[bytes]):
         self._handed_out = None if auto_consume else handed_out
         ledger = None if auto_consume else Consumption(Reported(cursor))
         self._ledger = ledger
-        async with owning(self._pieces(resume)) as pieces:
+        async with owning(self._pieces(resume, in_place=in_place)) as pieces:
             async for records, events in pieces:
                 if ledger is None:
                     cursor.take(records, events)
@@ -433,13 +435,10 @@ class Dataset(Chainable[bytes]):
 
 
 class _Records(itertools.chain):  # type: ignore[type-arg]
-    """The plain ``for`` iterator: the records of every piece, one after another.
-
-    ``itertools.chain`` steps through each piece's list iterator in C: a generator doing
-    ``yield from`` costs a Python frame resumption per record, which at 1 KiB records was a
-    measurable part of the whole loop. ``close()`` closes the pieces' generator (and with it
-    the background thread), as a generator's would.
-    """
+    """The plain ``for`` iterator: the records of every piece, one after another, stepped
+    through in C (a generator's ``yield from`` costs a frame resumption per record, which at
+    1 KiB records was a measurable part of the whole loop). ``close()`` closes the pieces'
+    generator (and with it the background thread), as a generator's would."""
 
     _lists: Generator[Iterator[bytes], None, None]
 

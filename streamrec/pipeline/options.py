@@ -102,6 +102,10 @@ class ReadOptions:
     chunk_bytes: int = 1 << 20
     """Most bytes of arrived pieces decoded into one chunk of records (not an
     ``open_dataset`` setting: the blocking ``for`` asks for larger chunks, see dataset.py)."""
+    record_spans: bool = False
+    """Chunks may leave their records in place (:class:`~streamrec.format.payload.RecordSpans`,
+    no ``bytes`` object per record): not an ``open_dataset`` setting, asked for by a consumer
+    that decodes whole chunks or batches (``parse``, ``parse().batch()``)."""
 
     def __post_init__(self) -> None:
         self._check_types()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -153,7 +153,7 @@ async def run_task(
     )
 
 
-async def _deal(writers: list[ShardWriter], chunk: list[bytes], position: int) -> None:
+async def _deal(writers: list[ShardWriter], chunk: Sequence[bytes], position: int) -> None:
     """Append ``chunk`` (whose first record is the task's record ``position``): to the one
     writer, or record i to writer i mod n."""
     n = len(writers)

@@ -31,6 +31,7 @@ from streamrec.format.example.spec import (
     check_spec,
     numpy_dtype,
 )
+from streamrec.format.payload import RecordSpans
 from streamrec.format.proto import example_pb2
 
 __all__ = ["decode_batch", "has_c_accelerator"]
@@ -180,7 +181,11 @@ def _parse_c(
             counts = out
         outs.append(out)
         specs.append((key, mode, count, None if counts is not None else out, default, counts))
-    result = _cexample.parse_examples(payloads, specs)
+    if type(payloads) is RecordSpans:  # read where they lie: no bytes object per record
+        spans = np.ascontiguousarray(payloads.spans)  # (a strided slice: copied)
+        result = _cexample.parse_examples(payloads.buffers, specs, spans)
+    else:
+        result = _cexample.parse_examples(payloads, specs)
     if result is None:
         return None
     return outs, result
@@ -279,7 +284,10 @@ def decode_batch(
 
         arrow.pyarrow()  # a missing pyarrow says so before any decoding
     if has_c_accelerator():
-        shortest = _shortest_bytes(payloads)  # one C pass: types and lengths
+        if type(payloads) is RecordSpans:
+            shortest = payloads.shortest()
+        else:
+            shortest = _shortest_bytes(payloads)  # one C pass: types and lengths
         if shortest < 0:  # not all bytes: give the C parser flat byte views
             payloads = [_byte_view(payload) for payload in payloads]
             shortest = min(map(len, payloads))

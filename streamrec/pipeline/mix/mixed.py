@@ -38,7 +38,7 @@ import dataclasses
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -128,9 +128,9 @@ class _Source:
         if self.done:
             return False
         if self._chunks is None:
-            self._chunks = owned(
-                self.dataset.record_chunks(auto_consume=False, report_consumed=self._report)
-            )
+            chunks = self.dataset.record_chunks(auto_consume=False, report_consumed=self._report)
+            # (lists: chunks in place are asked for with in_place=True only)
+            self._chunks = owned(cast(AsyncGenerator[list[bytes], None], chunks))
         try:
             self._chunk = await anext(self._chunks)
         except StopAsyncIteration:

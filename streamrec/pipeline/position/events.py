@@ -96,7 +96,7 @@ class Advance(NamedTuple):
 
 
 Event = Open | Take | Rounds | ShuffleIn | Drain | Begin | Advance
-Piece = tuple[list[bytes], list[Event]]
+Piece = tuple[Sequence[bytes], list[Event]]
 
 
 def take_event(slot: int, records: Sequence[bytes], ended: bool) -> Take:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from streamrec.format.framing import OVERHEAD_BYTES, framed_bytes
+from streamrec.format.payload import RecordSpans
 from streamrec.pipeline.listing.plan import seeded_random
 from streamrec.pipeline.position.done import Done, add_done
 from streamrec.pipeline.position.draws import Draws, restore
@@ -495,6 +496,10 @@ class Cursor:
         earlier would have failed the same way first, so the first one is the one."""
         tracker = self.tracker.copy()
         for records, events in pieces:
+            if isinstance(records, RecordSpans):  # (payload: a RecordRef)
+                k = records.find(payload)
+                if k is not None:
+                    return tracker.locate(events, records, k)
             for k, record in enumerate(records):
                 if record is payload:
                     return tracker.locate(events, records, k)

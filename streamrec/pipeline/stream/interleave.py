@@ -24,13 +24,13 @@ from contextlib import aclosing
 from typing import Generic, TypeVar
 
 from streamrec._portal import cancel_and_wait, owned_generator, run_all
-from streamrec.format.framing import framed_bytes
+from streamrec.format.framing import Records, framed_bytes
 from streamrec.pipeline.position.events import Event, Open, Piece, rounds_event, take_event
 from streamrec.pipeline.position.state import CycleState
 
 __all__ = ["OpenShard", "Pieces", "interleave_deterministic", "interleave_first_ready"]
 
-Chunks = AsyncGenerator[list[bytes], None]
+Chunks = AsyncGenerator[Records, None]
 Pieces = AsyncGenerator[Piece, None]
 # open_shard(ordinal, records, offset): a shard's chunks, resumed after `records` records
 OpenShard = Callable[[int, int, "int | None"], Chunks]
@@ -44,7 +44,7 @@ class _Slot:
 
     def __init__(self, chunks: Chunks) -> None:
         self.chunks = chunks
-        self.buf: list[bytes] = []
+        self.buf: Records = []
         self.pos = 0
         self.done = False
 
@@ -264,7 +264,7 @@ async def interleave_first_ready(
     # a lane asks its shard for the next chunk only once the last one is taken (whose reader
     # then gives back the first one's bytes: ObjectReader.settle). A queue of decoded chunks,
     # and one more chunk in each lane's hands, would wait outside the prefetch budget.
-    channel: _Channel[tuple[int, list[bytes] | None]] = _Channel()
+    channel: _Channel[tuple[int, Records | None]] = _Channel()
     inputs = iter(jobs)  # shared: a lane whose shard ends takes the next job
 
     async def lane() -> None:

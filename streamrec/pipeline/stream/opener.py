@@ -19,7 +19,7 @@ import numpy as np
 
 from streamrec._portal import owned_generator, run_all
 from streamrec.errors import FormatError, StateError
-from streamrec.format.framing import OVERHEAD_BYTES
+from streamrec.format.framing import OVERHEAD_BYTES, Records
 from streamrec.format.span import coalesce
 from streamrec.pipeline.budget import BudgetPlan
 from streamrec.pipeline.listing.plan import ShardPlan
@@ -48,7 +48,7 @@ MakeReader = Callable[[ObjectInfo, int, bool], ObjectReader]
 
 __all__ = ["ShardOpener"]
 
-Chunks = AsyncGenerator[list[bytes], None]
+Chunks = AsyncGenerator[Records, None]
 
 
 class ShardOpener:
@@ -170,6 +170,7 @@ class ShardOpener:
             start_offset=(offset or 0) if seeks else 0,
             start_index=records if seeks else 0,
             group_bytes=options.chunk_bytes,
+            spans=options.record_spans,
         )
         if seeks:
             chunks = _starting_a_record(chunks, ordinal, offset or 0)
@@ -301,7 +302,7 @@ def _runs(places: list[Location], gap_bytes: int, span_bytes: int) -> list[list[
     return [ordered[k:j] for k, j in runs]
 
 
-class _ClosingReader(AsyncGenerator[list[bytes], None]):
+class _ClosingReader(AsyncGenerator[Records, None]):
     """``chunks`` that close their reader however they end, also when closed before their
     first chunk was asked for: an async generator closed unstarted never runs its body (nor
     its ``finally``), and the reader, primed already, holds requests, budget and maybe a cache
@@ -311,13 +312,13 @@ class _ClosingReader(AsyncGenerator[list[bytes], None]):
         self._chunks = chunks
         self._reader = reader
 
-    async def __anext__(self) -> list[bytes]:
+    async def __anext__(self) -> Records:
         return await self._chunks.__anext__()
 
-    async def asend(self, value: None) -> list[bytes]:
+    async def asend(self, value: None) -> Records:
         return await self._chunks.asend(value)
 
-    async def athrow(self, typ: Any, val: Any = None, tb: Any = None) -> list[bytes]:
+    async def athrow(self, typ: Any, val: Any = None, tb: Any = None) -> Records:
         return await self._chunks.athrow(typ, val, tb)
 
     async def aclose(self) -> None:

@@ -11,8 +11,8 @@ from itertools import chain
 from streamrec._portal import owned_generator
 from streamrec.errors import FormatError, StateError
 from streamrec.format.codecs import Compression, compression_from_name, normalize_compression
-from streamrec.format.framing import HEADER_BYTES, OVERHEAD_BYTES, OnCorrupt
-from streamrec.format.payload import read_header
+from streamrec.format.framing import HEADER_BYTES, OVERHEAD_BYTES, OnCorrupt, Records
+from streamrec.format.payload import RecordSpans, read_header
 from streamrec.format.shard import DEFAULT_PIECE_BYTES, ShardDecoder
 from streamrec.pipeline.listing.sidecars import stated_contradiction
 from streamrec.pipeline.stats import Stats
@@ -42,9 +42,12 @@ async def read_shard(
     start_offset: int = 0,
     start_index: int = 0,
     group_bytes: int = GROUP_BYTES,
-) -> AsyncGenerator[list[bytes], None]:
+    spans: bool = False,
+) -> AsyncGenerator[Records, None]:
     """The payloads of one shard, in file order, as chunks (lists) of records (of at most
-    ``group_bytes`` of an uncompressed shard's arrived pieces each: see decode_blocks).
+    ``group_bytes`` of an uncompressed shard's arrived pieces each: see decode_blocks);
+    ``spans``: chunks may leave their records in the pieces (see
+    :class:`~streamrec.format.framing.RecordDecoder`).
 
     Records before any damage are always yielded before the error is raised; with
     ``on_corrupt="skip"`` damage is logged and counted in ``stats`` instead. A compressed
@@ -100,14 +103,15 @@ async def read_shard(
         start_index=start_index,
         size=reader.obj.size,
         max_piece_bytes=min(reader.block_bytes, DEFAULT_PIECE_BYTES),
+        spans=spans,
     )
     reported = 0
     blocks = decode_blocks(reader, decoder, count_bytes, first, group_bytes, stats)
-    async with aclosing(blocks) as chunks:
-        async for records in chunks:
-            stats.records_read += len(records)
+    async with aclosing(blocks) as decoded:
+        async for chunk in decoded:
+            stats.records_read += len(chunk)
             reported = _report_drops(decoder.dropped, reported, stats)
-            yield records
+            yield chunk
     _report_drops(decoder.dropped, reported, stats)
 
 
@@ -119,7 +123,7 @@ async def decode_blocks(
     first: bytes | None = None,
     group_bytes: int = GROUP_BYTES,
     stats: Stats | None = None,
-) -> AsyncGenerator[list[bytes], None]:
+) -> AsyncGenerator[Records, None]:
     """Drive ``decoder`` with ``reader``'s blocks: the records of each inflated piece as soon
     as they are framed, those before any damage always before the error. ``on_block(size)``
     is called for every block read (``first``: a piece taken from the reader already, fed
@@ -140,7 +144,7 @@ async def decode_blocks(
     )
     try:
         async for head in _after(first, reader):
-            gathered: list[list[bytes]] = []
+            gathered: list[Records] = []
             try:
                 for block in [head, *reader.take_ready(group_bytes - len(head))]:
                     if on_block is not None:
@@ -186,12 +190,12 @@ async def decode_blocks(
 
 
 def stated_or_failing(
-    chunks: AsyncGenerator[list[bytes], None],
+    chunks: AsyncGenerator[Records, None],
     shard: ObjectInfo,
     codec: str | None,
     store: ObjectStore,
     policy: RetryPolicy,
-) -> AsyncGenerator[list[bytes], None]:
+) -> AsyncGenerator[Records, None]:
     """``chunks`` of ``shard`` read as ``codec`` (``"auto"``: as its first bytes say); where
     that codec is its listing's statement and reading fails, a failure the statement explains
     (its bytes are not that codec) is raised as such
@@ -205,12 +209,12 @@ def stated_or_failing(
 
 @owned_generator
 async def _stated_or_failing(
-    chunks: AsyncGenerator[list[bytes], None],
+    chunks: AsyncGenerator[Records, None],
     shard: ObjectInfo,
     codec: Compression,
     store: ObjectStore,
     policy: RetryPolicy,
-) -> AsyncGenerator[list[bytes], None]:
+) -> AsyncGenerator[Records, None]:
     async with aclosing(chunks) as source:
         try:
             async for chunk in source:
@@ -222,12 +226,14 @@ async def _stated_or_failing(
             raise
 
 
-def _joined(lists: list[list[bytes]]) -> list[bytes]:
+def _joined(lists: list[Records]) -> Records:
     """One chunk of ``lists``' records (the one list itself when there is one: a block of
     small records is tens of thousands of them, not worth copying into another list)."""
     if len(lists) == 1:
         return lists[0]
-    return list(chain.from_iterable(lists))
+    if all(type(records) is list for records in lists):
+        return list(chain.from_iterable(lists))
+    return RecordSpans.join(lists)
 
 
 @owned_generator

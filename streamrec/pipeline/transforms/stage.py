@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from streamrec._portal import owned, owning
 from streamrec.errors import ExampleError, StateError
+from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.transforms.ledger import (
     ItemPiece,
     Ledger,
@@ -100,15 +101,27 @@ class Stage(Generic[T]):
                 if items:
                     yield items
 
+    #: whether the stage decodes its source's chunks whole (a parse): a dataset source may
+    #: then leave records in place (``record_chunks(in_place=True)``: chunks that are
+    #: ``Sequence[bytes]``, not lists)
+    takes_records_in_place = False
+
     def _open_source(self) -> AsyncGenerator[list[Any], None]:
         source = self.source
+        place = {}
+        # (a Dataset: the one source read with ReadOptions)
+        if self.takes_records_in_place and isinstance(getattr(source, "options", 0), ReadOptions):
+            place = {"in_place": True}
         if not hasattr(source, "mark_consumed"):  # iteration works; state_dict() is refused
-            return cast(AsyncGenerator[list[Any], None], owned(source.record_chunks()))
+            return cast(AsyncGenerator[list[Any], None], owned(source.record_chunks(**place)))
         return cast(
             AsyncGenerator[list[Any], None],
             owned(
                 source.record_chunks(
-                    auto_consume=False, report_consumed=self._report_down, handed_out=self._peek
+                    auto_consume=False,
+                    report_consumed=self._report_down,
+                    handed_out=self._peek,
+                    **place,
                 )
             ),
         )
