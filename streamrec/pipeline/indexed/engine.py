@@ -12,13 +12,14 @@ sidecar: records are read by position). One iteration:
    of the positions still to read (:func:`~streamrec.pipeline.order.part_of`: hosts x
    DataLoader workers, ``even`` drop/pad), from the resume state or the start;
 3. positions in *chunks* (at most a third of ``prefetch_bytes`` of records each, as the
-   :class:`~streamrec.pipeline.budget.BudgetPlan` says, the first ones smaller: 32 records,
+   :class:`~streamrec.pipeline.budget.BudgetPlan` says, the first ones smaller: 8 records,
    doubling, so that the first record waits for a small chunk's reads; cut by the index's
    record lengths, so skewed sizes keep the bound; a record larger than that is a chunk
    alone; in block mode whole runs of ``mix`` positions where they fit): each chunk's records
    read with :func:`~streamrec.pipeline.indexed.table.read_records` while the one before is
-   consumed. At most three chunks exist at once - the one the consumer has, the one awaited and the
-   next - so reads in flight and decoded records stay within ``prefetch_bytes`` (plus the
+   consumed (the second once the first is read: no read-ahead before the first record). At
+   most three chunks exist at once - the one the consumer has, the one awaited and the next -
+   so reads in flight and decoded records stay within ``prefetch_bytes`` (plus the
    bytes between coalesced records, which the budget counts while they are in flight). The
    reads of all chunks share one gate of ``max_concurrency`` slots, first come first served:
    the next chunk's reads take slots as the current chunk's free them, and no more reads are
@@ -78,11 +79,12 @@ carries a good part of it: at 1 MiB and 16 reads in flight a 60 ms, 25 MB/s-per-
 link stays full (benchmarks/README.md, "Shuffled reading")."""
 _MIX_WINDOWS = 16  # block mode's default run: at most this many windows
 _FIRST_CHUNK_BYTES = 256 << 10
-_FIRST_CHUNK_RECORDS = 32
+_FIRST_CHUNK_RECORDS = 8
 """The first read chunk holds at most this many records of the mean size and 256 KiB; each
 next one twice the one before, up to the plan's ``chunk_bytes``: a shard's first read
 verifies its index up to the record wanted (pipeline/indexed/trust.py), so a global shuffle's
-first record waits for a few shards' checks, not every shard's."""
+first record waits for a few shards' checks, not every shard's; and a job of many consumers
+sends few requests before each has its first record (issue 31: at most 20 each)."""
 _PIECES_LOCATED = 64  # pieces whose records where() finds (more than are ever pending)
 
 
@@ -215,7 +217,12 @@ class IndexedEngine:
         consumer's own thread measures its wait: the blocking ``for``)."""
         options = self.options
         budget = self.budget_plan.budget
-        async with StoreSet(options.storage_options, options.max_concurrency * 4) as stores:
+        async with StoreSet(
+            options.storage_options,
+            options.max_concurrency * 4,
+            # with a host cache, metadata lookups are HEADs: its copies serve the bytes
+            lookup_reads_first_bytes=options.cache_dir is None,
+        ) as stores:
             try:
                 table = self.kept_table
                 if table is None:
@@ -330,15 +337,22 @@ class IndexedEngine:
         chunks = self._chunks(table, plan)
         events: list[Event] = [plan.begin]
         pending: asyncio.Task[list[bytes]] | None = None
+        first = True
         try:
             chunk = next(chunks, None)
             while chunk is not None:
                 task = pending or asyncio.ensure_future(fetch(chunk))
                 pending = None
                 chunk = next(chunks, None)
-                if chunk is not None:  # the next chunk is read while this one is consumed
+                if chunk is not None and not first:
+                    # the next chunk is read while this one is consumed
                     pending = asyncio.ensure_future(fetch(chunk))
                 records = await task
+                if chunk is not None and first:
+                    # only once the first chunk is read: its reads alone before the first
+                    # record (a job of many consumers sends few requests before it starts)
+                    pending = asyncio.ensure_future(fetch(chunk))
+                first = False
                 events.append(Advance(len(records)))
                 yield records, events
                 del records  # the consumer's: not kept here while the next chunks are read
