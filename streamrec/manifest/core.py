@@ -493,11 +493,11 @@ async def load_manifest(
     store = store or open_store(url, storage_options)
     try:
         [info] = await policy.run(lambda: store.expand(url), describe=f"{url}: listing")
-        if (
-            cache is not None
-            and is_cacheable(url)
-            and store.read_range_cached(info, 0, info.size) is None
-        ):
+        # (the whole object in what the lookup read: nothing more to fetch, nothing to keep)
+        held = store.read_range_cached(info, 0, info.size)
+        if held is not None:
+            data = b"".join(held)
+        elif cache is not None and is_cacheable(url):
             return await _through_cache(
                 info,
                 store,
@@ -506,9 +506,10 @@ async def load_manifest(
                 policy,
                 allow_absolute_urls,
             )
-        data = await policy.run(
-            lambda: store.read_range(info, 0, info.size), describe=f"{url}: reading"
-        )
+        else:
+            data = await policy.run(
+                lambda: store.read_range(info, 0, info.size), describe=f"{url}: reading"
+            )
         if len(data) != info.size:
             raise StorageError(f"{url}: read {len(data)} of {info.size} bytes of the manifest")
     finally:
