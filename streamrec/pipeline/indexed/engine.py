@@ -217,12 +217,7 @@ class IndexedEngine:
         consumer's own thread measures its wait: the blocking ``for``)."""
         options = self.options
         budget = self.budget_plan.budget
-        async with StoreSet(
-            options.storage_options,
-            options.max_concurrency * 4,
-            # with a host cache, metadata lookups are HEADs: its copies serve the bytes
-            lookup_reads_first_bytes=options.cache_dir is None,
-        ) as stores:
+        async with StoreSet(options.storage_options, options.max_concurrency * 4) as stores:
             try:
                 table = self.kept_table
                 if table is None:
