@@ -6,6 +6,7 @@ Run from the repository root after building the C accelerators::
     python setup.py build_ext --inplace
     python benchmarks/bench_scale.py [--cases 20k,25m] [--rounds 3] [--json PATH]
     python benchmarks/bench_scale.py --s3 [--s3-shards 2000,5000] [--rounds 3] [--json PATH]
+        [--s3-consumers 8] [--s3-index dataset]
 
 Datasets (written once under ``benchmarks/data/scale-*`` by ``open_writer(..., index=True)``:
 shards, their ``.idx`` sidecars, ``_manifest.json`` and ``_dataset_index.bin``):
@@ -176,6 +177,12 @@ def main() -> None:
     parser.add_argument(
         "--s3-shards", default="2000", help="the S3 datasets' shard counts, e.g. 2000,5000"
     )
+    parser.add_argument(
+        "--s3-consumers", default="", help="with --s3: only these consumer sets, e.g. 8"
+    )
+    parser.add_argument(
+        "--s3-index", default="dataset,sidecars", help="with --s3: dataset, sidecars or both"
+    )
     parser.add_argument("--json", metavar="PATH", type=Path, help=JSON_HELP)
     args = parser.parse_args()
     cases = ["1k"] if args.quick else (args.cases or ("" if args.s3 else "20k,25m")).split(",")
@@ -205,7 +212,9 @@ def main() -> None:
         names.append("first record")
     if args.s3:
         shard_counts = [int(n) for n in args.s3_shards.split(",")]
-        sections.append(run_s3(shard_counts, modes, rounds))
+        chosen = [label for label in args.s3_consumers.split(",") if label]
+        indexes = [index for index in args.s3_index.split(",") if index]
+        sections.append(run_s3(shard_counts, modes, rounds, chosen, indexes))
         for n in shard_counts:
             names += [f"S3 {n:,} shards", f"S3 {n:,} shards, 8 consumers' requests by object"]
     section = "\n\n".join(sections)

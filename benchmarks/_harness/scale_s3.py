@@ -217,14 +217,16 @@ def measure(
     modes: Sequence[str],
     rounds: int,
     work: Path,
+    consumers: Sequence[Consumers] = CONSUMERS,
+    indexes: Sequence[str] = ("dataset", "sidecars"),
 ) -> Runs:
     runs: Runs = {}
     endpoint = proxy.url
     for round_ in range(rounds):
-        order = ["dataset", "sidecars"] if round_ % 2 == 0 else ["sidecars", "dataset"]
+        order = list(indexes) if round_ % 2 == 0 else list(reversed(indexes))
         for index in order:
             switch.set(index == "dataset")
-            for who in CONSUMERS:
+            for who in consumers:
                 state = work / f"state-{who.label.replace(' ', '')}-{index}-{round_}"
                 if "resume" in modes:
                     run_job(proxy, url, endpoint, who, "save", state)
@@ -317,8 +319,17 @@ def tables(runs: Runs, shards: int, modes: Sequence[str]) -> str:
     return "\n\n".join([_render(head, rows), note, _render(split_head, split_rows)])
 
 
-def run_s3(shards_list: Sequence[int], modes: Sequence[str], rounds: int) -> str:
-    """Servers, datasets, every job; the markdown section (tables and notes)."""
+def run_s3(
+    shards_list: Sequence[int],
+    modes: Sequence[str],
+    rounds: int,
+    consumers: Sequence[str] = (),
+    indexes: Sequence[str] = ("dataset", "sidecars"),
+) -> str:
+    """Servers, datasets, every job; the markdown section (tables and notes). ``consumers``:
+    the labels of the consumer sets to run (all when empty); ``indexes``: with the dataset
+    index, with sidecars only, or both."""
+    chosen = [who for who in CONSUMERS if not consumers or who.label in consumers]
     if os.geteuid() != 0:
         raise SystemExit("bench_scale.py --s3 needs root (network namespace, tc)")
     loads = [os.getloadavg()]
@@ -335,7 +346,7 @@ def run_s3(shards_list: Sequence[int], modes: Sequence[str], rounds: int) -> str
             for shards in shards_list:
                 url = write_dataset(lo, shards)
                 switch = IndexSwitch(lo, url)
-                runs = measure(proxy, url, switch, modes, rounds, Path(tmp))
+                runs = measure(proxy, url, switch, modes, rounds, Path(tmp), chosen, indexes)
                 sections.append(tables(runs, shards, modes))
             if proxy.errors:
                 raise RuntimeError(f"counting proxy: {proxy.errors[:3]}")

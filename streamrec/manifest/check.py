@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from streamrec._portal import run_all
 from streamrec.errors import (
@@ -38,6 +39,7 @@ from streamrec.format.codecs import Compression, normalize_compression
 from streamrec.manifest.core import Manifest, ManifestEntry, load_manifest
 from streamrec.redact import redact
 from streamrec.storage.base import ObjectInfo, ObjectStore
+from streamrec.storage.cache.store import ShardCache
 from streamrec.storage.local.store import LocalStore
 from streamrec.storage.retry import RetryPolicy
 
@@ -55,14 +57,23 @@ async def manifest_shards(
     *,
     allow_absolute_urls: bool = False,
     on_retry: Callable[[TransientStorageError], None] | None = None,
+    cache: ShardCache | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> list[ObjectInfo]:
     """The shards of the manifest at ``url``, by index, as objects to read (size and version
-    from the manifest); ``get_store(url)`` gives the open store of a url's scheme.
+    from the manifest); ``get_store(url)`` gives the open store of a url's scheme; ``cache``
+    (with the ``storage_options`` that name its endpoint): the host's copy of a large
+    manifest (:func:`~streamrec.manifest.core.load_manifest`).
 
     Raises ObjectChangedError when a shard is not the object the manifest describes.
     """
     manifest = await load_manifest(
-        url, retry=retry, store=get_store(url), allow_absolute_urls=allow_absolute_urls
+        url,
+        storage_options,
+        retry=retry,
+        store=get_store(url),
+        allow_absolute_urls=allow_absolute_urls,
+        cache=cache,
     )
     return await checked_shards(manifest, url, get_store, retry, on_retry=on_retry)
 

@@ -61,6 +61,7 @@ are ignored, so the version stays 1); this reader accepts manifests with and wit
 from __future__ import annotations
 
 import json
+import logging
 import os
 import posixpath
 import re
@@ -71,10 +72,15 @@ from urllib.parse import unquote
 
 from streamrec.errors import FormatError, StorageError
 from streamrec.pipeline.arguments import check_url
+from streamrec.redact import redact
 from streamrec.storage import timing
-from streamrec.storage.base import split_scheme
+from streamrec.storage.base import ObjectInfo, split_scheme
+from streamrec.storage.cache.store import ShardCache, cache_namespace, is_cacheable
+from streamrec.storage.cache.whole import fetch_whole
 from streamrec.storage.registry import ObjectStore, open_store
 from streamrec.storage.retry import RetryPolicy
+
+logger = logging.getLogger("streamrec")
 
 __all__ = [
     "MANIFEST_NAME",
@@ -473,23 +479,70 @@ async def load_manifest(
     retry: RetryPolicy | None = None,
     store: ObjectStore | None = None,
     allow_absolute_urls: bool = False,
+    cache: ShardCache | None = None,
 ) -> Manifest:
     """The whole parsed manifest at ``url`` (see :func:`read_manifest`); ``store`` is an open
-    store for ``url``'s scheme to use (and leave open) instead of a new one."""
+    store for ``url``'s scheme to use (and leave open) instead of a new one.
+
+    ``cache``: the host's cache of the dataset's metadata. A remote manifest larger than
+    what its lookup read is fetched through it (:mod:`streamrec.storage.cache.whole`):
+    downloaded once per host, keyed by its url and version, so the host's other consumers
+    (DataLoader workers, DDP ranks, resumed runs) read that copy. A copy is checked as the
+    object is; one that fails is removed and the manifest fetched again."""
     policy = retry or RetryPolicy()
     owned = store is None
     store = store or open_store(url, storage_options)
     try:
         [info] = await policy.run(lambda: store.expand(url), describe=f"{url}: listing")
-        data = await timing.metadata_read(
-            policy.run(lambda: store.read_range(info, 0, info.size), describe=f"{url}: reading")
-        )
+        # (the whole object in what the lookup read: nothing more to fetch, nothing to keep)
+        held = store.read_range_cached(info, 0, info.size)
+        if held is not None:
+            data = b"".join(held)
+        elif cache is not None and is_cacheable(url):
+            return await _through_cache(
+                info,
+                store,
+                cache,
+                cache_namespace(url, storage_options),
+                policy,
+                allow_absolute_urls,
+            )
+        else:
+            data = await timing.metadata_read(
+                policy.run(lambda: store.read_range(info, 0, info.size), describe=f"{url}: reading")
+            )
         if len(data) != info.size:
             raise StorageError(f"{url}: read {len(data)} of {info.size} bytes of the manifest")
     finally:
         if owned:
             await store.close()
     return loads(data, url, allow_absolute_urls=allow_absolute_urls)
+
+
+async def _through_cache(
+    info: ObjectInfo,
+    store: ObjectStore,
+    cache: ShardCache,
+    namespace: str,
+    retry: RetryPolicy,
+    allow_absolute_urls: bool,
+) -> Manifest:
+    """The manifest ``info`` read from the host's copy (see :func:`load_manifest`)."""
+    copy = await fetch_whole(info, store, cache, namespace, retry)
+    try:
+        return loads(copy.read(), info.url, allow_absolute_urls=allow_absolute_urls)
+    except FormatError as exc:
+        if not copy.hit:  # the object's own bytes (just fetched): its error
+            raise
+        logger.warning(
+            "the cached copy %s of %s is not a valid manifest (%s): removed, fetched again",
+            copy.path,
+            redact(info.url),
+            exc,
+        )
+        copy.discard()
+    copy = await fetch_whole(info, store, cache, namespace, retry)
+    return loads(copy.read(), info.url, allow_absolute_urls=allow_absolute_urls)
 
 
 def is_manifest_url(url: str) -> bool:

@@ -12,12 +12,13 @@ sidecar: records are read by position). One iteration:
    of the positions still to read (:func:`~streamrec.pipeline.order.part_of`: hosts x
    DataLoader workers, ``even`` drop/pad), from the resume state or the start;
 3. positions in *chunks* (at most a third of ``prefetch_bytes`` of records each, as the
-   :class:`~streamrec.pipeline.budget.BudgetPlan` says, the first ones smaller: 32 records,
+   :class:`~streamrec.pipeline.budget.BudgetPlan` says, the first ones smaller: 8 records,
    doubling, so that the first record waits for a small chunk's reads; cut by the index's
    record lengths, so skewed sizes keep the bound; a record larger than that is a chunk
    alone; in block mode whole runs of ``mix`` positions where they fit): each chunk's records
    read with :func:`~streamrec.pipeline.indexed.table.read_records` while the one before is
-   consumed. A chunk *holds* its bytes in the budget (:meth:`ByteBudget.hold
+   consumed (the second once the first is read: no read-ahead before the first record). A
+   chunk *holds* its bytes in the budget (:meth:`ByteBudget.hold
    <streamrec.pipeline.budget.ByteBudget.hold>`: its framed bytes and
    :data:`RECORD_COST_BYTES` a record) from before its reads until the consumer asks for the
    next piece, chunks in reading order, beside the reads in flight (their bytes, gaps
@@ -87,11 +88,12 @@ carries a good part of it: at 1 MiB and 16 reads in flight a 60 ms, 25 MB/s-per-
 link stays full (benchmarks/README.md, "Shuffled reading")."""
 _MIX_WINDOWS = 16  # block mode's default run: at most this many windows
 _FIRST_CHUNK_BYTES = 256 << 10
-_FIRST_CHUNK_RECORDS = 32
+_FIRST_CHUNK_RECORDS = 8
 """The first read chunk holds at most this many records of the mean size and 256 KiB; each
 next one twice the one before, up to the plan's ``chunk_bytes``: a shard's first read
 verifies its index up to the record wanted (pipeline/indexed/trust.py), so a global shuffle's
-first record waits for a few shards' checks, not every shard's."""
+first record waits for a few shards' checks, not every shard's; and a job of many consumers
+sends few requests before each has its first record (issue 31: at most 20 each)."""
 RECORD_COST_BYTES = 64
 """What a record read by index costs beyond its framed bytes while its chunk is held: its
 ``bytes`` object's header and its slots in the chunk's lists and position arrays (100,000
@@ -370,15 +372,22 @@ class IndexedEngine:
         chunks = self._chunks(table, plan)
         events: list[Event] = [plan.begin]
         pending: _Fetch | None = None
+        first = True
         try:
             chunk = next(chunks, None)
             while chunk is not None:
                 current = pending or start(chunk, None)
                 pending = None
                 chunk = next(chunks, None)
-                if chunk is not None:  # the next chunk is read while this one is consumed
+                if chunk is not None and not first:
+                    # the next chunk is read while this one is consumed
                     pending = start(chunk, current.holding)
                 records = await current.task
+                if chunk is not None and first:
+                    # only once the first chunk is read: its reads alone before the first
+                    # record (a job of many consumers sends few requests before it starts)
+                    pending = start(chunk, current.holding)
+                first = False
                 events.append(Advance(len(records)))
                 yield records, events
                 # the consumer asked for the next piece: done with these records

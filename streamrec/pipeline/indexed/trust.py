@@ -13,7 +13,10 @@ are framed from a verified boundary). What checking costs, once per shard and da
   that is not verified yet (:func:`verify_plain`): one range read per run of entries whose
   length fields lie at most ``gap_bytes`` (256 KiB) apart and together within ``span_bytes``
   (``block_bytes``, 4 MiB): for records under 256 KiB about the prefix's bytes in 4 MiB reads,
-  for larger ones one 8-byte read each; up to ``max_concurrency`` at once.
+  for larger ones one 8-byte read each; up to ``max_concurrency`` at once. Where one such
+  run would end just before the span that needs it, the check rides on the span's own read
+  instead (:mod:`~streamrec.pipeline.indexed.span_read`: one read from the verified entry,
+  the length fields checked from its bytes before any record is framed): no request more.
 * **GZIP/ZLIB** (an extended index): the whole shard, read in ``span_bytes`` reads and inflated
   twice, on first use (:func:`verify_compressed`): the stream from its start, and each run
   from its restart point, compared (a restart point is only one if the bytes from it are the

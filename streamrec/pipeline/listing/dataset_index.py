@@ -53,12 +53,19 @@ from streamrec.format.index.dataset import DATASET_INDEX_NAME, DatasetIndex
 from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.stats import Stats
 from streamrec.redact import redact
-from streamrec.storage import timing
 from streamrec.storage.base import GLOB_CHARS, ObjectInfo, ObjectStore
-from streamrec.storage.cache.store import CacheFill, CacheHit, ShardCache, cache_namespace
+from streamrec.storage.cache.store import ShardCache, cache_namespace
+from streamrec.storage.cache.whole import fetch_whole
 from streamrec.storage.local.store import LocalStore
 
-__all__ = ["KEEP_BYTES", "MappedIndexes", "TableSource", "dataset_index_url", "load_dataset_index"]
+__all__ = [
+    "KEEP_BYTES",
+    "MappedIndexes",
+    "TableSource",
+    "dataset_index_url",
+    "host_cache",
+    "load_dataset_index",
+]
 
 logger = logging.getLogger("streamrec")
 
@@ -66,7 +73,6 @@ KEEP_BYTES = 8 << 20
 """Decoded shard entries a table keeps (8 bytes a number), least recently used dropped."""
 DEFAULT_CACHE_BYTES = 8 << 30
 """The most the per-user default cache of dataset indexes holds (``cache_dir`` unset)."""
-_READ_BYTES = 8 << 20  # a remote dataset index is fetched this many bytes a request
 
 
 def default_cache_dir() -> str:
@@ -307,37 +313,21 @@ async def _fetch(
     in the host's cache (downloaded by one process), else its bytes."""
     if isinstance(store, LocalStore):
         return _Where(obj.url, path=LocalStore.path(obj.url))
+    copy = await fetch_whole(
+        obj,
+        store,
+        host_cache(options),
+        cache_namespace(obj.url, options.storage_options),
+        options.retry,
+        on_retry,
+    )
+    return _Where(obj.url, path=copy.path, data=copy.data)
+
+
+def host_cache(options: ReadOptions) -> ShardCache:
+    """The cache of the dataset's metadata a host shares (dataset indexes, manifests):
+    ``cache_dir`` when the dataset has one, else a per-user directory under the system's
+    temp directory (:func:`default_cache_dir`)."""
     if options.cache_dir is not None and options.cache_bytes is not None:
-        cache = ShardCache(options.cache_dir, options.cache_bytes, stall_s=options.retry.timeout_s)
-    else:
-        cache = ShardCache(
-            default_cache_dir(), DEFAULT_CACHE_BYTES, stall_s=options.retry.timeout_s
-        )
-    entry = await cache.open(obj, cache_namespace(obj.url, options.storage_options))
-    if isinstance(entry, CacheHit):
-        await entry.close()
-        return _Where(obj.url, path=entry.path)
-    pieces: list[bytes] = []
-    try:
-        for start in range(0, obj.size, _READ_BYTES):
-            end = min(start + _READ_BYTES, obj.size)
-
-            async def read(start: int = start, end: int = end) -> bytes:
-                return await store.read_range(obj, start, end)
-
-            describe = f"{obj.url}: reading bytes {start}-{end}"
-            data = await timing.metadata_read(
-                options.retry.run(read, describe=describe, on_retry=on_retry)
-            )
-            if len(data) != end - start:
-                raise StorageError(f"{obj.url}: read {len(data)} of its bytes {start}-{end}")
-            if isinstance(entry, CacheFill):
-                await entry.write(start, [data])
-            pieces.append(data)
-    except BaseException:
-        if isinstance(entry, CacheFill):
-            await entry.abort()
-        raise
-    if isinstance(entry, CacheFill) and await entry.publish():
-        return _Where(obj.url, path=entry.path)
-    return _Where(obj.url, data=b"".join(pieces))
+        return ShardCache(options.cache_dir, options.cache_bytes, stall_s=options.retry.timeout_s)
+    return ShardCache(default_cache_dir(), DEFAULT_CACHE_BYTES, stall_s=options.retry.timeout_s)

@@ -39,8 +39,8 @@ from __future__ import annotations
 import fnmatch
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from streamrec.errors import (
     ObjectNotFoundError,
@@ -51,7 +51,9 @@ from streamrec.errors import (
 from streamrec.format.index.core import INDEX_SUFFIX, index_url
 from streamrec.manifest.check import checked_shards, manifest_shards
 from streamrec.manifest.core import MANIFEST_NAME, is_manifest_url, load_manifest
+from streamrec.pipeline.listing.dataset_index import host_cache
 from streamrec.storage.base import GLOB_CHARS, ObjectInfo, ObjectStore, has_glob
+from streamrec.storage.cache.store import ShardCache
 from streamrec.storage.pages import list_glob
 from streamrec.storage.retry import RetryPolicy
 
@@ -59,7 +61,14 @@ if TYPE_CHECKING:
     from streamrec.pipeline.options import ReadOptions
     from streamrec.pipeline.stats import Stats
 
-__all__ = ["HIDDEN_PREFIXES", "HIDDEN_SUFFIXES", "is_hidden", "list_shards", "list_sources"]
+__all__ = [
+    "HIDDEN_PREFIXES",
+    "HIDDEN_SUFFIXES",
+    "MetadataCache",
+    "is_hidden",
+    "list_shards",
+    "list_sources",
+]
 
 HIDDEN_PREFIXES = ("_", ".")
 """Names starting with these are skipped by globs and directory listings."""
@@ -70,6 +79,14 @@ name and by directory listings."""
 OnRetry = Callable[[TransientStorageError], None]
 OnFirst = Callable[[ObjectInfo], None]
 """Told the first shard of a listing as soon as it is certain (see :func:`list_sources`)."""
+
+
+@dataclass(frozen=True)
+class MetadataCache:
+    """The host's cache of the dataset's metadata, and the options naming its endpoints."""
+
+    cache: ShardCache
+    storage_options: dict[str, Any] | None
 
 
 def is_hidden(url: str, pattern: str) -> bool:
@@ -160,6 +177,7 @@ async def list_shards(
             allow_absolute_urls=options.allow_absolute_urls,
             on_retry=count_retry,
             on_first=on_first,
+            cache=MetadataCache(host_cache(options), options.storage_options),
         )
     finally:
         stats.listing_s += time.perf_counter() - started
@@ -173,8 +191,11 @@ async def list_sources(
     allow_absolute_urls: bool = False,
     on_retry: OnRetry | None = None,
     on_first: OnFirst | None = None,
+    cache: MetadataCache | None = None,
 ) -> list[ObjectInfo]:
     """Every shard the urls stand for (see the module docstring), in the order given.
+    ``cache``: where a large remote manifest is kept for the host's other consumers
+    (:func:`~streamrec.manifest.core.load_manifest`; :func:`list_shards` gives the dataset's).
 
     Shards of a manifest are checked against it (see
     :func:`~streamrec.manifest.check.manifest_shards`); ``allow_absolute_urls`` trusts its
@@ -188,7 +209,7 @@ async def list_sources(
     found: list[ObjectInfo] = []
     for i, url in enumerate(urls):
         first = on_first if i == 0 else None
-        found += await _one(url, store_of, retry, allow_absolute_urls, on_retry, first)
+        found += await _one(url, store_of, retry, allow_absolute_urls, on_retry, first, cache)
     return found
 
 
@@ -198,13 +219,19 @@ async def _directory_manifest(
     retry: RetryPolicy,
     on_retry: OnRetry | None,
     allow_absolute_urls: bool = False,
+    cache: MetadataCache | None = None,
 ) -> list[ObjectInfo] | None:
     """The shards of a directory's manifest at ``url``, read before anything is listed (one
     GET where it is small); None when there is none (or it may not be read: the listing then
     decides, as it did before). Errors of the manifest's contents and of its shards raise."""
     try:
         loaded = await load_manifest(
-            url, retry=retry, store=store_of(url), allow_absolute_urls=allow_absolute_urls
+            url,
+            None if cache is None else cache.storage_options,
+            retry=retry,
+            store=store_of(url),
+            allow_absolute_urls=allow_absolute_urls,
+            cache=None if cache is None else cache.cache,
         )
     except (ObjectNotFoundError, PermissionDeniedError):
         return None
@@ -218,6 +245,7 @@ async def _one(
     allow_absolute_urls: bool,
     on_retry: OnRetry | None,
     on_first: OnFirst | None = None,
+    cache: MetadataCache | None = None,
 ) -> list[ObjectInfo]:
     store = store_of(url)
 
@@ -228,7 +256,13 @@ async def _one(
 
     async def manifest(at: str) -> list[ObjectInfo]:
         return await manifest_shards(
-            at, store_of, retry, allow_absolute_urls=allow_absolute_urls, on_retry=on_retry
+            at,
+            store_of,
+            retry,
+            allow_absolute_urls=allow_absolute_urls,
+            on_retry=on_retry,
+            cache=None if cache is None else cache.cache,
+            storage_options=None if cache is None else cache.storage_options,
         )
 
     if is_manifest_url(url):
@@ -254,7 +288,7 @@ async def _one(
             not_object = exc
     directory = url.rstrip("/")
     listed = await _directory_manifest(
-        f"{directory}/{MANIFEST_NAME}", store_of, retry, on_retry, allow_absolute_urls
+        f"{directory}/{MANIFEST_NAME}", store_of, retry, on_retry, allow_absolute_urls, cache
     )
     if listed is not None:
         return listed
