@@ -493,7 +493,10 @@ async def load_manifest(
     owned = store is None
     store = store or open_store(url, storage_options)
     try:
-        [info] = await policy.run(lambda: store.expand(url), describe=f"{url}: listing")
+        # (a lookup of one object is a request too: often a first-bytes GET holding it whole)
+        [info] = await timing.metadata_read(
+            policy.run(lambda: store.expand(url), describe=f"{url}: listing")
+        )
         # (the whole object in what the lookup read: nothing more to fetch, nothing to keep)
         held = store.read_range_cached(info, 0, info.size)
         if held is not None:
