@@ -50,7 +50,7 @@ def load_tf() -> Any:
     """The ``tensorflow`` module, or None where it is not installed."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # its start-up banners hide the report
     try:
-        import tensorflow as tf  # type: ignore[import-not-found, unused-ignore]
+        import tensorflow as tf  # type: ignore[import-untyped, import-not-found, unused-ignore]
     except ImportError:
         return None
     return tf
