@@ -14,11 +14,12 @@ label, 64 float32 values, ~700 raw bytes) and ``var``, Examples with variable-le
   sparse one's indices, values and dense shape) converted with ``.numpy()``, as a consumer
   outside TF needs them.
 
-Before timing, every reader's values are checked against TF's on the records (parity). Rounds
-alternate the readers side by side (the machine is shared); each measurement repeats passes for
-at least ``--seconds``; the report gives medians over ``--rounds`` and the ratios arrow / tf,
-arrow / numpy. Without TensorFlow (install it only in a separate environment; see
-benchmarks/README.md) the tf rows are skipped with a message and numpy / arrow still run.
+Before timing, every reader's values are checked against TF's on the records (parity). The
+readers take turns, one pass over the records each (the machine is shared: a neighbour's load
+hits all alike), until each has run ``--seconds``; that is one round. The report gives the
+medians over ``--rounds`` and the medians of each round's ratios arrow / numpy, arrow / tf.
+Without TensorFlow (install it only in a separate environment; see benchmarks/README.md) the
+tf rows are skipped with a message and numpy / arrow still run.
 
 Usage: ``python benchmarks/bench_tf.py [--records N] [--rounds N] [--batches 256,1024,8192]
 [--seconds S]``.
@@ -141,17 +142,22 @@ def readers(tf: Any, spec: Spec) -> dict[str, Callable[[list[bytes]], object]]:
     return found
 
 
-def rate(
-    batches: list[list[bytes]], decode: Callable[[list[bytes]], object], seconds: float
-) -> float:
-    """records/s of ``decode`` over all ``batches``, passes repeated for at least ``seconds``."""
+def side_by_side(
+    batches: list[list[bytes]], decoders: dict[str, Callable[[list[bytes]], object]], seconds: float
+) -> dict[str, float]:
+    """records/s of each decoder over all ``batches``: one pass each in turn (so that a
+    neighbour's load hits all alike), until each has run for at least ``seconds``."""
     records = sum(len(batch) for batch in batches)
-    passes, started = 0, time.perf_counter()
-    while passes == 0 or time.perf_counter() - started < seconds:
-        for batch in batches:
-            decode(batch)
-        passes += 1
-    return passes * records / (time.perf_counter() - started)
+    spent = dict.fromkeys(decoders, 0.0)
+    passes = dict.fromkeys(decoders, 0)
+    while min(spent.values()) < seconds:
+        for name, decode in decoders.items():
+            started = time.perf_counter()
+            for batch in batches:
+                decode(batch)
+            spent[name] += time.perf_counter() - started
+            passes[name] += 1
+    return {name: passes[name] * records / spent[name] for name in decoders}
 
 
 def main() -> None:
@@ -159,7 +165,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=32_768)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batches", default="256,1024,8192")
-    parser.add_argument("--seconds", type=float, default=0.3, help="per measurement")
+    parser.add_argument("--seconds", type=float, default=0.3, help="per reader and round")
     args = parser.parse_args()
     tf = load_tf()
     if tf is None:
@@ -182,8 +188,7 @@ def main() -> None:
         for name, (payloads, spec) in shapes.items():
             for size in sizes:
                 batches = [payloads[i : i + size] for i in range(0, len(payloads), size)]
-                for reader, decode in readers(tf, spec).items():  # side by side in each round
-                    value = rate(batches, decode, args.seconds)
+                for reader, value in side_by_side(batches, readers(tf, spec), args.seconds).items():
                     rates.setdefault((name, size, reader), []).append(value)
         print(f"round {round_ + 1} of {args.rounds} done", flush=True)
     report(args, tf, shapes, sizes, rates)
