@@ -163,9 +163,9 @@ def side_by_side(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=32_768)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--batches", default="256,1024,8192")
-    parser.add_argument("--seconds", type=float, default=0.3, help="per reader and round")
+    parser.add_argument("--seconds", type=float, default=0.5, help="per reader and round")
     args = parser.parse_args()
     tf = load_tf()
     if tf is None:
