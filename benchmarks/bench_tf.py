@@ -22,7 +22,8 @@ Without TensorFlow (install it only in a separate environment; see benchmarks/RE
 tf rows are skipped with a message and numpy / arrow still run.
 
 Usage: ``python benchmarks/bench_tf.py [--records N] [--rounds N] [--batches 256,1024,8192]
-[--seconds S]``.
+[--seconds S] [--shapes fixed,var] [--tf-threads N]`` (``--tf-threads 1``: TF on one core, as
+streamrec's decoder).
 """
 
 from __future__ import annotations
@@ -166,16 +167,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--batches", default="256,1024,8192")
     parser.add_argument("--seconds", type=float, default=0.5, help="per reader and round")
+    parser.add_argument("--tf-threads", type=int, help="TF's thread pools (default: all cores)")
+    parser.add_argument("--shapes", default="fixed,var", help="record shapes: fixed, var")
     args = parser.parse_args()
     tf = load_tf()
+    if tf is not None and args.tf_threads:  # per core against streamrec's one thread
+        tf.config.threading.set_intra_op_parallelism_threads(args.tf_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.tf_threads)
     if tf is None:
         print(NO_TF, flush=True)
     sizes = [int(size) for size in args.batches.split(",")]
     fixed = make_payloads(args.records)
-    shapes: dict[str, tuple[list[bytes], Spec]] = {
-        "fixed 1 KiB": (fixed, spec_for(fixed[0])),
-        "var ~500 B": (make_mixed_payloads(args.records), MIXED_SPEC),
-    }
+    shapes: dict[str, tuple[list[bytes], Spec]] = {}
+    if "fixed" in args.shapes:
+        shapes["fixed 1 KiB"] = (fixed, spec_for(fixed[0]))
+    if "var" in args.shapes:
+        shapes["var ~500 B"] = (make_mixed_payloads(args.records), MIXED_SPEC)
     if tf is not None:
         for name, (payloads, spec) in shapes.items():
             check_parity(tf, payloads[:2048], spec)
@@ -208,7 +215,8 @@ def report(
     print()
     print(
         f"Command: `python benchmarks/bench_tf.py --records {args.records} --rounds "
-        f"{args.rounds} --batches {args.batches} --seconds {args.seconds}` ({now()}, load "
+        f"{args.rounds} --batches {args.batches} --seconds {args.seconds} --shapes {args.shapes}"
+        f"{f' --tf-threads {args.tf_threads}' if args.tf_threads else ''}` ({now()}, load "
         f"{os.getloadavg()[0]:.1f} at the end)."
     )
     versions = f"TensorFlow {tf.__version__}" if tf is not None else "no TensorFlow"
