@@ -507,7 +507,7 @@ static PyObject *parse_examples(PyObject *self, PyObject *args) {
                                     *result = NULL;
     Spec *specs = NULL;
     Py_ssize_t n, nspecs = 0, i, nbuffers;
-    Py_buffer spans_view;
+    int64_t *spans_copy = NULL;
     const int64_t *spans = NULL;
     Ctx ctx;
     int ok = 1;
@@ -515,15 +515,39 @@ static PyObject *parse_examples(PyObject *self, PyObject *args) {
 
     if (!PyArg_ParseTuple(args, "OO|O:parse_examples", &payloads, &spec_seq, &spans_obj))
         return NULL;
-    fast = PySequence_Fast(payloads, "payloads must be a sequence");
+    /* A tuple and a private copy of the spans: the spec conversions below may run Python code
+     * (__index__), which must not be able to swap a payload or a span after its check. */
+    fast = PySequence_Tuple(payloads);
     if (!fast) return NULL;
     spec_fast = PySequence_Fast(spec_seq, "specs must be a sequence");
     if (!spec_fast) goto done;
     n = nbuffers = PySequence_Fast_GET_SIZE(fast);
     if (spans_obj != Py_None) {
-        if (PyObject_GetBuffer(spans_obj, &spans_view, PyBUF_C_CONTIGUOUS) < 0) goto done;
-        spans = (const int64_t *)spans_view.buf;
+        Py_buffer spans_view;
+        int int64_items;
+        if (PyObject_GetBuffer(spans_obj, &spans_view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            goto done;
+        if (spans_view.itemsize == 8 && spans_view.format != NULL) {
+            const char *f = spans_view.format + strspn(spans_view.format, "<=@");
+            int64_items = f[0] != '\0' && strchr("qlQL", f[0]) != NULL && f[1] == '\0';
+        } else {
+            int64_items = 0;
+        }
+        if (!int64_items || spans_view.len % (Py_ssize_t)(3 * sizeof(int64_t)) != 0) {
+            PyBuffer_Release(&spans_view);
+            PyErr_SetString(PyExc_ValueError, "spans must be int64 (buffer, offset, length) triples");
+            goto done;
+        }
         n = spans_view.len / (Py_ssize_t)(3 * sizeof(int64_t));
+        spans_copy = (int64_t *)malloc(spans_view.len ? (size_t)spans_view.len : 1);
+        if (!spans_copy) {
+            PyBuffer_Release(&spans_view);
+            PyErr_NoMemory();
+            goto done;
+        }
+        memcpy(spans_copy, spans_view.buf, (size_t)spans_view.len);
+        PyBuffer_Release(&spans_view);
+        spans = spans_copy;
         for (i = 0; i < nbuffers; i++) {
             if (!PyBytes_Check(PySequence_Fast_GET_ITEM(fast, i))) {
                 PyErr_SetString(PyExc_TypeError, "spans index bytes objects only");
@@ -657,7 +681,7 @@ static PyObject *parse_examples(PyObject *self, PyObject *args) {
 
 done:
     if (specs) release_specs(specs, nspecs);
-    if (spans != NULL) PyBuffer_Release(&spans_view);
+    free(spans_copy);
     Py_XDECREF(spec_fast);
     Py_XDECREF(fast);
     return result;
@@ -779,6 +803,11 @@ static PyObject *gather_spans(PyObject *self, PyObject *args) {
         }
         if (offset < 0 || offset > (int64_t)base_len || length > (int64_t)base_len - offset) {
             PyErr_SetString(PyExc_ValueError, "span outside its payload");
+            Py_CLEAR(out);
+            goto done;
+        }
+        if ((size_t)length > total - at) { /* (the buffers changed between the passes) */
+            PyErr_SetString(PyExc_ValueError, "spans changed while gathered");
             Py_CLEAR(out);
             goto done;
         }

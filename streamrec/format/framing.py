@@ -105,6 +105,18 @@ def framed_bytes(records: Sequence[BytesLike]) -> int:
     return _framed_bytes(records)
 
 
+def joined_all(parts: list[Records]) -> Records:
+    """The records of ``parts``, in order (one list, or one :class:`RecordSpans`)."""
+    parts = [part for part in parts if part]
+    if not parts:
+        return []
+    if len(parts) == 1:
+        return parts[0]
+    if all(type(part) is list for part in parts):
+        return [record for part in parts for record in part]
+    return RecordSpans.join(parts)
+
+
 def joined(first: Records, second: Records) -> Records:
     """The records of ``first``, then ``second`` (one list, or one :class:`RecordSpans`)."""
     if not second:
@@ -375,6 +387,11 @@ class RecordDecoder:
     def _frame(self, buf: BytesLike, start: int) -> tuple[Records, int]:
         """Scan ``buf[start:]``; handle damage; return the records and where framing stopped."""
         records, pos, status, stored, computed = self._scan(buf, start)
+        if status == _NEED_MORE:
+            return records, pos
+        # (damage: the parts between dropped records are joined once, at the end: joining
+        # each to all before it would cost quadratic time in a shard of many bad records)
+        parts = [records]
         while status != _NEED_MORE:
             which = "length" if status == _BAD_LENGTH_CRC else "payload"
             error = self._corrupt(which, stored, computed, self._offset + pos - start)
@@ -383,17 +400,17 @@ class RecordDecoder:
             if not self.skip_corrupt:
                 self._discarding = True
                 self._error = error  # held: the good records are delivered first
-                return records, len(buf)
+                return joined_all(parts), len(buf)
             if status == _BAD_LENGTH_CRC:
                 self.abandon(error)
-                return records, len(buf)
+                return joined_all(parts), len(buf)
             self.dropped.append(error)
             # A bad payload under a good header: drop just this record and go on.
             (length,) = _U64.unpack_from(buf, pos)
             self._index += 1
             more, pos, status, stored, computed = self._scan(buf, pos + OVERHEAD_BYTES + length)
-            records = joined(records, more)
-        return records, pos
+            parts.append(more)
+        return joined_all(parts), pos
 
     def _keep_tail(self, buf: BytesLike, start: int, pos: int) -> None:
         """Keep ``buf[pos:]`` (a partial record) for the next feed."""

@@ -140,11 +140,18 @@ class RecordSpans(Sequence[bytes]):
         if len(chunks) == 1:
             return chunks[0]
         buffers: list[bytes] = []
+        where: dict[int, int] = {}  # id(buffer) -> its index in buffers (each buffer once)
         arrays: list[Spans] = []
         for chunk in chunks:
+            moved = np.empty(len(chunk.buffers), dtype=np.int64)
+            for k, buffer in enumerate(chunk.buffers):
+                at = where.get(id(buffer))
+                if at is None:
+                    at = where[id(buffer)] = len(buffers)
+                    buffers.append(buffer)
+                moved[k] = at
             spans = chunk.spans.copy()
-            spans[:, 0] += len(buffers)
-            buffers.extend(chunk.buffers)
+            spans[:, 0] = moved[spans[:, 0]]
             arrays.append(spans)
         return RecordSpans(buffers, np.concatenate(arrays))
 

@@ -531,7 +531,7 @@ async def _through_cache(
     allow_absolute_urls: bool,
 ) -> Manifest:
     """The manifest ``info`` read from the host's copy (see :func:`load_manifest`)."""
-    copy = await fetch_whole(info, store, cache, namespace, retry)
+    copy = await fetch_whole(info, store, cache, namespace, retry, keep_bytes=True)
     try:
         return loads(copy.read(), info.url, allow_absolute_urls=allow_absolute_urls)
     except FormatError as exc:
@@ -544,7 +544,7 @@ async def _through_cache(
             exc,
         )
         copy.discard()
-    copy = await fetch_whole(info, store, cache, namespace, retry)
+    copy = await fetch_whole(info, store, cache, namespace, retry, keep_bytes=True)
     return loads(copy.read(), info.url, allow_absolute_urls=allow_absolute_urls)
 
 

@@ -235,7 +235,8 @@ async def batch_pieces(
 
 def _joined(pending: Sequence[Any], chunk: Sequence[Any]) -> Sequence[Any]:
     """``pending``'s items, then ``chunk``'s (a new sequence)."""
-    if isinstance(chunk, RecordSpans) and isinstance(pending, RecordSpans):
+    if isinstance(chunk, RecordSpans) or isinstance(pending, RecordSpans):
+        # (in place still: the records keep their buffers, so an error still finds its place)
         return RecordSpans.join([pending, chunk])
     return [*pending, *chunk]
 

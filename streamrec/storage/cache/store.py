@@ -119,6 +119,10 @@ def cache_namespace(url: str, storage_options: Mapping[str, Any] | None) -> str:
     return str(endpoint or options.get("account_host") or options.get("account_name") or "")
 
 
+def _inode_of(fd: int) -> int:
+    return os.fstat(fd).st_ino
+
+
 class _Handle:
     """A file descriptor used from worker threads: closed only once the last operation on it
     has returned (a cancelled task's thread still runs; closing under it could hand the number
@@ -183,6 +187,10 @@ class CacheHit:
     async def close(self) -> None:
         """Close the entry (reads in flight end first)."""
         await self._handle.close()
+
+    async def inode(self) -> int:
+        """The entry's inode (what a later removal by path compares, see HostCopy)."""
+        return await self._handle.run(_inode_of)
 
     async def discard(self) -> None:
         """Remove the entry (its contents turned out damaged): the next read downloads the

@@ -41,12 +41,16 @@ class HostCopy:
     data: bytes | None = None
     hit: bool = False
     """The copy was in the cache already (not downloaded by this call)."""
+    inode: int | None = None
+    """The entry's inode when its bytes were read through its checked descriptor
+    (:meth:`discard` removes that file only, never a newer one under the name)."""
 
     def read(self) -> bytes:
-        """The whole copy's bytes (the file's when there is one)."""
-        if self.path is None:
-            assert self.data is not None
+        """The whole copy's bytes (``data`` when held, else the file's)."""
+        if self.data is not None:
             return self.data
+        if self.path is None:
+            raise StorageError(f"{self.url}: no copy")
         try:
             with open(self.path, "rb") as file:
                 return file.read()
@@ -58,7 +62,8 @@ class HostCopy:
         downloads the object again). Best effort: the caller raises or refetches."""
         if self.path is not None:
             with contextlib.suppress(OSError):
-                os.unlink(self.path)
+                if self.inode is None or os.stat(self.path).st_ino == self.inode:
+                    os.unlink(self.path)
 
 
 async def fetch_whole(
@@ -68,14 +73,29 @@ async def fetch_whole(
     namespace: str,
     retry: RetryPolicy,
     on_retry: Callable[[Exception], None] | None = None,
+    *,
+    keep_bytes: bool = False,
 ) -> HostCopy:
     """The whole object ``obj`` of ``store``: its entry in ``cache`` (downloaded by one
     process of the host), else its bytes (no cache, no version, no room: read here). Reads
     go through ``store`` (the first bytes its lookup kept are not fetched again)."""
     entry = None if cache is None else await cache.open(obj, namespace)
     if isinstance(entry, CacheHit):
-        await entry.close()
-        return HostCopy(obj.url, path=entry.path, hit=True)
+        try:
+            if not keep_bytes:
+                return HostCopy(obj.url, path=entry.path, hit=True)
+            # read through the descriptor the cache checked (owner, mode, no link), not by
+            # path again: the file under the name may have changed since
+            data = await entry.store.read_range(entry.obj, 0, entry.obj.size)
+            if len(data) != obj.size:
+                raise StorageError(
+                    f"{obj.url}: its cached copy {entry.path} holds {len(data)} bytes, "
+                    f"not {obj.size}"
+                )
+            inode = await entry.inode()
+            return HostCopy(obj.url, path=entry.path, data=data, hit=True, inode=inode)
+        finally:
+            await entry.close()
     pieces: list[bytes] = []
     try:
         for start in range(0, obj.size, READ_BYTES):
@@ -96,5 +116,5 @@ async def fetch_whole(
             await entry.abort()
         raise
     if isinstance(entry, CacheFill) and await entry.publish():
-        return HostCopy(obj.url, path=entry.path)
+        return HostCopy(obj.url, path=entry.path, data=b"".join(pieces) if keep_bytes else None)
     return HostCopy(obj.url, data=b"".join(pieces))
