@@ -108,10 +108,8 @@ def framed_bytes(records: Sequence[BytesLike]) -> int:
 def joined_all(parts: list[Records]) -> Records:
     """The records of ``parts``, in order (one list, or one :class:`RecordSpans`)."""
     parts = [part for part in parts if part]
-    if not parts:
-        return []
-    if len(parts) == 1:
-        return parts[0]
+    if len(parts) <= 1:
+        return parts[0] if parts else []
     if all(type(part) is list for part in parts):
         return [record for part in parts for record in part]
     return RecordSpans.join(parts)

@@ -41,6 +41,8 @@ from streamrec.storage.retry import RetryPolicy
 from support.fault_proxy import FaultProxy
 from support.servers import http_request
 
+pytestmark = pytest.mark.slow  # seconds each (many requests through real servers): `pytest -m slow`
+
 NAMES = [f"d/part-{i}.tfrecord" for i in range(6)]
 RECORDS = {name: [f"{name}:{i}".encode() for i in range(5)] for name in NAMES}
 EVERY_RECORD = [record for name in NAMES for record in RECORDS[name]]

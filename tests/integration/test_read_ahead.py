@@ -143,7 +143,7 @@ def test_shards_ahead_hold_a_part_of_the_budget(tiny_shards: tuple[str, list[int
     assert ds.stats.peak_prefetch_bytes <= ahead + 2 * biggest
 
 
-@pytest.mark.parametrize("where", ["local", "s3"])
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.slow)])
 def test_resume_at_every_boundary_and_inside_shards(tmp_path: Path, where: str) -> None:
     sizes = [3, 0, 1, 4, 0, 0, 2, 5, 1, 3, 0, 2, 1, 1, 4]
     if where == "local":

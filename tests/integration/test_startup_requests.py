@@ -25,6 +25,8 @@ from streamrec.manifest.core import MANIFEST_NAME
 from support.fault_proxy import FaultProxy, ProxyRecord
 from support.servers import MotoS3Server
 
+pytestmark = pytest.mark.slow  # seconds each (many requests through real servers): `pytest -m slow`
+
 SHARDS = 240
 RECORDS = 4  # a shard's
 
