@@ -42,6 +42,7 @@ def _no_shard(url: str, options: dict[str, Any] | None) -> None:
     assert (rc, total) == (1, -1) and url in err and "no shard" in err, err
 
 
+@pytest.mark.slow  # SeaweedFS started for it
 def test_a_written_set_on_seaweedfs_reads_back_every_obvious_way(
     seaweed_server: SeaweedServer, weed_bucket: str
 ) -> None:

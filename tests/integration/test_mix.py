@@ -103,7 +103,7 @@ def read_with_workers(source: Any, context: str = "fork") -> list[bytes]:
     return [bytes(r) for r in loader]
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_two_workers_read_every_record_once_with_stop_all(
     files: list[list[str]], context: str
 ) -> None:

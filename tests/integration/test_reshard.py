@@ -535,6 +535,7 @@ def test_cli_summary_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "examples:" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a killed process and a rerun, seconds each
 @pytest.mark.parametrize("index", [False, True], ids=["", "index"])
 def test_sigkill_half_way_then_rerun_gives_the_uninterrupted_output(
     tmp_path: Path, s3_server: MotoS3Server, s3_bucket: str, index: bool

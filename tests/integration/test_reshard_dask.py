@@ -22,6 +22,8 @@ from support.servers import MotoS3Server
 distributed = pytest.importorskip("dask.distributed")
 dask = pytest.importorskip("dask")
 
+pytestmark = pytest.mark.slow  # a local Dask cluster of two worker processes
+
 
 @pytest.fixture(scope="module")
 def dask_client() -> Iterator[Any]:

@@ -199,6 +199,7 @@ def _ddp_rank(rank: int, init_file: str, files: list[str], results: Any) -> None
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two DDP processes
 def test_ddp_ranks_split_the_records(tmp_path: Path) -> None:
     files = write_local(tmp_path)
     context = multiprocessing.get_context("spawn")
