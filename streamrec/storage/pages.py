@@ -19,9 +19,10 @@ listing of many pages is not bounded by one attempt's time), else one retried
 :meth:`~streamrec.storage.base.ObjectStore.expand`.
 
 :func:`glob_prefix` is what a store lists for a glob a page at a time (the prefix up to its
-first wildcard, one level below it, fsspec's pattern on the names: as fsspec's ``glob``
-lists it), and :func:`follow_pages` the loop of such a listing, for the stores whose pages
-are :data:`ListPage` calls (GCS, Azure).
+first wildcard: one level below it for a wildcard in the last component only, every key
+below it for ``**`` or a wildcard above the last level; fsspec's pattern on the names: what
+fsspec's ``glob`` returns), and :func:`follow_pages` the loop of such a listing, for the
+stores whose pages are :data:`ListPage` calls (GCS, Azure).
 """
 
 from __future__ import annotations
@@ -122,33 +123,51 @@ class PageTrail:
 
 
 class GlobPrefix(NamedTuple):
-    """What a glob lists: the keys of ``bucket`` under ``prefix`` one level down (``/`` the
-    delimiter), those ``bucket/key`` names that ``matches``."""
+    """What a glob lists: the keys of ``bucket`` under ``prefix`` (``delimiter`` ``/``: one
+    level down; ``""``: every key below it, at any depth), those ``bucket/key`` names that
+    ``matches``."""
 
     bucket: str
     prefix: str
     matches: Callable[[str], bool]
+    delimiter: str = "/"
 
 
 def glob_prefix(path: str) -> GlobPrefix | None:
-    """The listing of the glob ``path`` (``bucket/dir/shard-*``, as the filesystem names it)
-    when its wildcards are all in its last component and none is ``**``: the prefix up to the
-    first wildcard, and fsspec's pattern for the names (what fsspec's ``glob`` lists and
-    matches; a name ending in ``/``, a directory placeholder, never matches). Other globs:
-    None (the store lists them through its filesystem)."""
+    """The listing of the glob ``path`` (``bucket/dir/shard-*``, as the filesystem names it):
+    the keys under the prefix up to its first wildcard, and fsspec's pattern
+    (``fsspec.utils.glob_translate``, what fsspec's ``glob`` matches) for the names; a name
+    ending in ``/``, a directory placeholder, never matches.
+
+    A glob whose wildcards are all in its last component and none is ``**`` lists one level
+    below the prefix (``/`` the delimiter), as fsspec's ``glob`` does. Any other glob
+    (``dir/*/shard-*``, ``**/part-*``, ``20*/x/*``) lists every key below the prefix, at
+    any depth (no delimiter), and keeps the names the pattern matches: what fsspec's
+    ``glob`` returns, its files (it lists the same tree; s3fs and gcsfs one flat listing
+    for ``**``, s3fs a listing per directory for a wildcard above the last level). Where
+    the prefix holds much more below it than the pattern can match (``dir/*/shard-*`` over
+    directories with deep trees of their own), every key of those trees is listed too:
+    more keys than a listing per directory would send, in as many requests or fewer.
+
+    None (the store lists it through its filesystem) for a glob with a wildcard in its
+    bucket, or a pattern fsspec refuses (``**`` not a whole component)."""
     from fsspec.utils import glob_translate
 
-    head, _, last = path.rpartition("/")
-    if not head or not has_glob(last) or has_glob(head) or "**" in last:
+    bucket, slash, key = path.partition("/")
+    if not slash or has_glob(bucket) or not has_glob(key):
         return None
-    pattern = re.compile(glob_translate(path)).match
-    bucket, _, key = head.partition("/")
-    stem = last[: min(i for i in (last.find(c) for c in "*?[") if i >= 0)]
+    try:
+        pattern = re.compile(glob_translate(path)).match
+    except ValueError:
+        return None  # (fsspec's glob raises it: left to the filesystem, as before)
+    first = min(i for i in (key.find(c) for c in "*?[") if i >= 0)
+    prefix, rest = key[:first], key[first:]
+    deep = "/" in rest or "**" in rest
 
     def matches(name: str) -> bool:
         return not name.endswith("/") and pattern(name) is not None
 
-    return GlobPrefix(bucket, f"{key}/{stem}" if key else stem, matches)
+    return GlobPrefix(bucket, prefix, matches, "" if deep else "/")
 
 
 class Listed(NamedTuple):
@@ -172,13 +191,15 @@ async def follow_pages(
     url_of: Callable[[str], str],
     retry: RetryPolicy | None,
     on_retry: Callable[[TransientStorageError], None] | None,
+    *,
+    ordered: bool = True,
 ) -> AsyncGenerator[list[ObjectInfo], None]:
     """The matches of the glob ``pattern`` a page at a time (see
     :meth:`~streamrec.storage.base.ObjectStore.glob_pages`): each page one ``list_page``
     call (with ``retry``, under that policy: timed and retried alone, from its own token),
-    checked against the pages before it (:class:`PageTrail`); ``url_of(bucket/key)``: the
-    url of a match."""
-    trail = PageTrail(pattern)
+    checked against the pages before it (:class:`PageTrail`; ``ordered``: the store lists
+    keys in order); ``url_of(bucket/key)``: the url of a match."""
+    trail = PageTrail(pattern, ordered=ordered)
     token: str | None = None
     while True:
         attempt = functools.partial(list_page, token, trail.pages)
