@@ -82,14 +82,21 @@ async def list_glob(
 
 class PageTrail:
     """The checks of one paged listing of ``url``: :meth:`take` each page in order.
-    ``ordered``: the store lists keys in order (else each key is only checked to be new)."""
+    ``ordered``: the store lists keys in order (else each key is only checked to be new).
+    ``depth_first``: the keys may come depth first instead (a tree listed directory by
+    directory, each directory's blobs followed by its own tree: ``a``, ``a/b``, ``a-c``, as
+    an Azure hierarchical namespace lists every blob below a prefix), so each key must come
+    after the one before in name order throughout, or throughout in depth-first order (by
+    its ``/``-separated components): either way a key never comes twice."""
 
-    def __init__(self, url: str, *, ordered: bool = True) -> None:
+    def __init__(self, url: str, *, ordered: bool = True, depth_first: bool = False) -> None:
         self.url = url
         self.pages = 0
         self._tokens: set[bytes] = set()  # digests: a token's length is the server's choice
         self._last: str | None = None
         self._seen: set[str] | None = None if ordered else set()
+        self._by_name = True  # every key so far after the one before in name order
+        self._by_tree = depth_first  # ... in depth-first order
 
     def take(self, keys: Sequence[str], truncated: bool, token: str | None) -> str | None:
         """Check one page (its keys in the order listed, whether it says more follow, its
@@ -104,9 +111,13 @@ class PageTrail:
                 self._seen.add(key)
             keys = ()
         for key in keys:
-            if self._last is not None and key <= self._last:
-                what = "a key listed twice" if key == self._last else "keys out of order"
-                self._broken(f"{what} ({key!r} after {self._last!r})")
+            last = self._last
+            if last is not None:
+                self._by_name = self._by_name and key > last
+                self._by_tree = self._by_tree and key.split("/") > last.split("/")
+                if not (self._by_name or self._by_tree):
+                    what = "a key listed twice" if key == last else "keys out of order"
+                    self._broken(f"{what} ({key!r} after {last!r})")
             self._last = key
         if not truncated:
             return None
@@ -192,14 +203,14 @@ async def follow_pages(
     retry: RetryPolicy | None,
     on_retry: Callable[[TransientStorageError], None] | None,
     *,
-    ordered: bool = True,
+    depth_first: bool = False,
 ) -> AsyncGenerator[list[ObjectInfo], None]:
     """The matches of the glob ``pattern`` a page at a time (see
     :meth:`~streamrec.storage.base.ObjectStore.glob_pages`): each page one ``list_page``
     call (with ``retry``, under that policy: timed and retried alone, from its own token),
-    checked against the pages before it (:class:`PageTrail`; ``ordered``: the store lists
-    keys in order); ``url_of(bucket/key)``: the url of a match."""
-    trail = PageTrail(pattern, ordered=ordered)
+    checked against the pages before it (:class:`PageTrail`; ``depth_first``: its keys may
+    come depth first); ``url_of(bucket/key)``: the url of a match."""
+    trail = PageTrail(pattern, depth_first=depth_first)
     token: str | None = None
     while True:
         attempt = functools.partial(list_page, token, trail.pages)

@@ -56,6 +56,40 @@ def test_an_unsorted_listing_is_checked_for_keys_twice() -> None:
         trail.take(["d/a"], True, "t")
 
 
+# Azure's flat listing of the same blobs: a flat namespace's, a hierarchical one's (depth first)
+BY_NAME = ["A", "A-B", "A-B-C", "A-B/dat2", "A-C", "A.C", "A.C/dat3", "A/dat1", "AB", "AB.txt"]
+BY_NAME += ["AB/AB", "AB/dat4", "ABC"]
+DEPTH_FIRST = ["A", "A/dat1", "A-B", "A-B/dat2", "A-B-C", "A-C", "A.C", "A.C/dat3", "AB"]
+DEPTH_FIRST += ["AB/AB", "AB/dat4", "AB.txt", "ABC"]
+
+
+@pytest.mark.parametrize("keys", [BY_NAME, DEPTH_FIRST])
+def test_a_depth_first_listing_passes_in_either_order(keys: list[str]) -> None:
+    assert sorted(keys) == BY_NAME and sorted(keys, key=lambda k: k.split("/")) == DEPTH_FIRST
+    trail = PageTrail(URL, depth_first=True)
+    for i in range(0, len(keys), 3):
+        trail.take(keys[i : i + 3], i + 3 < len(keys), f"t{i}")
+    assert trail.pages == 5
+    with pytest.raises(StorageError, match="keys out of order"):  # (only name order, else)
+        PageTrail(URL).take(DEPTH_FIRST, False, None)
+
+
+@pytest.mark.parametrize(
+    ("keys", "problem"),
+    [
+        (["A", "A/dat1", "A/dat1"], "a key listed twice"),
+        (["A-B", "A/dat1", "A-B"], "keys out of order"),  # by name, then back
+        (["A", "A/dat1", "A-B", "A/dat2"], "keys out of order"),  # depth first, then back
+        (["A/dat1", "A-B", "AB", "A"], "keys out of order"),
+    ],
+)
+def test_a_depth_first_listing_keeps_to_one_order(keys: list[str], problem: str) -> None:
+    trail = PageTrail(URL, depth_first=True)
+    trail.take(keys[:2], True, "t1")
+    with pytest.raises(StorageError, match=f"page 2: {problem}"):
+        trail.take(keys[2:], False, None)
+
+
 @pytest.mark.parametrize(
     ("path", "bucket", "prefix", "matching", "not_matching"),
     [

@@ -13,8 +13,8 @@ blob names are in name order even where a hierarchical namespace lists a whole t
 first; the prefixes it also lists are not objects and are skipped. A glob with ``**`` or a
 wildcard above the last level lists every blob below its prefix (``list_blobs``, flat, as
 adlfs's glob lists every glob): in name order on a flat namespace, depth first (``a/b``
-before ``a-c``) on a hierarchical one, so such a listing's keys are checked to be new, not
-to increase.
+before ``a-c``) on a hierarchical one, so such a listing's keys are checked to increase in
+one of the two orders (:class:`~streamrec.storage.pages.PageTrail`'s ``depth_first``).
 
 A blob whose metadata marks it a directory (``is_directory`` or ``hdi_isfolder`` ``true``:
 adlfs's ``mkdir``, a hierarchical namespace's directories) is no object, as adlfs sees it.

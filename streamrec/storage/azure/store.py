@@ -1,6 +1,6 @@
 """``az://`` and ``abfs://``: globs listed a page at a time and range GETs through the SDK.
 
-A glob whose wildcards are in its last level is listed a page at a time through the SDK's
+A glob (its wildcards below the container) is listed a page at a time through the SDK's
 pager (:meth:`AzureStore.glob_pages`, :mod:`streamrec.storage.azure.listing`: each page under
 streamrec's retry policy); other globs and lookups through adlfs. adlfs lists and globs blobs
 with an ``azure.storage.blob.aio`` ``BlobServiceClient``, which
@@ -155,7 +155,7 @@ class AzureStore(FsspecStore):
         page at a time through the SDK's pager (:mod:`streamrec.storage.azure.listing`; one
         level, ``/`` as delimiter, for a wildcard in the last component only, every blob
         below the prefix for ``**`` or a wildcard above the last level): each page checked
-        against the ones before (its keys new; in order too where one level is listed) and,
+        against the ones before (every blob below the prefix: in name order or depth first) and,
         with ``retry``, timed and retried alone, from its own marker. The urls keep the
         pattern's scheme (``abfs://``). Globs with a wildcard in the container: None (adlfs
         lists them)."""
@@ -175,8 +175,8 @@ class AzureStore(FsspecStore):
             return f"{scheme}://{name}"
 
         # a flat listing of a hierarchical namespace comes depth first, not in name order
-        ordered = bool(glob.delimiter)
-        return follow_pages(pattern, glob, one_page, url_of, retry, on_retry, ordered=ordered)
+        deep = not glob.delimiter
+        return follow_pages(pattern, glob, one_page, url_of, retry, on_retry, depth_first=deep)
 
     # ------------------------------------------------------------------ reads
 
