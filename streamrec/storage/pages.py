@@ -154,11 +154,14 @@ def glob_prefix(path: str) -> GlobPrefix | None:
     below the prefix (``/`` the delimiter), as fsspec's ``glob`` does. Any other glob
     (``dir/*/shard-*``, ``**/part-*``, ``20*/x/*``) lists every key below the prefix, at
     any depth (no delimiter), and keeps the names the pattern matches: what fsspec's
-    ``glob`` returns, its files (it lists the same tree; s3fs and gcsfs one flat listing
-    for ``**``, s3fs a listing per directory for a wildcard above the last level). Where
-    the prefix holds much more below it than the pattern can match (``dir/*/shard-*`` over
-    directories with deep trees of their own), every key of those trees is listed too:
-    more keys than a listing per directory would send, in as many requests or fewer.
+    ``glob`` returns, its files. That flat listing is the one gcsfs and adlfs make for every
+    such glob and s3fs for ``**``; for a wildcard above the last level without ``**``
+    (``dir/*/shard-*``) s3fs lists directory by directory, down to the pattern's depth only.
+    The flat listing lists every key below the prefix, also those deeper than the pattern
+    reaches or beside what it names: where the prefix holds large trees the pattern cannot
+    match (``dir/*/shard-*`` over directories with deep trees of their own), that is many
+    more keys and pages than s3fs's walk, a cost accepted for each page being a request of
+    its own (elsewhere it is as many requests or fewer: a page holds many directories').
 
     None (the store lists it through its filesystem) for a glob with a wildcard in its
     bucket, or a pattern fsspec refuses (``**`` not a whole component)."""
