@@ -164,11 +164,12 @@ def glob_prefix(path: str) -> GlobPrefix | None:
     its own (elsewhere it is as many requests or fewer: a page holds many directories').
 
     None (the store lists it through its filesystem) for a glob with a wildcard in its
-    bucket, or a pattern fsspec refuses (``**`` not a whole component)."""
+    bucket, a pattern fsspec refuses (``**`` not a whole component), or one ending in ``/``
+    (it matches directories only, no object)."""
     from fsspec.utils import glob_translate
 
     bucket, slash, key = path.partition("/")
-    if not slash or has_glob(bucket) or not has_glob(key):
+    if not slash or has_glob(bucket) or not has_glob(key) or key.endswith("/"):
         return None
     try:
         pattern = re.compile(glob_translate(path)).match
