@@ -91,6 +91,6 @@ def _directory(metadata: Any) -> bool:
     if not isinstance(metadata, dict):
         return False
     flag = metadata.get("is_directory")
-    if flag is not None:
+    if flag in ("true", "false"):
         return bool(flag == "true")
     return "true" in (metadata.get("hdi_isfolder"), metadata.get("Hdi_isfolder"))

@@ -14,8 +14,7 @@ delimiter), as gcsfs's glob does.
 A page is used only when it is a well-formed page of the prefix asked for: a JSON object of at
 most :data:`PAGE_BYTES` bytes whose ``items`` (at most the ``maxResults`` asked for) each have
 a name under the prefix (one level down, with a delimiter), a decimal ``size`` and a
-``generation``, and whose
-``nextPageToken``, if any, is a string. Anything else is a
+``generation``, and whose ``nextPageToken``, if any, is a string. Anything else is a
 :class:`~streamrec.errors.StorageError` naming the url and the page.
 """
 
@@ -53,10 +52,9 @@ async def list_page(
     delimiter: str = "/",
 ) -> tuple[list[Listed], str | None]:
     """One page of the objects of ``bucket`` under ``prefix`` (``delimiter`` ``""``: at any
-    depth below it), after
-    ``before`` pages (``token``: the previous page's ``nextPageToken``): its objects in the
-    order listed and the next page's token (None: the last page). One attempt; errors
-    translated, ``pattern`` named in them."""
+    depth below it), after ``before`` pages (``token``: the previous page's
+    ``nextPageToken``): its objects in the order listed and the next page's token (None: the
+    last page). One attempt; errors translated, ``pattern`` named in them."""
     action = f"listing (page {before + 1})"
     query = {"prefix": prefix, "maxResults": str(max_results), "fields": _FIELDS}
     if delimiter:
