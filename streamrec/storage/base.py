@@ -140,8 +140,10 @@ class ObjectStore(abc.ABC):
     ) -> AsyncGenerator[list[ObjectInfo], None] | None:
         """The objects the glob ``pattern`` matches a listing page at a time, every page's
         names after the previous page's (so the first match of the first page that has one is
-        the first of the sorted listing), as :meth:`expand` would list them all; None when
-        this store cannot list ``pattern`` so (callers then use :meth:`expand`). Raises
+        the first of the sorted listing; except where the store lists a tree depth first: an
+        Azure hierarchical namespace's flat listing), as :meth:`expand` would list them all
+        (callers sort them); None when this store cannot list ``pattern`` so (callers then use
+        :meth:`expand`). Raises
         translated errors, and a :class:`~streamrec.errors.StorageError` for a broken
         listing (a key twice, keys out of order, a continuation token again); an empty
         listing is simply no object (no error).

@@ -19,9 +19,10 @@ listing of many pages is not bounded by one attempt's time), else one retried
 :meth:`~streamrec.storage.base.ObjectStore.expand`.
 
 :func:`glob_prefix` is what a store lists for a glob a page at a time (the prefix up to its
-first wildcard, one level below it, fsspec's pattern on the names: as fsspec's ``glob``
-lists it), and :func:`follow_pages` the loop of such a listing, for the stores whose pages
-are :data:`ListPage` calls (GCS, Azure).
+first wildcard: one level below it for a wildcard in the last component only, every key
+below it for ``**`` or a wildcard above the last level; fsspec's pattern on the names: what
+fsspec's ``glob`` returns), and :func:`follow_pages` the loop of such a listing, for the
+stores whose pages are :data:`ListPage` calls (GCS, Azure).
 """
 
 from __future__ import annotations
@@ -81,14 +82,21 @@ async def list_glob(
 
 class PageTrail:
     """The checks of one paged listing of ``url``: :meth:`take` each page in order.
-    ``ordered``: the store lists keys in order (else each key is only checked to be new)."""
+    ``ordered``: the store lists keys in order (else each key is only checked to be new).
+    ``depth_first``: the keys may come depth first instead (a tree listed directory by
+    directory, each directory's blobs followed by its own tree: ``a``, ``a/b``, ``a-c``, as
+    an Azure hierarchical namespace lists every blob below a prefix), so each key must come
+    after the one before in name order throughout, or throughout in depth-first order (by
+    its ``/``-separated components): either way a key never comes twice."""
 
-    def __init__(self, url: str, *, ordered: bool = True) -> None:
+    def __init__(self, url: str, *, ordered: bool = True, depth_first: bool = False) -> None:
         self.url = url
         self.pages = 0
         self._tokens: set[bytes] = set()  # digests: a token's length is the server's choice
         self._last: str | None = None
         self._seen: set[str] | None = None if ordered else set()
+        self._by_name = True  # every key so far after the one before in name order
+        self._by_tree = depth_first  # ... in depth-first order
 
     def take(self, keys: Sequence[str], truncated: bool, token: str | None) -> str | None:
         """Check one page (its keys in the order listed, whether it says more follow, its
@@ -103,9 +111,13 @@ class PageTrail:
                 self._seen.add(key)
             keys = ()
         for key in keys:
-            if self._last is not None and key <= self._last:
-                what = "a key listed twice" if key == self._last else "keys out of order"
-                self._broken(f"{what} ({key!r} after {self._last!r})")
+            last = self._last
+            if last is not None:
+                self._by_name = self._by_name and key > last
+                self._by_tree = self._by_tree and key.split("/") > last.split("/")
+                if not (self._by_name or self._by_tree):
+                    what = "a key listed twice" if key == last else "keys out of order"
+                    self._broken(f"{what} ({key!r} after {last!r})")
             self._last = key
         if not truncated:
             return None
@@ -122,33 +134,55 @@ class PageTrail:
 
 
 class GlobPrefix(NamedTuple):
-    """What a glob lists: the keys of ``bucket`` under ``prefix`` one level down (``/`` the
-    delimiter), those ``bucket/key`` names that ``matches``."""
+    """What a glob lists: the keys of ``bucket`` under ``prefix`` (``delimiter`` ``/``: one
+    level down; ``""``: every key below it, at any depth), those ``bucket/key`` names that
+    ``matches``."""
 
     bucket: str
     prefix: str
     matches: Callable[[str], bool]
+    delimiter: str = "/"
 
 
 def glob_prefix(path: str) -> GlobPrefix | None:
-    """The listing of the glob ``path`` (``bucket/dir/shard-*``, as the filesystem names it)
-    when its wildcards are all in its last component and none is ``**``: the prefix up to the
-    first wildcard, and fsspec's pattern for the names (what fsspec's ``glob`` lists and
-    matches; a name ending in ``/``, a directory placeholder, never matches). Other globs:
-    None (the store lists them through its filesystem)."""
+    """The listing of the glob ``path`` (``bucket/dir/shard-*``, as the filesystem names it):
+    the keys under the prefix up to its first wildcard, and fsspec's pattern
+    (``fsspec.utils.glob_translate``, what fsspec's ``glob`` matches) for the names; a name
+    ending in ``/``, a directory placeholder, never matches.
+
+    A glob whose wildcards are all in its last component and none is ``**`` lists one level
+    below the prefix (``/`` the delimiter), as fsspec's ``glob`` does. Any other glob
+    (``dir/*/shard-*``, ``**/part-*``, ``20*/x/*``) lists every key below the prefix, at
+    any depth (no delimiter), and keeps the names the pattern matches: what fsspec's
+    ``glob`` returns, its files. That flat listing is the one gcsfs and adlfs make for every
+    such glob and s3fs for ``**``; for a wildcard above the last level without ``**``
+    (``dir/*/shard-*``) s3fs lists directory by directory, down to the pattern's depth only.
+    The flat listing lists every key below the prefix, also those deeper than the pattern
+    reaches or beside what it names: where the prefix holds large trees the pattern cannot
+    match (``dir/*/shard-*`` over directories with deep trees of their own), that is many
+    more keys and pages than s3fs's walk, a cost accepted for each page being a request of
+    its own (elsewhere it is as many requests or fewer: a page holds many directories').
+
+    None (the store lists it through its filesystem) for a glob with a wildcard in its
+    bucket, a pattern fsspec refuses (``**`` not a whole component), or one ending in ``/``
+    (it matches directories only, no object)."""
     from fsspec.utils import glob_translate
 
-    head, _, last = path.rpartition("/")
-    if not head or not has_glob(last) or has_glob(head) or "**" in last:
+    bucket, slash, key = path.partition("/")
+    if not slash or has_glob(bucket) or not has_glob(key) or key.endswith("/"):
         return None
-    pattern = re.compile(glob_translate(path)).match
-    bucket, _, key = head.partition("/")
-    stem = last[: min(i for i in (last.find(c) for c in "*?[") if i >= 0)]
+    try:
+        pattern = re.compile(glob_translate(path)).match
+    except ValueError:
+        return None  # (fsspec's glob raises it: left to the filesystem, as before)
+    first = min(i for i in (key.find(c) for c in "*?[") if i >= 0)
+    prefix, rest = key[:first], key[first:]
+    deep = "/" in rest or "**" in rest
 
     def matches(name: str) -> bool:
         return not name.endswith("/") and pattern(name) is not None
 
-    return GlobPrefix(bucket, f"{key}/{stem}" if key else stem, matches)
+    return GlobPrefix(bucket, prefix, matches, "" if deep else "/")
 
 
 class Listed(NamedTuple):
@@ -172,13 +206,15 @@ async def follow_pages(
     url_of: Callable[[str], str],
     retry: RetryPolicy | None,
     on_retry: Callable[[TransientStorageError], None] | None,
+    *,
+    depth_first: bool = False,
 ) -> AsyncGenerator[list[ObjectInfo], None]:
     """The matches of the glob ``pattern`` a page at a time (see
     :meth:`~streamrec.storage.base.ObjectStore.glob_pages`): each page one ``list_page``
     call (with ``retry``, under that policy: timed and retried alone, from its own token),
-    checked against the pages before it (:class:`PageTrail`); ``url_of(bucket/key)``: the
-    url of a match."""
-    trail = PageTrail(pattern)
+    checked against the pages before it (:class:`PageTrail`; ``depth_first``: its keys may
+    come depth first); ``url_of(bucket/key)``: the url of a match."""
+    trail = PageTrail(pattern, depth_first=depth_first)
     token: str | None = None
     while True:
         attempt = functools.partial(list_page, token, trail.pages)

@@ -22,10 +22,14 @@ import pytest
 import streamrec
 from streamrec.errors import StorageError
 from streamrec.format.framing import RecordEncoder
+from streamrec.storage.pages import glob_prefix, list_glob
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.s3.listing import PAGE_BYTES
 from streamrec.storage.s3.store import S3Store
+from support.deep_tree import DEEP_GLOBS, DEEP_KEYS, DEEP_PLACEHOLDERS, under
+from support.fault_proxy import FaultProxy
 from support.listing_server import BUCKET, ListingServer
+from support.servers import MotoS3Server
 
 NAMES = [f"d/part-{i}.tfrecord" for i in range(6)]
 RECORDS = {name: [f"{name}:{i}".encode() for i in range(10)] for name in NAMES}
@@ -164,3 +168,106 @@ def test_a_page_longer_than_a_page_can_be_is_refused_once(
     with pytest.raises(StorageError, match="bytes") as raised:
         _read(URL, options, RetryPolicy(max_attempts=3, timeout_s=30))
     assert URL in str(raised.value) and len(server.listed) == 1
+
+
+# ---------------------------------------------------------------------- deep globs
+
+DEEP = ["d/part-0.tfrecord", "d/x/notes", "d/x/part-1.tfrecord", "d/x/y/part-2.tfrecord"]
+DEEP += ["d/y/part-3.tfrecord", "d/z/w/v/part-4.tfrecord", "e/part-5.tfrecord"]
+DEEP_RECORDS = {name: [f"{name}:{i}".encode() for i in range(3)] for name in DEEP}
+DEEP_URL = f"s3://{BUCKET}/d/**/part-*.tfrecord"  # every part below d/: 5 shards
+DEEP_SHARDS = [name for name in DEEP if name.startswith("d/") and "part-" in name]
+
+
+@pytest.fixture
+def deep_server() -> Iterator[ListingServer]:
+    encoded = {name: RecordEncoder().encode_many(records) for name, records in DEEP_RECORDS.items()}
+    with ListingServer(encoded) as started:
+        yield started
+
+
+@pytest.fixture(params=["direct", "client"])
+def deep_options(request: pytest.FixtureRequest, deep_server: ListingServer) -> dict[str, Any]:
+    if request.param == "direct":
+        return deep_server.storage_options
+    return deep_server.client_storage_options
+
+
+@pytest.mark.slow  # (a second each on 2 cores: a server a test)
+def test_a_deep_glob_is_listed_a_page_a_request_without_a_delimiter(
+    deep_server: ListingServer, deep_options: dict[str, Any], small_pages: int
+) -> None:
+    got = _read(DEEP_URL, deep_options, RetryPolicy(max_attempts=2, timeout_s=10))
+    assert got == [record for name in DEEP_SHARDS for record in DEEP_RECORDS[name]]
+    under = [name for name in DEEP if name.startswith("d/")]
+    # one request a page (a key a page), each asked for once, every level below d/ in one
+    assert deep_server.listed == [None, *(str(i) for i in range(1, len(under)))]
+    assert deep_server.delimiters == [None] * len(under)
+
+
+@pytest.mark.slow  # (a second each on 2 cores: a server a test)
+def test_a_deep_globs_failing_page_is_retried_from_its_own_token(
+    deep_server: ListingServer, deep_options: dict[str, Any], small_pages: int
+) -> None:
+    deep_server.fail = lambda token, seen: token == "3" and seen <= 2  # page 4: 503 twice
+    got = _read(DEEP_URL, deep_options, RetryPolicy(max_attempts=3, initial_backoff_s=0.01))
+    assert got == [record for name in DEEP_SHARDS for record in DEEP_RECORDS[name]]
+    assert deep_server.listed.count(None) == 1 and deep_server.listed.count("1") == 1
+    assert deep_server.listed.count("3") == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("pages", "problem"),
+    [
+        # a key of page 1 again on page 2, in another directory level's place
+        ((([DEEP[0], DEEP[2]], "t1"), ([DEEP[2], DEEP[3]], None)), "page 2: a key listed twice"),
+        # a deeper key, then one before it
+        ((([DEEP[3]], "t1"), ([DEEP[2]], None)), "page 2: keys out of order"),
+        ((([DEEP[2]], "t1"), ([DEEP[3]], "t1")), "page 2: a continuation token that came"),
+    ],
+)
+def test_a_deep_globs_broken_listing_is_an_error(
+    deep_server: ListingServer, deep_options: dict[str, Any], pages: Any, problem: str
+) -> None:
+    deep_server.pages = _scripted(*pages)
+    with pytest.raises(StorageError, match=problem) as raised:
+        _read(DEEP_URL, deep_options, RetryPolicy(max_attempts=2, timeout_s=10))
+    assert "a broken listing" in str(raised.value) and DEEP_URL in str(raised.value)
+
+
+@pytest.mark.slow  # (many listings through moto)
+@pytest.mark.parametrize("path", ["direct", "client"])
+async def test_a_deep_glob_lists_what_s3fs_expand_lists(
+    s3_server: MotoS3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    for key in DEEP_KEYS:
+        s3_server.put(s3_bucket, key, key.encode())
+    for key in DEEP_PLACEHOLDERS:
+        s3_server.put(s3_bucket, key, b"")
+    monkeypatch.setattr(S3Store, "list_page_keys", 2)
+    port = int(s3_server.endpoint_url.rsplit(":", 1)[1])
+    with FaultProxy("127.0.0.1", port) as proxy:
+        options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": proxy.url}}
+        if path == "client":
+            options["config_kwargs"] = {"signature_version": "s3v4"}
+        store = S3Store(options)
+        try:
+            for tail in DEEP_GLOBS:
+                url = f"s3://{s3_bucket}/{tail}"
+                # s3fs's glob, in one call; its ``**`` also matches placeholders (``data/``,
+                # empty objects named like directories): never a shard, as one level down
+                expected = [obj for obj in await store.expand(url) if obj.url[-1] != "/"]
+                assert expected, url
+                proxy.clear_records()
+                got = await list_glob(store, url, RetryPolicy(max_attempts=1, timeout_s=10))
+                assert got == expected, url
+                glob = glob_prefix(f"{s3_bucket}/{tail}")
+                assert glob is not None
+                keys = len(under(glob.prefix)) if not glob.delimiter else None
+                listings = [r.target for r in proxy.records if "list-type=2" in r.target]
+                if keys is not None:  # every key below the prefix, two a page, in order
+                    assert len(listings) == max(1, -(-keys // 2)), url
+                    assert not any("delimiter=" in target for target in listings), url
+        finally:
+            await store.close()

@@ -61,6 +61,7 @@ class ListingServer:
         """``fail(token, n)``: answer the ``n``-th request (from 1) of that page with 503."""
         self.delay_s = 0.0
         self.listed: list[str | None] = []  # the continuation token of each listing request
+        self.delimiters: list[str | None] = []  # the delimiter each one asked for (None: none)
         self._lock = threading.Lock()
         self.gets: list[tuple[str, str]] = []
         """``("get", key)`` as each object GET arrives, ``("answer", key)`` as its answer
@@ -171,6 +172,7 @@ class ListingServer:
         token = query.get("continuation-token")
         with self._lock:
             self.listed.append(token)
+            self.delimiters.append(query.get("delimiter"))
             seen = self.listed.count(token)
         if self.delay_s:
             time.sleep(self.delay_s)  # (the server's own pace: a slow link)

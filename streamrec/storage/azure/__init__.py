@@ -1,7 +1,8 @@
 """``az://`` and ``abfs://``: the Azure SDK's public calls; adlfs for the lookups it still makes.
 
-* ``store.py``: globs and directories listed a page at a time (``glob_pages``), other globs
-  (``**``, wildcards above the last level) by adlfs; range reads through ``download_blob``
+* ``store.py``: globs and directories listed a page at a time (``glob_pages``; ``**`` and
+  wildcards above the last level too, every blob below the prefix), globs with a wildcard in
+  the container by adlfs; range reads through ``download_blob``
   (the SDK's retries off: streamrec's policy decides), their streamed answer read within
   bounds;
 * ``listing.py``: one ``List Blobs`` page through the SDK's pager (each page one request

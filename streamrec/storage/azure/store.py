@@ -1,6 +1,6 @@
 """``az://`` and ``abfs://``: globs listed a page at a time and range GETs through the SDK.
 
-A glob whose wildcards are in its last level is listed a page at a time through the SDK's
+A glob (its wildcards below the container) is listed a page at a time through the SDK's
 pager (:meth:`AzureStore.glob_pages`, :mod:`streamrec.storage.azure.listing`: each page under
 streamrec's retry policy); other globs and lookups through adlfs. adlfs lists and globs blobs
 with an ``azure.storage.blob.aio`` ``BlobServiceClient``, which
@@ -150,12 +150,15 @@ class AzureStore(FsspecStore):
         *,
         warm: bool = True,
     ) -> AsyncGenerator[list[ObjectInfo], None] | None:
-        """A glob whose wildcards are all in its last component (``container/dir/shard-*``),
-        listed as adlfs's glob lists it (the prefix up to the first wildcard, ``/`` as
-        delimiter, fsspec's pattern on the names) but a page at a time through the SDK's
-        pager (:mod:`streamrec.storage.azure.listing`): each page checked against the ones
-        before and, with ``retry``, timed and retried alone, from its own marker. The urls
-        keep the pattern's scheme (``abfs://``). Other globs: None (adlfs lists them)."""
+        """A glob listed as adlfs's glob lists it (the prefix up to the first wildcard,
+        fsspec's pattern on the names: :func:`~streamrec.storage.pages.glob_prefix`) but a
+        page at a time through the SDK's pager (:mod:`streamrec.storage.azure.listing`; one
+        level, ``/`` as delimiter, for a wildcard in the last component only, every blob
+        below the prefix for ``**`` or a wildcard above the last level): each page checked
+        against the ones before (every blob below the prefix: in name order or depth first) and,
+        with ``retry``, timed and retried alone, from its own marker. The urls keep the
+        pattern's scheme (``abfs://``). Globs with a wildcard in the container: None (adlfs
+        lists them)."""
         glob = glob_prefix(self.path_of(pattern))
         if glob is None or not glob.bucket:
             return None
@@ -164,12 +167,16 @@ class AzureStore(FsspecStore):
         keys = self.list_page_keys
 
         def one_page(token: str | None, before: int) -> Awaitable[tuple[list[Listed], str | None]]:
-            return list_page(container, pattern, glob.prefix, token, before, keys, NO_RETRIES)
+            return list_page(
+                container, pattern, glob.prefix, token, before, keys, NO_RETRIES, glob.delimiter
+            )
 
         def url_of(name: str) -> str:
             return f"{scheme}://{name}"
 
-        return follow_pages(pattern, glob, one_page, url_of, retry, on_retry)
+        # a flat listing of a hierarchical namespace comes depth first, not in name order
+        deep = not glob.delimiter
+        return follow_pages(pattern, glob, one_page, url_of, retry, on_retry, depth_first=deep)
 
     # ------------------------------------------------------------------ reads
 

@@ -3,7 +3,8 @@ reads and uploads; gcsfs for credentials and the lookups it still makes.
 
 * ``store.py``: range GETs and first bytes on the store's own session (pinned to each
   object's generation), with gcsfs's public credentials; globs and directories listed a page
-  at a time (``glob_pages``), other globs (``**``, wildcards above the last level) by gcsfs;
+  at a time (``glob_pages``; ``**`` and wildcards above the last level too, every object
+  below the prefix), globs with a wildcard in the bucket by gcsfs;
 * ``listing.py``: one JSON API ``objects.list`` page, asked for and parsed within bounds
   (each page one request under the retry policy, resumed from its own ``pageToken``, checked
   by :class:`~streamrec.storage.pages.PageTrail`);

@@ -24,7 +24,7 @@ the same ``session_kwargs``), with the headers of gcsfs's public credentials obj
 (:func:`request_headers`) and the JSON API location of gcsfs's public ``base``
 (:func:`location_of`): gcsfs offers no public way to make its own session, headers or
 location, and streamrec reads no private attribute of another library. The listing pages of
-globs go on the store's own session too; what gcsfs still lists (``**`` globs, lookups)
+globs go on the store's own session too; what gcsfs still lists (lookups, version-aware globs)
 keeps gcsfs's session, so a store may hold two connection pools.
 """
 

@@ -8,10 +8,13 @@ is therefore asked for here a page at a time (:func:`list_page`), each page one 
 :func:`~streamrec.storage.pages.follow_pages` times, retries from its own token and checks
 against the pages before it.
 
+A glob with ``**`` or a wildcard above the last level lists every object below its prefix (no
+delimiter), as gcsfs's glob does.
+
 A page is used only when it is a well-formed page of the prefix asked for: a JSON object of at
 most :data:`PAGE_BYTES` bytes whose ``items`` (at most the ``maxResults`` asked for) each have
-a name under the prefix, one level down, a decimal ``size`` and a ``generation``, and whose
-``nextPageToken``, if any, is a string. Anything else is a
+a name under the prefix (one level down, with a delimiter), a decimal ``size`` and a
+``generation``, and whose ``nextPageToken``, if any, is a string. Anything else is a
 :class:`~streamrec.errors.StorageError` naming the url and the page.
 """
 
@@ -46,14 +49,16 @@ async def list_page(
     token: str | None,
     before: int,
     max_results: int,
+    delimiter: str = "/",
 ) -> tuple[list[Listed], str | None]:
-    """One page of the objects of ``bucket`` under ``prefix`` (``/`` the delimiter), after
-    ``before`` pages (``token``: the previous page's ``nextPageToken``): its objects in the
-    order listed and the next page's token (None: the last page). One attempt; errors
-    translated, ``pattern`` named in them."""
+    """One page of the objects of ``bucket`` under ``prefix`` (``delimiter`` ``""``: at any
+    depth below it), after ``before`` pages (``token``: the previous page's
+    ``nextPageToken``): its objects in the order listed and the next page's token (None: the
+    last page). One attempt; errors translated, ``pattern`` named in them."""
     action = f"listing (page {before + 1})"
-    query = {"prefix": prefix, "delimiter": "/", "maxResults": str(max_results)}
-    query["fields"] = _FIELDS
+    query = {"prefix": prefix, "maxResults": str(max_results), "fields": _FIELDS}
+    if delimiter:
+        query["delimiter"] = delimiter
     if token is not None:
         query["pageToken"] = token
     try:
@@ -74,14 +79,17 @@ async def list_page(
         raise StorageError(
             f"{pattern}: listing page {before + 1} refused: longer than {PAGE_BYTES:,} bytes"
         )
-    page = _parse(b"".join(pieces), prefix, max_results)
+    page = _parse(b"".join(pieces), prefix, max_results, bool(delimiter))
     if isinstance(page, str):
         raise StorageError(f"{pattern}: listing page {before + 1} refused: {page}")
     return page
 
 
-def _parse(body: bytes, prefix: str, max_results: int) -> tuple[list[Listed], str | None] | str:
-    """The objects and next token of a page's ``body``, or what is wrong with it."""
+def _parse(
+    body: bytes, prefix: str, max_results: int, one_level: bool
+) -> tuple[list[Listed], str | None] | str:
+    """The objects and next token of a page's ``body`` (``one_level``: a listing with a
+    delimiter, its names one level below ``prefix``), or what is wrong with it."""
     try:
         page: Any = json.loads(body)
     except (ValueError, RecursionError):
@@ -95,19 +103,23 @@ def _parse(body: bytes, prefix: str, max_results: int) -> tuple[list[Listed], st
         return "its nextPageToken is not a string"
     listed: list[Listed] = []
     for item in items:
-        found = _object(item, prefix)
+        found = _object(item, prefix, one_level)
         if isinstance(found, str):
             return found
         listed.append(found)
     return listed, token or None
 
 
-def _object(item: Any, prefix: str) -> Listed | str:
+def _object(item: Any, prefix: str, one_level: bool) -> Listed | str:
     """The object an item of a page describes, or what is wrong with it."""
     if not isinstance(item, dict):
         return "an item that is not a JSON object"
     name, size, generation = item.get("name"), item.get("size"), item.get("generation")
-    if not isinstance(name, str) or not name.startswith(prefix) or "/" in name[len(prefix) : -1]:
+    if (
+        not isinstance(name, str)
+        or not name.startswith(prefix)
+        or (one_level and "/" in name[len(prefix) : -1])
+    ):
         return f"an object name outside the prefix {prefix!r} asked for ({str(name)[:200]!r})"
     if not isinstance(size, str) or not (size.isascii() and size.isdigit()) or len(size) > 19:
         return f"object {name!r}: a size that is not a decimal number ({str(size)[:40]!r})"

@@ -163,19 +163,23 @@ class GCSStore(FsspecStore):
         *,
         warm: bool = True,
     ) -> AsyncGenerator[list[ObjectInfo], None] | None:
-        """A glob whose wildcards are all in its last component (``bucket/dir/shard-*``),
-        listed as gcsfs's glob lists it (the prefix up to the first wildcard, ``/`` as
-        delimiter, fsspec's pattern on the names) but by streamrec's own JSON API requests,
-        a page at a time (:mod:`streamrec.storage.gcs.listing`): each page checked against
-        the ones before and, with ``retry``, timed and retried alone, from its own
-        ``pageToken``. Other globs, and version-aware filesystems: None (gcsfs lists them)."""
+        """A glob listed as gcsfs's glob lists it (the prefix up to the first wildcard,
+        fsspec's pattern on the names: :func:`~streamrec.storage.pages.glob_prefix`; ``/`` as
+        delimiter for a wildcard in the last component only, none, every object below the
+        prefix, for ``**`` or a wildcard above the last level) but by streamrec's own JSON
+        API requests, a page at a time (:mod:`streamrec.storage.gcs.listing`): each page
+        checked against the ones before and, with ``retry``, timed and retried alone, from
+        its own ``pageToken``. Globs with a wildcard in the bucket, and version-aware
+        filesystems: None (gcsfs lists them)."""
         glob = glob_prefix(self.path_of(pattern))
         if glob is None or self._options.get("version_aware"):
             return None
         keys = self.list_page_keys
 
         def one_page(token: str | None, before: int) -> Awaitable[tuple[list[Listed], str | None]]:
-            return list_page(self, pattern, glob.bucket, glob.prefix, token, before, keys)
+            return list_page(
+                self, pattern, glob.bucket, glob.prefix, token, before, keys, glob.delimiter
+            )
 
         return follow_pages(pattern, glob, one_page, self.url_of, retry, on_retry)
 

@@ -201,13 +201,15 @@ class S3Door:
         warm: str | None = None,
         name: str = "",
         action: str = "listing",
+        delimiter: str = "/",
     ) -> dict[str, Any]:
-        """A ``ListObjectsV2`` page of ``bucket/prefix*`` (``/`` as delimiter), as botocore's
-        ``list_objects_v2`` returns it (see :func:`~streamrec.storage.s3.listing.parse_page`;
+        """A ``ListObjectsV2`` page of ``bucket/prefix*`` (``delimiter`` ``""``: every key
+        below the prefix, at any depth), as botocore's ``list_objects_v2`` returns it (see
+        :func:`~streamrec.storage.s3.listing.parse_page`;
         :class:`~streamrec.storage.s3.listing.HostilePage` for a page no listing can be).
         ``warm``: a bucket whose first GET's connection opens once the request is written
         (beside the page's round trip, not before it: the page would wait for it)."""
-        query = list_query(prefix, "/", max_keys, token)
+        query = list_query(prefix, delimiter, max_keys, token)
 
         def url_of(region: str) -> str:
             return self._settings.list_url(bucket, region, query)

@@ -55,11 +55,12 @@ def list_query(
     token: str | None = None,
 ) -> str:
     """The query of a ``ListObjectsV2`` page as botocore sends it (``token``: the previous
-    page's ``NextContinuationToken``)."""
+    page's ``NextContinuationToken``; ``delimiter`` ``""``: none, every key below the
+    prefix)."""
     after = "" if token is None else f"&continuation-token={_encode(token)}"
+    split = f"&delimiter={_encode(delimiter)}" if delimiter else ""
     return (
-        f"list-type=2&prefix={_encode(prefix)}&delimiter={_encode(delimiter)}"
-        f"&max-keys={max_keys}{after}&encoding-type=url"
+        f"list-type=2&prefix={_encode(prefix)}{split}&max-keys={max_keys}{after}&encoding-type=url"
     )
 
 

@@ -151,14 +151,16 @@ class S3Store(FsspecStore):
         *,
         warm: bool = True,
     ) -> AsyncGenerator[list[ObjectInfo], None] | None:
-        """A glob whose wildcards are all in its last component (``bucket/dir/shard-*``),
-        listed as s3fs's glob lists it (one ``ListObjectsV2`` of the prefix up to the first
-        wildcard, ``/`` as delimiter, fsspec's pattern on the names) but handed on page by
-        page, each page checked against the ones before (:class:`~streamrec.storage.pages.
-        PageTrail`) and, with ``retry``, each one request of its own: timed and retried
-        alone, from its own continuation token. ``warm``: the first GET's connection opens
-        beside the first page (for a listing whose objects are read next). Other globs, and
-        version-aware filesystems: None."""
+        """A glob listed as s3fs's glob lists it (``ListObjectsV2`` of the prefix up to the
+        first wildcard, fsspec's pattern on the names: :func:`~streamrec.storage.pages.
+        glob_prefix`; ``/`` as delimiter for a wildcard in the last component only, no
+        delimiter, every key below the prefix, for ``**`` or a wildcard above the last level)
+        but handed on page by page, each page checked against the ones before
+        (:class:`~streamrec.storage.pages.PageTrail`) and, with ``retry``, each one request
+        of its own: timed and retried alone, from its own continuation token. ``warm``: the
+        first GET's connection opens beside the first page (for a listing whose objects are
+        read next). Globs with a wildcard in the bucket, and version-aware filesystems:
+        None."""
         glob = glob_prefix(self.path_of(pattern))
         if glob is None or getattr(self.fs, "version_aware", False):
             return None
@@ -173,13 +175,20 @@ class S3Store(FsspecStore):
         on_retry: Callable[[TransientStorageError], None] | None,
         warm: bool,
     ) -> AsyncGenerator[list[ObjectInfo], None]:
-        bucket, prefix, matches = glob
+        bucket, prefix, matches, delimiter = glob
         trail = PageTrail(pattern, ordered=not bucket.endswith(DIRECTORY_BUCKET))
         token: str | None = None
         while True:
             first = warm and trail.pages == 0
             attempt = functools.partial(
-                self._list_page, pattern, bucket, prefix, token, trail.pages, warm=first
+                self._list_page,
+                pattern,
+                bucket,
+                prefix,
+                token,
+                trail.pages,
+                delimiter=delimiter,
+                warm=first,
             )
             if retry is None:
                 page = await attempt()
@@ -214,24 +223,28 @@ class S3Store(FsspecStore):
         token: str | None,
         before: int,
         *,
+        delimiter: str = "/",
         warm: bool = False,
     ) -> dict[str, Any]:
-        """One listing page (after ``before`` pages), without the client where the store may,
-        else through it; one attempt, errors translated. ``warm``: the first GET's
-        connection opens beside it."""
+        """One listing page (after ``before`` pages; ``delimiter`` ``""``: every key below
+        ``prefix``), without the client where the store may, else through it; one attempt,
+        errors translated. ``warm``: the first GET's connection opens beside it."""
         try:
             door = self._door_reads(bucket)
             if door is not None:
                 opens = bucket if warm else None  # the first GET's connection opens beside it
                 keys = self.list_page_keys
                 action = f"listing (page {before + 1})"
-                return await door.list_page(bucket, prefix, keys, token, opens, pattern, action)
+                return await door.list_page(
+                    bucket, prefix, keys, token, opens, pattern, action, delimiter
+                )
             client = await self.client()
             markers = {} if token is None else {"ContinuationToken": token}
+            if delimiter:
+                markers["Delimiter"] = delimiter
             listed: dict[str, Any] = await client.list_objects_v2(
                 Bucket=bucket,
                 Prefix=prefix,
-                Delimiter="/",
                 MaxKeys=self.list_page_keys,
                 **self._params.for_call(client, "list_objects_v2"),
                 **markers,
