@@ -46,7 +46,7 @@ from streamrec.pipeline.stream.engine import ReadEngine
 from streamrec.pipeline.transforms.chainable import Chainable
 from streamrec.pipeline.transforms.ledger import Consumption
 from streamrec.redact import redact
-from streamrec.storage import warmup
+from streamrec.storage import timing, warmup
 from streamrec.storage.registry import ObjectInfo, StoreSet, prewarm, store_key
 from streamrec.storage.retry import RetryPolicy
 
@@ -105,12 +105,13 @@ class Dataset(Chainable[bytes]):
         self.epoch = epoch
 
     async def shards(self) -> list[ObjectInfo]:
-        """Every shard to read, in reading order, with its size and version."""
+        """Every shard to read, in order, with its size and version (requests in ``stats``)."""
         async with StoreSet(
             self.options.storage_options,
             lookup_reads_first_bytes=self.options.cache_dir is None,
         ) as stores:
-            return await list_shards(self.urls, self.options, stores.get, self._stats)
+            shards = list_shards(self.urls, self.options, stores.get, self._stats)
+            return await timing.recorded(self._stats, shards)
 
     # Settings a DDP launcher (torch.py splits by rank) or the user may change between epochs.
     @property

@@ -23,6 +23,7 @@ from typing import Any
 
 from streamrec._portal import run_all
 from streamrec.errors import ObjectNotFoundError, StorageError
+from streamrec.storage import timing
 from streamrec.storage.base import ObjectInfo, ObjectStore, has_glob
 from streamrec.storage.translate import translate
 
@@ -87,6 +88,8 @@ class FsspecStore(ObjectStore):
         try:
             if has_glob(pattern):
                 found = await self._glob(path)
+                # the filesystem's own pages are not seen here: its listing counts as one
+                timing.listed_page()
                 infos = [i for i in found.values() if i.get("type", "file") == "file"]
                 if not infos:
                     raise ObjectNotFoundError(f"{pattern}: the glob matched no object")
@@ -98,7 +101,7 @@ class FsspecStore(ObjectStore):
             # Some listings (HTML indexes over HTTP) carry no sizes: ask each object.
             missing = [i for i in infos if i.get("size") is None]
             if missing:
-                filled = await run_all(self._info(i["name"]) for i in missing)
+                filled = await run_all(timing.metadata_read(self._info(i["name"])) for i in missing)
                 infos = [i for i in infos if i.get("size") is not None] + list(filled)
         except Exception as exc:
             raise translate(exc, pattern, "listing") from exc

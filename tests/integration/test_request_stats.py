@@ -9,6 +9,7 @@ least the delay for its first byte, the pages and metadata reads counted are tho
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections.abc import Callable
@@ -158,6 +159,41 @@ def test_listing_pages_are_counted(
     assert ds.stats.list_requests == listed == pages >= 2
     assert [record for record in ds] == _expected()  # each iteration lists again
     assert ds.stats.list_requests == 2 * pages
+
+
+def test_the_listing_of_shards_is_counted(
+    tmp_path: Path,
+    s3_server: MotoS3Server,
+    s3_bucket: str,
+    fault_proxy: Callable[..., FaultProxy],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(S3Store, "list_page_keys", 2)
+    proxy, options = _s3_set(tmp_path, s3_server, s3_bucket, fault_proxy)
+    ds = streamrec.open_dataset(f"s3://{s3_bucket}/set/part-*.tfrecord", storage_options=options)
+    shards = asyncio.run(ds.shards())
+    assert len(shards) == SHARDS
+    listed = sum(1 for r in proxy.records if r.method == "GET" and "list-type=2" in r.target)
+    assert ds.stats.list_requests == listed >= 2
+
+
+def test_a_listing_through_the_filesystem_is_counted(
+    http_dir: HttpDir, fault_proxy: Callable[..., FaultProxy]
+) -> None:
+    _write_set(http_dir.path)
+    proxy = fault_proxy(http_dir.url.rsplit("/", 1)[0])
+    base = f"{proxy.url}/{http_dir.url.rsplit('/', 1)[1]}"
+    ds = streamrec.open_dataset(f"{base}/part-*.tfrecord")
+    assert list(ds) == _expected()
+    # fsspec's HTTP glob reads the directory's index page (its own requests unseen: a
+    # listing counts once) and looks up each object the page gives no size for
+    gets = [r.target for r in proxy.records if r.method == "GET"]
+    heads = [r.target for r in proxy.records if r.method == "HEAD"]
+    stats = ds.stats
+    assert 1 <= stats.list_requests <= sum(1 for t in gets if t.endswith("/"))
+    looked_up = sum(1 for t in heads if t.endswith(".tfrecord"))
+    index_reads = sum(1 for t in gets if t.endswith("_dataset_index.bin"))
+    assert stats.metadata_requests == looked_up + index_reads >= SHARDS
 
 
 def test_metadata_reads_are_counted(
