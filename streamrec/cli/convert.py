@@ -37,6 +37,7 @@ from streamrec.errors import ExampleError
 from streamrec.format.example.infer import SpecInference, spec_from_json
 from streamrec.format.example.spec import FeatureSpec
 from streamrec.pipeline.stream.scan import ShardScan
+from streamrec.reshard.dask import DaskEngineError
 
 __all__ = ["register", "run"]
 
@@ -142,6 +143,25 @@ def register(commands: Commands) -> None:
     out.add_argument(
         "--jobs", type=positive_int, default=4, metavar="N", help="tasks run at once (4)"
     )
+    engine = parser.add_argument_group("engine (both ways)")
+    engine.add_argument(
+        "--engine",
+        choices=["local", "dask"],
+        default="local",
+        help="run the tasks in this process (default) or on Dask, as reshard does",
+    )
+    engine.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="Dask scheduler address (default: a local cluster of --workers processes)",
+    )
+    engine.add_argument(
+        "--workers",
+        type=positive_int,
+        default=2,
+        metavar="N",
+        help="processes of the local Dask cluster (default 2)",
+    )
     back = parser.add_argument_group("--from parquet (output shards: at most one limit)")
     back.add_argument("--max-records", type=positive_int, metavar="N", help="rotate before N")
     back.add_argument("--max-bytes", type=parse_bytes, metavar="SIZE", help="rotate before SIZE")
@@ -164,8 +184,24 @@ def run(args: argparse.Namespace) -> int:
         error("convert needs at least one source and a destination: SRC... DST")
         return 2
     sources, destination = args.paths[:-1], args.paths[-1]
-    if args.to == "parquet":
-        return _to_parquet(args, sources, destination)
+    if args.scheduler is not None and args.engine != "dask":
+        error("--scheduler needs --engine dask")
+        return 2
+    try:
+        if args.to == "parquet":
+            return _to_parquet(args, sources, destination)
+        return _from_parquet_checked(args, sources, destination)
+    except (ImportError, DaskEngineError) as exc:  # no pyarrow or Dask; the cluster failed
+        error(exc)
+        return EXIT_DATA_ERROR
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        if args.engine != "dask":
+            raise
+        error(f"dask: {exc}")  # the cluster did not start, the scheduler is unreachable
+        return EXIT_DATA_ERROR
+
+
+def _from_parquet_checked(args: argparse.Namespace, sources: list[str], destination: str) -> int:
     limits = [x for x in (args.max_records, args.max_bytes, args.num_shards) if x is not None]
     if len(limits) > 1:
         error("give at most one of --max-records, --max-bytes, --num-shards")
@@ -218,6 +254,9 @@ def _to_parquet(args: argparse.Namespace, sources: list[str], destination: str) 
                 row_group_rows=args.row_group_rows,
                 task_bytes=args.task_bytes,
                 jobs=args.jobs,
+                engine=args.engine,
+                scheduler=args.scheduler,
+                workers=args.workers,
                 on_bytes=bar.update,
             )
 

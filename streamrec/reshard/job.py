@@ -110,7 +110,7 @@ from streamrec.reshard.state import (
     write_dataset_index,
     write_manifest,
 )
-from streamrec.reshard.task import TaskOptions, TaskResult, run_task
+from streamrec.reshard.task import TaskOptions, TaskResult, run_task, run_task_blocking
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.registry import store_key
 from streamrec.storage.retry import RetryPolicy
@@ -395,6 +395,7 @@ def reshard(
                 results = run_on_dask(
                     pending,
                     options,
+                    run=run_task_blocking,
                     scheduler=scheduler,
                     workers=workers,
                     on_done=lambda result: reporter.task(result, counted=False),
