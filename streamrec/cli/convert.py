@@ -33,13 +33,16 @@ from streamrec.convert.to_parquet import (
     DEFAULT_TASK_BYTES,
     to_parquet,
 )
-from streamrec.errors import ExampleError
+from streamrec.errors import ExampleError, StreamrecError
 from streamrec.format.example.infer import SpecInference, spec_from_json
 from streamrec.format.example.spec import FeatureSpec
 from streamrec.pipeline.stream.scan import ShardScan
 from streamrec.reshard.dask import DaskEngineError
+from streamrec.reshard.job import ReshardProgress
 
 __all__ = ["register", "run"]
+
+EXIT_USAGE = 2
 
 EPILOG = """\
 --to parquet: SRC... are TFRecord shards of Examples (paths, globs, directories, manifests,
@@ -133,14 +136,6 @@ def register(commands: Commands) -> None:
         help=f"rows per Parquet row group (default {DEFAULT_ROW_GROUP_ROWS})",
     )
     out.add_argument(
-        "--task-bytes",
-        type=parse_bytes,
-        default=DEFAULT_TASK_BYTES,
-        metavar="SIZE",
-        help="input bytes per task, the unit of resume "
-        f"(default {human_bytes(DEFAULT_TASK_BYTES)})",
-    )
-    out.add_argument(
         "--jobs", type=positive_int, default=4, metavar="N", help="tasks run at once (4)"
     )
     engine = parser.add_argument_group("engine (both ways)")
@@ -154,6 +149,13 @@ def register(commands: Commands) -> None:
         "--scheduler",
         metavar="ADDRESS",
         help="Dask scheduler address (default: a local cluster of --workers processes)",
+    )
+    engine.add_argument(
+        "--task-bytes",
+        type=parse_bytes,
+        metavar="SIZE",
+        help="input bytes per task, the unit of resume and of Dask's parallelism (default "
+        f"{human_bytes(DEFAULT_TASK_BYTES)}; --from: reshard's, 256MiB or 4 x --max-bytes)",
     )
     engine.add_argument(
         "--workers",
@@ -252,7 +254,7 @@ def _to_parquet(args: argparse.Namespace, sources: list[str], destination: str) 
                 options,
                 rows_per_file=args.rows_per_file,
                 row_group_rows=args.row_group_rows,
-                task_bytes=args.task_bytes,
+                task_bytes=args.task_bytes or DEFAULT_TASK_BYTES,
                 jobs=args.jobs,
                 engine=args.engine,
                 scheduler=args.scheduler,
@@ -283,26 +285,52 @@ def _to_parquet(args: argparse.Namespace, sources: list[str], destination: str) 
 
 def _from_parquet(args: argparse.Namespace, sources: list[str], template: str) -> int:
     options = read_options_of(args)
-    writer_options: dict[str, Any] = {
-        "max_records": args.max_records,
-        "max_bytes": args.max_bytes,
-        "num_shards": args.num_shards,
-        "index": args.index,
-        "compression": None if args.shard_compression == "none" else args.shard_compression,
-    }
     with Progress(args, total=None, unit="B", desc="convert") as bar:
-        records, shards, manifest = asyncio.run(
-            from_parquet(sources, template, options, on_bytes=bar.update, **writer_options)
-        )
+        seen = [0]
+
+        def progress(where: ReshardProgress) -> None:
+            bar.update(where.bytes_read - seen[0])
+            seen[0] = where.bytes_read
+
+        try:
+            summary = from_parquet(
+                sources,
+                template,
+                options,
+                engine=args.engine,
+                scheduler=args.scheduler,
+                workers=args.workers,
+                progress=progress,
+                max_records=args.max_records,
+                max_bytes=args.max_bytes,
+                num_shards=args.num_shards,
+                index=args.index,
+                compression=None if args.shard_compression == "none" else args.shard_compression,
+                task_bytes=args.task_bytes,
+                on_plan=lambda plan: print(
+                    f"streamrec convert: {plan.naming_rule}", file=sys.stderr
+                ),
+            )
+        except StreamrecError:
+            raise  # damaged data, storage (a FormatError is a ValueError too)
+        except (ValueError, TypeError) as exc:
+            error(exc)
+            return EXIT_USAGE
     if args.json:
         print_json(
             {
                 "direction": "from parquet",
-                "records": records,
-                "shards": [entry.url for entry in shards],
-                "manifest": manifest,
+                "records": summary.records,
+                "shards": summary.shards,
+                "manifest": summary.manifest_url,
+                "tasks": summary.tasks,
+                "tasks_skipped": summary.tasks_skipped,
             }
         )
     else:
-        print(f"wrote {plural(records, 'record')} in {plural(len(shards), 'shard')}")
+        skipped = f" ({summary.tasks_skipped} done before)" if summary.tasks_skipped else ""
+        print(
+            f"wrote {plural(summary.records, 'record')} in "
+            f"{plural(len(summary.shards), 'shard')} ({plural(summary.tasks, 'task')}{skipped})"
+        )
     return EXIT_OK

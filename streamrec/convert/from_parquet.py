@@ -28,8 +28,8 @@ from __future__ import annotations
 import importlib
 import io
 import os
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
@@ -37,11 +37,17 @@ from streamrec.errors import FormatError
 from streamrec.format.example.arrow import pyarrow
 from streamrec.format.example.encoding import encode
 from streamrec.pipeline.options import ReadOptions
+from streamrec.reshard.job import InputFormat, ReshardProgress, ReshardSummary, reshard
+from streamrec.reshard.plan import TaskSpec
+from streamrec.reshard.task import TaskOptions, TaskRecords
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.registry import StoreSet
-from streamrec.write.writer import open_writer
+from streamrec.storage.retry import RetryPolicy
 
-__all__ = ["column_values", "from_parquet", "list_parquet"]
+__all__ = ["PARQUET", "column_values", "from_parquet", "list_parquet", "parquet_records"]
+
+BATCH_ROWS = 65_536
+"""Rows read (and written as Examples) at a time."""
 
 
 def _leaf(pa: Any, column: Any) -> tuple[Any, Any]:
@@ -122,49 +128,89 @@ async def list_parquet(urls: Sequence[str], stores: StoreSet) -> list[ObjectInfo
     return found
 
 
-async def from_parquet(
-    urls: Sequence[str],
-    template: str,
-    options: ReadOptions,
-    *,
-    batch_rows: int = 65_536,
-    on_bytes: Callable[[int], None] | None = None,
-    on_plan: Callable[[int, int], None] | None = None,
-    **writer_options: Any,
-) -> tuple[int, list[Any], str | None]:
-    """Write every row of the Parquet files ``urls`` name as an Example in TFRecord shards
-    named by ``template`` (``writer_options`` go to :func:`streamrec.open_writer`).
+class _ParquetRecords:
+    """A task's Parquet files as records: each file read whole, then a batch of rows at a time,
+    each row an Example (:data:`PARQUET`'s ``records``)."""
 
-    Returns ``(records, the shards' manifest entries, the manifest's url)``.
-    """
-    pyarrow()  # an ImportError that says how to install it
-    pq = importlib.import_module("pyarrow.parquet")
-    async with StoreSet(options.storage_options) as stores:
-        files = await list_parquet(urls, stores)
-        if on_plan is not None:
-            on_plan(len(files), sum(f.size for f in files))
-        writer = open_writer(
-            template, storage_options=options.storage_options, retry=options.retry, **writer_options
-        )
-        async with writer:
-            for info in files:
+    def __init__(self, spec: TaskSpec, options: TaskOptions) -> None:
+        self.inputs = spec.inputs
+        self.storage_options = options.src_storage_options
+        self._read = 0
+
+    @property
+    def bytes_read(self) -> int:
+        return self._read
+
+    async def record_chunks(self) -> AsyncGenerator[Sequence[bytes], None]:
+        pq = importlib.import_module("pyarrow.parquet")
+        async with StoreSet(self.storage_options) as stores:
+            for info in self.inputs:
                 data = await stores.get(info.url).read_range(info, 0, info.size)
                 if len(data) != info.size:
-                    raise ValueError(f"{info.url}: read {len(data)} of {info.size} bytes")
+                    raise FormatError(f"read {len(data)} of {info.size} bytes", url=info.url)
+                self._read += len(data)
                 try:
                     parquet = pq.ParquetFile(io.BytesIO(data))
                 except (ValueError, OSError) as exc:
                     raise FormatError(f"not a Parquet file: {exc}", url=info.url) from exc
                 row = 0
-                for batch in parquet.iter_batches(batch_size=batch_rows):
+                for batch in parquet.iter_batches(batch_size=BATCH_ROWS):
                     try:
                         payloads = batch_payloads(batch)
                     except (ValueError, TypeError) as exc:
                         raise FormatError(
                             f"rows {row}..{row + batch.num_rows - 1}: {exc}", url=info.url
                         ) from exc
-                    await writer.write_many(payloads)
                     row += batch.num_rows
-                if on_bytes is not None:
-                    on_bytes(info.size)
-        return writer.records, writer.shards, writer.manifest_url
+                    yield payloads
+
+
+def parquet_records(spec: TaskSpec, options: TaskOptions) -> TaskRecords:
+    """The rows of a reshard task's Parquet inputs as Examples."""
+    pyarrow()  # an ImportError that says how to install it
+    return _ParquetRecords(spec, options)
+
+
+async def _list_inputs(
+    urls: Sequence[str], storage_options: dict[str, Any] | None, retry: RetryPolicy | None
+) -> list[ObjectInfo]:
+    pyarrow()  # before anything is listed
+    async with StoreSet(storage_options) as stores:
+        return await list_parquet(urls, stores)
+
+
+PARQUET = InputFormat("parquet/1", _list_inputs, parquet_records)
+"""Parquet files as a reshard's input format: a row is an Example."""
+
+
+def from_parquet(
+    urls: Sequence[str],
+    template: str,
+    options: ReadOptions,
+    *,
+    engine: Literal["local", "dask"] = "local",
+    scheduler: Any = None,
+    workers: int = 2,
+    progress: bool | Callable[[ReshardProgress], None] = False,
+    **reshard_options: Any,
+) -> ReshardSummary:
+    """Write every row of the Parquet files ``urls`` name as an Example in TFRecord shards
+    named by ``template``: a :func:`streamrec.reshard.reshard` whose inputs are those files,
+    planned, named, run (``engine``, ``scheduler``, ``workers``), resumed and committed as
+    one (``reshard_options``: ``max_records``, ``max_bytes``, ``num_shards``, ``index``,
+    ``compression``, ``task_bytes``, ``on_plan``...; no ``shuffle``).
+    ``options``: the storage options and retry policy of both sides.
+    """
+    return reshard(
+        list(urls),
+        template,
+        engine=engine,
+        scheduler=scheduler,
+        workers=workers,
+        progress=progress,
+        src_storage_options=options.storage_options,
+        dst_storage_options=options.storage_options,
+        retry=options.retry,
+        input_format=PARQUET,
+        **reshard_options,
+    )
