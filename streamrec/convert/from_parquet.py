@@ -50,12 +50,17 @@ BATCH_ROWS = 65_536
 """Rows read (and written as Examples) at a time."""
 
 
+def _is_list(pa: Any, kind: Any) -> bool:
+    types = pa.types
+    return bool(types.is_list(kind) or types.is_large_list(kind) or types.is_fixed_size_list(kind))
+
+
 def _leaf(pa: Any, column: Any) -> tuple[Any, Any]:
     """``(leaf values, bounds)``: row ``i``'s values are ``leaf[bounds[i]:bounds[i + 1]]``."""
     types = pa.types
     kind = column.type
     n = len(column)
-    if types.is_list(kind) or types.is_large_list(kind) or types.is_fixed_size_list(kind):
+    if _is_list(pa, kind):
         if types.is_fixed_size_list(kind):
             size = kind.list_size
             offsets = (column.offset + np.arange(n + 1, dtype=np.int64)) * size
@@ -89,13 +94,17 @@ def _leaf_values(pa: Any, leaf: Any, name: str) -> Any:
 def column_values(column: Any, name: str) -> list[Any]:
     """One column of a RecordBatch as each row's feature value (None: null, no feature)."""
     pa = pyarrow()
-    leaf, bounds = _leaf(pa, column)
-    values = _leaf_values(pa, leaf, name)
     valid = (
         np.ones(len(column), dtype=bool)
         if column.null_count == 0
         else np.asarray(column.is_valid(), dtype=bool)
     )
+    if column.null_count and not _is_list(pa, column.type):
+        # nulls of a plain column: rows without the feature, no value among the others'
+        leaf, bounds = column.drop_null(), np.concatenate([[0], np.cumsum(valid)])
+    else:
+        leaf, bounds = _leaf(pa, column)
+    values = _leaf_values(pa, leaf, name)
     rows: list[Any] = []
     for i in range(len(column)):
         rows.append(values[bounds[i] : bounds[i + 1]] if valid[i] else None)
