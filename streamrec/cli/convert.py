@@ -59,23 +59,34 @@ finished (DST/_convert/<fingerprint>/task-*.json) and writes the others again un
 names: no file twice, no duplicate rows.
 
 --from parquet: SRC... are Parquet files, globs or directories (their *.parquet); DST is a
-TFRecord template as for reshard ('out/part-{index:05d}.tfrecord'), written through
-streamrec's writer (--max-records / --max-bytes / --num-shards, --index, _manifest.json
-last). Each row becomes one Example: integers and bool -> int64_list, floats ->
-float_list (float32), binary and strings -> bytes_list, lists (nested too) -> their values
-flattened, null -> no feature. A rerun writes every shard again, under the same names.
-Examples written with --to parquet come back byte for byte when every feature is present in
-every record (a missing VarLenFeature comes back as an empty list).
+TFRecord template as for reshard ('out/part-{index:05d}.tfrecord'). The files are planned,
+named and resumed as `streamrec reshard` does its input shards (see `streamrec reshard
+--help`; the naming rule is printed on stderr): --max-records / --max-bytes rotation in tasks
+of --task-bytes of input, or exactly --num-shards; --index; _manifest.json last. Killed and
+run again with the same arguments, it redoes only the unfinished tasks. Each row becomes one
+Example: integers and bool -> int64_list, floats -> float_list (float32), binary and strings
+-> bytes_list, lists (nested too) -> their values flattened, null -> no feature. Examples
+written with --to parquet come back byte for byte when every feature is present in every
+record (a missing VarLenFeature comes back as an empty list).
+
+--engine dask (both ways): one Dask task per task of the plan, on the cluster at --scheduler
+ADDRESS or on a local cluster of --workers processes (pip install "streamrec[dask]"). Each
+task writes its files and then its state on a worker, as the local engine does: the same
+output, byte for byte, and the same resume (a rerun of either engine skips the tasks either
+finished); a task whose worker dies is run again. Progress advances as tasks finish.
 
 examples:
   streamrec convert 'data/train-*.tfrecord' s3://bucket/parquet/ --to parquet
   streamrec convert data/ out/ --to parquet --spec spec.json --rows-per-file 100000
   streamrec convert 's3://bucket/parquet/*.parquet' 'back/part-{index:05d}.tfrecord' \\
       --from parquet --max-records 100000 --index
+  streamrec convert 's3://bucket/train-*.tfrecord' s3://bucket/parquet/ --to parquet \\
+      --engine dask --scheduler tcp://10.0.0.5:8786
 
 needs pyarrow: pip install "streamrec[arrow]"
 --json: {"direction", "rows", "files": [{"url", "rows", "bytes"}], "fingerprint",
-         "tasks", "tasks_skipped"} (--to); {"direction", "records", "shards", "manifest"} (--from)
+         "tasks", "tasks_skipped"} (--to); {"direction", "records", "shards", "manifest", "tasks",
+         "tasks_skipped"} (--from)
 exit status: 0 done; 1 damaged data, a record the spec does not fit, a storage error;
 2 usage error
 """

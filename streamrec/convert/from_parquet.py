@@ -1,10 +1,14 @@
 """Parquet rows -> TFRecord Examples, store to store (``streamrec convert --from parquet``).
 
-Each Parquet file (read whole into memory, then a row group at a time) gives its rows in
-order; each row becomes one Example (:func:`streamrec.example.encode`, TensorFlow's
-serialization), written through :func:`streamrec.open_writer` (rotation by ``max_records`` /
-``max_bytes`` or ``num_shards``, index sidecars, ``_manifest.json`` last; each shard appears
-only when complete). Per column:
+A :func:`streamrec.reshard.reshard` whose inputs are Parquet files (:data:`PARQUET`): the files
+are planned into tasks as input shards are (``max_records`` / ``max_bytes`` rotation in tasks
+of ``task_bytes`` of input, or a fixed ``num_shards``), each task writes its shards through
+:func:`streamrec.open_writer` (index sidecars with ``index``; each shard appears only when
+complete) and then its task manifest, ``_manifest.json`` comes last; a rerun after a kill redoes
+only the unfinished tasks, and ``engine="dask"`` runs the tasks on a Dask cluster with the same
+output. Each Parquet file (read whole into memory, then a batch of rows at a time) gives its rows
+in order; each row becomes one Example (:func:`streamrec.example.encode`, TensorFlow's
+serialization). Per column:
 
 ==========================================  ===============================================
 Arrow type                                  feature

@@ -14,6 +14,12 @@ settings (:func:`streamrec.reshard.plan.fingerprint_of`); once all of a task's f
 stored, ``_convert/<fingerprint>/task-<t>.json`` records them. A rerun of the same job skips
 the tasks that have one and redoes the others, whose files get the same names and contents
 (written over, never beside them): no duplicates, nothing complete rewritten.
+
+Engines: ``"local"`` runs ``jobs`` tasks at a time in this process; ``"dask"`` runs one Dask
+task per pending task (:func:`streamrec.reshard.dask.run_on_dask`, as ``reshard`` does), each
+storing its files and then its state on a worker, exactly as the local engine does: the same
+files, byte for byte, under the same names. A task whose worker dies is run again by Dask and
+writes the same files over the ones it had stored.
 """
 
 from __future__ import annotations

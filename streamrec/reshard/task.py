@@ -2,7 +2,8 @@
 
 Runs wherever the engine puts it (the driver's event loop for the local engine, a Dask worker
 for the Dask engine). Records are read with :func:`streamrec.open_dataset` (both CRCs of every
-record verified; payloads handed on as they are, never decoded) and written with
+record verified; payloads handed on as they are, never decoded), or from other inputs by
+:attr:`TaskOptions.records` (``streamrec convert --from parquet``), and written with
 :func:`streamrec.open_writer` (atomic commits: S3 multipart, GCS resumable, local rename). The
 task manifest is written only after every output shard is committed.
 
