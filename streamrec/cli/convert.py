@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any
 
 from streamrec.cli.common import (
     EXIT_DATA_ERROR,
@@ -39,6 +38,7 @@ from streamrec.format.example.spec import FeatureSpec
 from streamrec.pipeline.stream.scan import ShardScan
 from streamrec.reshard.dask import DaskEngineError
 from streamrec.reshard.job import ReshardProgress
+from streamrec.storage.base import ObjectInfo
 
 __all__ = ["register", "run"]
 
@@ -62,12 +62,13 @@ names: no file twice, no duplicate rows.
 TFRecord template as for reshard ('out/part-{index:05d}.tfrecord'). The files are planned,
 named and resumed as `streamrec reshard` does its input shards (see `streamrec reshard
 --help`; the naming rule is printed on stderr): --max-records / --max-bytes rotation in tasks
-of --task-bytes of input, or exactly --num-shards; --index; _manifest.json last. Killed and
-run again with the same arguments, it redoes only the unfinished tasks. Each row becomes one
-Example: integers and bool -> int64_list, floats -> float_list (float32), binary and strings
--> bytes_list, lists (nested too) -> their values flattened, null -> no feature. Examples
-written with --to parquet come back byte for byte when every feature is present in every
-record (a missing VarLenFeature comes back as an empty list).
+of --task-bytes of input (the files' footers give their row counts, so --max-records numbers
+the shards 0, 1, 2, ... across tasks), or exactly --num-shards; --index; _manifest.json
+last. Killed and run again with the same arguments, it redoes only the unfinished tasks. Each
+row becomes one Example: integers and bool -> int64_list, floats -> float_list (float32),
+binary and strings -> bytes_list, lists (nested too) -> their values flattened, null -> no
+feature. Examples written with --to parquet come back byte for byte when every feature is
+present in every record (a missing VarLenFeature comes back as an empty list).
 
 --engine dask (both ways): one Dask task per task of the plan, on the cluster at --scheduler
 ADDRESS or on a local cluster of --workers processes (pip install "streamrec[dask]"). Each
@@ -253,27 +254,27 @@ def _to_parquet(args: argparse.Namespace, sources: list[str], destination: str) 
         return EXIT_DATA_ERROR
     options = read_options_of(args)
 
-    async def go() -> Any:
+    async def listed() -> list[ObjectInfo]:
         async with ShardScan(options) as scan:
-            shards = await scan.list_shards(sources)
-        total = sum(shard.size for shard in shards)  # (tasks done before: never reached)
-        with Progress(args, total=total, unit="B", desc="convert") as bar:
-            return await to_parquet(
-                shards,
-                destination,
-                spec,
-                options,
-                rows_per_file=args.rows_per_file,
-                row_group_rows=args.row_group_rows,
-                task_bytes=args.task_bytes or DEFAULT_TASK_BYTES,
-                jobs=args.jobs,
-                engine=args.engine,
-                scheduler=args.scheduler,
-                workers=args.workers,
-                on_bytes=bar.update,
-            )
+            return await scan.list_shards(sources)
 
-    summary = asyncio.run(go())
+    shards = asyncio.run(listed())
+    total = sum(shard.size for shard in shards)  # (tasks done before: never reached)
+    with Progress(args, total=total, unit="B", desc="convert") as bar:
+        summary = to_parquet(
+            shards,
+            destination,
+            spec,
+            options,
+            rows_per_file=args.rows_per_file,
+            row_group_rows=args.row_group_rows,
+            task_bytes=args.task_bytes or DEFAULT_TASK_BYTES,
+            jobs=args.jobs,
+            engine=args.engine,
+            scheduler=args.scheduler,
+            workers=args.workers,
+            on_bytes=bar.update,
+        )
     if args.json:
         print_json(
             {

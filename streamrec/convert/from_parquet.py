@@ -2,7 +2,8 @@
 
 A :func:`streamrec.reshard.reshard` whose inputs are Parquet files (:data:`PARQUET`): the files
 are planned into tasks as input shards are (``max_records`` / ``max_bytes`` rotation in tasks
-of ``task_bytes`` of input, or a fixed ``num_shards``), each task writes its shards through
+of ``task_bytes`` of input, or a fixed ``num_shards``; each file's row count, read from its
+footer, numbers ``max_records`` shards across tasks), each task writes its shards through
 :func:`streamrec.open_writer` (index sidecars with ``index``; each shard appears only when
 complete) and then its task manifest, ``_manifest.json`` comes last; a rerun after a kill redoes
 only the unfinished tasks, and ``engine="dask"`` runs the tasks on a Dask cluster with the same
@@ -29,14 +30,17 @@ column.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import io
 import os
 from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import numpy as np
 
+from streamrec._portal import run_all
 from streamrec.errors import FormatError
 from streamrec.format.example.arrow import pyarrow
 from streamrec.format.example.encoding import encode
@@ -44,7 +48,7 @@ from streamrec.pipeline.options import ReadOptions
 from streamrec.reshard.job import InputFormat, ReshardProgress, ReshardSummary, reshard
 from streamrec.reshard.plan import TaskSpec
 from streamrec.reshard.task import TaskOptions, TaskRecords
-from streamrec.storage.base import ObjectInfo
+from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.registry import StoreSet
 from streamrec.storage.retry import RetryPolicy
 
@@ -184,12 +188,40 @@ def parquet_records(spec: TaskSpec, options: TaskOptions) -> TaskRecords:
     return _ParquetRecords(spec, options)
 
 
+_FOOTER_READS_AT_ONCE = 16
+
+
+async def _counted(store: ObjectStore, info: ObjectInfo) -> ObjectInfo:
+    """``info`` with its row count (``records``) from the file's footer: two small reads."""
+    pa = pyarrow()
+    pq = importlib.import_module("pyarrow.parquet")
+    end = await store.read_range(info, max(0, info.size - 8), info.size)
+    length = int.from_bytes(end[:4], "little")
+    if len(end) != 8 or end[4:] != b"PAR1" or length + 12 > info.size:
+        raise FormatError("not a Parquet file: no Parquet footer at its end", url=info.url)
+    footer = await store.read_range(info, info.size - 8 - length, info.size)
+    try:
+        rows = pq.read_metadata(pa.BufferReader(footer)).num_rows
+    except (ValueError, OSError) as exc:
+        raise FormatError(f"not a Parquet file: {exc}", url=info.url) from exc
+    return replace(info, records=rows)
+
+
 async def _list_inputs(
     urls: Sequence[str], storage_options: dict[str, Any] | None, retry: RetryPolicy | None
 ) -> list[ObjectInfo]:
+    """The Parquet files, each with its row count: the plan then knows every task's shard
+    count, and ``max_records`` rotation numbers the shards 0, 1, 2, ... across tasks (and a
+    task whose rows differ from its footers' count fails before it writes a wrong name)."""
     pyarrow()  # before anything is listed
+    gate = asyncio.Semaphore(_FOOTER_READS_AT_ONCE)
     async with StoreSet(storage_options) as stores:
-        return await list_parquet(urls, stores)
+
+        async def counted(info: ObjectInfo) -> ObjectInfo:
+            async with gate:
+                return await _counted(stores.get(info.url), info)
+
+        return await run_all(counted(info) for info in await list_parquet(urls, stores))
 
 
 PARQUET = InputFormat("parquet/1", _list_inputs, parquet_records)

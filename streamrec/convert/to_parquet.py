@@ -34,7 +34,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from streamrec._portal import run_all
+from streamrec._portal import EventLoopThread, run_all
 from streamrec.errors import ExampleError, ObjectNotFoundError, StateError
 from streamrec.format.example.arrow import arrow_schema
 from streamrec.format.example.batch import decode_batch
@@ -46,6 +46,7 @@ from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.stream.scan import ShardScan
 from streamrec.reshard.plan import fingerprint_of, group_by_bytes
 from streamrec.storage.base import ObjectInfo, ObjectStore
+from streamrec.storage.registry import StoreSet
 
 __all__ = ["ParquetSummary", "to_parquet"]
 
@@ -241,7 +242,7 @@ async def _run_alone(task: _Task, job: _Job) -> _TaskResult:
     return _TaskResult(task.index, files, rows=read[1], bytes_read=read[0])
 
 
-async def to_parquet(
+def to_parquet(
     shards: Sequence[ObjectInfo],
     destination: str,
     spec: Mapping[str, FeatureSpec],
@@ -270,7 +271,9 @@ async def to_parquet(
 
     ``on_plan(tasks to run, their input bytes)`` is called once before any is run; ``on_bytes``
     with the bytes read and ``on_rows`` with the rows written: with each block and batch
-    (local), with each finished task (dask; then from another thread).
+    (local; from the thread the job's I/O runs in), with each finished task (dask).
+    Blocking: the job's I/O runs in an event loop thread of its own (as ``reshard``'s), the
+    Dask engine's waiting in the caller's thread (a KeyboardInterrupt cancels the Dask tasks).
     """
     if not spec:
         raise ValueError("the spec has no feature: there is no column to write")
@@ -297,13 +300,9 @@ async def to_parquet(
     job = _Job(destination, dict(spec), rows_per_file, row_group_rows, state_dir, options)
     bytes_seen = on_bytes or (lambda _: None)
     rows_seen = on_rows or (lambda _: None)
-    async with ShardScan(options) as scan:
-        store = scan.stores.get(destination)
-        done: dict[int, list[dict[str, Any]]] = {}
-        for task in tasks:  # (a job has few tasks: task_bytes of input each)
-            state = await _read_all(store, _join(state_dir, f"task-{task.index:05d}.json"))
-            if state is not None:
-                done[task.index] = _task_files(state, state_dir, task.index)
+    portal = EventLoopThread(name="streamrec-convert")
+    try:
+        done = portal.call(_done_tasks(job, tasks))
         pending = [task for task in tasks if task.index not in done]
         summary.tasks_skipped = len(done)
         if on_plan is not None:
@@ -315,8 +314,7 @@ async def to_parquet(
                 bytes_seen(result.bytes_read)
                 rows_seen(result.rows)
 
-            results = await asyncio.to_thread(
-                run_on_dask,
+            results = run_on_dask(
                 pending,
                 job,
                 run=run_task_blocking,
@@ -327,17 +325,45 @@ async def to_parquet(
             )
             done.update({result.index: result.files for result in results})
         else:
-            gate = asyncio.Semaphore(jobs)
-            with tempfile.TemporaryDirectory(prefix="streamrec-convert-") as tmp_dir:
-
-                async def one(task: _Task) -> None:
-                    async with gate:
-                        run = _TaskRun(job, task, scan, tmp_dir, bytes_seen, rows_seen)
-                        done[task.index] = await run.run()
-
-                await run_all(one(task) for task in pending)
+            done.update(portal.call(_run_here(job, pending, jobs, bytes_seen, rows_seen)))
+    finally:
+        portal.close()
     summary.files = [f for number in sorted(done) for f in done[number]]
     return summary
+
+
+async def _done_tasks(job: _Job, tasks: Sequence[_Task]) -> dict[int, list[dict[str, Any]]]:
+    """The files of the tasks an earlier run finished, by task."""
+    done: dict[int, list[dict[str, Any]]] = {}
+    async with StoreSet(job.options.storage_options) as stores:
+        store = stores.get(job.destination)
+        for task in tasks:  # (a job has few tasks: task_bytes of input each)
+            state = await _read_all(store, _join(job.state_dir, f"task-{task.index:05d}.json"))
+            if state is not None:
+                done[task.index] = _task_files(state, job.state_dir, task.index)
+    return done
+
+
+async def _run_here(
+    job: _Job,
+    tasks: Sequence[_Task],
+    jobs: int,
+    on_bytes: Callable[[int], None],
+    on_rows: Callable[[int], None],
+) -> dict[int, list[dict[str, Any]]]:
+    """The local engine: ``jobs`` of ``tasks`` at a time; their files by task."""
+    done: dict[int, list[dict[str, Any]]] = {}
+    gate = asyncio.Semaphore(jobs)
+    async with ShardScan(job.options) as scan:
+        with tempfile.TemporaryDirectory(prefix="streamrec-convert-") as tmp_dir:
+
+            async def one(task: _Task) -> None:
+                async with gate:
+                    run = _TaskRun(job, task, scan, tmp_dir, on_bytes, on_rows)
+                    done[task.index] = await run.run()
+
+            await run_all(one(task) for task in tasks)
+    return done
 
 
 TASK_STATE_FORMAT = "streamrec-convert-task"

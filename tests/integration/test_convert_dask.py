@@ -176,6 +176,8 @@ def test_from_parquet_on_dask_is_the_local_engines_output_though_a_worker_dies(
     assert status == 0, err
     assert marker.exists()  # a worker did exit after committing a shard, before its task's
     assert dask["records"] == len(ids) and dask["tasks"] == 3 and dask["tasks_skipped"] == 0
+    # 70 rows a file, a file a task, 30 rows a shard: the footers' row counts number them
+    assert dask["shards"] == [str(tmp_path / "dask" / f"part-{k:03d}.tfrecord") for k in range(9)]
     # the same shards, indexes, dataset index and manifest, byte for byte
     assert _objects(tmp_path / "dask") == _objects(tmp_path / "local")
     spec = {"id": streamrec.example.FixedLenFeature(np.int64)}
@@ -192,15 +194,21 @@ def test_an_interrupted_job_is_resumed_on_dask_both_ways(
         w.write_many([_example(i) for i in range(200)])
     _parquet_inputs(tmp_path / "pq")
     address = dask_client.scheduler.address
-    ways = {
-        "to": (str(tmp_path / "src"), "{}/", ["--to", "parquet", "--rows-per-file", "15"]),
-        "from": (
+    ways = {  # source, destination, options, the names of task 0's outputs
+        "to": (
+            str(tmp_path / "src"),
+            "{}/",
+            ["--to", "parquet", "--rows-per-file", "15"],
+            r"part-00000-\d+\.parquet",
+        ),
+        "from": (  # 70 rows a file, a file a task: 2 shards a task
             str(tmp_path / "pq"),
             "{}/part-{{index:03d}}.tfrecord",
             ["--from", "parquet", "--max-records", "50"],
+            r"part-00[01]\.tfrecord",
         ),
     }
-    for way, (source, destination, options) in ways.items():
+    for way, (source, destination, options, task0_names) in ways.items():
         argv = [*options, "--task-bytes", "1KiB", "--jobs", "1", "--json"]
         reference_at, resumed_at = (
             destination.format(tmp_path / f"{way}-{name}") for name in ("reference", "resumed")
@@ -221,8 +229,9 @@ def test_an_interrupted_job_is_resumed_on_dask_both_ways(
         reference_objects = _objects(tmp_path / f"{way}-reference")
         resumed_objects = _objects(tmp_path / f"{way}-resumed")
         assert resumed_objects == reference_objects
-        task0 = [p for p in done_before if p.name.startswith(("part-00000-", "part-000-"))]
-        assert task0 and all(p.stat().st_mtime_ns == done_before[p] for p in task0)
+        task0 = [p for p in done_before if re.fullmatch(task0_names, p.name)]
+        assert len(task0) >= 2  # written by the interrupted run, not again:
+        assert all(p.stat().st_mtime_ns == done_before[p] for p in task0)
 
 
 def test_bad_input_on_dask_is_an_error_naming_the_file(
