@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any
 
 from streamrec.cli.common import (
     EXIT_DATA_ERROR,
@@ -33,12 +32,17 @@ from streamrec.convert.to_parquet import (
     DEFAULT_TASK_BYTES,
     to_parquet,
 )
-from streamrec.errors import ExampleError
+from streamrec.errors import ExampleError, StreamrecError
 from streamrec.format.example.infer import SpecInference, spec_from_json
 from streamrec.format.example.spec import FeatureSpec
 from streamrec.pipeline.stream.scan import ShardScan
+from streamrec.reshard.dask import DaskEngineError
+from streamrec.reshard.job import ReshardProgress
+from streamrec.storage.base import ObjectInfo
 
 __all__ = ["register", "run"]
+
+EXIT_USAGE = 2
 
 EPILOG = """\
 --to parquet: SRC... are TFRecord shards of Examples (paths, globs, directories, manifests,
@@ -55,23 +59,35 @@ finished (DST/_convert/<fingerprint>/task-*.json) and writes the others again un
 names: no file twice, no duplicate rows.
 
 --from parquet: SRC... are Parquet files, globs or directories (their *.parquet); DST is a
-TFRecord template as for reshard ('out/part-{index:05d}.tfrecord'), written through
-streamrec's writer (--max-records / --max-bytes / --num-shards, --index, _manifest.json
-last). Each row becomes one Example: integers and bool -> int64_list, floats ->
-float_list (float32), binary and strings -> bytes_list, lists (nested too) -> their values
-flattened, null -> no feature. A rerun writes every shard again, under the same names.
-Examples written with --to parquet come back byte for byte when every feature is present in
-every record (a missing VarLenFeature comes back as an empty list).
+TFRecord template as for reshard ('out/part-{index:05d}.tfrecord'). The files are planned,
+named and resumed as `streamrec reshard` does its input shards (see `streamrec reshard
+--help`; the naming rule is printed on stderr): --max-records / --max-bytes rotation in tasks
+of --task-bytes of input (the files' footers give their row counts, so --max-records numbers
+the shards 0, 1, 2, ... across tasks), or exactly --num-shards; --index; _manifest.json
+last. Killed and run again with the same arguments, it redoes only the unfinished tasks. Each
+row becomes one Example: integers and bool -> int64_list, floats -> float_list (float32),
+binary and strings -> bytes_list, lists (nested too) -> their values flattened, null -> no
+feature. Examples written with --to parquet come back byte for byte when every feature is
+present in every record (a missing VarLenFeature comes back as an empty list).
+
+--engine dask (both ways): one Dask task per task of the plan, on the cluster at --scheduler
+ADDRESS or on a local cluster of --workers processes (pip install "streamrec[dask]"). Each
+task writes its files and then its state on a worker, as the local engine does: the same
+output, byte for byte, and the same resume (a rerun of either engine skips the tasks either
+finished); a task whose worker dies is run again. Progress advances as tasks finish.
 
 examples:
   streamrec convert 'data/train-*.tfrecord' s3://bucket/parquet/ --to parquet
   streamrec convert data/ out/ --to parquet --spec spec.json --rows-per-file 100000
   streamrec convert 's3://bucket/parquet/*.parquet' 'back/part-{index:05d}.tfrecord' \\
       --from parquet --max-records 100000 --index
+  streamrec convert 's3://bucket/train-*.tfrecord' s3://bucket/parquet/ --to parquet \\
+      --engine dask --scheduler tcp://10.0.0.5:8786
 
 needs pyarrow: pip install "streamrec[arrow]"
 --json: {"direction", "rows", "files": [{"url", "rows", "bytes"}], "fingerprint",
-         "tasks", "tasks_skipped"} (--to); {"direction", "records", "shards", "manifest"} (--from)
+         "tasks", "tasks_skipped"} (--to); {"direction", "records", "shards", "manifest", "tasks",
+         "tasks_skipped"} (--from)
 exit status: 0 done; 1 damaged data, a record the spec does not fit, a storage error;
 2 usage error
 """
@@ -132,15 +148,33 @@ def register(commands: Commands) -> None:
         help=f"rows per Parquet row group (default {DEFAULT_ROW_GROUP_ROWS})",
     )
     out.add_argument(
+        "--jobs", type=positive_int, default=4, metavar="N", help="tasks run at once (4)"
+    )
+    engine = parser.add_argument_group("engine (both ways)")
+    engine.add_argument(
+        "--engine",
+        choices=["local", "dask"],
+        default="local",
+        help="run the tasks in this process (default) or on Dask, as reshard does",
+    )
+    engine.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="Dask scheduler address (default: a local cluster of --workers processes)",
+    )
+    engine.add_argument(
         "--task-bytes",
         type=parse_bytes,
-        default=DEFAULT_TASK_BYTES,
         metavar="SIZE",
-        help="input bytes per task, the unit of resume "
-        f"(default {human_bytes(DEFAULT_TASK_BYTES)})",
+        help="input bytes per task, the unit of resume and of Dask's parallelism (default "
+        f"{human_bytes(DEFAULT_TASK_BYTES)}; --from: reshard's, 256MiB or 4 x --max-bytes)",
     )
-    out.add_argument(
-        "--jobs", type=positive_int, default=4, metavar="N", help="tasks run at once (4)"
+    engine.add_argument(
+        "--workers",
+        type=positive_int,
+        default=2,
+        metavar="N",
+        help="processes of the local Dask cluster (default 2)",
     )
     back = parser.add_argument_group("--from parquet (output shards: at most one limit)")
     back.add_argument("--max-records", type=positive_int, metavar="N", help="rotate before N")
@@ -164,8 +198,24 @@ def run(args: argparse.Namespace) -> int:
         error("convert needs at least one source and a destination: SRC... DST")
         return 2
     sources, destination = args.paths[:-1], args.paths[-1]
-    if args.to == "parquet":
-        return _to_parquet(args, sources, destination)
+    if args.scheduler is not None and args.engine != "dask":
+        error("--scheduler needs --engine dask")
+        return 2
+    try:
+        if args.to == "parquet":
+            return _to_parquet(args, sources, destination)
+        return _from_parquet_checked(args, sources, destination)
+    except (ImportError, DaskEngineError) as exc:  # no pyarrow or Dask; the cluster failed
+        error(exc)
+        return EXIT_DATA_ERROR
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        if args.engine != "dask":
+            raise
+        error(f"dask: {exc}")  # the cluster did not start, the scheduler is unreachable
+        return EXIT_DATA_ERROR
+
+
+def _from_parquet_checked(args: argparse.Namespace, sources: list[str], destination: str) -> int:
     limits = [x for x in (args.max_records, args.max_bytes, args.num_shards) if x is not None]
     if len(limits) > 1:
         error("give at most one of --max-records, --max-bytes, --num-shards")
@@ -204,24 +254,27 @@ def _to_parquet(args: argparse.Namespace, sources: list[str], destination: str) 
         return EXIT_DATA_ERROR
     options = read_options_of(args)
 
-    async def go() -> Any:
+    async def listed() -> list[ObjectInfo]:
         async with ShardScan(options) as scan:
-            shards = await scan.list_shards(sources)
-        total = sum(shard.size for shard in shards)  # (tasks done before: never reached)
-        with Progress(args, total=total, unit="B", desc="convert") as bar:
-            return await to_parquet(
-                shards,
-                destination,
-                spec,
-                options,
-                rows_per_file=args.rows_per_file,
-                row_group_rows=args.row_group_rows,
-                task_bytes=args.task_bytes,
-                jobs=args.jobs,
-                on_bytes=bar.update,
-            )
+            return await scan.list_shards(sources)
 
-    summary = asyncio.run(go())
+    shards = asyncio.run(listed())
+    total = sum(shard.size for shard in shards)  # (tasks done before: never reached)
+    with Progress(args, total=total, unit="B", desc="convert") as bar:
+        summary = to_parquet(
+            shards,
+            destination,
+            spec,
+            options,
+            rows_per_file=args.rows_per_file,
+            row_group_rows=args.row_group_rows,
+            task_bytes=args.task_bytes or DEFAULT_TASK_BYTES,
+            jobs=args.jobs,
+            engine=args.engine,
+            scheduler=args.scheduler,
+            workers=args.workers,
+            on_bytes=bar.update,
+        )
     if args.json:
         print_json(
             {
@@ -244,26 +297,52 @@ def _to_parquet(args: argparse.Namespace, sources: list[str], destination: str) 
 
 def _from_parquet(args: argparse.Namespace, sources: list[str], template: str) -> int:
     options = read_options_of(args)
-    writer_options: dict[str, Any] = {
-        "max_records": args.max_records,
-        "max_bytes": args.max_bytes,
-        "num_shards": args.num_shards,
-        "index": args.index,
-        "compression": None if args.shard_compression == "none" else args.shard_compression,
-    }
     with Progress(args, total=None, unit="B", desc="convert") as bar:
-        records, shards, manifest = asyncio.run(
-            from_parquet(sources, template, options, on_bytes=bar.update, **writer_options)
-        )
+        seen = [0]
+
+        def progress(where: ReshardProgress) -> None:
+            bar.update(where.bytes_read - seen[0])
+            seen[0] = where.bytes_read
+
+        try:
+            summary = from_parquet(
+                sources,
+                template,
+                options,
+                engine=args.engine,
+                scheduler=args.scheduler,
+                workers=args.workers,
+                progress=progress,
+                max_records=args.max_records,
+                max_bytes=args.max_bytes,
+                num_shards=args.num_shards,
+                index=args.index,
+                compression=None if args.shard_compression == "none" else args.shard_compression,
+                task_bytes=args.task_bytes,
+                on_plan=lambda plan: print(
+                    f"streamrec convert: {plan.naming_rule}", file=sys.stderr
+                ),
+            )
+        except StreamrecError:
+            raise  # damaged data, storage (a FormatError is a ValueError too)
+        except (ValueError, TypeError) as exc:
+            error(exc)
+            return EXIT_USAGE
     if args.json:
         print_json(
             {
                 "direction": "from parquet",
-                "records": records,
-                "shards": [entry.url for entry in shards],
-                "manifest": manifest,
+                "records": summary.records,
+                "shards": summary.shards,
+                "manifest": summary.manifest_url,
+                "tasks": summary.tasks,
+                "tasks_skipped": summary.tasks_skipped,
             }
         )
     else:
-        print(f"wrote {plural(records, 'record')} in {plural(len(shards), 'shard')}")
+        skipped = f" ({summary.tasks_skipped} done before)" if summary.tasks_skipped else ""
+        print(
+            f"wrote {plural(summary.records, 'record')} in "
+            f"{plural(len(summary.shards), 'shard')} ({plural(summary.tasks, 'task')}{skipped})"
+        )
     return EXIT_OK

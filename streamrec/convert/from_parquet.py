@@ -1,10 +1,15 @@
 """Parquet rows -> TFRecord Examples, store to store (``streamrec convert --from parquet``).
 
-Each Parquet file (read whole into memory, then a row group at a time) gives its rows in
-order; each row becomes one Example (:func:`streamrec.example.encode`, TensorFlow's
-serialization), written through :func:`streamrec.open_writer` (rotation by ``max_records`` /
-``max_bytes`` or ``num_shards``, index sidecars, ``_manifest.json`` last; each shard appears
-only when complete). Per column:
+A :func:`streamrec.reshard.reshard` whose inputs are Parquet files (:data:`PARQUET`): the files
+are planned into tasks as input shards are (``max_records`` / ``max_bytes`` rotation in tasks
+of ``task_bytes`` of input, or a fixed ``num_shards``; each file's row count, read from its
+footer, numbers ``max_records`` shards across tasks), each task writes its shards through
+:func:`streamrec.open_writer` (index sidecars with ``index``; each shard appears only when
+complete) and then its task manifest, ``_manifest.json`` comes last; a rerun after a kill redoes
+only the unfinished tasks, and ``engine="dask"`` runs the tasks on a Dask cluster with the same
+output. Each Parquet file (read whole into memory, then a batch of rows at a time) gives its rows
+in order; each row becomes one Example (:func:`streamrec.example.encode`, TensorFlow's
+serialization). Per column:
 
 ==========================================  ===============================================
 Arrow type                                  feature
@@ -25,23 +30,37 @@ column.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import io
 import os
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import replace
+from typing import Any, Literal
 
 import numpy as np
 
+from streamrec._portal import run_all
 from streamrec.errors import FormatError
 from streamrec.format.example.arrow import pyarrow
 from streamrec.format.example.encoding import encode
 from streamrec.pipeline.options import ReadOptions
-from streamrec.storage.base import ObjectInfo
+from streamrec.reshard.job import InputFormat, ReshardProgress, ReshardSummary, reshard
+from streamrec.reshard.plan import TaskSpec
+from streamrec.reshard.task import TaskOptions, TaskRecords
+from streamrec.storage.base import ObjectInfo, ObjectStore
 from streamrec.storage.registry import StoreSet
-from streamrec.write.writer import open_writer
+from streamrec.storage.retry import RetryPolicy
 
-__all__ = ["column_values", "from_parquet", "list_parquet"]
+__all__ = ["PARQUET", "column_values", "from_parquet", "list_parquet", "parquet_records"]
+
+BATCH_ROWS = 65_536
+"""Rows read (and written as Examples) at a time."""
+
+
+def _is_list(pa: Any, kind: Any) -> bool:
+    types = pa.types
+    return bool(types.is_list(kind) or types.is_large_list(kind) or types.is_fixed_size_list(kind))
 
 
 def _leaf(pa: Any, column: Any) -> tuple[Any, Any]:
@@ -49,7 +68,7 @@ def _leaf(pa: Any, column: Any) -> tuple[Any, Any]:
     types = pa.types
     kind = column.type
     n = len(column)
-    if types.is_list(kind) or types.is_large_list(kind) or types.is_fixed_size_list(kind):
+    if _is_list(pa, kind):
         if types.is_fixed_size_list(kind):
             size = kind.list_size
             offsets = (column.offset + np.arange(n + 1, dtype=np.int64)) * size
@@ -83,13 +102,17 @@ def _leaf_values(pa: Any, leaf: Any, name: str) -> Any:
 def column_values(column: Any, name: str) -> list[Any]:
     """One column of a RecordBatch as each row's feature value (None: null, no feature)."""
     pa = pyarrow()
-    leaf, bounds = _leaf(pa, column)
-    values = _leaf_values(pa, leaf, name)
     valid = (
         np.ones(len(column), dtype=bool)
         if column.null_count == 0
         else np.asarray(column.is_valid(), dtype=bool)
     )
+    if column.null_count and not _is_list(pa, column.type):
+        # nulls of a plain column: rows without the feature, no value among the others'
+        leaf, bounds = column.drop_null(), np.concatenate([[0], np.cumsum(valid)])
+    else:
+        leaf, bounds = _leaf(pa, column)
+    values = _leaf_values(pa, leaf, name)
     rows: list[Any] = []
     for i in range(len(column)):
         rows.append(values[bounds[i] : bounds[i + 1]] if valid[i] else None)
@@ -122,49 +145,117 @@ async def list_parquet(urls: Sequence[str], stores: StoreSet) -> list[ObjectInfo
     return found
 
 
-async def from_parquet(
-    urls: Sequence[str],
-    template: str,
-    options: ReadOptions,
-    *,
-    batch_rows: int = 65_536,
-    on_bytes: Callable[[int], None] | None = None,
-    on_plan: Callable[[int, int], None] | None = None,
-    **writer_options: Any,
-) -> tuple[int, list[Any], str | None]:
-    """Write every row of the Parquet files ``urls`` name as an Example in TFRecord shards
-    named by ``template`` (``writer_options`` go to :func:`streamrec.open_writer`).
+class _ParquetRecords:
+    """A task's Parquet files as records: each file read whole, then a batch of rows at a time,
+    each row an Example (:data:`PARQUET`'s ``records``)."""
 
-    Returns ``(records, the shards' manifest entries, the manifest's url)``.
-    """
-    pyarrow()  # an ImportError that says how to install it
-    pq = importlib.import_module("pyarrow.parquet")
-    async with StoreSet(options.storage_options) as stores:
-        files = await list_parquet(urls, stores)
-        if on_plan is not None:
-            on_plan(len(files), sum(f.size for f in files))
-        writer = open_writer(
-            template, storage_options=options.storage_options, retry=options.retry, **writer_options
-        )
-        async with writer:
-            for info in files:
+    def __init__(self, spec: TaskSpec, options: TaskOptions) -> None:
+        self.inputs = spec.inputs
+        self.storage_options = options.src_storage_options
+        self._read = 0
+
+    @property
+    def bytes_read(self) -> int:
+        return self._read
+
+    async def record_chunks(self) -> AsyncGenerator[Sequence[bytes], None]:
+        pq = importlib.import_module("pyarrow.parquet")
+        async with StoreSet(self.storage_options) as stores:
+            for info in self.inputs:
                 data = await stores.get(info.url).read_range(info, 0, info.size)
                 if len(data) != info.size:
-                    raise ValueError(f"{info.url}: read {len(data)} of {info.size} bytes")
+                    raise FormatError(f"read {len(data)} of {info.size} bytes", url=info.url)
+                self._read += len(data)
                 try:
                     parquet = pq.ParquetFile(io.BytesIO(data))
                 except (ValueError, OSError) as exc:
                     raise FormatError(f"not a Parquet file: {exc}", url=info.url) from exc
                 row = 0
-                for batch in parquet.iter_batches(batch_size=batch_rows):
+                for batch in parquet.iter_batches(batch_size=BATCH_ROWS):
                     try:
                         payloads = batch_payloads(batch)
                     except (ValueError, TypeError) as exc:
                         raise FormatError(
                             f"rows {row}..{row + batch.num_rows - 1}: {exc}", url=info.url
                         ) from exc
-                    await writer.write_many(payloads)
                     row += batch.num_rows
-                if on_bytes is not None:
-                    on_bytes(info.size)
-        return writer.records, writer.shards, writer.manifest_url
+                    yield payloads
+
+
+def parquet_records(spec: TaskSpec, options: TaskOptions) -> TaskRecords:
+    """The rows of a reshard task's Parquet inputs as Examples."""
+    pyarrow()  # an ImportError that says how to install it
+    return _ParquetRecords(spec, options)
+
+
+_FOOTER_READS_AT_ONCE = 16
+
+
+async def _counted(store: ObjectStore, info: ObjectInfo) -> ObjectInfo:
+    """``info`` with its row count (``records``) from the file's footer: two small reads."""
+    pa = pyarrow()
+    pq = importlib.import_module("pyarrow.parquet")
+    end = await store.read_range(info, max(0, info.size - 8), info.size)
+    length = int.from_bytes(end[:4], "little")
+    if len(end) != 8 or end[4:] != b"PAR1" or length + 12 > info.size:
+        raise FormatError("not a Parquet file: no Parquet footer at its end", url=info.url)
+    footer = await store.read_range(info, info.size - 8 - length, info.size)
+    try:
+        rows = pq.read_metadata(pa.BufferReader(footer)).num_rows
+    except (ValueError, OSError) as exc:
+        raise FormatError(f"not a Parquet file: {exc}", url=info.url) from exc
+    return replace(info, records=rows)
+
+
+async def _list_inputs(
+    urls: Sequence[str], storage_options: dict[str, Any] | None, retry: RetryPolicy | None
+) -> list[ObjectInfo]:
+    """The Parquet files, each with its row count: the plan then knows every task's shard
+    count, and ``max_records`` rotation numbers the shards 0, 1, 2, ... across tasks (and a
+    task whose rows differ from its footers' count fails before it writes a wrong name)."""
+    pyarrow()  # before anything is listed
+    gate = asyncio.Semaphore(_FOOTER_READS_AT_ONCE)
+    async with StoreSet(storage_options) as stores:
+
+        async def counted(info: ObjectInfo) -> ObjectInfo:
+            async with gate:
+                return await _counted(stores.get(info.url), info)
+
+        return await run_all(counted(info) for info in await list_parquet(urls, stores))
+
+
+PARQUET = InputFormat("parquet/1", _list_inputs, parquet_records)
+"""Parquet files as a reshard's input format: a row is an Example."""
+
+
+def from_parquet(
+    urls: Sequence[str],
+    template: str,
+    options: ReadOptions,
+    *,
+    engine: Literal["local", "dask"] = "local",
+    scheduler: Any = None,
+    workers: int = 2,
+    progress: bool | Callable[[ReshardProgress], None] = False,
+    **reshard_options: Any,
+) -> ReshardSummary:
+    """Write every row of the Parquet files ``urls`` name as an Example in TFRecord shards
+    named by ``template``: a :func:`streamrec.reshard.reshard` whose inputs are those files,
+    planned, named, run (``engine``, ``scheduler``, ``workers``), resumed and committed as
+    one (``reshard_options``: ``max_records``, ``max_bytes``, ``num_shards``, ``index``,
+    ``compression``, ``task_bytes``, ``on_plan``...; no ``shuffle``).
+    ``options``: the storage options and retry policy of both sides.
+    """
+    return reshard(
+        list(urls),
+        template,
+        engine=engine,
+        scheduler=scheduler,
+        workers=workers,
+        progress=progress,
+        src_storage_options=options.storage_options,
+        dst_storage_options=options.storage_options,
+        retry=options.retry,
+        input_format=PARQUET,
+        **reshard_options,
+    )

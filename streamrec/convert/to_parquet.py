@@ -14,6 +14,12 @@ settings (:func:`streamrec.reshard.plan.fingerprint_of`); once all of a task's f
 stored, ``_convert/<fingerprint>/task-<t>.json`` records them. A rerun of the same job skips
 the tasks that have one and redoes the others, whose files get the same names and contents
 (written over, never beside them): no duplicates, nothing complete rewritten.
+
+Engines: ``"local"`` runs ``jobs`` tasks at a time in this process; ``"dask"`` runs one Dask
+task per pending task (:func:`streamrec.reshard.dask.run_on_dask`, as ``reshard`` does), each
+storing its files and then its state on a worker, exactly as the local engine does: the same
+files, byte for byte, under the same names. A task whose worker dies is run again by Dask and
+writes the same files over the ones it had stored.
 """
 
 from __future__ import annotations
@@ -26,9 +32,9 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from streamrec._portal import run_all
+from streamrec._portal import EventLoopThread, run_all
 from streamrec.errors import ExampleError, ObjectNotFoundError, StateError
 from streamrec.format.example.arrow import arrow_schema
 from streamrec.format.example.batch import decode_batch
@@ -40,6 +46,7 @@ from streamrec.pipeline.options import ReadOptions
 from streamrec.pipeline.stream.scan import ShardScan
 from streamrec.reshard.plan import fingerprint_of, group_by_bytes
 from streamrec.storage.base import ObjectInfo, ObjectStore
+from streamrec.storage.registry import StoreSet
 
 __all__ = ["ParquetSummary", "to_parquet"]
 
@@ -94,18 +101,57 @@ async def _store_file(store: ObjectStore, path: str, url: str) -> int:
     return committed.bytes
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Task:
-    number: int
-    inputs: list[ObjectInfo]
+    index: int
+    inputs: tuple[ObjectInfo, ...]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every task of a job shares (picklable: it travels to Dask workers)."""
+
+    destination: str
+    spec: dict[str, FeatureSpec]
+    rows_per_file: int
+    row_group_rows: int
+    state_dir: str
+    options: ReadOptions  # (its storage options stay out of its repr, which Dask shows)
+
+
+@dataclass(frozen=True)
+class _TaskResult:
+    """What a task run on a Dask worker wrote and read."""
+
+    index: int
+    files: list[dict[str, Any]]
+    rows: int
+    bytes_read: int
+
+
+#: A seam for tests (fault injection), ``None`` in production: nothing in streamrec sets it.
+#: When set, a task calls it in its own process as ``hook(task index, files stored)`` after it
+#: has stored each Parquet file (before its state): the crash tests end a worker there.
+after_file_stored: Callable[[int, int], None] | None = None
 
 
 class _TaskRun:
     """One task: its shards' records, as rows of Parquet files of ``rows_per_file`` rows."""
 
-    def __init__(self, job: _Job, task: _Task, scan: ShardScan, tmp_dir: str) -> None:
+    def __init__(
+        self,
+        job: _Job,
+        task: _Task,
+        scan: ShardScan,
+        tmp_dir: str,
+        on_bytes: Callable[[int], None],
+        on_rows: Callable[[int], None],
+    ) -> None:
         self.job, self.task, self.scan = job, task, scan
-        self.tmp_path = os.path.join(tmp_dir, f"task-{task.number:05d}.parquet")
+        self.store = scan.stores.get(job.destination)
+        self.schema = arrow_schema(job.spec)
+        self.on_bytes, self.on_rows = on_bytes, on_rows
+        self.tmp_path = os.path.join(tmp_dir, f"task-{task.index:05d}.parquet")
         self.files: list[dict[str, Any]] = []
         self.writer: Any = None
         self.rows_in_file = 0
@@ -113,9 +159,10 @@ class _TaskRun:
         self.where: list[tuple[str, int, int]] = []  # (url, index, offset) of each record
 
     async def run(self) -> list[dict[str, Any]]:
+        """Write the task's files, then its state; the files."""
         job = self.job
         for shard in self.task.inputs:
-            read = self.scan.shard(shard, on_bytes=job.on_bytes)
+            read = self.scan.shard(shard, on_bytes=self.on_bytes)
             index = offset = 0
             async with aclosing(read.chunks()) as chunks:
                 async for chunk in chunks:
@@ -131,6 +178,11 @@ class _TaskRun:
             await self._flush()
         if self.writer is not None:
             await self._finish_file()
+        # only now, every file stored: a rerun skips the task
+        number = self.task.index
+        document = {"format": TASK_STATE_FORMAT, "version": 1, "task": number}
+        state = json.dumps({**document, "files": self.files}).encode()
+        await _put(self.store, _join(job.state_dir, f"task-{number:05d}.json"), state)
         return self.files
 
     def _decoded(self) -> Any:
@@ -151,10 +203,10 @@ class _TaskRun:
         batch = self._decoded()
         if self.writer is None:
             pq = importlib.import_module("pyarrow.parquet")
-            self.writer = pq.ParquetWriter(self.tmp_path, self.job.schema)
+            self.writer = pq.ParquetWriter(self.tmp_path, self.schema)
         self.writer.write_batch(batch, row_group_size=self.job.row_group_rows)
         self.rows_in_file += len(self.batch)
-        self.job.on_rows(len(self.batch))
+        self.on_rows(len(self.batch))
         self.batch, self.where = [], []
         if self.rows_in_file >= self.job.rows_per_file:
             await self._finish_file()
@@ -162,27 +214,35 @@ class _TaskRun:
     async def _finish_file(self) -> None:
         self.writer.close()
         self.writer = None
-        name = f"part-{self.task.number:05d}-{len(self.files):05d}.parquet"
+        name = f"part-{self.task.index:05d}-{len(self.files):05d}.parquet"
         url = _join(self.job.destination, name)
-        size = await _store_file(self.job.store, self.tmp_path, url)
+        size = await _store_file(self.store, self.tmp_path, url)
         os.remove(self.tmp_path)
         self.files.append({"url": url, "rows": self.rows_in_file, "bytes": size})
         self.rows_in_file = 0
+        if after_file_stored is not None:
+            after_file_stored(self.task.index, len(self.files))
 
 
-@dataclass
-class _Job:
-    destination: str
-    spec: Mapping[str, FeatureSpec]
-    schema: Any
-    rows_per_file: int
-    row_group_rows: int
-    store: ObjectStore
-    on_bytes: Callable[[int], None]
-    on_rows: Callable[[int], None]
+def run_task_blocking(task: _Task, job: _Job) -> _TaskResult:
+    """One task in a fresh event loop, with its own stores (what a Dask worker runs)."""
+    return asyncio.run(_run_alone(task, job))
 
 
-async def to_parquet(
+async def _run_alone(task: _Task, job: _Job) -> _TaskResult:
+    read = [0, 0]  # bytes, rows
+
+    def count(n: int, what: int) -> None:
+        read[what] += n
+
+    async with ShardScan(job.options) as scan:
+        with tempfile.TemporaryDirectory(prefix="streamrec-convert-") as tmp_dir:
+            run = _TaskRun(job, task, scan, tmp_dir, lambda n: count(n, 0), lambda n: count(n, 1))
+            files = await run.run()
+    return _TaskResult(task.index, files, rows=read[1], bytes_read=read[0])
+
+
+def to_parquet(
     shards: Sequence[ObjectInfo],
     destination: str,
     spec: Mapping[str, FeatureSpec],
@@ -192,21 +252,38 @@ async def to_parquet(
     row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
     task_bytes: int = DEFAULT_TASK_BYTES,
     jobs: int = 4,
+    engine: Literal["local", "dask"] = "local",
+    scheduler: Any = None,
+    workers: int = 2,
     on_bytes: Callable[[int], None] | None = None,
     on_rows: Callable[[int], None] | None = None,
     on_plan: Callable[[int, int], None] | None = None,
 ) -> ParquetSummary:
     """Write the Examples of ``shards`` (listed as ``ShardScan.list_shards`` lists them) as
-    Parquet files in the directory ``destination``; ``jobs`` tasks at a time.
+    Parquet files in the directory ``destination``.
 
-    ``on_plan(tasks to run, their input bytes)`` is called once before any is run;
-    ``on_bytes`` with each block read, ``on_rows`` with the rows of each batch written.
+    ``engine="local"``: ``jobs`` tasks at a time in this process. ``engine="dask"``: one Dask
+    task per pending task (:func:`streamrec.reshard.dask.run_on_dask`, as ``reshard`` does):
+    ``scheduler`` is a scheduler address, a ``dask.distributed.Client``, or ``None`` for a
+    LocalCluster of ``workers`` processes on 127.0.0.1. Each task stores its files and then its
+    state, wherever it runs: both engines write the same files under the same names, and a
+    rerun of either skips the tasks either finished.
+
+    ``on_plan(tasks to run, their input bytes)`` is called once before any is run; ``on_bytes``
+    with the bytes read and ``on_rows`` with the rows written: with each block and batch
+    (local; from the thread the job's I/O runs in), with each finished task (dask).
+    Blocking: the job's I/O runs in an event loop thread of its own (as ``reshard``'s), the
+    Dask engine's waiting in the caller's thread (a KeyboardInterrupt cancels the Dask tasks).
     """
     if not spec:
         raise ValueError("the spec has no feature: there is no column to write")
-    if rows_per_file < 1 or row_group_rows < 1 or task_bytes < 1 or jobs < 1:
-        raise ValueError("rows_per_file, row_group_rows, task_bytes and jobs must be >= 1")
-    schema = arrow_schema(spec)
+    if rows_per_file < 1 or row_group_rows < 1 or task_bytes < 1 or jobs < 1 or workers < 1:
+        raise ValueError("rows_per_file, row_group_rows, task_bytes, jobs and workers must be >= 1")
+    if engine not in ("local", "dask"):
+        raise ValueError(f"engine must be 'local' or 'dask', not {engine!r}")
+    if engine == "local" and scheduler is not None:
+        raise ValueError('scheduler= is only used with engine="dask"')
+    arrow_schema(spec)  # a spec with no Arrow column type fails here, before any work
     settings = {
         "convert": "parquet/1",
         "destination": destination,
@@ -217,44 +294,76 @@ async def to_parquet(
     }
     fingerprint = fingerprint_of(shards, settings)
     groups = group_by_bytes([shard.size for shard in shards], task_bytes)
-    tasks = [_Task(t, [shards[i] for i in group]) for t, group in enumerate(groups)]
+    tasks = [_Task(t, tuple(shards[i] for i in group)) for t, group in enumerate(groups)]
     summary = ParquetSummary(fingerprint, tasks=len(tasks))
     state_dir = _join(destination, f"{STATE_DIR}/{fingerprint}")
-    async with ShardScan(options) as scan:
-        store = scan.stores.get(destination)
-        done: dict[int, list[dict[str, Any]]] = {}
-        for task in tasks:  # (a job has few tasks: task_bytes of input each)
-            state = await _read_all(store, _join(state_dir, f"task-{task.number:05d}.json"))
-            if state is not None:
-                done[task.number] = _task_files(state, state_dir, task.number)
-        pending = [task for task in tasks if task.number not in done]
+    job = _Job(destination, dict(spec), rows_per_file, row_group_rows, state_dir, options)
+    bytes_seen = on_bytes or (lambda _: None)
+    rows_seen = on_rows or (lambda _: None)
+    portal = EventLoopThread(name="streamrec-convert")
+    try:
+        done = portal.call(_done_tasks(job, tasks))
+        pending = [task for task in tasks if task.index not in done]
         summary.tasks_skipped = len(done)
         if on_plan is not None:
             on_plan(len(pending), sum(s.size for t in pending for s in t.inputs))
-        job = _Job(
-            destination,
-            spec,
-            schema,
-            rows_per_file,
-            row_group_rows,
-            store,
-            on_bytes or (lambda _: None),
-            on_rows or (lambda _: None),
-        )
-        gate = asyncio.Semaphore(jobs)
+        if engine == "dask":
+            from streamrec.reshard.dask import run_on_dask
+
+            def finished(result: _TaskResult) -> None:
+                bytes_seen(result.bytes_read)
+                rows_seen(result.rows)
+
+            results = run_on_dask(
+                pending,
+                job,
+                run=run_task_blocking,
+                name="convert",
+                scheduler=scheduler,
+                workers=workers,
+                on_done=finished,
+            )
+            done.update({result.index: result.files for result in results})
+        else:
+            done.update(portal.call(_run_here(job, pending, jobs, bytes_seen, rows_seen)))
+    finally:
+        portal.close()
+    summary.files = [f for number in sorted(done) for f in done[number]]
+    return summary
+
+
+async def _done_tasks(job: _Job, tasks: Sequence[_Task]) -> dict[int, list[dict[str, Any]]]:
+    """The files of the tasks an earlier run finished, by task."""
+    done: dict[int, list[dict[str, Any]]] = {}
+    async with StoreSet(job.options.storage_options) as stores:
+        store = stores.get(job.destination)
+        for task in tasks:  # (a job has few tasks: task_bytes of input each)
+            state = await _read_all(store, _join(job.state_dir, f"task-{task.index:05d}.json"))
+            if state is not None:
+                done[task.index] = _task_files(state, job.state_dir, task.index)
+    return done
+
+
+async def _run_here(
+    job: _Job,
+    tasks: Sequence[_Task],
+    jobs: int,
+    on_bytes: Callable[[int], None],
+    on_rows: Callable[[int], None],
+) -> dict[int, list[dict[str, Any]]]:
+    """The local engine: ``jobs`` of ``tasks`` at a time; their files by task."""
+    done: dict[int, list[dict[str, Any]]] = {}
+    gate = asyncio.Semaphore(jobs)
+    async with ShardScan(job.options) as scan:
         with tempfile.TemporaryDirectory(prefix="streamrec-convert-") as tmp_dir:
 
             async def one(task: _Task) -> None:
                 async with gate:
-                    files = await _TaskRun(job, task, scan, tmp_dir).run()
-                document = {"format": TASK_STATE_FORMAT, "version": 1, "task": task.number}
-                state = json.dumps({**document, "files": files}).encode()
-                await _put(store, _join(state_dir, f"task-{task.number:05d}.json"), state)
-                done[task.number] = files
+                    run = _TaskRun(job, task, scan, tmp_dir, on_bytes, on_rows)
+                    done[task.index] = await run.run()
 
-            await run_all(one(task) for task in pending)
-    summary.files = [f for number in sorted(done) for f in done[number]]
-    return summary
+            await run_all(one(task) for task in tasks)
+    return done
 
 
 TASK_STATE_FORMAT = "streamrec-convert-task"

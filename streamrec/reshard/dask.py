@@ -1,10 +1,13 @@
-"""The Dask engine of :func:`streamrec.reshard.job`: one Dask task per reshard task.
+"""The Dask engine of :func:`streamrec.reshard.job` (and of ``streamrec convert``): one Dask task
+per task of the job's plan.
 
-Each task runs :func:`streamrec.reshard.task.run_task_blocking` on a worker (its own event
+Each reshard task runs :func:`streamrec.reshard.task.run_task_blocking` on a worker (its own event
 loop and filesystems), writes its output shards under their deterministic names plus its task
 manifest, and returns its manifest entries; the driver writes the final manifest. A task
 whose worker dies is run again by Dask (``distributed.scheduler.allowed-failures``); the new
 attempt writes the same objects under the same names, so nothing is duplicated.
+``streamrec convert --to parquet`` hands in its own task runner (``run=``): the same cluster
+handling, retries, cancellation and progress.
 """
 
 from __future__ import annotations
@@ -12,12 +15,19 @@ from __future__ import annotations
 import importlib
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
-
-from streamrec.reshard.plan import TaskSpec
-from streamrec.reshard.task import TaskOptions, TaskResult, run_task_blocking
+from typing import Any, Protocol, TypeVar
 
 __all__ = ["DaskEngineError", "run_on_dask"]
+
+
+class _Numbered(Protocol):
+    @property
+    def index(self) -> int: ...
+
+
+TaskT = TypeVar("TaskT", bound=_Numbered)
+OptionsT = TypeVar("OptionsT")
+ResultT = TypeVar("ResultT", bound=_Numbered)
 
 
 class DaskEngineError(RuntimeError):
@@ -61,14 +71,18 @@ def _client(scheduler: Any, workers: int) -> tuple[Any, list[Any]]:
 
 
 def run_on_dask(
-    tasks: Sequence[TaskSpec],
-    options: TaskOptions,
+    tasks: Sequence[TaskT],
+    options: OptionsT,
     *,
     scheduler: Any = None,
     workers: int = 2,
-    on_done: Callable[[TaskResult], None] | None = None,
-) -> list[TaskResult]:
-    """Run ``tasks`` on a Dask cluster; their results in task order.
+    on_done: Callable[[ResultT], None] | None = None,
+    run: Callable[[TaskT, OptionsT], ResultT],
+    name: str = "reshard",
+) -> list[ResultT]:
+    """Run ``tasks`` on a Dask cluster, ``run(task, options)`` each (a module-level function:
+    it travels by name; a reshard's is :func:`~streamrec.reshard.task.run_task_blocking`);
+    their results in task order.
 
     ``scheduler``: ``None`` (a LocalCluster of ``workers`` processes, one thread each, on
     loopback, closed afterwards), a scheduler address, or a ``Client``. The first task that
@@ -79,17 +93,15 @@ def run_on_dask(
     as_completed = _distributed().as_completed
     client, owned = _client(scheduler, workers)
     try:
-        run = uuid.uuid4().hex[:8]
+        job = uuid.uuid4().hex[:8]
         futures = [
-            client.submit(
-                run_task_blocking, task, options, key=f"reshard-{run}-{task.index:05d}", pure=False
-            )
+            client.submit(run, task, options, key=f"{name}-{job}-{task.index:05d}", pure=False)
             for task in tasks
         ]
-        results: dict[int, TaskResult] = {}
+        results: dict[int, ResultT] = {}
         try:
             for future in as_completed(futures):
-                result: TaskResult = future.result()
+                result: ResultT = future.result()
                 results[result.index] = result
                 if on_done is not None:
                     on_done(result)

@@ -90,7 +90,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -100,7 +100,7 @@ from streamrec.format.codecs import normalize_compression
 from streamrec.manifest.core import ManifestEntry
 from streamrec.pipeline.arguments import PathOrUrls, check_url, check_urls
 from streamrec.pipeline.dataset import open_dataset
-from streamrec.reshard.plan import DEFAULT_SHUFFLE_BUFFER, Naming, Plan, make_plan
+from streamrec.reshard.plan import DEFAULT_SHUFFLE_BUFFER, Naming, Plan, TaskSpec, make_plan
 from streamrec.reshard.state import (
     abort_unfinished_writes,
     delete_objects,
@@ -110,14 +110,35 @@ from streamrec.reshard.state import (
     write_dataset_index,
     write_manifest,
 )
-from streamrec.reshard.task import TaskOptions, TaskResult, run_task
+from streamrec.reshard.task import (
+    TaskOptions,
+    TaskRecords,
+    TaskResult,
+    run_task,
+    run_task_blocking,
+)
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.registry import store_key
 from streamrec.storage.retry import RetryPolicy
 
-__all__ = ["ReshardProgress", "ReshardSummary", "reshard"]
+__all__ = ["InputFormat", "ReshardProgress", "ReshardSummary", "reshard"]
 
 Engine = Literal["local", "dask"]
+
+
+@dataclass(frozen=True)
+class InputFormat:
+    """Inputs other than TFRecord shards, read as records (``streamrec convert --from parquet``
+    gives Parquet files, a row an Example): planned, run, resumed and committed as a reshard."""
+
+    name: str
+    """The format, part of the job's identity (``"parquet/1"``)."""
+    list_inputs: Callable[
+        [Sequence[str], dict[str, Any] | None, RetryPolicy | None], Awaitable[list[ObjectInfo]]
+    ]
+    """``(sources, storage options, retry)`` -> the input objects."""
+    records: Callable[[TaskSpec, TaskOptions], TaskRecords]
+    """A task's inputs as records (:attr:`~streamrec.reshard.task.TaskOptions.records`)."""
 
 
 @dataclass(frozen=True)
@@ -280,6 +301,7 @@ def reshard(
     on_plan: Callable[[Plan], None] | None = None,
     index: bool = False,
     retry: RetryPolicy | None = None,
+    input_format: InputFormat | None = None,
 ) -> ReshardSummary:
     """Rewrite TFRecord shards as a new set of shards, from any store to any store; resumable.
 
@@ -317,6 +339,7 @@ def reshard(
         retry: the :class:`~streamrec.storage.retry.RetryPolicy` of every storage request
             (listing, reading, writing; ``streamrec reshard --timeout`` sets its
             ``timeout_s``).
+        input_format: the sources are not TFRecord shards but this format (no ``shuffle``).
 
     Returns:
         A :class:`ReshardSummary`.
@@ -345,9 +368,12 @@ def reshard(
         raise ValueError(f"index must be True or False, not {index!r}")
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise ArgumentError(f"retry must be a streamrec RetryPolicy or None, not {retry!r}")
+    if input_format is not None and shuffle:
+        raise ValueError(f"shuffle=True reads TFRecord inputs only, not {input_format.name}")
+    list_inputs = _list_inputs if input_format is None else input_format.list_inputs
     portal = EventLoopThread(name="streamrec-reshard")
     try:
-        inputs = portal.call(_list_inputs(sources, src_storage_options, retry))
+        inputs = portal.call(list_inputs(sources, src_storage_options, retry))
         plan = make_plan(
             inputs,
             dst_template,
@@ -360,6 +386,7 @@ def reshard(
             shuffle_buffer=shuffle_buffer,
             task_bytes=task_bytes,
             index=index,
+            source=None if input_format is None else input_format.name,
         )
         _check_overlap(plan)
         if on_plan is not None:
@@ -380,6 +407,7 @@ def reshard(
             part_bytes=part_bytes,
             index=index,
             retry=retry,
+            records=None if input_format is None else input_format.records,
         )
         reporter = _Reporter(progress, sum(t.input_bytes for t in pending), len(pending))
         try:
@@ -395,6 +423,7 @@ def reshard(
                 results = run_on_dask(
                     pending,
                     options,
+                    run=run_task_blocking,
                     scheduler=scheduler,
                     workers=workers,
                     on_done=lambda result: reporter.task(result, counted=False),

@@ -360,9 +360,11 @@ def make_plan(
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
     task_bytes: int | None = None,
     index: bool = False,
+    source: str | None = None,
 ) -> Plan:
     """The deterministic plan of a reshard of ``inputs`` (any order; sorted here by url);
-    ``index``: the output shards get record index sidecars (part of the job's identity)."""
+    ``index``: the output shards get record index sidecars; ``source``: the inputs' format
+    when they are not TFRecord shards (``"parquet/1"``). Both are part of the job's identity."""
     ordered = sorted({obj.url: obj for obj in inputs}.values(), key=lambda o: o.url)
     if not ordered:
         raise ValueError("nothing to reshard: no input shard")
@@ -401,6 +403,8 @@ def make_plan(
     }
     if index:  # (only when set: jobs without it keep the fingerprints of earlier versions)
         settings["index"] = True
+    if source is not None:  # (likewise)
+        settings["source"] = source
     fingerprint = fingerprint_of(ordered, settings)
     sizes = [obj.size for obj in order]
     tasks: list[TaskSpec] = []

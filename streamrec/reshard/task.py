@@ -2,7 +2,8 @@
 
 Runs wherever the engine puts it (the driver's event loop for the local engine, a Dask worker
 for the Dask engine). Records are read with :func:`streamrec.open_dataset` (both CRCs of every
-record verified; payloads handed on as they are, never decoded) and written with
+record verified; payloads handed on as they are, never decoded), or from other inputs by
+:attr:`TaskOptions.records` (``streamrec convert --from parquet``), and written with
 :func:`streamrec.open_writer` (atomic commits: S3 multipart, GCS resumable, local rename). The
 task manifest is written only after every output shard is committed.
 
@@ -14,10 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from streamrec._portal import owned, run_all, settle_all
 from streamrec.errors import FormatError
@@ -28,7 +29,7 @@ from streamrec.reshard.state import write_manifest
 from streamrec.storage.retry import RetryPolicy
 from streamrec.write.writer import ShardWriter, open_writer
 
-__all__ = ["TaskOptions", "TaskResult", "run_task", "run_task_blocking"]
+__all__ = ["TaskOptions", "TaskRecords", "TaskResult", "run_task", "run_task_blocking"]
 
 ProgressFn = Callable[[int, int], None]  # (records, bytes read) since the last call
 
@@ -38,6 +39,19 @@ ProgressFn = Callable[[int, int], None]  # (records, bytes read) since the last 
 #: task manifest), ``committed`` being how many output shards the task has committed so far. The
 #: crash tests install one that kills the process at a chosen point.
 after_shard_committed: Callable[[TaskSpec, int], None] | None = None
+
+
+class TaskRecords(Protocol):
+    """A task's input records, read in order (see :attr:`TaskOptions.records`)."""
+
+    def record_chunks(self) -> AsyncGenerator[Sequence[bytes], None]:
+        """The records, a chunk at a time."""
+        ...
+
+    @property
+    def bytes_read(self) -> int:
+        """Input bytes read so far (as stored)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,33 @@ class TaskOptions:
     part_bytes: int = 16 << 20
     index: bool = False
     retry: RetryPolicy | None = None
+    records: Callable[[TaskSpec, TaskOptions], TaskRecords] | None = None
+    """Where a task's records come from: ``None``, its TFRecord input shards (every CRC
+    checked); else a module-level function (it travels to Dask workers by name) that opens
+    the task's inputs as records (``streamrec convert --from parquet``: Parquet rows)."""
+
+
+class _ShardRecords:
+    """The records of a task's TFRecord input shards, through ``open_dataset``."""
+
+    def __init__(self, spec: TaskSpec, options: TaskOptions) -> None:
+        self.dataset = open_dataset(
+            [obj.url for obj in spec.inputs],
+            compression="auto",
+            storage_options=options.src_storage_options,
+            cycle_length=spec.cycle_length,
+            shuffle_buffer=options.shuffle_buffer if spec.seed is not None else 0,
+            seed=spec.seed or 0,
+            prefetch_bytes=options.prefetch_bytes,
+            retry=options.retry,
+        )
+
+    def record_chunks(self) -> AsyncGenerator[Sequence[bytes], None]:
+        return self.dataset.record_chunks()
+
+    @property
+    def bytes_read(self) -> int:
+        return self.dataset.stats.bytes_read
 
 
 @dataclass(frozen=True)
@@ -79,15 +120,8 @@ async def run_task(
 ) -> TaskResult:
     """Run one task to its end: every output shard committed, then the task manifest."""
     started = time.monotonic()
-    dataset = open_dataset(
-        [obj.url for obj in spec.inputs],
-        compression="auto",
-        storage_options=options.src_storage_options,
-        cycle_length=spec.cycle_length,
-        shuffle_buffer=options.shuffle_buffer if spec.seed is not None else 0,
-        seed=spec.seed or 0,
-        prefetch_bytes=options.prefetch_bytes,
-        retry=options.retry,
+    source: TaskRecords = (
+        _ShardRecords(spec, options) if options.records is None else options.records(spec, options)
     )
     common: dict[str, Any] = {
         "compression": options.compression,
@@ -113,13 +147,13 @@ async def run_task(
     records = 0
     reported = 0
     try:
-        async with aclosing(owned(dataset.record_chunks())) as chunks:
+        async with aclosing(owned(source.record_chunks())) as chunks:
             async for chunk in chunks:
                 _check_count(spec, records + len(chunk), final=False)
                 await _deal(writers, chunk, records)
                 records += len(chunk)
                 if on_progress is not None:
-                    read = dataset.stats.bytes_read
+                    read = source.bytes_read
                     on_progress(len(chunk), read - reported)
                     reported = read
                 if after_shard_committed is not None:
@@ -129,8 +163,8 @@ async def run_task(
     except BaseException:
         await settle_all(w.abort() for w in writers)  # every one, whatever the others do
         raise
-    if on_progress is not None and dataset.stats.bytes_read > reported:
-        on_progress(0, dataset.stats.bytes_read - reported)
+    if on_progress is not None and source.bytes_read > reported:
+        on_progress(0, source.bytes_read - reported)
     shards = [entry for w in writers for entry in w.shards]
     if after_shard_committed is not None:
         after_shard_committed(spec, len(shards))
@@ -148,7 +182,7 @@ async def run_task(
         spec.index,
         entries,
         records=records,
-        bytes_read=dataset.stats.bytes_read,
+        bytes_read=source.bytes_read,
         seconds=time.monotonic() - started,
     )
 

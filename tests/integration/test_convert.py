@@ -233,5 +233,6 @@ def test_help_says_what_the_options_do(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         main(["convert", "--help"])
     text: Any = capsys.readouterr().out
-    for needle in ("--rows-per-file", "--row-group-rows", "--spec", "Resumable", "byte for"):
+    needles = ("--rows-per-file", "--row-group-rows", "--spec", "Resumable", "byte for")
+    for needle in (*needles, "--engine dask", "--scheduler ADDRESS", "--workers"):
         assert needle in text
