@@ -7,10 +7,17 @@ arrive instead (up to 256 KiB each, what asyncio reads off a socket at once), jo
 chunks smaller than :data:`~streamrec.storage.base.PIECE_BYTES` (a slow link's trickle) until
 they make that size: joining every chunk into 1 MiB pieces, as before, was a copy of every byte
 read (~0.15-0.25 s of CPU per GB here, a fifth of the reader's cost on loopback).
+
+:func:`capped_answers` is the ``response_class`` of the aiohttp sessions that send a client's
+requests (S3's :class:`~streamrec.storage.s3.session.NoRedirectSender`, Azure's transport):
+an answer the client reads whole (a listing page, an error, a multipart upload's XML: never
+an object's bytes, which stream) is read to at most a bound, past which it is
+:class:`AnswerTooLong`, not a body of any length held in memory.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from typing import Any
@@ -22,6 +29,8 @@ from streamrec.storage.translate import from_status, translate
 
 __all__ = [
     "ERROR_DETAIL_BYTES",
+    "AnswerTooLong",
+    "capped_answers",
     "error_detail",
     "read_at_most",
     "parse_content_range",
@@ -222,3 +231,50 @@ async def get_range(
         raise
     except Exception as exc:
         raise translate(exc, obj.url, action) from exc
+
+
+class AnswerTooLong(ValueError):
+    """An answer read whole (no object's bytes) longer than any such answer is: refused
+    before the rest of it is read (its connection dropped)."""
+
+
+@functools.cache
+def capped_answers(limit_bytes: int) -> type[Any]:
+    """A subclass of ``aiohttp.ClientResponse`` (a session's public ``response_class``) whose
+    ``read()``, what aiobotocore and azure-core call for an answer they take whole, reads at
+    most ``limit_bytes`` of the body: a longer one (its ``Content-Length`` or what arrives) is
+    :class:`AnswerTooLong` naming the url. Streamed bodies (``content``) are left alone, and
+    a ``HEAD``'s ``Content-Length`` (the object's) is not taken for its body. aiohttp's own
+    ``text()`` and ``json()`` are not used on it (the clients decode what ``read()`` gave)."""
+    import aiohttp
+
+    class CappedAnswer(aiohttp.ClientResponse):
+        async def read(self) -> bytes:
+            length = self.content_length
+            if self.method != "HEAD" and length is not None and length > limit_bytes:
+                self.close()
+                raise AnswerTooLong(_too_long_answer(self, f"{length:,} bytes", limit_bytes))
+            pieces: list[bytes] = []
+            left = limit_bytes
+            try:
+                while piece := await self.content.read(left + 1):
+                    left -= len(piece)
+                    if left < 0:  # (refused before its pieces are joined)
+                        raise AnswerTooLong(
+                            _too_long_answer(self, f"more than {limit_bytes:,} bytes", limit_bytes)
+                        )
+                    pieces.append(piece)
+            except BaseException:
+                self.close()
+                raise
+            self.release()  # (at its end: the connection goes back to the pool)
+            return b"".join(pieces)
+
+    return CappedAnswer
+
+
+def _too_long_answer(response: Any, size: str, limit_bytes: int) -> str:
+    return (
+        f"{response.method} {response.url}: an answer of {size}, refused (read whole: at most "
+        f"{limit_bytes:,} bytes, longer than any listing page, error or upload answer)"
+    )

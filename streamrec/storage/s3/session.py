@@ -13,8 +13,18 @@ aiobotocore's own session does (the same headers, body, timeouts, pool size and 
 with ``allow_redirects=False``; a redirect reaches botocore as the error answer it is
 (:func:`~streamrec.storage.translate.redirected` names where it pointed).
 
+An answer the client reads whole (every answer but an object's bytes: listing pages, errors,
+a multipart upload's XML) is read to at most :data:`ANSWER_BYTES` (the session's
+``response_class``, :func:`~streamrec.storage.http.body.capped_answers`): a longer one is
+:class:`~streamrec.storage.http.body.AnswerTooLong` once that much has arrived, not a body of
+any length held in memory before the listing's bounds
+(:mod:`~streamrec.storage.s3.listing`) could refuse it.
+
 A client with proxies or a client certificate keeps aiobotocore's own session (the door does
-not serve such stores either): :func:`sender_for` returns None for it.
+not serve such stores either): :func:`sender_for` returns None for it. That session reads an
+answer whole, uncapped (botocore's proxy settings, ``proxies_config`` and the config file's
+proxy and certificate are botocore's to apply: not copied here); its listing pages are still
+refused past a page's bounds, once read.
 """
 
 from __future__ import annotations
@@ -23,9 +33,15 @@ import asyncio
 import socket
 from typing import Any
 
+from streamrec.storage.http.body import capped_answers
+from streamrec.storage.s3.listing import PAGE_BYTES
 from streamrec.storage.s3.settings import config_file_names, proxied, verify_of
 
-__all__ = ["NoRedirectSender", "sender_for"]
+__all__ = ["ANSWER_BYTES", "NoRedirectSender", "sender_for"]
+
+ANSWER_BYTES = PAGE_BYTES + (64 << 10)
+"""Most bytes of an answer the client reads whole: a listing page's most and room for its
+head (a page a little longer still reaches the listing's own check, which says so)."""
 
 
 class NoRedirectSender:
@@ -62,6 +78,7 @@ class NoRedirectSender:
                         timeout=aiohttp.ClientTimeout(sock_connect=connect_s, sock_read=read_s),
                         skip_auto_headers={"CONTENT-TYPE"},
                         auto_decompress=False,
+                        response_class=capped_answers(ANSWER_BYTES),
                     )
         return self._session
 
