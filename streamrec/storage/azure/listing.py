@@ -32,6 +32,7 @@ from urllib.parse import parse_qs, urlsplit
 from xml.etree import ElementTree
 
 from streamrec.errors import StorageError
+from streamrec.redact import redact
 from streamrec.storage.http.body import AnswerTooLong, capped_answers
 from streamrec.storage.pages import Listed
 from streamrec.storage.translate import translate
@@ -136,7 +137,7 @@ def refuse_hostile_page(pipeline_response: Any) -> None:
         per_blob += METADATA_ELEMENTS_PER_BLOB
     refused = _count_bounded(response.body(), per_blob * (blobs + 1))
     if refused is not None:
-        raise HostilePage(f"{request.method} {request.url}: a listing page of {refused}")
+        raise HostilePage(f"{request.method} {redact(request.url)}: a listing page of {refused}")
 
 
 def _count_bounded(body: bytes, max_elements: int) -> str | None:

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from streamrec.errors import ObjectChangedError, StorageError
+from streamrec.redact import redact
 from streamrec.storage import timing
 from streamrec.storage.base import PIECE_BYTES, ObjectInfo
 from streamrec.storage.translate import from_status, translate
@@ -253,16 +254,14 @@ def capped_answers(limit_bytes: int) -> type[Any]:
             length = self.content_length
             if self.method != "HEAD" and length is not None and length > limit_bytes:
                 self.close()
-                raise AnswerTooLong(_too_long_answer(self, f"{length:,} bytes", limit_bytes))
+                raise AnswerTooLong(_too_long_answer(self, length, limit_bytes))
             pieces: list[bytes] = []
             left = limit_bytes
             try:
                 while piece := await self.content.read(left + 1):
                     left -= len(piece)
                     if left < 0:  # (refused before its pieces are joined)
-                        raise AnswerTooLong(
-                            _too_long_answer(self, f"more than {limit_bytes:,} bytes", limit_bytes)
-                        )
+                        raise AnswerTooLong(_too_long_answer(self, None, limit_bytes))
                     pieces.append(piece)
             except BaseException:
                 self.close()
@@ -273,8 +272,12 @@ def capped_answers(limit_bytes: int) -> type[Any]:
     return CappedAnswer
 
 
-def _too_long_answer(response: Any, size: str, limit_bytes: int) -> str:
+def _too_long_answer(response: Any, length: int | None, limit_bytes: int) -> str:
+    """What refused ``response`` says: its request (a signature in its url redacted), its
+    length (None: more than the bound) and the bound."""
+    size = f"more than {limit_bytes:,}" if length is None else f"{length:,}"
     return (
-        f"{response.method} {response.url}: an answer of {size}, refused (read whole: at most "
-        f"{limit_bytes:,} bytes, longer than any listing page, error or upload answer)"
+        f"{response.method} {redact(str(response.url))}: an answer of {size} bytes, refused: "
+        f"an answer read whole is at most {limit_bytes:,} bytes (no listing page, error or "
+        "upload answer is longer)"
     )
