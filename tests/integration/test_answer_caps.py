@@ -5,6 +5,8 @@ of the test's that streams hostile listing pages, and Azurite:
 * a listing page far longer than any page (128 MiB, with its length or chunked) through S3's
   client and through Azure's SDK: refused once a page's most has arrived (not all of it read,
   not all of it held), a StorageError naming the url and the page, not asked for again;
+* the same through S3's client behind an ``http://`` proxy (config_kwargs ``proxies``):
+  sent through it by streamrec's session (aiobotocore's read every answer whole);
 * an Azure page of more elements, or deeper, than a page of the blobs asked for: refused while
   it is counted, before the SDK builds its tree;
 * with a cap far smaller than its blobs, Azure's range reads (which stream) and listings are
@@ -14,6 +16,7 @@ of the test's that streams hostile listing pages, and Azurite:
 from __future__ import annotations
 
 import gc
+import http.client
 import threading
 import tracemalloc
 import warnings
@@ -33,6 +36,7 @@ from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.s3.session import ANSWER_BYTES as S3_ANSWER_BYTES
 from streamrec.storage.s3.store import S3Store
 from support.azurite import AzuriteServer
+from support.listing_server import ListingServer
 from support.servers import LOOPBACK
 
 pytestmark = pytest.mark.slow  # ~1 s each (128 MiB streamed, traced allocations)
@@ -135,7 +139,68 @@ class HostileServer:
         self._thread.join(timeout=10)
 
 
-def _store(server: HostileServer) -> tuple[Any, str]:
+class ForwardProxy:
+    """An ``http://`` forward proxy for plain-http targets: each request (its absolute url)
+    sent on to its host, the answer streamed back in its own framing; records the targets
+    and the ``Proxy-Authorization`` each came with."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str | None]] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                owner.seen.append((self.path, self.headers.get("Proxy-Authorization")))
+                owner._forward(self)
+
+        self._server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://user:secret@{LOOPBACK}:{self._server.server_address[1]}"
+
+    def _forward(self, handler: BaseHTTPRequestHandler) -> None:
+        host, _, path = handler.path.removeprefix("http://").partition("/")
+        upstream = http.client.HTTPConnection(host, timeout=30)
+        headers = {k: v for k, v in handler.headers.items() if not k.lower().startswith("proxy")}
+        upstream.request("GET", "/" + path, headers=headers)
+        answer = upstream.getresponse()
+        try:
+            handler.send_response(answer.status)
+            chunked = answer.getheader("Content-Length") is None
+            for name, value in answer.getheaders():
+                if name.lower() not in ("transfer-encoding", "connection"):
+                    handler.send_header(name, value)
+            if chunked:
+                handler.send_header("Transfer-Encoding", "chunked")
+            handler.end_headers()
+            while piece := answer.read1(1 << 20):
+                handler.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+            if chunked:
+                handler.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            handler.close_connection = True
+        finally:
+            upstream.close()
+
+    def __enter__(self) -> ForwardProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+
+def _store(server: HostileServer, proxy: str | None = None) -> tuple[Any, str]:
     """The store of ``server`` (S3 through its aiobotocore client: a setting the door does
     not follow) and the glob it lists."""
     if server.store == "s3":
@@ -145,15 +210,19 @@ def _store(server: HostileServer) -> tuple[Any, str]:
             "client_kwargs": {"endpoint_url": server.url},
             "config_kwargs": {"signature_version": "s3v4"},
         }
+        if proxy is not None:
+            options["config_kwargs"] = {"proxies": {"http": proxy}}
         return S3Store(options), "s3://bkt/d/*"
     # a SAS token: its signature rides in every request's url (never in an error)
     connection = f"BlobEndpoint={server.url}/acct;SharedAccessSignature=sv=2023-11-03&sig={SIG}"
     return AzureStore({"connection_string": connection}), "az://c/d/*"
 
 
-async def _refused(server: HostileServer, match: str) -> tuple[StorageError, int]:
+async def _refused(
+    server: HostileServer, match: str, proxy: str | None = None
+) -> tuple[StorageError, int]:
     """The listing's error (with the page refused once) and its peak of traced memory."""
-    store, url = _store(server)
+    store, url = _store(server, proxy)
     tracemalloc.start()
     try:
         with pytest.raises(StorageError, match=match) as raised:
@@ -182,6 +251,33 @@ async def test_a_page_far_longer_than_a_page_is_refused_unread(kind: str, framin
         # (the whole page was read before, and held twice: ~2 x 128 MiB)
         assert server.sent < cap + (16 << 20), server.sent
         assert peak < 2 * cap + (8 << 20), peak
+
+
+async def test_behind_an_http_proxy_s3s_client_reads_within_the_cap_too() -> None:
+    with HostileServer("s3", "chunked") as server, ForwardProxy() as proxy:
+        error, peak = await _refused(server, "an answer of", proxy.url)
+        assert server.answered.wait(10)
+    assert f"{S3_ANSWER_BYTES:,} bytes" in str(error)
+    # through the proxy, with the credentials of its url, as botocore sends them
+    assert [target for target, _ in proxy.seen] == [
+        f"{server.url}/bkt?list-type=2"
+        + ("&prefix=d%2F&delimiter=%2F&max-keys=1000&encoding-type=url")
+    ]
+    assert proxy.seen[0][1] == "Basic dXNlcjpzZWNyZXQ="  # user:secret
+    assert server.sent < S3_ANSWER_BYTES + (16 << 20), server.sent
+    assert peak < 2 * S3_ANSWER_BYTES + (8 << 20), peak
+
+
+def test_behind_an_http_proxy_s3s_client_lists_and_reads() -> None:
+    records = [bytes([i]) * 1000 for i in range(50)]
+    objects = {"d/a.tfrecord": RecordEncoder().encode_many(records)}
+    with ListingServer(objects) as server, ForwardProxy() as proxy:
+        config = {"proxies": {"http": proxy.url}}
+        options = {**server.storage_options, "config_kwargs": config}
+        assert list(streamrec.open_dataset("s3://bkt/d/*", storage_options=options)) == records
+    targets = [target for target, _ in proxy.seen]
+    assert any("list-type=2" in t for t in targets)
+    assert any("/bkt/d/a.tfrecord" in t for t in targets)
 
 
 @pytest.mark.parametrize(
