@@ -7,6 +7,8 @@ of the test's that streams hostile listing pages, and Azurite:
   not all of it held), a StorageError naming the url and the page, not asked for again;
 * the same through S3's client behind an ``http://`` proxy (config_kwargs ``proxies``):
   sent through it by streamrec's session (aiobotocore's read every answer whole);
+* an error answer (500) of 128 MiB: its first 64 KiB read, the rest dropped with the
+  connection, still an error of its status (retried, as a 500 is);
 * an Azure page of more elements, or deeper, than a page of the blobs asked for: refused while
   it is counted, before the SDK builds its tree;
 * with a cap far smaller than its blobs, Azure's range reads (which stream) and listings are
@@ -27,7 +29,7 @@ from typing import Any
 import pytest
 
 import streamrec
-from streamrec.errors import StorageError
+from streamrec.errors import RetriesExhaustedError, StorageError
 from streamrec.format.framing import RecordEncoder
 from streamrec.storage.azure import listing as azure_listing
 from streamrec.storage.azure.store import AzureStore
@@ -93,7 +95,12 @@ class HostileServer:
 
     def _pieces(self) -> Iterator[bytes]:
         head, tail = _ENDS[self.store]
-        yield head
+        if self.kind != "error":
+            yield head
+        if self.kind == "error":  # an error document, padded to 128 MiB
+            head = b"<?xml version='1.0'?><Error><Code>InternalError</Code><Message>m</Message>"
+            tail = b"</Error>"
+            yield head
         if self.kind == "flat":  # 1M empty elements: 4 MiB
             yield b"<a/>" * (1 << 20)
         elif self.kind == "deep":
@@ -108,9 +115,11 @@ class HostileServer:
     def _list(self, handler: BaseHTTPRequestHandler) -> None:
         self.listed += 1
         try:
-            handler.send_response(200)
+            handler.send_response(500 if self.kind == "error" else 200)
             handler.send_header("Content-Type", "application/xml")
-            chunked = self.kind == "chunked"
+            if self.kind == "error":
+                handler.send_header("x-ms-error-code", "InternalError")
+            chunked = self.kind in ("chunked", "error")
             if chunked:
                 handler.send_header("Transfer-Encoding", "chunked")
             else:
@@ -266,6 +275,25 @@ async def test_behind_an_http_proxy_s3s_client_reads_within_the_cap_too() -> Non
     assert proxy.seen[0][1] == "Basic dXNlcjpzZWNyZXQ="  # user:secret
     assert server.sent < S3_ANSWER_BYTES + (16 << 20), server.sent
     assert peak < 2 * S3_ANSWER_BYTES + (8 << 20), peak
+
+
+@pytest.mark.parametrize("kind", ["s3", "azure"])
+async def test_an_error_answer_of_128_mib_is_read_to_its_first_64_kib(kind: str) -> None:
+    with HostileServer(kind, "error") as server:
+        store, url = _store(server)
+        tracemalloc.start()
+        try:
+            with pytest.raises(RetriesExhaustedError, match="500") as raised:
+                await list_glob(store, url, RETRY)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+            await store.close()
+        assert server.answered.wait(10)
+    assert url in str(raised.value) and server.listed == RETRY.max_attempts  # (transient)
+    # each answer dropped after its first 64 KiB: what the socket took, not 3 x 128 MiB
+    assert server.sent < RETRY.max_attempts * (16 << 20), server.sent
+    assert peak < 16 << 20, peak
 
 
 def test_behind_an_http_proxy_s3s_client_lists_and_reads() -> None:

@@ -29,6 +29,7 @@ from streamrec.storage.base import PIECE_BYTES, ObjectInfo
 from streamrec.storage.translate import from_status, translate
 
 __all__ = [
+    "ERROR_ANSWER_BYTES",
     "ERROR_DETAIL_BYTES",
     "AnswerTooLong",
     "capped_answers",
@@ -46,6 +47,9 @@ _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
 ERROR_DETAIL_BYTES = 4 << 10
 """Most bytes of an error answer's body read (for the excerpt its error quotes)."""
+ERROR_ANSWER_BYTES = 64 << 10
+"""Most bytes of an error answer a client's session reads (S3's and Azure's error documents
+are a few hundred bytes: the door reads as much, ``ERROR_BODY_BYTES``)."""
 
 
 async def error_detail(content: Any, limit: int = ERROR_DETAIL_BYTES) -> str:
@@ -244,13 +248,25 @@ def capped_answers(limit_bytes: int) -> type[Any]:
     """A subclass of ``aiohttp.ClientResponse`` (a session's public ``response_class``) whose
     ``read()``, what aiobotocore and azure-core call for an answer they take whole, reads at
     most ``limit_bytes`` of the body: a longer one (its ``Content-Length`` or what arrives) is
-    :class:`AnswerTooLong` naming the url. Streamed bodies (``content``) are left alone, and
-    a ``HEAD``'s ``Content-Length`` (the object's) is not taken for its body. aiohttp's own
-    ``text()`` and ``json()`` are not used on it (the clients decode what ``read()`` gave)."""
+    :class:`AnswerTooLong` naming the url. Of an error answer (3xx-5xx) it reads the first
+    :data:`ERROR_ANSWER_BYTES`, the rest dropped with the connection (as the clients'
+    parsers take it: its status decides where its document is cut short). Streamed bodies
+    (``content``) are left alone, and a ``HEAD``'s ``Content-Length`` (the object's) is not
+    taken for its body. aiohttp's own ``text()`` and ``json()`` are not used on it (the
+    clients decode what ``read()`` gave)."""
     import aiohttp
 
     class CappedAnswer(aiohttp.ClientResponse):
         async def read(self) -> bytes:
+            if self.status >= 300:  # its Code and Message come first: the rest dropped
+                try:
+                    body = await read_at_most(self.content, ERROR_ANSWER_BYTES)
+                finally:
+                    if self.content.at_eof():
+                        self.release()
+                    else:
+                        self.close()
+                return body
             length = self.content_length
             if self.method != "HEAD" and length is not None and length > limit_bytes:
                 self.close()
