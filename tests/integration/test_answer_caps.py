@@ -9,6 +9,7 @@ of the test's that streams hostile listing pages, and Azurite:
   sent through it by streamrec's session (aiobotocore's read every answer whole);
 * an error answer (500) of 128 MiB: its first 64 KiB read, the rest dropped with the
   connection, still an error of its status (retried, as a 500 is);
+* an Azure page the SDK cannot decode: its error quotes a few hundred characters of it;
 * an Azure page of more elements, or deeper, than a page of the blobs asked for: refused while
   it is counted, before the SDK builds its tree;
 * with a cap far smaller than its blobs, Azure's range reads (which stream) and listings are
@@ -101,6 +102,9 @@ class HostileServer:
             head = b"<?xml version='1.0'?><Error><Code>InternalError</Code><Message>m</Message>"
             tail = b"</Error>"
             yield head
+        if self.kind == "garbage":  # a page cut off by 1 MiB of text: not well-formed
+            yield b"<html>" + b"x" * (1 << 20)
+            return
         if self.kind == "flat":  # 1M empty elements: 4 MiB
             yield b"<a/>" * (1 << 20)
         elif self.kind == "deep":
@@ -294,6 +298,17 @@ async def test_an_error_answer_of_128_mib_is_read_to_its_first_64_kib(kind: str)
     # each answer dropped after its first 64 KiB: what the socket took, not 3 x 128 MiB
     assert server.sent < RETRY.max_attempts * (16 << 20), server.sent
     assert peak < 16 << 20, peak
+
+
+async def test_an_azure_page_the_sdk_cannot_decode_is_quoted_in_a_few_hundred_characters() -> None:
+    with HostileServer("azure", "garbage") as server:
+        store, url = _store(server)
+        try:
+            with pytest.raises(StorageError, match="DecodeError") as raised:
+                await list_glob(store, url, RETRY)
+        finally:
+            await store.close()
+    assert url in str(raised.value) and len(str(raised.value)) < 500  # (was ~2,100)
 
 
 def test_behind_an_http_proxy_s3s_client_lists_and_reads() -> None:
