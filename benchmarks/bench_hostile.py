@@ -36,11 +36,19 @@ Cases:
   nested ones (``nested``), listed with the store's own requests and through its aiobotocore
   client (issue 29 B.14). It must be refused with memory bounded by the page, not by its
   element count.
+* ``S3 listing page of 128 MiB, padded, through the client``: a page of 128 MiB of spaces,
+  sent chunked (no length to refuse it by): refused once a page's most has arrived.
+* ``Azure listing page``: ``az://c/d/*`` on an endpoint whose every answer is a 16 MiB page
+  of empty or nested elements, or 128 MiB of padding sent chunked: refused before the SDK
+  reads or parses it whole.
+* ``empty``: a well-formed page of no key (the glob matches nothing): what setting up the
+  client and listing cost (its modules imported, botocore's service model loaded), for the
+  rows above to be read against.
 
 ``--only bomb,skewed-idx`` runs some cases (keys: bomb, header, damaged, http, error-body,
 padded-idx, many-idx, bomb-idx, skewed-idx, skewed-idx-read, listing-flat, listing-nested,
-listing-flat-client,
-listing-nested-client).
+listing-flat-client, listing-nested-client, listing-empty-client, listing-padded-client,
+listing-empty-azure, listing-flat-azure, listing-nested-azure, listing-padded-azure).
 """
 
 from __future__ import annotations
@@ -171,12 +179,27 @@ CASES: dict[str, tuple[str, Callable[[Path], str]]] = {
 
 
 PAGE_BYTES = 16 << 20  # an S3 listing page as long as a page may be
+PADDED_BYTES = 128 << 20  # a page far longer than any (the client once read it all)
+_ENDS = {  # a listing page's head and tail, by store
+    "s3": (
+        b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>bkt</Name>',
+        b"</ListBucketResult>",
+    ),
+    "azure": (
+        b'<?xml version="1.0" encoding="utf-8"?><EnumerationResults><Blobs>',
+        b"</Blobs><NextMarker/></EnumerationResults>",
+    ),
+}
 
 
-def hostile_page(kind: str) -> bytes:
-    """16 MiB of a listing page: empty elements (``flat``) or nested ones (``nested``)."""
-    start = b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>bkt</Name>'
-    end = b"</ListBucketResult>"
+def hostile_page(kind: str, store: str = "s3") -> bytes:
+    """16 MiB of a listing page: empty elements (``flat``) or nested ones (``nested``); or
+    128 MiB of spaces (``padded``); or a page of no key (``empty``: what listing costs)."""
+    start, end = _ENDS[store]
+    if kind == "empty":
+        return start + end
+    if kind == "padded":
+        return start + b" " * (PADDED_BYTES - len(start) - len(end)) + end
     room = PAGE_BYTES - len(start) - len(end)
     if kind == "flat":
         return start + b"<a/>" * (room // 4) + end
@@ -184,7 +207,8 @@ def hostile_page(kind: str) -> bytes:
 
 
 class _Listing(BaseHTTPRequestHandler):
-    """An S3 endpoint answering every request with the server's hostile listing page."""
+    """An endpoint answering every request with the server's hostile listing page (chunked
+    where the server says so, 1 MiB a chunk)."""
 
     protocol_version = "HTTP/1.1"
 
@@ -193,42 +217,79 @@ class _Listing(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         body: bytes = self.server.page  # type: ignore[attr-defined]
+        chunked: bool = self.server.chunked  # type: ignore[attr-defined]
         self.send_response(200)
         self.send_header("Content-Type", "application/xml")
-        self.send_header("Content-Length", str(len(body)))
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         with contextlib.suppress(OSError):  # (refused before its end)
-            self.wfile.write(body)
+            if not chunked:
+                self.wfile.write(body)
+                return
+            view = memoryview(body)
+            for start in range(0, len(body), MIB):
+                piece = view[start : start + MIB]
+                self.wfile.write(b"%x\r\n" % len(piece) + piece + b"\r\n")
+            self.wfile.write(b"0\r\n\r\n")
 
 
-LISTINGS = {  # key: (label, page, through the client)
-    "listing-flat": ("S3 listing page of 16 MiB, flat", "flat", False),
-    "listing-nested": ("S3 listing page of 16 MiB, nested", "nested", False),
-    "listing-flat-client": ("S3 listing page of 16 MiB, flat, through the client", "flat", True),
+LISTINGS = {  # key: (label, page, how it is listed: own requests, client, azure)
+    "listing-flat": ("S3 listing page of 16 MiB, flat", "flat", "own"),
+    "listing-nested": ("S3 listing page of 16 MiB, nested", "nested", "own"),
+    "listing-flat-client": (
+        "S3 listing page of 16 MiB, flat, through the client",
+        "flat",
+        "client",
+    ),
     "listing-nested-client": (
         "S3 listing page of 16 MiB, nested, through the client",
         "nested",
-        True,
+        "client",
     ),
+    "listing-empty-client": ("S3 listing page, empty, through the client", "empty", "client"),
+    "listing-padded-client": (
+        "S3 listing page of 128 MiB, padded, chunked, through the client",
+        "padded",
+        "client",
+    ),
+    "listing-empty-azure": ("Azure listing page, empty", "empty", "azure"),
+    "listing-flat-azure": ("Azure listing page of 16 MiB, flat", "flat", "azure"),
+    "listing-nested-azure": ("Azure listing page of 16 MiB, nested", "nested", "azure"),
+    "listing-padded-azure": ("Azure listing page of 128 MiB, padded, chunked", "padded", "azure"),
 }
+_AZURITE_KEY = (  # the development account's well-known key (Azurite's)
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
 
 
-def run_listing(label: str, kind: str, client: bool) -> dict[str, Any]:
+def run_listing(label: str, kind: str, how: str) -> dict[str, Any]:
     """One listing row: a glob on an endpoint whose every page is a hostile one."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Listing)
-    server.page = hostile_page(kind)  # type: ignore[attr-defined]
+    page = hostile_page(kind, "azure" if how == "azure" else "s3")
+    server.page = page  # type: ignore[attr-defined]
+    server.chunked = kind == "padded"  # type: ignore[attr-defined]
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    url = "s3://bkt/d/*"
     options: dict[str, Any] = {
         "key": "k",
         "secret": "s",
         "client_kwargs": {"endpoint_url": endpoint},
     }
-    if client:  # a setting the store's own requests do not follow: its client lists
+    if how == "client":  # a setting the store's own requests do not follow: its client lists
         options["config_kwargs"] = {"signature_version": "s3v4"}
-    spec = {"url": "s3://bkt/d/*", "call": "iterate", "options": {"storage_options": options}}
+    elif how == "azure":
+        url = "az://c/d/*"
+        options = {
+            "connection_string": "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+            f"AccountKey={_AZURITE_KEY};BlobEndpoint={endpoint}/devstoreaccount1;"
+        }
+    spec = {"url": url, "call": "iterate", "options": {"storage_options": options}}
     try:
         result = run_case(json.dumps(spec))
     finally:
@@ -237,7 +298,7 @@ def run_listing(label: str, kind: str, client: bool) -> dict[str, Any]:
         thread.join()
     if result["error"]:
         result["error"] = result["error"].replace(endpoint, "<endpoint>")
-    result.update(label=label, on_disk=PAGE_BYTES)
+    result.update(label=label, on_disk=len(page))
     print(
         f"  {label}: +{result['rss_growth_mib']:.0f} MiB, {result['seconds']:.2f} s, "
         f"{_short(result['error'], 100)}",
@@ -330,9 +391,9 @@ def main(argv: list[str] | None = None) -> int:
             server.shutdown()
             server.server_close()
             thread.join()
-    for key, (label, kind, client) in LISTINGS.items():
+    for key, (label, kind, how) in LISTINGS.items():
         if only is None or key in only:
-            rows.append(run_listing(label, kind, client))
+            rows.append(run_listing(label, kind, how))
     lines = [
         f"Command: `{command_line('bench_hostile.py', argv)}` ({now()}, "
         f"{time.perf_counter() - started:.0f} s). "

@@ -293,4 +293,5 @@ def _from_azure(exc: BaseException, url: str, action: str) -> StorageError:
         exc, (azure.ServiceRequestError, azure.ServiceResponseError, azure.IncompleteReadError)
     ):  # connection refused or reset, timeouts, a body cut short
         return TransientStorageError(f"{url}: {action}: {name}: {exc}")
-    return StorageError(f"{url}: {action} failed: {name}: {exc}")
+    # (an answer the SDK could not decode quotes all of it: DecodeError, "Content: ...")
+    return StorageError(f"{url}: {action} failed: {name}: {excerpt(str(exc), 300)}")

@@ -7,7 +7,8 @@
   bounds;
 * ``listing.py``: one ``List Blobs`` page through the SDK's pager (each page one request
   under the retry policy, resumed from its own marker, checked by
-  :class:`~streamrec.storage.pages.PageTrail`);
+  :class:`~streamrec.storage.pages.PageTrail`); every answer read whole within bounds and
+  every listing page counted (elements, depth) before the SDK parses it;
 * ``sink.py``: a block blob staged while the bytes arrive and committed in one step, given a
   blob-client getter, not its store.
 """

@@ -38,7 +38,7 @@ from streamrec.errors import (
     TransientStorageError,
 )
 from streamrec.storage import timing
-from streamrec.storage.azure.listing import list_page
+from streamrec.storage.azure.listing import capped_transport, list_page, refuse_hostile_page
 from streamrec.storage.azure.sink import AzureBlockSink
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, split_scheme
 from streamrec.storage.fsspec_store import FsspecStore
@@ -139,8 +139,12 @@ class AzureStore(FsspecStore):
             for o in objects
         ]
 
-    list_page_keys = 5000
-    """Blobs per listing page (the service's most; tests make it small)."""
+    list_page_keys = 1000
+    """Blobs per listing page (as S3's; tests make it small). A page lists each blob's
+    metadata (directories are marked there), up to ~256 elements per blob: a page of 1,000
+    keeps the elements a hostile page may hold before it is refused
+    (:func:`~streamrec.storage.azure.listing.refuse_hostile_page`) to ~320k, where the
+    service's most, 5,000, would let a page of 1.6M parse (~150 MB)."""
 
     def glob_pages(
         self,
@@ -358,9 +362,11 @@ def _detach_finalizers(fs: Any) -> None:
 
 def _without_retries(client: Any) -> Any:
     """adlfs's ``BlobServiceClient`` made again from its public properties (url with any SAS,
-    credential, hosts, location mode, adlfs's User-Agent), with the SDK's retries off and
-    range reads of any length in one request (:data:`ONE_REQUEST`). No connection is open
-    yet: the old one is dropped."""
+    credential, hosts, location mode, adlfs's User-Agent), with the SDK's retries off, range
+    reads of any length in one request (:data:`ONE_REQUEST`), answers read whole within
+    bounds and listing pages looked at before the SDK parses them
+    (:mod:`streamrec.storage.azure.listing`). No connection is open yet: the old one is
+    dropped."""
     from adlfs import __version__
     from azure.storage.blob.aio import BlobServiceClient
 
@@ -370,6 +376,8 @@ def _without_retries(client: Any) -> Any:
         secondary_hostname=client.secondary_hostname,
         max_single_get_size=ONE_REQUEST,
         user_agent=f"adlfs/{__version__}",
+        transport=capped_transport(),
+        raw_response_hook=refuse_hostile_page,  # (a range read passes its own: _take_answer)
         **NO_RETRIES,
     )
     if made.location_mode != client.location_mode:

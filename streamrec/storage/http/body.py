@@ -7,21 +7,32 @@ arrive instead (up to 256 KiB each, what asyncio reads off a socket at once), jo
 chunks smaller than :data:`~streamrec.storage.base.PIECE_BYTES` (a slow link's trickle) until
 they make that size: joining every chunk into 1 MiB pieces, as before, was a copy of every byte
 read (~0.15-0.25 s of CPU per GB here, a fifth of the reader's cost on loopback).
+
+:func:`capped_answers` is the ``response_class`` of the aiohttp sessions that send a client's
+requests (S3's :class:`~streamrec.storage.s3.session.NoRedirectSender`, Azure's transport):
+an answer the client reads whole (a listing page, an error, a multipart upload's XML: never
+an object's bytes, which stream) is read to at most a bound, past which it is
+:class:`AnswerTooLong`, not a body of any length held in memory.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from typing import Any
 
 from streamrec.errors import ObjectChangedError, StorageError
+from streamrec.redact import redact
 from streamrec.storage import timing
 from streamrec.storage.base import PIECE_BYTES, ObjectInfo
 from streamrec.storage.translate import from_status, translate
 
 __all__ = [
+    "ERROR_ANSWER_BYTES",
     "ERROR_DETAIL_BYTES",
+    "AnswerTooLong",
+    "capped_answers",
     "error_detail",
     "read_at_most",
     "parse_content_range",
@@ -36,6 +47,9 @@ _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
 ERROR_DETAIL_BYTES = 4 << 10
 """Most bytes of an error answer's body read (for the excerpt its error quotes)."""
+ERROR_ANSWER_BYTES = 64 << 10
+"""Most bytes of an error answer a client's session reads (S3's and Azure's error documents
+are a few hundred bytes: the door reads as much, ``ERROR_BODY_BYTES``)."""
 
 
 async def error_detail(content: Any, limit: int = ERROR_DETAIL_BYTES) -> str:
@@ -222,3 +236,64 @@ async def get_range(
         raise
     except Exception as exc:
         raise translate(exc, obj.url, action) from exc
+
+
+class AnswerTooLong(ValueError):
+    """An answer read whole (no object's bytes) longer than any such answer is: refused
+    before the rest of it is read (its connection dropped)."""
+
+
+@functools.cache
+def capped_answers(limit_bytes: int) -> type[Any]:
+    """A subclass of ``aiohttp.ClientResponse`` (a session's public ``response_class``) whose
+    ``read()``, what aiobotocore and azure-core call for an answer they take whole, reads at
+    most ``limit_bytes`` of the body: a longer one (its ``Content-Length`` or what arrives) is
+    :class:`AnswerTooLong` naming the url. Of an error answer (3xx-5xx) it reads the first
+    :data:`ERROR_ANSWER_BYTES`, the rest dropped with the connection (as the clients'
+    parsers take it: its status decides where its document is cut short). Streamed bodies
+    (``content``) are left alone, and a ``HEAD``'s ``Content-Length`` (the object's) is not
+    taken for its body. aiohttp's own ``text()`` and ``json()`` are not used on it (the
+    clients decode what ``read()`` gave)."""
+    import aiohttp
+
+    class CappedAnswer(aiohttp.ClientResponse):
+        async def read(self) -> bytes:
+            if self.status >= 300:  # its Code and Message come first: the rest dropped
+                try:
+                    body = await read_at_most(self.content, ERROR_ANSWER_BYTES)
+                finally:
+                    if self.content.at_eof():
+                        self.release()
+                    else:
+                        self.close()
+                return body
+            length = self.content_length
+            if self.method != "HEAD" and length is not None and length > limit_bytes:
+                self.close()
+                raise AnswerTooLong(_too_long_answer(self, length, limit_bytes))
+            pieces: list[bytes] = []
+            left = limit_bytes
+            try:
+                while piece := await self.content.read(left + 1):
+                    left -= len(piece)
+                    if left < 0:  # (refused before its pieces are joined)
+                        raise AnswerTooLong(_too_long_answer(self, None, limit_bytes))
+                    pieces.append(piece)
+            except BaseException:
+                self.close()
+                raise
+            self.release()  # (at its end: the connection goes back to the pool)
+            return b"".join(pieces)
+
+    return CappedAnswer
+
+
+def _too_long_answer(response: Any, length: int | None, limit_bytes: int) -> str:
+    """What refused ``response`` says: its request (a signature in its url redacted), its
+    length (None: more than the bound) and the bound."""
+    size = f"more than {limit_bytes:,}" if length is None else f"{length:,}"
+    return (
+        f"{response.method} {redact(str(response.url))}: an answer of {size} bytes, refused: "
+        f"an answer read whole is at most {limit_bytes:,} bytes (no listing page, error or "
+        "upload answer is longer)"
+    )

@@ -13,19 +13,40 @@ aiobotocore's own session does (the same headers, body, timeouts, pool size and 
 with ``allow_redirects=False``; a redirect reaches botocore as the error answer it is
 (:func:`~streamrec.storage.translate.redirected` names where it pointed).
 
-A client with proxies or a client certificate keeps aiobotocore's own session (the door does
-not serve such stores either): :func:`sender_for` returns None for it.
+An answer the client reads whole (every answer but an object's bytes: listing pages, errors,
+a multipart upload's XML) is read to at most :data:`ANSWER_BYTES` (the session's
+``response_class``, :func:`~streamrec.storage.http.body.capped_answers`): a longer one is
+:class:`~streamrec.storage.http.body.AnswerTooLong` once that much has arrived, not a body of
+any length held in memory before the listing's bounds
+(:mod:`~streamrec.storage.s3.listing`) could refuse it.
+
+A client behind an ``http://`` proxy (``config_kwargs["proxies"]``, or ``HTTP_PROXY`` /
+``HTTPS_PROXY`` in the environment, ``NO_PROXY`` heeded: botocore's own choice of proxy and
+its ``Proxy-Authorization`` from the proxy url's user and password) is sent through it here
+too (aiohttp's ``proxy=``). A client with a client certificate, ``proxies_config`` (the
+proxy's own TLS settings), an ``https://`` or SOCKS proxy, or ``connector_args`` keeps
+aiobotocore's own session (the door does not serve such stores either): :func:`sender_for`
+returns None for it. That session follows redirects and reads an answer whole, uncapped
+(what those settings need of it is aiobotocore's to apply: its proxy TLS is set through
+aiohttp internals); its listing pages are still refused past a page's bounds, once read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Mapping
 from typing import Any
 
+from streamrec.storage.http.body import capped_answers
+from streamrec.storage.s3.listing import PAGE_BYTES
 from streamrec.storage.s3.settings import config_file_names, proxied, verify_of
 
-__all__ = ["NoRedirectSender", "sender_for"]
+__all__ = ["ANSWER_BYTES", "NoRedirectSender", "sender_for"]
+
+ANSWER_BYTES = PAGE_BYTES + (64 << 10)
+"""Most bytes of an answer the client reads whole: a listing page's most and room for its
+head (a page a little longer still reaches the listing's own check, which says so)."""
 
 
 class NoRedirectSender:
@@ -38,8 +59,10 @@ class NoRedirectSender:
         max_connections: int,
         connect_timeout_s: float,
         read_timeout_s: float,
+        proxies: Mapping[str, str] | None = None,
     ) -> None:
         self._verify = verify
+        self._proxies = proxies  # (None: the environment's, for each request's url)
         self._max_connections = max_connections
         self._timeouts = (connect_timeout_s, read_timeout_s)
         self._session: Any = None
@@ -62,6 +85,7 @@ class NoRedirectSender:
                         timeout=aiohttp.ClientTimeout(sock_connect=connect_s, sock_read=read_s),
                         skip_auto_headers={"CONTENT-TYPE"},
                         auto_decompress=False,
+                        response_class=capped_answers(ANSWER_BYTES),
                     )
         return self._session
 
@@ -90,6 +114,7 @@ class NoRedirectSender:
             del headers["Transfer-Encoding"]
         try:
             session = await self._opened()
+            proxy, proxy_headers = self._proxy_for(url)
             response = await session.request(
                 request.method,
                 url=URL(url, encoded=True),
@@ -97,6 +122,8 @@ class NoRedirectSender:
                 headers=headers,
                 data=request.body,
                 allow_redirects=False,
+                proxy=proxy,
+                proxy_headers=proxy_headers,
             )
             answer_headers = {
                 name.decode("utf-8").lower(): value.decode("utf-8")
@@ -121,6 +148,20 @@ class NoRedirectSender:
         except aiohttp.ClientError as exc:
             raise HTTPClientError(error=exc) from exc
 
+    def _proxy_for(self, url: str) -> tuple[str | None, dict[str, str] | None]:
+        """The proxy of a request to ``url`` and its headers, as botocore chooses them."""
+        from botocore.httpsession import ProxyConfiguration
+        from botocore.utils import get_environ_proxies
+
+        proxies = get_environ_proxies(url) if self._proxies is None else self._proxies
+        if not proxies:
+            return None, None
+        config = ProxyConfiguration(proxies=dict(proxies))
+        proxy: str | None = config.proxy_url_for(url)
+        if not proxy:
+            return None, None
+        return proxy, config.proxy_headers_for(proxy) or None
+
     async def close(self) -> None:
         session, self._session = self._session, None
         if session is not None:
@@ -131,26 +172,53 @@ def sender_for(
     options: dict[str, Any], environ: Any, max_connections: int, timeouts_s: tuple[float, float]
 ) -> NoRedirectSender | None:
     """The sender of a client made from the filesystem's ``options``, or None where the
-    client keeps aiobotocore's session (proxies, a client certificate, a session of the
-    caller's, or settings it cannot tell)."""
+    client keeps aiobotocore's session (a client certificate, proxy TLS settings, a proxy
+    not ``http://``, a session of the caller's, or settings it cannot tell)."""
     client = options.get("client_kwargs") or {}
     config = options.get("config_kwargs") or {}
     if (
         options.get("session") is not None
         or not isinstance(client, dict)
         or not isinstance(config, dict)
-        or config.get("proxies")
         or config.get("client_cert")
         or config.get("proxies_config")
         or config.get("connector_args")
-        or proxied(environ)
         or config_file_names(environ, (b"ca_bundle", b"proxy", b"client_cert"))
     ):
         return None  # (what the config file says of these, botocore reads)
+    proxies = config.get("proxies")
+    if proxies is not None and not _plain_proxies(proxies):
+        return None
+    if proxies is None and proxied(environ) and not _plain_proxies(_environ_proxies(environ)):
+        return None
     verify = verify_of(client, environ)
     if verify is None:
         return None
     pool = config.get("max_pool_connections", max_connections)
     if not isinstance(pool, int) or pool < 1:
         return None
-    return NoRedirectSender(verify, pool, *timeouts_s)
+    return NoRedirectSender(verify, pool, *timeouts_s, proxies=proxies)
+
+
+def _environ_proxies(environ: Mapping[str, str]) -> dict[str, str]:
+    """The proxies the environment names, by scheme (``HTTP_PROXY``, ``https_proxy``...)."""
+    found = {}
+    for name, value in environ.items():
+        lower = name.lower()
+        if lower.endswith("_proxy") and lower != "no_proxy" and value:
+            found[lower[: -len("_proxy")]] = value
+    return found
+
+
+def _plain_proxies(proxies: Any) -> bool:
+    """Whether every proxy of ``proxies`` is one aiohttp's public ``proxy=`` reaches as
+    botocore would: ``http://`` (or no scheme, which botocore takes for ``http://``)."""
+    if not isinstance(proxies, Mapping):
+        return False
+    for value in proxies.values():
+        if not isinstance(value, str):
+            return False
+        scheme, found, _ = value.partition("://")
+        if found and scheme.lower() != "http":
+            return False
+    return True

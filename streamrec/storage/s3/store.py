@@ -30,7 +30,12 @@ from streamrec.errors import ObjectNotFoundError, StorageError, TransientStorage
 from streamrec.storage import timing, warmup
 from streamrec.storage.base import Leftover, ObjectInfo, first_bytes, has_glob, split_scheme
 from streamrec.storage.fsspec_store import FsspecStore
-from streamrec.storage.http.body import parse_content_range, read_pieces_within, too_long
+from streamrec.storage.http.body import (
+    AnswerTooLong,
+    parse_content_range,
+    read_pieces_within,
+    too_long,
+)
 from streamrec.storage.pages import GlobPrefix, PageTrail, glob_prefix
 from streamrec.storage.s3.door import S3Door
 from streamrec.storage.s3.listing import HostilePage, refuse_hostile_page
@@ -250,7 +255,7 @@ class S3Store(FsspecStore):
                 **markers,
             )
             return listed
-        except HostilePage as exc:
+        except (HostilePage, AnswerTooLong) as exc:
             raise StorageError(f"{pattern}: listing page {before + 1} refused: {exc}") from None
         except Exception as exc:
             raise translate(exc, pattern, f"listing (page {before + 1})") from exc
