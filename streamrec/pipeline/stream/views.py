@@ -56,7 +56,7 @@ class ChunkHold:
     weak references, whose callbacks do the counting) alive however the views are dropped.
     """
 
-    __slots__ = ("_buffers", "_dropped", "_live", "_loop", "_refs", "budget", "nbytes")
+    __slots__ = ("_buffers", "_dropped", "_live", "_loop", "_refs", "_sizes", "budget", "nbytes")
 
     def __init__(
         self, budget: ByteBudget | None, loop: asyncio.AbstractEventLoop, live: set[ChunkHold]
@@ -66,6 +66,7 @@ class ChunkHold:
         self._loop = loop
         self._live = live
         self._refs: list[weakref.ref[np.ndarray[Any, Any]]] = []
+        self._sizes: list[int] = []
         self._buffers = 0
         self._dropped = itertools.count(1)  # next() is atomic: views die in any thread
 
@@ -73,22 +74,19 @@ class ChunkHold:
         """A read-only view of ``buffer`` whose last slice's end is counted here."""
         array = np.frombuffer(buffer, dtype=np.uint8)
         self._refs.append(weakref.ref(array, self._gone))
-        self._buffers += 1
-        self.nbytes += len(buffer)
+        self._sizes.append(len(buffer))
         return array.data  # (its exporter: the array)
 
     def start(self) -> None:
-        """Hold the exported buffers' bytes (called once every buffer is exported)."""
-        if not self._buffers:
+        """Hold the bytes of the exported buffers the views point into (called once every
+        buffer is exported; one no record points into, a slice's parent's, is gone already)."""
+        alive = [n for ref, n in zip(self._refs, self._sizes, strict=True) if ref() is not None]
+        self._buffers, self.nbytes = len(alive), sum(alive)
+        if not alive:
             return
         self._live.add(self)
         if self.budget is not None:
             self.budget.keep(self.nbytes)
-        # buffers already gone (none of the chunk's records point into them) counted at once
-        gone = sum(ref() is None for ref in self._refs)
-        self._buffers -= gone
-        if self._buffers <= 0:
-            self._give_back()
 
     def _gone(self, _: object) -> None:
         if self not in self._live:
