@@ -22,6 +22,7 @@ from streamrec.format.framing import RecordEncoder
 from streamrec.format.payload import RecordSpans
 from streamrec.format.shard import ShardDecoder
 from streamrec.pipeline.stream.views import ChunkHold, chunk_views
+from streamrec.storage.local.records import PayloadPool, payload_pool
 from support.corpus import MANIFEST
 
 VALID_FILES = sorted(MANIFEST["files"])
@@ -196,3 +197,38 @@ def test_spans_chunks_are_not_copied() -> None:
     if isinstance(chunk, RecordSpans):  # (the C build: one buffer, the data fed)
         assert {id(v.obj.base) for v in views} == {id(chunk.buffers[0])}
     assert [bytes(v) for v in views] == payloads[: len(views)]
+
+
+@pytest.mark.skipif(payload_pool(1) is None, reason="the pure-Python reader reuses nothing")
+def test_a_pool_reuses_only_payloads_nobody_holds() -> None:
+    pool = PayloadPool(max_bytes=3 * 100)
+    first = pool.take(100)
+    pool.give(first)
+    held_elsewhere = first  # (still ours: the pool must not hand it out)
+    again = pool.take(100)
+    assert again is not held_elsewhere and pool.reused == 0
+    del held_elsewhere, first
+    for _ in range(5):
+        pool.give(bytes(100))  # (max_bytes: three of them kept)
+    taken = [pool.take(100) for _ in range(4)]
+    assert pool.reused == 3 and all(len(p) == 100 for p in taken)
+    reused = taken[0]
+    assert pool.take(7) is not reused  # (another length: a new one)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_reused_payloads_never_change_under_a_view(tmp_path: Path, keep: bool) -> None:
+    # large records are read directly into payloads a pool hands back once their views die:
+    # copies taken as we go, or every view kept to the end, equal the bytes path
+    rng = random.Random(11)
+    payloads = [rng.randbytes(rng.choice([70_000, 200_000, 200_000])) for _ in range(80)]
+    path = _write(tmp_path / "big.tfrecord", payloads)
+    ds = streamrec.open_dataset(path, prefetch_bytes=2 << 20)
+    kept: list[memoryview] = []
+    copies: list[bytes] = []
+    for view in ds.record_views():
+        copies.append(bytes(view))
+        if keep:
+            kept.append(view)
+    assert copies == payloads
+    assert [bytes(v) for v in kept] == (payloads if keep else [])

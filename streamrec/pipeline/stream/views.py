@@ -34,6 +34,7 @@ from streamrec._portal import iterate_ahead, iterate_blocking, owned, owned_gene
 from streamrec.format.payload import RecordSpans
 from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.position.events import Event, Piece
+from streamrec.storage.local.records import PayloadPool, Pooled
 
 if TYPE_CHECKING:
     from streamrec.pipeline.position.state import DatasetState
@@ -56,7 +57,18 @@ class ChunkHold:
     weak references, whose callbacks do the counting) alive however the views are dropped.
     """
 
-    __slots__ = ("_buffers", "_dropped", "_live", "_loop", "_refs", "_sizes", "budget", "nbytes")
+    __slots__ = (
+        "_buffers",
+        "_dropped",
+        "_live",
+        "_loop",
+        "_pool",
+        "_pooled",
+        "_refs",
+        "_sizes",
+        "budget",
+        "nbytes",
+    )
 
     def __init__(
         self, budget: ByteBudget | None, loop: asyncio.AbstractEventLoop, live: set[ChunkHold]
@@ -67,6 +79,8 @@ class ChunkHold:
         self._live = live
         self._refs: list[weakref.ref[np.ndarray[Any, Any]]] = []
         self._sizes: list[int] = []
+        self._pool: PayloadPool | None = None
+        self._pooled: list[bytes] = []
         self._buffers = 0
         self._dropped = itertools.count(1)  # next() is atomic: views die in any thread
 
@@ -76,6 +90,11 @@ class ChunkHold:
         self._refs.append(weakref.ref(array, self._gone))
         self._sizes.append(len(buffer))
         return array.data  # (its exporter: the array)
+
+    def recycle(self, pool: PayloadPool, payloads: list[bytes]) -> None:
+        """Give ``payloads`` (the chunk's own buffers) back to ``pool`` once the views are gone:
+        kept alive until then (the views hold the arrays, not the payloads)."""
+        self._pool, self._pooled = pool, payloads
 
     def start(self) -> None:
         """Hold the bytes of the exported buffers the views point into (called once every
@@ -96,6 +115,9 @@ class ChunkHold:
 
     def _give_back(self) -> None:
         self._live.discard(self)
+        pool, pooled, self._pooled = self._pool, self._pooled, []
+        while pool is not None and pooled:
+            pool.give(pooled.pop())  # (then the pool's alone: take() checks nobody else has it)
         if self.budget is None:
             return
         # (a closed loop: the iteration and its budget are gone too)
@@ -116,6 +138,8 @@ def chunk_views(records: Sequence[bytes], hold: ChunkHold) -> list[memoryview]:
         spans = [[0, o, n] for o, n in zip(starts, lengths.tolist(), strict=True)]
     else:
         buffers, spans = list(records), [[b, 0, len(r)] for b, r in enumerate(records)]
+        if isinstance(records, Pooled) and records.pool is not None:
+            hold.recycle(records.pool, buffers)
     whole = [hold.export(buffer) for buffer in buffers]
     return [whole[b][o : o + n] for b, o, n in spans]
 
