@@ -5,8 +5,11 @@ checks each record's CRCs and leaves its payload where it arrived, a
 :class:`~streamrec.format.payload.RecordSpans` over the received pieces. A view is a slice of
 its piece; a record split across pieces was joined already (one copy), and so is a chunk of
 small records that came as ``bytes`` objects (the pure-Python build, gzip, indexed reads):
-a copy into one buffer costs less than a view-owner per small record. Large records read
-directly (``stream/direct.py``) are each their own buffer.
+a copy into one buffer costs less than a view-owner per small record. Large records of a
+local file, read directly (``stream/direct.py``), are each their own buffer: a
+:class:`~streamrec.storage.local.records.PayloadPool` object, given back once the chunk's views
+are all gone and written into again by a later read (memory already mapped, no allocation per
+record; at most a quarter of ``prefetch_bytes`` waits there).
 
 Lifetime: a view holds its buffer (immutable ``bytes``), so one kept is never invalid; but a
 view is meant to be used before the iterator moves past its chunk. Every buffer a chunk's
