@@ -13,6 +13,9 @@ read once untimed so that every timed read comes from the page cache):
 * ``streamrec async for``: ``async for rec in open_dataset(path)``, CRCs on.
 * ``streamrec record_chunks``: ``async for chunk in ds.record_chunks()``, counting
   ``len(chunk)``: the chunked fast path, no per-record Python work in the consumer.
+* ``streamrec record_views``: ``for view in ds.record_views()``: zero-copy read-only
+  memoryviews into the pieces read (CRCs on), each chunk held in the budget while viewed;
+  ``streamrec async record_views``: the same with ``async for``.
 * ``streamrec pure-Python``: ``streamrec for`` with ``framing._scan`` switched to the
   pure-Python fallback ``framing._scan_python`` and the direct reads of large records to their
   pure-Python twin (what users without a C compiler get).
@@ -68,6 +71,8 @@ from _harness.local import (
     read_chunks,
     read_raw,
     read_sync,
+    read_views,
+    read_views_async,
 )
 from _harness.report import command_line, cpu_model, now, publish, replace_section, source_state
 from _harness.results import JSON_HELP, save_results
@@ -186,6 +191,8 @@ def contenders(tf_python: str | None = None) -> list[Contender]:
         Contender("streamrec for", read_sync, "yes"),
         Contender("streamrec async for", read_async, "yes"),
         Contender("streamrec record_chunks", read_chunks, "yes"),
+        Contender("streamrec record_views", read_views, "yes"),
+        Contender("streamrec async record_views", read_views_async, "yes"),
         Contender("streamrec pure-Python", read_pure_python, "yes"),
     ]
     if importlib.util.find_spec("tfrecord") is not None:
@@ -201,11 +208,14 @@ def contenders(tf_python: str | None = None) -> list[Contender]:
 # ---------------------------------------------------------------- measuring
 
 
-def measure_file(data: DataFile, players: Sequence[Contender], rounds: int) -> list[Timings]:
+def measure_file(
+    data: DataFile, players: Sequence[Contender], rounds: int, warm_each: bool = False
+) -> list[Timings]:
     """Interleave the contenders over ``rounds`` rounds, rotating who goes first; every read
     checks the record count (the raw ceiling's excepted) and records its peak-RSS growth."""
     readers = [(p.label, p.reader) for p in players]
-    return measure_readers(str(data.path), data.records, readers, rounds, track_rss=True)
+    path = str(data.path)
+    return measure_readers(path, data.records, readers, rounds, True, warm_each)
 
 
 # ---------------------------------------------------------------- reporting
@@ -415,6 +425,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--busy", type=int, default=0, help="CPU-burning processes meanwhile")
     parser.add_argument("--sizes", help="record sizes in bytes, comma-separated (default all)")
     parser.add_argument("--no-examples", action="store_true", help="leave out the Example rows")
+    parser.add_argument("--file-mib", type=int, help="MiB per file (default 256, 32 --quick)")
+    parser.add_argument("--warm-each", action="store_true", help="re-read the file before each")
+    parser.add_argument("--only", help="contenders to run, comma-separated labels (default all)")
     return parser.parse_args(argv)
 
 
@@ -427,9 +440,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
     start = time.perf_counter()
-    target_bytes = (32 if args.quick else 256) * MIB
+    target_bytes = (args.file_mib or (32 if args.quick else 256)) * MIB
     rounds = args.rounds or (3 if args.quick else 7)
     players = contenders(args.tf_python)
+    if args.only:  # (the raw ceiling always: the table's ratios need it)
+        keep = {*args.only.split(","), "raw read ceiling"}
+        players = [p for p in players if p.label in keep]
     rows: list[str] = []
     notes: list[str] = []
     sizes = SIZES if not args.sizes else tuple(int(x) for x in args.sizes.split(","))
@@ -439,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         burners = start_busy(args.busy)
         try:
-            results = measure_file(data, players, rounds)
+            results = measure_file(data, players, rounds, args.warm_each)
         finally:
             stop_busy(burners)
         rows += file_rows(data, players, results)

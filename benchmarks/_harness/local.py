@@ -34,6 +34,8 @@ __all__ = [
     "read_chunks",
     "read_raw",
     "read_sync",
+    "read_views",
+    "read_views_async",
 ]
 
 FRAME_OVERHEAD = 16
@@ -134,6 +136,26 @@ def read_sync(path: str) -> int:
     return n
 
 
+def read_views(path: str) -> int:
+    """streamrec, ``for view in ds.record_views()``: zero-copy memoryviews, plain ``for``."""
+    n = 0
+    for _ in streamrec.open_dataset(path).record_views():
+        n += 1
+    return n
+
+
+def read_views_async(path: str) -> int:
+    """streamrec, ``async for view in ds.record_views()``."""
+
+    async def consume() -> int:
+        n = 0
+        async for _ in streamrec.open_dataset(path).record_views():
+            n += 1
+        return n
+
+    return asyncio.run(consume())
+
+
 def read_async(path: str) -> int:
     """streamrec, ``async for`` record by record."""
 
@@ -164,15 +186,19 @@ def measure_readers(
     readers: Sequence[tuple[str, Reader]],
     rounds: int,
     track_rss: bool = False,
+    warm_each: bool = False,
 ) -> list[Timings]:
     """Every ``(label, reader)`` once per round, order rotated each round, after one untimed
-    :func:`read_raw` (page cache warm). Every read but ``read_raw``'s must see ``records``
+    :func:`read_raw` (page cache warm; ``warm_each``: before every timed read, for files the
+    page cache may not keep whole). Every read but ``read_raw``'s must see ``records``
     records; with ``track_rss`` each read's peak-RSS growth is kept (the largest)."""
     read_raw(path)  # warm the page cache, untimed
     results = [Timings() for _ in readers]
     for r in range(rounds):
         for i in rotated(range(len(readers)), r):
             label, reader = readers[i]
+            if warm_each:
+                read_raw(path)
             base = reset_peak_rss() if track_rss else None
             t0 = time.perf_counter()
             got = reader(path)

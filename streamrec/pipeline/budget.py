@@ -120,6 +120,14 @@ class ByteBudget:
         self._take(n)
         self.held += n
 
+    def keep(self, n: int) -> None:
+        """Hold ``n`` bytes already in memory (``record_views``' chunks while their views
+        live) at once, until :meth:`unhold`: never waits (waiting could be for the views in
+        the consumer's hand); the reads get less room instead, one at a time when it is all
+        held (see the class docstring)."""
+        self._take(n)
+        self.held += n
+
     def unhold(self, n: int) -> None:
         """Give back ``n`` held bytes (their records were consumed, or never will be)."""
         self.held -= n

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import replace
 from functools import partial
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from streamrec._portal import EventLoopThread, iterate_ahead, iterate_blocking, owned, owning
 from streamrec.format.accel import log_fallback_once
 from streamrec.format.framing import OnCorrupt
 from streamrec.pipeline.arguments import PathOrUrls, check_url, check_urls
+from streamrec.pipeline.budget import ByteBudget
 from streamrec.pipeline.indexed.engine import IndexedEngine
 from streamrec.pipeline.indexed.lookup import Indices, RecordLookup
 from streamrec.pipeline.listing.lengths import (
@@ -25,11 +25,7 @@ from streamrec.pipeline.listing.lengths import (
 )
 from streamrec.pipeline.listing.plan import ShardPlan
 from streamrec.pipeline.listing.urls import list_shards
-from streamrec.pipeline.options import (
-    DEFAULT_MAX_READ_AMPLIFICATION,
-    FOR_CHUNK_BYTES,
-    ReadOptions,
-)
+from streamrec.pipeline.options import DEFAULT_MAX_READ_AMPLIFICATION, FOR_CHUNK_BYTES, ReadOptions
 from streamrec.pipeline.position.events import Piece
 from streamrec.pipeline.position.state import DatasetState, parse_state
 from streamrec.pipeline.position.trackers import (
@@ -43,6 +39,7 @@ from streamrec.pipeline.position.trackers import (
 from streamrec.pipeline.position.url_names import UrlNames, url_names
 from streamrec.pipeline.stats import Stats, clocked, settings_of
 from streamrec.pipeline.stream.engine import ReadEngine
+from streamrec.pipeline.stream.views import Chained, RecordViews, ViewSource
 from streamrec.pipeline.transforms.chainable import Chainable
 from streamrec.pipeline.transforms.ledger import Consumption
 from streamrec.redact import redact
@@ -84,6 +81,7 @@ class Dataset(Chainable[bytes]):
         # pieces handed to a consumer that reports later what it took (auto_consume=False)
         self._ledger: Consumption[Piece] | None = None
         self._finished = False  # this epoch has been read to its end
+        self._budget: ByteBudget | None = None  # the latest iteration's (record_views holds)
         self._shards_digest: str | None = None
         self._url_names: UrlNames | None = None  # how states name the urls (by _config)
         # a consumer that reports records handed out lazily (a transform's hand-out counter):
@@ -246,10 +244,12 @@ class Dataset(Chainable[bytes]):
             pieces = indexed.pieces(
                 resume, on_planned=partial(self._planned, indexed.where), timed=timed
             )
+            self._budget = indexed.budget_plan.budget
         else:
             chunk_bytes = self.options.chunk_bytes if timed else FOR_CHUNK_BYTES
             options = replace(self.options, chunk_bytes=chunk_bytes, record_spans=in_place)
             engine = ReadEngine(self.urls, options, self.epoch, self._stats)
+            self._budget = engine.budget_plan.budget
             pieces = engine.pieces(resume, timed=timed, on_planned=partial(self._planned, engine))
         clock = clocked(pieces, self._stats, lambda: self.stats, self.options.stats_interval_s)
         async with aclosing(clock) as ordered:
@@ -335,10 +335,10 @@ class Dataset(Chainable[bytes]):
         self._end(cursor)
 
     def __iter__(self) -> Iterator[bytes]:
-        return _Records.from_iterable(self._record_lists())
+        return Chained.from_iterable(self._record_lists())
 
     def _record_lists(self) -> Generator[Iterator[bytes], None, None]:
-        """The iterators over each piece's records (see :class:`_Records`)."""
+        """The iterators over each piece's records (see :class:`Chained`)."""
         cursor, resume = self._begin()
         # one piece ahead of the consumer's: two record lists, as the README's memory bound
         # counts; not an indexed read's (its chunks are a third of the budget each: +33 %)
@@ -351,6 +351,17 @@ class Dataset(Chainable[bytes]):
             cursor.settle()  # this piece is done: neither the cursor nor we keep it alive
             del records, events, it  # beside the next two, made while we wait for them
         self._end(cursor)
+
+    def record_views(self) -> RecordViews:
+        """The payloads as read-only ``memoryview`` objects into the pieces read, no copy (``for``
+        or ``async for``): use each before the next chunk; one kept holds its piece, counted
+        in ``prefetch_bytes``. See :mod:`streamrec.pipeline.stream.views`."""
+
+        def budget() -> ByteBudget | None:
+            return self._budget
+
+        steps = (self._begin, self._pieces, self._end, self._add_wait, budget)
+        return RecordViews(ViewSource(*steps, blocking=self.options.indexed))
 
     def __repr__(self) -> str:
         return f"Dataset({[redact(u) for u in self.urls]!r}, compression={self.compression!r})"
@@ -433,25 +444,6 @@ class Dataset(Chainable[bytes]):
         lookup: RecordLookup | None = getattr(self, "_lookup", None)
         if lookup is not None:
             lookup.close()
-
-
-class _Records(itertools.chain):  # type: ignore[type-arg]
-    """The plain ``for`` iterator: the records of every piece, one after another, stepped
-    through in C (a generator's ``yield from`` costs a frame resumption per record, which at
-    1 KiB records was a measurable part of the whole loop). ``close()`` closes the pieces'
-    generator (and with it the background thread), as a generator's would."""
-
-    _lists: Generator[Iterator[bytes], None, None]
-
-    @classmethod
-    def from_iterable(cls, lists: Any) -> _Records:
-        self = cast(_Records, super().from_iterable(lists))  # an instance of cls
-        self._lists = lists
-        return self
-
-    def close(self) -> None:
-        """Stop reading: close the pipeline and join its thread."""
-        self._lists.close()
 
 
 def open_dataset(

@@ -159,13 +159,20 @@ static PyObject *read_records(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *payload = PyList_GET_ITEM(payloads, i);
-        if (!PyBytes_CheckExact(payload)) {
+        /* only the list holds it (a new payload, or one handed back to a pool by its last
+           user): nobody sees its bytes change */
+        if (!PyBytes_CheckExact(payload) || Py_REFCNT(payload) != 1) {
             PyMem_Free(dst);
             PyMem_Free(lengths);
             PyBuffer_Release(&stop);
-            PyErr_SetString(PyExc_TypeError, "read() needs bytes objects from new_payload()");
+            PyErr_SetString(PyExc_TypeError,
+                            "read() needs bytes objects only its list holds (new_payload())");
             return NULL;
         }
+        _Py_COMP_DIAG_PUSH
+        _Py_COMP_DIAG_IGNORE_DEPR_DECLS
+        ((PyBytesObject *)payload)->ob_shash = -1; /* a reused one's content changes */
+        _Py_COMP_DIAG_POP
         dst[i] = (unsigned char *)PyBytes_AS_STRING(payload);
         lengths[i] = (size_t)PyBytes_GET_SIZE(payload);
     }

@@ -286,11 +286,11 @@ def test_a_failing_read_hands_the_rest_to_the_block_path(
     calls: list[int] = []
     read_records = direct.read_records
 
-    def failing(file: Any, plans: Any, verify: bool, stop: Any) -> Any:
+    def failing(file: Any, plans: Any, verify: bool, stop: Any, pool: Any = None) -> Any:
         calls.append(len(plans))
         if len(calls) == 2:
             file.close()  # this group's reads fail (a bad descriptor): an OSError
-        return read_records(file, plans, verify, stop)
+        return read_records(file, plans, verify, stop, pool)
 
     monkeypatch.setattr(direct, "read_records", failing)
     got, error = read_all(path, block_bytes=400 * KIB, prefetch_bytes=1 * MIB)

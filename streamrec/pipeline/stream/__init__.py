@@ -10,6 +10,7 @@
 * ``direct.py``: large records of a local uncompressed shard read straight into ``bytes``;
 * ``interleave.py``: tf.data's deterministic interleave, or first-ready;
 * ``shuffle.py``: the seeded record shuffle buffer (tf.data's semantics);
+* ``views.py``: ``record_views()``, payloads as memoryviews into their pieces, held in the budget;
 * ``scan.py``: whole shards read for the command line's tools with these same parts (the
   records located by shard and offset, dropped damage, lengths only).
 

@@ -41,7 +41,16 @@ from streamrec.errors import StorageError
 from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.pipeline.stream.prefetch import ObjectReader
 from streamrec.storage.base import ObjectInfo
-from streamrec.storage.local.records import END, HANDOFF, Plan, Stop, read_records, walk
+from streamrec.storage.local.records import (
+    END,
+    HANDOFF,
+    PayloadPool,
+    Plan,
+    Pooled,
+    Stop,
+    read_records,
+    walk,
+)
 from streamrec.storage.local.records import min_record_bytes as min_record_bytes_for
 from streamrec.storage.local.store import LocalStore
 
@@ -82,6 +91,7 @@ class DirectRead:
         verify_crc: bool,
         min_record_bytes: int | None = None,
         on_bytes: Callable[[int], None] | None = None,
+        pool: PayloadPool | None = None,
     ) -> None:
         assert isinstance(reader.store, LocalStore)
         self.reader = reader
@@ -106,6 +116,7 @@ class DirectRead:
         self.ahead_bytes = max(2, reader.max_concurrency) * self.group_bytes
         self.handoff: tuple[int, int] | None = None
         self.on_bytes = on_bytes
+        self.pool = pool  # payload objects to reuse (chunks come as Pooled lists then)
         self._offset = start_offset  # where the walk goes on
         self._index = start_index  # index of the record at _offset
         self._walked: deque[Plan] = deque()  # walked, not yet in a group
@@ -148,7 +159,13 @@ class DirectRead:
                         await self.reader.hold(held)  # the consumer waits: overdraw
                     task = asyncio.ensure_future(
                         asyncio.to_thread(
-                            _read_group, self.store, self.obj, plans, self.verify_crc, stop
+                            _read_group,
+                            self.store,
+                            self.obj,
+                            plans,
+                            self.verify_crc,
+                            stop,
+                            self.pool,
                         )
                     )
                     inflight.append((held, group_index, plans, task))
@@ -176,6 +193,9 @@ class DirectRead:
                 if records:
                     if self.on_bytes is not None:
                         self.on_bytes(sum(map(len, records)) + OVERHEAD_BYTES * len(records))
+                    if self.pool is not None:
+                        records = Pooled(records)
+                        records.pool = self.pool
                     yield records
                 if self.handoff is not None:
                     return
@@ -236,12 +256,18 @@ def _walk(
 
 
 def _read_group(
-    store: LocalStore, obj: ObjectInfo, plans: list[Plan], verify: bool, stop: Stop
+    store: LocalStore,
+    obj: ObjectInfo,
+    plans: list[Plan],
+    verify: bool,
+    stop: Stop,
+    pool: PayloadPool | None,
 ) -> tuple[list[bytes], int]:
-    """(Worker thread.) The payloads of ``plans``, with how many were clean."""
+    """(Worker thread.) The payloads of ``plans`` (into ``pool``'s objects where it has
+    some), with how many were clean."""
     try:
         with store.open_file(obj) as file:
-            read = read_records(file, plans, verify, stop)
+            read = read_records(file, plans, verify, stop, pool)
             file.check()  # records read from a file changed in place are not handed on
             return read
     except StorageError:

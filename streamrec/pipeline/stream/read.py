@@ -19,7 +19,7 @@ from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.stream.direct import DIRECT_RECORD_BYTES, DirectRead
 from streamrec.pipeline.stream.prefetch import ObjectReader
 from streamrec.storage.base import ObjectInfo, ObjectStore
-from streamrec.storage.local.records import min_record_bytes
+from streamrec.storage.local.records import min_record_bytes, payload_pool
 from streamrec.storage.retry import RetryPolicy
 
 __all__ = ["GROUP_BYTES", "read_shard", "stated_or_failing"]
@@ -27,6 +27,11 @@ __all__ = ["GROUP_BYTES", "read_shard", "stated_or_failing"]
 GROUP_BYTES = 1 << 20
 """Most bytes of arrived pieces decoded into one chunk of records by default (see
 decode_blocks)."""
+
+POOL_PART = 4
+"""Large local records read for ``record_views`` keep at most ``prefetch_bytes / POOL_PART``
+of payloads their views let go of, for the next reads (see
+:class:`~streamrec.storage.local.records.PayloadPool`)."""
 
 logger = logging.getLogger("streamrec")
 
@@ -82,6 +87,8 @@ async def read_shard(
             start_index=start_index,
             verify_crc=verify_crc,
             on_bytes=count_bytes,
+            # in place (record_views gives payloads back once their views are gone): reused
+            pool=payload_pool(reader.budget.limit // POOL_PART) if spans else None,
         )
         async with aclosing(direct.chunks()) as chunks:
             async for records in chunks:

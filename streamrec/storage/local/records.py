@@ -16,7 +16,10 @@ walk or the read, and the block path reads it (and says what is wrong with it).
 
 from __future__ import annotations
 
+import sys
+import threading
 from array import array
+from collections.abc import Callable
 
 from streamrec.format.accel import load_accelerator
 from streamrec.format.framing import OVERHEAD_BYTES
@@ -35,9 +38,12 @@ __all__ = [
     "MORE",
     "PURE_MIN_RECORD_BYTES",
     "STEP_BYTES",
+    "PayloadPool",
+    "Pooled",
     "Plan",
     "Stop",
     "min_record_bytes",
+    "payload_pool",
     "read_records",
     "walk",
 ]
@@ -77,6 +83,54 @@ class Stop:
     @property
     def stopped(self) -> bool:
         return bool(self.flag[0])
+
+
+class PayloadPool:
+    """Payload objects their last user handed back (:meth:`give`), for the next reads of the
+    same length (:meth:`take`): a reader of large records whose consumer lets go of each one
+    (``record_views``) writes into memory already mapped and warm, not a fresh allocation per
+    record. At most ``max_bytes`` wait here; thread-safe (reading threads take, whoever drops
+    the last view gives). The C reader checks that nobody else holds what it writes into."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.reused = 0  # payloads taken from the pool (a counter for tests and benchmarks)
+        self._free: dict[int, list[bytes]] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self, length: int) -> bytes:
+        """A payload of ``length`` bytes (undefined content) only the caller holds."""
+        with self._lock:
+            free = self._free.get(length)
+            while free:
+                payload = free.pop()
+                self._bytes -= length
+                # (this frame and getrefcount's argument: anyone else's, and it is not ours)
+                if sys.getrefcount(payload) == 2:
+                    self.reused += 1
+                    return payload
+        return uninitialised(length)
+
+    def give(self, payload: bytes) -> None:
+        """``payload`` is no longer used by whoever had it: keep it if there is room."""
+        with self._lock:
+            if self._bytes + len(payload) <= self.max_bytes:
+                self._free.setdefault(len(payload), []).append(payload)
+                self._bytes += len(payload)
+
+
+def payload_pool(max_bytes: int) -> PayloadPool | None:
+    """A :class:`PayloadPool` of at most ``max_bytes`` where reads reuse payloads (the C
+    reader); None in the pure-Python build (it copies each payload out of its own buffer)."""
+    return PayloadPool(max_bytes) if _cread is not None else None
+
+
+class Pooled(list[bytes]):
+    """Payloads read into ``pool``'s objects: a consumer done with them may :meth:`PayloadPool.
+    give` them back (a list like any other to everyone else)."""
+
+    pool: PayloadPool | None = None
 
 
 def walk(
@@ -120,13 +174,15 @@ def walk(
 
 
 def read_records(
-    file: LocalFile, plans: list[Plan], verify: bool, stop: Stop
+    file: LocalFile, plans: list[Plan], verify: bool, stop: Stop, pool: PayloadPool | None = None
 ) -> tuple[list[bytes], int]:
-    """The payloads of ``plans`` (consecutive walked records) read into their final objects;
-    with how many were read: fewer than ``len(plans)`` when a CRC does not match or the file
-    was short (the block path reads that record next)."""
+    """The payloads of ``plans`` (consecutive walked records) read into their final objects
+    (``pool``'s where it has some, C build); with how many were read: fewer than
+    ``len(plans)`` when a CRC does not match or the file was short (the block path reads that
+    record next)."""
     if _cread is not None:
-        payloads = [uninitialised(length) for _, length in plans]
+        new: Callable[[int], bytes] = uninitialised if pool is None else pool.take
+        payloads = [new(length) for _, length in plans]
         try:
             _, clean = _cread.read(file.fd, plans[0][0], payloads, verify, STEP_BYTES, stop.flag)
         except OSError:
