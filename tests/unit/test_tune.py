@@ -94,28 +94,63 @@ def test_tiny_budgets_read_one_block_of_the_budget() -> None:
     assert choose(3 * MIB, LinkEstimate(0.15, 10 * MB))[0] <= 3 * MIB
 
 
-def _feed(tuner: ReadTuner, rtt: float, rate: float, block: int = 4 * MIB) -> None:
-    for _ in range(SAMPLES):
-        tuner.record(block, rtt + block / rate, rtt)
+class Link:
+    """A link as numbers: a round trip, a per-connection rate, an aggregate cap; what a read
+    of ``block`` measures with ``concurrency`` in flight (a full link shares its cap)."""
+
+    def __init__(self, rtt: float, rate: float, cap: float) -> None:
+        self.rtt, self.rate, self.cap = rtt, rate, cap
+        self.now = 0.0
+
+    def pulled(self, block: int, concurrency: int) -> float:
+        return min(self.cap, predicted_bps(block, concurrency, self.rtt, self.rate))
+
+    def feed(self, tuner: ReadTuner, windows: int) -> None:
+        """``windows`` decision windows of reads at the tuner's current settings."""
+        for _ in range(windows):
+            for _ in range(SAMPLES * 50):
+                block, concurrency = tuner.block_bytes, tuner.max_concurrency
+                pulled = self.pulled(block, concurrency)
+                seconds = concurrency * block / pulled  # a read's time in flight
+                self.now += block / pulled
+                before = tuner.estimate
+                tuner.record(block, seconds, self.rtt, now=self.now)
+                if tuner.estimate is not before:
+                    break
+
+
+def _tuner(**kwargs: object) -> ReadTuner:
+    return ReadTuner(64 * MIB, 4 * MIB, 16, tune_block=True, tune_concurrency=True, **kwargs)  # type: ignore[arg-type]
 
 
 def test_tuner_decides_from_its_reads_and_reports_the_choice() -> None:
+    """A link whose round trips bound it (150 ms, 10 MB/s a connection, 2 Gbit): smaller
+    blocks, more of them, kept because they pull more."""
     heard: list[tuple[int, int]] = []
-    tuner = ReadTuner(
-        64 * MIB,
-        4 * MIB,
-        16,
-        tune_block=True,
-        tune_concurrency=True,
-        on_choice=lambda *c: heard.append(c),
-    )
+    tuner = _tuner(on_choice=lambda *c: heard.append(c))
     assert (tuner.block_bytes, tuner.max_concurrency) == (4 * MIB, 16)  # the defaults first
-    _feed(tuner, 0.150, 10 * MB)
-    assert heard == [(tuner.block_bytes, tuner.max_concurrency)]
+    link = Link(0.150, 10 * MB, 250 * MB)
+    link.feed(tuner, 6)
+    assert heard and heard[-1] == (tuner.block_bytes, tuner.max_concurrency)
     assert tuner.block_bytes in BLOCK_LADDER and tuner.block_bytes < 4 * MIB
     assert tuner.block_bytes * tuner.max_concurrency <= 64 * MIB
     assert tuner.max_concurrency <= MAX_TUNED_CONCURRENCY
+    assert link.pulled(tuner.block_bytes, tuner.max_concurrency) > 1.4 * link.pulled(4 * MIB, 16)
     assert tuner.estimate is not None and tuner.estimate.rtt_s == pytest.approx(0.150)
+
+
+def test_a_full_link_sends_the_tuner_back_to_fewer_reads() -> None:
+    """Through a full link every connection measures a share of it, which looks like a slow
+    connection: the step to more reads is tried, pulls no more, and is taken back."""
+    link = Link(0.010, 100 * MB, 150 * MB)  # 4 MiB x 16 would pull 1.29 GB/s: full
+    tuner = _tuner()
+    link.feed(tuner, 6)
+    assert tuner.settled
+    assert (tuner.block_bytes, tuner.max_concurrency) == (4 * MIB, 16)
+
+
+def _feed(tuner: ReadTuner, rtt: float, rate: float, block: int = 4 * MIB) -> None:
+    Link(rtt, rate, 1e12).feed(tuner, 4)
 
 
 def test_settings_the_user_gave_stay() -> None:

@@ -15,23 +15,29 @@ predicted throughput is within :data:`GOOD_ENOUGH` of the best, or already :data
 times what the consumer takes (a consumer slower than the link gains nothing from more
 requests). :class:`ReadTuner` is one store's state: it starts from the defaults, collects
 completed range reads (:meth:`ReadTuner.record`: bytes, seconds, first-byte seconds) and
-re-decides every :data:`SAMPLES` reads from their medians. The budget itself stays the hard
-bound; the tuner only chooses how the reads inside it are cut.
+re-decides every :data:`SAMPLES` reads (and :data:`WINDOW_S`) from their medians. Measured
+under a full link, a connection's rate is its share of the link, which the model cannot tell
+from a slow connection: so a step to more, smaller reads is a trial, kept only if the next
+window pulls :data:`GAIN` times more bytes/s; else the tuner steps back and stays. The budget
+itself stays the hard bound; the tuner only chooses how the reads inside it are cut.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
 __all__ = [
     "BLOCK_LADDER",
+    "GAIN",
     "GOOD_ENOUGH",
     "HEADROOM",
     "MAX_TUNED_CONCURRENCY",
     "SAMPLES",
+    "WINDOW_S",
     "LinkEstimate",
     "ReadTuner",
     "choose",
@@ -49,7 +55,11 @@ GOOD_ENOUGH = 0.9
 HEADROOM = 1.25
 """Predicted throughput this many times the consumer's rate is enough."""
 SAMPLES = 8
-"""Completed range reads between two decisions (and before the first)."""
+"""Completed range reads between two decisions, at least (and before the first)."""
+WINDOW_S = 0.5
+"""Seconds between two decisions, at least: each window measures what the settings pulled."""
+GAIN = 1.05
+"""A step to more, smaller reads is kept only if the next window pulls this much more."""
 _MIN_SAMPLE_BYTES = 128 << 10  # a smaller read's rate is mostly its round trip
 
 
@@ -126,35 +136,62 @@ class ReadTuner:
         self._consumer_bps = consumer_bps
         self._on_choice = on_choice
         self._samples: deque[tuple[float, float]] = deque(maxlen=4 * SAMPLES)  # (rtt, rate)
-        self._since = 0
+        self._since = 0  # reads in the window
+        self._window_start: float | None = None
+        self._window_bytes = 0
+        self._warm = False  # a window has passed (the ramp's)
+        self._trial: tuple[tuple[int, int], float] | None = None  # (the step back, its bytes/s)
+        self.settled = False
+        """A step to more, smaller reads pulled no more: the tuner went back and stays."""
         self.estimate: LinkEstimate | None = None
         """The last estimate decided on (``None``: still at the starting values)."""
 
     @property
     def active(self) -> bool:
-        """Whether it may change anything."""
-        return self.tune_block or self.tune_concurrency
+        """Whether it may still change anything."""
+        return (self.tune_block or self.tune_concurrency) and not self.settled
 
-    def record(self, nbytes: int, seconds: float, first_byte_s: float | None) -> None:
-        """A range read of ``nbytes`` completed in ``seconds``, its answer's headers after
-        ``first_byte_s`` (``None``: not measured, e.g. a local file: nothing to learn)."""
+    def record(
+        self, nbytes: int, seconds: float, first_byte_s: float | None, now: float | None = None
+    ) -> None:
+        """A range read of ``nbytes`` completed in ``seconds`` (at ``now``, perf_counter
+        seconds), its answer's headers after ``first_byte_s`` (``None``: not measured, e.g. a
+        local file: nothing to learn)."""
         if not self.active or first_byte_s is None or nbytes < _MIN_SAMPLE_BYTES:
             return
         body_s = seconds - first_byte_s
         if body_s <= 0:
             return
+        now = time.perf_counter() if now is None else now
+        if self._window_start is None:
+            self._window_start = now - seconds
+        self._window_bytes += nbytes
         self._samples.append((first_byte_s, nbytes / body_s))
         self._since += 1
-        if self._since >= SAMPLES:
-            self._since = 0
-            self._decide()
+        elapsed = now - self._window_start
+        if self._since >= SAMPLES and elapsed >= WINDOW_S:
+            pulled = self._window_bytes / elapsed
+            self._since = self._window_bytes = 0
+            self._window_start = now
+            if self._warm:
+                self._decide(pulled)
+            self._warm = True  # (the first window is the ramp's: no measure of the settings)
 
-    def _decide(self) -> None:
+    def _decide(self, pulled_bps: float) -> None:
+        """Check the last step against what the window pulled; choose the next one."""
+        trial, self._trial = self._trial, None
+        if trial is not None and pulled_bps < GAIN * trial[1]:
+            # more, smaller reads pulled no more: the link (or the consumer) is what is full,
+            # the per-connection rates measured were shares of it. Back, and stay.
+            self.settled = True
+            self._apply(*trial[0])
+            return
         estimate = LinkEstimate(
             statistics.median(rtt for rtt, _ in self._samples),
             statistics.median(rate for _, rate in self._samples),
             self._consumer_bps(),
         )
+        self.estimate = estimate
         given_block, given_concurrency = self._given
         block, concurrency = choose(
             self.room_bytes,
@@ -163,7 +200,14 @@ class ReadTuner:
             max_concurrency=MAX_TUNED_CONCURRENCY if self.tune_concurrency else given_concurrency,
             fixed_block=not self.tune_block,
         )
-        self.estimate = estimate
-        self.block_bytes, self.max_concurrency = block, concurrency
+        now = (self.block_bytes, self.max_concurrency)
+        if (block, concurrency) == now:
+            return
+        if block < now[0] or concurrency > now[1]:  # more requests: kept only if they pay
+            self._trial = (now, pulled_bps)
+        self._apply(block, concurrency)
+
+    def _apply(self, block_bytes: int, concurrency: int) -> None:
+        self.block_bytes, self.max_concurrency = block_bytes, concurrency
         if self._on_choice is not None:
-            self._on_choice(block, concurrency)
+            self._on_choice(block_bytes, concurrency)
