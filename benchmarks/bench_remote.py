@@ -11,12 +11,15 @@ Run from the repository root, as root on Linux (the emulated link needs ``ip net
     python benchmarks/bench_remote.py --azure [--quick] [--json PATH]
     python benchmarks/bench_remote.py --quick --first-only [--base OLD_TREE] [--handshake]
     python benchmarks/bench_remote.py --small-shards [--base OLD_TREE] [--json PATH]
+    python benchmarks/bench_remote.py --quick --link-shape 150ms/10MBps/1gbit [--link-shape ...]
 
 ``--first-only`` times only the first record, in fresh processes, of the cases of
 ``_harness/first_record.py`` (its docstring says what each is), beside an older tree's
 streamrec with ``--base`` (a worktree with its extension built), and writes its own README
 block with ``--out``. ``--small-shards`` reads 500 shards of ~130 KB one at a time at the
 defaults, through the link and locally (``_harness/small_shards.py`` says what it measures).
+``--link-shape`` runs streamrec (defaults, ``--settings`` given) and the link limit through
+several emulated links side by side (``_harness/link_shapes.py``).
 
 A full run streams two ~1 GiB datasets (16 shards x 64 MiB of ~100 KiB Example records, and
 16 x 64 MiB of ~1 KiB Example records) and takes about 15 minutes; ``--quick`` uses 2 x 64 MiB
