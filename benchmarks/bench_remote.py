@@ -11,12 +11,15 @@ Run from the repository root, as root on Linux (the emulated link needs ``ip net
     python benchmarks/bench_remote.py --azure [--quick] [--json PATH]
     python benchmarks/bench_remote.py --quick --first-only [--base OLD_TREE] [--handshake]
     python benchmarks/bench_remote.py --small-shards [--base OLD_TREE] [--json PATH]
+    python benchmarks/bench_remote.py --quick --link-shape 150ms/10MBps/1gbit [--link-shape ...]
 
 ``--first-only`` times only the first record, in fresh processes, of the cases of
 ``_harness/first_record.py`` (its docstring says what each is), beside an older tree's
 streamrec with ``--base`` (a worktree with its extension built), and writes its own README
 block with ``--out``. ``--small-shards`` reads 500 shards of ~130 KB one at a time at the
 defaults, through the link and locally (``_harness/small_shards.py`` says what it measures).
+``--link-shape`` runs streamrec (defaults, ``--settings`` given) and the link limit through
+several emulated links side by side (``_harness/link_shapes.py``).
 
 A full run streams two ~1 GiB datasets (16 shards x 64 MiB of ~100 KiB Example records, and
 16 x 64 MiB of ~1 KiB Example records) and takes about 15 minutes; ``--quick`` uses 2 x 64 MiB
@@ -85,6 +88,7 @@ from typing import Any
 from _harness import KIB, MB, MIB
 from _harness.datasets import Dataset, DataSpec, ensure_dataset
 from _harness.first_record import FIRST_WORKERS, measure_first_record, render_first, write_first
+from _harness.link_shapes import SHAPE_HELP, extra_job, run_shapes
 from _harness.procs import reset_peak_rss, rotated
 from _harness.remote import (
     measured_read,
@@ -156,15 +160,11 @@ def work_streamrec(job: dict[str, Any]) -> dict[str, Any]:
     if job["backend"] == "az":  # imported before the RSS reset, as s3fs and gcsfs are
         import adlfs  # noqa: F401
 
-    settings = Settings(**job["settings"])
+    knobs = asdict(Settings(**job["settings"])) if "settings" in job else {}
     ds = streamrec.open_dataset(
-        job["glob"],
-        storage_options=storage_options(job["backend"], job["endpoint"]),
-        prefetch_bytes=settings.prefetch_bytes,
-        block_bytes=settings.block_bytes,
-        max_concurrency=settings.max_concurrency,
+        job["glob"], storage_options=storage_options(job["backend"], job["endpoint"]), **knobs
     )
-    return measured_read(ds)
+    return measured_read(ds, job.get("consumer_s_per_mb", 0.0))
 
 
 def work_first(job: dict[str, Any]) -> dict[str, Any]:
@@ -252,9 +252,12 @@ def measure(
     rounds: int,
     results: dict[Key, RunSamples],
     proxy_log: Path,
+    first_round: int = 0,
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """Every reader on every (store, dataset), ``rounds`` times, order rotated per round."""
-    for r in range(rounds):
+    """Every reader on every (store, dataset), ``rounds`` times, order rotated per round
+    (counting from ``first_round``); streamrec's jobs get ``extra`` too."""
+    for r in range(first_round, first_round + rounds):
         t_round = time.perf_counter()
         for store in stores:
             for data in datasets:
@@ -267,6 +270,7 @@ def measure(
                     }
                     if reader.settings is not None:
                         job["settings"] = asdict(reader.settings)
+                    job.update(extra_job(extra or {}, reader))
                     result = run_worker(__file__, job, timeout_for(data))
                     check(result, reader, store, data)
                     if store.link:
@@ -284,7 +288,7 @@ def measure(
                         f"{mbps:8.1f} MB/s  first {result['first'] * 1000:7.1f} ms",
                         flush=True,
                     )
-        print(f"  round {r + 1}/{rounds}: {time.perf_counter() - t_round:.0f} s", flush=True)
+        print(f"  round {r + 1}: {time.perf_counter() - t_round:.0f} s", flush=True)
 
 
 def measure_first(store: Store, data: Dataset, rounds: int, results: dict[Key, RunSamples]) -> None:
@@ -373,6 +377,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="only 500 shards of ~130 KB read at the defaults (one shard at a time), through "
         "the link and locally, with --base also for that tree",
     )
+    parser.add_argument("--link-shape", action="append", help=SHAPE_HELP)
+    parser.add_argument(
+        "--consumer-ms-per-mb",
+        type=float,
+        default=0.0,
+        help="with --link-shape: streamrec's consumer sleeps this long per MB of records",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -399,6 +410,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         section = run_small_shards(__file__, argv, args.base, rounds)
         publish(section, None, write_readme)
         save_results(args.json, "bench_remote", section, ["500 small shards, one at a time"])
+        return 0
+    if args.link_shape:
+        given = sys.argv[1:] if argv is None else list(argv)
+        settings = list(map(Settings.parse, args.settings)) if "--settings" in given else []
+        per_mb = args.consumer_ms_per_mb / 1000
+        run_shapes(__file__, argv, args.link_shape, settings, rounds, per_mb, measure, args.quick)
         return 0
     shards, shard_mib = (2, 64) if args.quick else (16, 64)
     specs = [

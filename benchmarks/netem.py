@@ -90,6 +90,28 @@ class LinkShape:
     """Per-connection cap in bytes/s, each direction."""
     handshake: bool = False
     """Hold a new connection's first client bytes for one round trip (the TCP handshake)."""
+    link_rate: str = "1gbit"
+    """The aggregate cap of the veth pair (``tbf``), both ways (used by :class:`Namespace`)."""
+
+    @property
+    def label(self) -> str:
+        """``"60ms/25MBps/1gbit"``: round trip, per-connection rate, aggregate rate."""
+        return f"{2 * self.delay * 1000:g}ms/{self.rate / 1e6:g}MBps/{self.link_rate}"
+
+    @classmethod
+    def parse(cls, text: str) -> LinkShape:
+        """``"10ms/100MBps/2.5gbit"``: round trip, per-connection MB/s, ``tbf`` rate."""
+        try:
+            rtt, rate, link = text.split("/")
+            return cls(
+                delay=float(rtt.removesuffix("ms")) / 2000,
+                rate=float(rate.lower().removesuffix("mbps")) * 1e6,
+                link_rate=link.lower(),
+            )
+        except ValueError:
+            raise ValueError(
+                f"{text!r}: want RTTms/MBps/tbf-rate, e.g. 60ms/25MBps/1gbit"
+            ) from None
 
 
 async def _pump(
@@ -285,12 +307,17 @@ class Namespace:
     """
 
     def __init__(
-        self, name: str | None = None, subnet: str = DEFAULT_SUBNET, rate: str = "1gbit"
+        self,
+        name: str | None = None,
+        subnet: str = DEFAULT_SUBNET,
+        rate: str = "1gbit",
+        index: int = 0,
     ) -> None:
         for tool in ("ip", "tc"):
             if shutil.which(tool) is None:
                 raise RuntimeError(f"{tool} not found (apt-get install -y iproute2)")
-        tag = f"{os.getpid() % 100000}"
+        # several namespaces of one process (one per link shape) differ by ``index``
+        tag = f"{os.getpid() % 100000}" + (f"x{index}" if index else "")
         self.name = name or f"srbench{tag}"
         self.veth_host = f"srb{tag}h"
         self.veth_ns = f"srb{tag}n"

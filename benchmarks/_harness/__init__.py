@@ -24,6 +24,8 @@ process imports what its own job needs):
 * ``remote_report``: bench_remote.py's settings, targets, tables and notes.
 * ``first_record``: bench_remote.py --first-only: time to the first record in fresh processes,
   old and new trees and a bare s3fs reference side by side, with a timestamped breakdown.
+* ``link_shapes``: bench_remote.py --link-shape: streamrec and the link limit through several
+  emulated link shapes (round trip, per-connection and aggregate rate) side by side.
 * ``small_shards``: bench_remote.py --small-shards: 500 shards of ~130 KB read one at a time at
   the defaults, through the link and locally, old and new trees side by side.
 * ``scale_probe``: bench_scale.py's probe: one consumer's first record in a fresh process.

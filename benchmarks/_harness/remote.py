@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import BUCKET, MIB
+from . import BUCKET, MB, MIB
 from .datasets import Dataset
 from .procs import print_result, reset_peak_rss, run_script, status_kib
 from .servers import Services, storage_options
@@ -51,24 +51,33 @@ def strip_scheme(url: str) -> str:
     return url.split("://", 1)[1]
 
 
-def timed_iteration(ds: Any) -> tuple[float, float, int]:
-    """``for record in ds`` to the end: (seconds, seconds to the first record, records)."""
+def timed_iteration(ds: Any, consumer_s_per_mb: float = 0.0) -> tuple[float, float, int]:
+    """``for record in ds`` to the end: (seconds, seconds to the first record, records). With
+    ``consumer_s_per_mb`` the consumer sleeps that long per MB of records, once per 1 MB
+    taken (a consumer slower than the link: a training step)."""
     t0 = time.perf_counter()
     first = None
     n = 0
-    for _ in ds:
+    taken = 0
+    for record in ds:
         if first is None:
             first = time.perf_counter()
         n += 1
+        if consumer_s_per_mb:
+            taken += len(record)
+            if taken >= MB:
+                time.sleep(consumer_s_per_mb * taken / MB)
+                taken = 0
     return time.perf_counter() - t0, (first or t0) - t0, n
 
 
-def measured_read(ds: Any) -> dict[str, Any]:
-    """A remote worker's result for ``ds`` read to the end: its times, records, bytes, stats,
-    RSS before it and CPU seconds."""
+def measured_read(ds: Any, consumer_s_per_mb: float = 0.0) -> dict[str, Any]:
+    """A remote worker's result for ``ds`` read to the end (a consumer sleeping
+    ``consumer_s_per_mb`` per MB of records): its times, records, bytes, stats, RSS before it
+    and CPU seconds."""
     base = reset_peak_rss()
     cpu0 = time.process_time()
-    elapsed, first, n = timed_iteration(ds)
+    elapsed, first, n = timed_iteration(ds, consumer_s_per_mb)
     stats = ds.stats.as_dict()
     return {
         "seconds": elapsed,
@@ -77,6 +86,7 @@ def measured_read(ds: Any) -> dict[str, Any]:
         "nbytes": stats["bytes_read"],
         "rss_base": base,
         "stats": stats,
+        "settings": dict(ds.stats.settings),  # what it read with (chosen, where tuned)
         "cpu": time.process_time() - cpu0,
     }
 

@@ -62,9 +62,8 @@ class Reader:
 
     @property
     def label(self) -> str:
-        if self.kind == "streamrec":
-            assert self.settings is not None
-            return f"streamrec {self.settings.label}"
+        if self.kind == "streamrec":  # no settings: open_dataset's defaults, none passed
+            return f"streamrec {self.settings.label if self.settings else 'defaults'}"
         return {"naive": "naive", "bulk": "link limit"}[self.kind]
 
 

@@ -14,6 +14,7 @@ can choose in its own directory.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import shutil
@@ -21,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -177,6 +179,10 @@ class Services:
       inside it on ``proxy_port``: 30 ms each way, 25 MB/s per connection and direction, and
       with ``handshake`` one round trip charged per new connection.
 
+    With ``shapes`` (netem link shapes, their aggregate ``tbf`` rates included), ``s3-link``
+    takes the first and each further one ``s3-link<i>`` its own namespace (a free /30) and
+    proxy (``proxy_port`` + 10 + i), labelled by the shape.
+
     With ``azure``: ``az-lo``, Azurite's blob service (in memory) on 127.0.0.1, and with
     ``link`` ``az-link``, Azurite through a second proxy in the same namespace
     (``proxy_port`` + 1, the same shape). With ``s3=False`` no SeaweedFS is started (nor
@@ -195,6 +201,7 @@ class Services:
         first_offset: int = 100,
         azure: bool = False,
         s3: bool = True,
+        shapes: Sequence[netem.LinkShape] = (),
     ) -> None:
         self._stack = contextlib.ExitStack()
         self.workdir = workdir
@@ -203,6 +210,7 @@ class Services:
         self.want_link = link
         self.want_azure = azure
         self.want_s3 = s3
+        self.shapes = list(shapes)
         self.subnet = subnet or netem.DEFAULT_SUBNET
         self.proxy_port = proxy_port
         self.first_offset = first_offset
@@ -254,17 +262,21 @@ class Services:
             self.procs.append(self.gcs.process)
             stores.append(Store("gcs-lo", "GCS loopback", "gcs", self.gcs.endpoint_url))
         if self.want_link:  # namespace + veth + tbf, and the proxy listening inside it
-            self.ns = self._stack.enter_context(netem.Namespace(subnet=self.subnet))
-            shape = netem.LinkShape(LINK_SHAPE.delay, LINK_SHAPE.rate, self.handshake)
+            first = self.shapes[0] if self.shapes else LINK_SHAPE
+            self.ns = self._stack.enter_context(
+                netem.Namespace(subnet=self.subnet, rate=first.link_rate)
+            )
+            shape = dataclasses.replace(first, handshake=self.handshake)
             if self.want_s3:
                 upstream = ("127.0.0.1", s3_port)
                 self.procs.append(
                     netem.start_proxy(self.ns, self.proxy_port, upstream, shape, self.proxy_log)
                 )
                 link = f"http://{self.ns.ns_ip}:{self.proxy_port}"
-                stores.append(
-                    Store("s3-link", "S3 emulated link", "s3", link, True, self.proxy_log)
-                )
+                label = f"S3 {first.label}" if self.shapes else "S3 emulated link"
+                stores.append(Store("s3-link", label, "s3", link, True, self.proxy_log))
+            for i, extra in enumerate(self.shapes[1:], 1):
+                stores.append(self._extra_link(i, extra, s3_port))
             if azurite is not None:
                 port, log = self.proxy_port + 1, self.azure_proxy_log
                 upstream = (azurite.host, azurite.port)
@@ -278,6 +290,18 @@ class Services:
                 wait_status(url, 403, 60, "SeaweedFS through the proxy")
             time.sleep(2.5)  # SeaweedFS wants a moment after its first answer before writes
         self.stores = {store.key: store for store in stores}
+
+    def _extra_link(self, index: int, shape: netem.LinkShape, s3_port: int) -> Store:
+        """SeaweedFS through a further namespace and proxy of its own, shaped by ``shape``."""
+        ns = self._stack.enter_context(
+            netem.Namespace(subnet=free_subnet(), rate=shape.link_rate, index=index)
+        )
+        port = self.proxy_port + 10 + index  # (+1 is Azure's)
+        log = self.workdir / f"proxy-{index}.log"
+        shape = dataclasses.replace(shape, handshake=self.handshake)
+        self.procs.append(netem.start_proxy(ns, port, ("127.0.0.1", s3_port), shape, log))
+        endpoint = f"http://{ns.ns_ip}:{port}"
+        return Store(f"s3-link{index}", f"S3 {shape.label}", "s3", endpoint, True, log)
 
     @staticmethod
     def stores_link(key: str, stores: list[Store]) -> str:

@@ -221,6 +221,14 @@ class BudgetPlan:
         return ReaderSizes(block_bytes, share, cap)
 
     @property
+    def tuning_bytes(self) -> int:
+        """The most bytes one stream's reads in flight may add up to when the read-ahead tuner
+        cuts them (:mod:`streamrec.pipeline.stream.tune`): its share when several streams are
+        read side by side, else the whole budget."""
+        share = self.stream_share
+        return self.options.prefetch_bytes if share is None else share
+
+    @property
     def read_ahead_bytes(self) -> int:
         """The most bytes the shards a sequential read opens ahead of the next one hold
         together (their first blocks; ``1 / READ_AHEAD_PART`` of the budget): small shards'

@@ -25,7 +25,12 @@ from streamrec.pipeline.listing.lengths import (
 )
 from streamrec.pipeline.listing.plan import ShardPlan
 from streamrec.pipeline.listing.urls import list_shards
-from streamrec.pipeline.options import DEFAULT_MAX_READ_AMPLIFICATION, FOR_CHUNK_BYTES, ReadOptions
+from streamrec.pipeline.options import (
+    DEFAULT_MAX_READ_AMPLIFICATION,
+    FOR_CHUNK_BYTES,
+    ReadOptions,
+    read_ahead,
+)
 from streamrec.pipeline.position.events import Piece
 from streamrec.pipeline.position.state import DatasetState, parse_state
 from streamrec.pipeline.position.trackers import (
@@ -462,8 +467,8 @@ def open_dataset(
     host_index: int = 0,
     prefetch_bytes: int = 64 << 20,
     storage_options: dict[str, Any] | None = None,
-    block_bytes: int = 4 << 20,
-    max_concurrency: int = 16,
+    block_bytes: int | None = None,
+    max_concurrency: int | None = None,
     retry: RetryPolicy | None = None,
     allow_absolute_urls: bool = False,
     shuffle: Literal["global", "block"] | None = None,
@@ -512,9 +517,10 @@ def open_dataset(
             mapping for every scheme, or one per scheme for lists that mix them:
             ``{"s3": {...}, "gs": {...}, "https": {...}}`` (each store gets its own only).
         block_bytes: size of one range read (a shard's first is 256 KiB, doubling up to
-            this; interleaved shards use at most a quarter of their share).
+            this; interleaved shards use at most a quarter of their share). None: 4 MiB, tuned.
         max_concurrency: range reads in flight per shard, at most (the prefetch budget
-            binds too: 64 MiB / 4 MiB blocks = 16; local files: 4). Reading one shard at a
+            binds too: 64 MiB / 4 MiB blocks = 16; local files: 4). None: 16, both tuned to
+            the link (:mod:`~.stream.tune`, ``ds.stats.settings``). Reading one shard at a
             time, up to ``2 x max_concurrency - 1`` shards are opened ahead of their turn
             (their first blocks, within a quarter of ``prefetch_bytes``; local files: the
             next one only), so that small shards' round trips overlap.
@@ -568,8 +574,7 @@ def open_dataset(
             verify_crc=verify_crc,
             on_corrupt=on_corrupt,
             prefetch_bytes=prefetch_bytes,
-            block_bytes=block_bytes,
-            max_concurrency=max_concurrency,
+            **read_ahead(block_bytes, max_concurrency),
             retry=retry or RetryPolicy(),
             storage_options=storage_options,
             cycle_length=cycle_length,

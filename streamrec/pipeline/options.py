@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_MAX_READ_AMPLIFICATION",
     "FOR_CHUNK_BYTES",
     "ReadOptions",
+    "read_ahead",
 ]
 
 #: The settings a resume state must agree on (the order of records depends on them).
@@ -80,6 +81,11 @@ class ReadOptions:
     prefetch_bytes: int = 64 << 20
     block_bytes: int = 4 << 20
     max_concurrency: int = 16
+    tune_block_bytes: bool = False
+    """``block_bytes`` is a starting point the reader may lower to its link (not given by the
+    user: see :mod:`streamrec.pipeline.stream.tune`)."""
+    tune_max_concurrency: bool = False
+    """Likewise ``max_concurrency``, which it may raise (within ``prefetch_bytes``)."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # (credentials: never in the repr)
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
@@ -151,7 +157,8 @@ class ReadOptions:
         for name in ("window_records", "cache_bytes"):
             optional = check_optional_int(getattr(self, name), name, minimum=1)
             object.__setattr__(self, name, optional)
-        for name in ("verify_crc", "deterministic", "shuffle_shards", "allow_absolute_urls"):
+        bools = ("verify_crc", "deterministic", "shuffle_shards", "allow_absolute_urls")
+        for name in (*bools, "tune_block_bytes", "tune_max_concurrency"):
             object.__setattr__(self, name, check_bool(getattr(self, name), name))
         ratio = check_optional_ratio(
             self.max_read_amplification, "max_read_amplification", minimum=1.0
@@ -204,3 +211,18 @@ class ReadOptions:
         if self.indexed:
             del config["num_hosts"], config["host_index"]
         return config
+
+
+def read_ahead(block_bytes: int | None, max_concurrency: int | None) -> dict[str, Any]:
+    """``open_dataset``'s two read-ahead settings as :class:`ReadOptions` fields: one not given
+    (None) starts at its default and is tuned to the link (:mod:`streamrec.pipeline.stream.
+    tune`); one given is kept."""
+    defaults = ReadOptions.__dataclass_fields__
+    return {
+        "block_bytes": defaults["block_bytes"].default if block_bytes is None else block_bytes,
+        "max_concurrency": (
+            defaults["max_concurrency"].default if max_concurrency is None else max_concurrency
+        ),
+        "tune_block_bytes": block_bytes is None,
+        "tune_max_concurrency": max_concurrency is None,
+    }

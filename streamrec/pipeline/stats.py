@@ -95,7 +95,9 @@ class Stats:
     """Seconds spent decoding Examples (``parse`` / ``batch`` / ``to_arrow``)."""
     settings: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     """What the dataset reads with (``max_concurrency``, ``block_bytes``, ``prefetch_bytes``),
-    quoted by :meth:`report`; not a counter (left out of :meth:`as_dict`)."""
+    quoted by :meth:`report`; not a counter (left out of :meth:`as_dict`). Where the reader
+    tuned the first two to the link (neither given), they are its latest choice and
+    ``tuned`` is 1 (:mod:`streamrec.pipeline.stream.tune`)."""
 
     def count_read(self, seconds: float) -> None:
         """One range read of a shard, which took ``seconds``."""

@@ -15,6 +15,9 @@ shares:
   verdict says which part of the read time dominates: waiting for the first byte (latency:
   more reads in flight) or the transfer after it (bandwidth: larger blocks, unless the link
   is full); else (local files) it names both settings.
+
+Where the reader tuned its block size and reads in flight to the link (settings not given:
+:mod:`streamrec.pipeline.stream.tune`), a line says what it chose (``settings["tuned"]``).
 """
 
 from __future__ import annotations
@@ -132,6 +135,11 @@ def render_report(stats: Mapping[str, float], settings: Mapping[str, int]) -> st
         lines.append(
             f"  bytes fetched {_size(stats['bytes_fetched'])} for {_size(read)} read "
             f"({stats['bytes_fetched'] / read:.2f}x), {stats['retries']:,.0f} retries"
+        )
+    if settings.get("tuned") and "block_bytes" in settings:
+        lines.append(
+            f"  read-ahead tuned to the link: up to {settings['max_concurrency']} reads of "
+            f"{_size(settings['block_bytes'])} per shard"
         )
     lines.append(f"bottleneck: {verdict(stats, settings)}")
     return "\n".join(lines)

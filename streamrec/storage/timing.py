@@ -14,6 +14,9 @@ when no dataset is recording (a writer, a CLI command, a store used on its own):
   byte of the range reads it makes is not counted as a shard read's.
 
 Reads in worker threads (local files) send no request: nothing to count there.
+
+:func:`read_probe` also hands one range read's first-byte time to its caller (the read-ahead
+tuner, :mod:`streamrec.pipeline.stream.tune`, learns the link's round trip from it).
 """
 
 from __future__ import annotations
@@ -23,7 +26,16 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Protocol, TypeVar
 
-__all__ = ["Recorder", "first_byte", "listed_page", "metadata_read", "recorded", "recording"]
+__all__ = [
+    "ReadProbe",
+    "Recorder",
+    "first_byte",
+    "listed_page",
+    "metadata_read",
+    "read_probe",
+    "recorded",
+    "recording",
+]
 
 T = TypeVar("T")
 
@@ -38,6 +50,32 @@ class Recorder(Protocol):
 
 _RECORDER: ContextVar[Recorder | None] = ContextVar("streamrec_recorder", default=None)
 _METADATA: ContextVar[bool] = ContextVar("streamrec_metadata", default=False)
+
+
+class ReadProbe:
+    """What one range read's answer told (see :func:`read_probe`)."""
+
+    __slots__ = ("first_byte_s",)
+
+    def __init__(self) -> None:
+        self.first_byte_s: float | None = None
+        """Seconds from asking to the answer's headers (the last attempt's; ``None``: the
+        store did not say, e.g. a local file)."""
+
+
+_PROBE: ContextVar[ReadProbe | None] = ContextVar("streamrec_read_probe", default=None)
+
+
+@contextmanager
+def read_probe() -> Iterator[ReadProbe]:
+    """The first-byte time of the range reads sent inside the block (in this task), in the
+    :class:`ReadProbe` yielded."""
+    probe = ReadProbe()
+    token = _PROBE.set(probe)
+    try:
+        yield probe
+    finally:
+        _PROBE.reset(token)
 
 
 @contextmanager
@@ -62,6 +100,9 @@ def first_byte(seconds: float) -> None:
     recorder = _RECORDER.get()
     if recorder is not None and not _METADATA.get():
         recorder.first_byte_s += seconds
+    probe = _PROBE.get()
+    if probe is not None:
+        probe.first_byte_s = seconds
 
 
 def listed_page() -> None:

@@ -43,6 +43,7 @@ from streamrec.pipeline.stream.interleave import interleave_deterministic, inter
 from streamrec.pipeline.stream.opener import ShardOpener
 from streamrec.pipeline.stream.prefetch import DEFAULT_FIRST_BLOCK_BYTES, ObjectReader, OpenCache
 from streamrec.pipeline.stream.shuffle import shuffle_pieces
+from streamrec.pipeline.stream.tune import MAX_TUNED_CONCURRENCY, ReadTuner
 from streamrec.storage.cache.store import (
     CacheFill,
     CacheHit,
@@ -79,6 +80,7 @@ class ReadEngine:
         # (DDP, the DataLoader's round robin): waiting for another's download could wait for a
         # reader whose consumer waits for us. Such readers read without the cache meanwhile.
         self._wait_for_downloads = True
+        self._tuners: dict[int, ReadTuner] = {}  # per store (by identity): see tune.py
 
     def _starts_early(self, resume: DatasetState | None) -> bool:
         """Whether the listing's first shard is certainly the plan's first, read first from
@@ -104,20 +106,50 @@ class ReadEngine:
         options = self.options
         self.stats.shards_opened += 1
         sizes = self.budget_plan.reader_sizes(ahead)
+        store = stores.get(shard.url)
+        tuner = self._tuner(store)
         return ObjectReader(
-            stores.get(shard.url),
+            store,
             shard,
             self.budget_plan.budget,
             start=start,
-            block_bytes=sizes.block_bytes,
-            max_concurrency=options.max_concurrency,
+            block_bytes=min(sizes.block_bytes, tuner.block_bytes),
+            max_concurrency=tuner.max_concurrency,
             share_bytes=sizes.share_bytes,
             max_held_bytes=sizes.max_held_bytes,
             policy=options.retry,
             on_retry=self._count_retry,
             on_read=self.stats.count_read,
             open_cache=self._open_cache(shard, start),
+            tuner=tuner,
         )
+
+    def _tuner(self, store: object) -> ReadTuner:
+        """The read-ahead tuner of ``store`` for this iteration (created on first use)."""
+        tuner = self._tuners.get(id(store))
+        if tuner is None:
+            options = self.options
+            tuner = self._tuners[id(store)] = ReadTuner(
+                self.budget_plan.tuning_bytes,
+                options.block_bytes,
+                options.max_concurrency,
+                tune_block=options.tune_block_bytes,
+                tune_concurrency=options.tune_max_concurrency,
+                consumer_bps=self._consumer_bps,
+                on_choice=self._chosen,
+            )
+        return tuner
+
+    def _consumer_bps(self) -> float | None:
+        """Bytes/s the consumer takes while it does not wait for records (None: too early)."""
+        stats = self.stats
+        busy = stats.iterate_s - stats.wait_s
+        return stats.bytes_read / busy if busy > 0.1 and stats.bytes_read else None
+
+    def _chosen(self, block_bytes: int, max_concurrency: int) -> None:
+        """A tuner chose: ``ds.stats.settings`` shows what the reads use now."""
+        settings = self.stats.settings
+        settings.update(block_bytes=block_bytes, max_concurrency=max_concurrency, tuned=1)
 
     def _open_cache(self, shard: ObjectInfo, start: int) -> OpenCache | None:
         """How a reader of ``shard`` from ``start`` uses the local cache: reads its copy, or
@@ -152,7 +184,8 @@ class ReadEngine:
         options = self.options
         budget = self.budget_plan.budget
         closers: list[Callable[[], Awaitable[None]]] = []
-        connections = options.max_concurrency * (options.cycle_length + 1)
+        most = MAX_TUNED_CONCURRENCY if options.tune_max_concurrency else options.max_concurrency
+        connections = max(most, options.max_concurrency) * (options.cycle_length + 1)
         async with StoreSet(
             options.storage_options,
             connections,

@@ -32,6 +32,8 @@ from collections.abc import Awaitable, Callable
 from streamrec._portal import cancel_and_wait
 from streamrec.errors import RetriesExhaustedError, TransientStorageError
 from streamrec.pipeline.budget import ByteBudget
+from streamrec.pipeline.stream.tune import ReadTuner
+from streamrec.storage import timing
 from streamrec.storage.base import ObjectInfo, ObjectStore, first_bytes
 from streamrec.storage.cache.store import CacheFill, CacheHit
 from streamrec.storage.retry import RetryPolicy
@@ -107,6 +109,7 @@ class ObjectReader:
         on_retry: Callable[[TransientStorageError], None] | None = None,
         open_cache: OpenCache | None = None,
         on_read: Callable[[float], None] | None = None,
+        tuner: ReadTuner | None = None,
     ) -> None:
         if block_bytes <= 0 or max_concurrency <= 0:
             raise ValueError("block_bytes and max_concurrency must be positive")
@@ -124,6 +127,7 @@ class ObjectReader:
         self._share: int | None = None
         self._closed = False
         self.block_bytes = block_bytes
+        self._plan_block = block_bytes  # the plan's bound (a share's part): tuning stays below
         self.max_held_bytes = max_held_bytes  # a hard cap on what it holds
         self.set_share(share_bytes)
         self.max_concurrency = min(max_concurrency, store.concurrency_limit or max_concurrency)
@@ -143,6 +147,7 @@ class ObjectReader:
         self._ramp_held: int | None = None  # see hold_ramp: the concurrency to go back to
         self._limited: int | None = None  # see limit_concurrency: the concurrency to go back to
         self._pinned = False  # the store was asked to pin the object (first request on)
+        self._tuner = tuner if tuner is not None and tuner.active else None
         if open_cache is not None:
             # until the cache answers, as few reads as a local copy wants (more preads at once
             # only compete with decoding for the cores: measured 10-30 % slower second
@@ -211,6 +216,7 @@ class ObjectReader:
         """Request as many blocks as the budget and the concurrency limit allow, now."""
         if self._paused:
             return
+        self._follow_tuner()
         while (
             not self._closed
             and len(self._inflight) < self.max_concurrency
@@ -278,8 +284,19 @@ class ObjectReader:
         self._hold(-n)
         self.budget.release(n)
 
+    def _follow_tuner(self) -> None:
+        """Take the store's tuned block size and concurrency (see :mod:`.tune`) while no
+        ramp, limit or cache answer holds the concurrency down."""
+        tuner = self._tuner
+        if tuner is None:
+            return
+        self.block_bytes = min(self._plan_block, tuner.block_bytes)
+        if self._ramp_held is None and self._limited is None and self._open_cache is None:
+            limit = self.store.concurrency_limit or tuner.max_concurrency
+            self.max_concurrency = min(tuner.max_concurrency, limit)
+
     def _next_length(self) -> int:
-        return min(self._block, self.obj.size - self._next)
+        return min(self._block, self.block_bytes, self.obj.size - self._next)
 
     def _request(self, length: int) -> None:
         if not self._pinned:  # every read of the object as it is now (see ObjectStore.pin)
@@ -443,15 +460,19 @@ class ObjectReader:
         elif route is not None:  # bytes a listing already fetched are not fetched again
             pieces = store.read_range_cached(obj, start, end)
         if pieces is None:
-            pieces = await read_exact(
-                store,
-                obj,
-                start,
-                end,
-                policy=self.policy,
-                on_retry=self._on_retry,
-                on_read=self._on_read,
-            )
+            started = time.perf_counter()
+            with timing.read_probe() as probe:
+                pieces = await read_exact(
+                    store,
+                    obj,
+                    start,
+                    end,
+                    policy=self.policy,
+                    on_retry=self._on_retry,
+                    on_read=self._on_read,
+                )
+            if self._tuner is not None:  # what the link did, for the next blocks' sizes
+                self._tuner.record(end - start, time.perf_counter() - started, probe.first_byte_s)
         if isinstance(route, CacheFill):
             # written while the block is still reserved in the budget: no extra copy held
             await route.write(start, pieces)

@@ -1,0 +1,213 @@
+"""Read-ahead that sizes itself to the link: block size and reads in flight, per store.
+
+By Little's law a reader with ``c`` range reads of ``b`` bytes in flight, each paying a round
+trip ``rtt`` before its body arrives at ``rate`` bytes/s per connection, pulls at most
+``c x b / (rtt + b / rate)`` bytes/s, and holds ``c x b`` bytes of the budget doing so. Larger
+blocks mean fewer requests (less CPU, fewer billed GETs) but, for a fixed budget, fewer reads
+in flight: on a link with long round trips and slow connections (150 ms, 10 MB/s each) 16
+reads of 4 MiB fill 64 MiB and still pull only ~118 MB/s, where 32 of 2 MiB pull ~186.
+
+:func:`choose` is that decision, a pure function of numbers (unit-tested over link shapes):
+of the blocks in :data:`BLOCK_LADDER` (never above the starting block), with as many reads as
+the budget holds (``concurrency x block <= room_bytes``: ``prefetch_bytes``, or a stream's
+share of it; at most :data:`MAX_TUNED_CONCURRENCY`), it takes the largest block whose
+predicted throughput is within :data:`GOOD_ENOUGH` of the best, or already :data:`HEADROOM`
+times what the consumer takes (a consumer slower than the link gains nothing from more
+requests). :class:`ReadTuner` is one store's state: it starts from the defaults, collects
+completed range reads (:meth:`ReadTuner.record`: bytes, seconds, first-byte seconds) and
+re-decides every :data:`SAMPLES` reads (and :data:`WINDOW_S`) from their medians. Measured
+under a full link, a connection's rate is its share of the link, which the model cannot tell
+from a slow connection: so a step to more, smaller reads is a trial, kept only if the next
+window pulls :data:`GAIN` times more bytes/s; else the tuner steps back and stays. The budget
+itself stays the hard bound; the tuner only chooses how the reads inside it are cut.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import NamedTuple
+
+__all__ = [
+    "BLOCK_LADDER",
+    "GAIN",
+    "GOOD_ENOUGH",
+    "HEADROOM",
+    "MAX_TUNED_CONCURRENCY",
+    "SAMPLES",
+    "WINDOW_S",
+    "LinkEstimate",
+    "ReadTuner",
+    "choose",
+    "predicted_bps",
+]
+
+BLOCK_LADDER = (4 << 20, 2 << 20, 1 << 20)
+"""Block sizes tried, largest first (4 MiB, the fixed default, measured best at 60 ms; below
+1 MiB the per-request CPU shows on fast links)."""
+MAX_TUNED_CONCURRENCY = 32
+"""Most range reads in flight per stream the tuner chooses (the connection pool is sized for
+it)."""
+GOOD_ENOUGH = 0.9
+"""A larger block is kept while it predicts at least this share of the best throughput."""
+HEADROOM = 1.25
+"""Predicted throughput this many times the consumer's rate is enough."""
+SAMPLES = 8
+"""Completed range reads between two decisions, at least (and before the first)."""
+WINDOW_S = 0.5
+"""Seconds between two decisions, at least: each window measures what the settings pulled."""
+GAIN = 1.05
+"""A step to more, smaller reads is kept only if the next window pulls this much more."""
+_MIN_SAMPLE_BYTES = 128 << 10  # a smaller read's rate is mostly its round trip
+
+
+class LinkEstimate(NamedTuple):
+    """What completed reads measured on one store."""
+
+    rtt_s: float
+    """First-byte latency of a range read (request sent to headers back), seconds."""
+    rate_bps: float
+    """One connection's transfer rate once the body flows, bytes/s."""
+    consumer_bps: float | None = None
+    """Bytes/s the consumer takes when it never waits (``None``: not known yet)."""
+
+
+def predicted_bps(block_bytes: int, concurrency: int, rtt_s: float, rate_bps: float) -> float:
+    """Little's law: bytes/s of ``concurrency`` reads of ``block_bytes`` kept in flight."""
+    return concurrency * block_bytes / (max(rtt_s, 0.0) + block_bytes / max(rate_bps, 1.0))
+
+
+def choose(
+    room_bytes: int,
+    estimate: LinkEstimate,
+    *,
+    max_block_bytes: int = BLOCK_LADDER[0],
+    max_concurrency: int = MAX_TUNED_CONCURRENCY,
+    fixed_block: bool = False,
+) -> tuple[int, int]:
+    """``(block_bytes, concurrency)`` for a store whose reads measured ``estimate``, within
+    ``room_bytes`` (``block x concurrency <= room_bytes``, always; see the module
+    docstring). ``max_block_bytes`` / ``max_concurrency`` bound the choice; ``fixed_block``:
+    only ``max_block_bytes`` (a block size the user gave), only the concurrency is chosen."""
+    top = max(1, min(max_block_bytes, room_bytes))
+    ladder = [] if fixed_block else [b for b in BLOCK_LADDER if b < top]
+    candidates = []
+    for block in (top, *ladder):
+        concurrency = max(1, min(max_concurrency, room_bytes // block))
+        rate = predicted_bps(block, concurrency, estimate.rtt_s, estimate.rate_bps)
+        candidates.append((block, concurrency, rate))
+    best = max(rate for _, _, rate in candidates)
+    enough = GOOD_ENOUGH * best
+    if estimate.consumer_bps is not None:
+        enough = min(enough, HEADROOM * estimate.consumer_bps)
+    for block, concurrency, rate in candidates:  # largest block first
+        if rate >= enough:
+            return block, concurrency
+    raise AssertionError("unreachable: the best candidate is always enough")
+
+
+class ReadTuner:
+    """One store's block size and reads in flight for one iteration (see the module
+    docstring), their product within ``room_bytes`` (the budget plan's
+    :attr:`~streamrec.pipeline.budget.BudgetPlan.tuning_bytes`). ``tune_block`` /
+    ``tune_concurrency``: which of the two it may change (a setting the user gave stays as
+    given). ``consumer_bps()`` says how fast the consumer takes bytes (``None`` while
+    unknown); ``on_choice(block_bytes, concurrency)`` hears every decision."""
+
+    def __init__(
+        self,
+        room_bytes: int,
+        block_bytes: int,
+        max_concurrency: int,
+        *,
+        tune_block: bool,
+        tune_concurrency: bool,
+        consumer_bps: Callable[[], float | None] = lambda: None,
+        on_choice: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.room_bytes = room_bytes  # what the reads in flight may add up to (the plan's)
+        self.block_bytes = block_bytes
+        self.max_concurrency = max_concurrency
+        self._given = (block_bytes, max_concurrency)
+        self.tune_block = tune_block
+        self.tune_concurrency = tune_concurrency
+        self._consumer_bps = consumer_bps
+        self._on_choice = on_choice
+        self._samples: deque[tuple[float, float]] = deque(maxlen=4 * SAMPLES)  # (rtt, rate)
+        self._since = 0  # reads in the window
+        self._window_start: float | None = None
+        self._window_bytes = 0
+        self._warm = False  # a window has passed (the ramp's)
+        self._trial: tuple[tuple[int, int], float] | None = None  # (the step back, its bytes/s)
+        self.settled = False
+        """A step to more, smaller reads pulled no more: the tuner went back and stays."""
+        self.estimate: LinkEstimate | None = None
+        """The last estimate decided on (``None``: still at the starting values)."""
+
+    @property
+    def active(self) -> bool:
+        """Whether it may still change anything."""
+        return (self.tune_block or self.tune_concurrency) and not self.settled
+
+    def record(
+        self, nbytes: int, seconds: float, first_byte_s: float | None, now: float | None = None
+    ) -> None:
+        """A range read of ``nbytes`` completed in ``seconds`` (at ``now``, perf_counter
+        seconds), its answer's headers after ``first_byte_s`` (``None``: not measured, e.g. a
+        local file: nothing to learn)."""
+        if not self.active or first_byte_s is None or nbytes < _MIN_SAMPLE_BYTES:
+            return
+        body_s = seconds - first_byte_s
+        if body_s <= 0:
+            return
+        now = time.perf_counter() if now is None else now
+        if self._window_start is None:
+            self._window_start = now - seconds
+        self._window_bytes += nbytes
+        self._samples.append((first_byte_s, nbytes / body_s))
+        self._since += 1
+        elapsed = now - self._window_start
+        if self._since >= SAMPLES and elapsed >= WINDOW_S:
+            pulled = self._window_bytes / elapsed
+            self._since = self._window_bytes = 0
+            self._window_start = now
+            if self._warm:
+                self._decide(pulled)
+            self._warm = True  # (the first window is the ramp's: no measure of the settings)
+
+    def _decide(self, pulled_bps: float) -> None:
+        """Check the last step against what the window pulled; choose the next one."""
+        trial, self._trial = self._trial, None
+        if trial is not None and pulled_bps < GAIN * trial[1]:
+            # more, smaller reads pulled no more: the link (or the consumer) is what is full,
+            # the per-connection rates measured were shares of it. Back, and stay.
+            self.settled = True
+            self._apply(*trial[0])
+            return
+        estimate = LinkEstimate(
+            statistics.median(rtt for rtt, _ in self._samples),
+            statistics.median(rate for _, rate in self._samples),
+            self._consumer_bps(),
+        )
+        self.estimate = estimate
+        given_block, given_concurrency = self._given
+        block, concurrency = choose(
+            self.room_bytes,
+            estimate,
+            max_block_bytes=given_block,
+            max_concurrency=MAX_TUNED_CONCURRENCY if self.tune_concurrency else given_concurrency,
+            fixed_block=not self.tune_block,
+        )
+        now = (self.block_bytes, self.max_concurrency)
+        if (block, concurrency) == now:
+            return
+        if block < now[0] or concurrency > now[1]:  # more requests: kept only if they pay
+            self._trial = (now, pulled_bps)
+        self._apply(block, concurrency)
+
+    def _apply(self, block_bytes: int, concurrency: int) -> None:
+        self.block_bytes, self.max_concurrency = block_bytes, concurrency
+        if self._on_choice is not None:
+            self._on_choice(block_bytes, concurrency)

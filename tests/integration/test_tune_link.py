@@ -1,0 +1,65 @@
+"""The read-ahead tuner on a real link: moto S3 behind the fault proxy, each range read delayed
+(a round trip) and each connection capped (bytes/s). Reading with the defaults, the reader
+measures that link and cuts smaller blocks with more of them in flight, within the budget, and
+says so in ``ds.stats``; settings the user gave are kept as given."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import streamrec
+from support.fault_proxy import FaultProxy
+from support.servers import MotoS3Server
+
+pytestmark = pytest.mark.slow  # an emulated slow link: `pytest -m slow`
+
+MIB = 1 << 20
+PREFETCH = 8 * MIB
+SHARDS = 4
+RECORD = bytes(range(256)) * 64  # 16 KiB
+PER_SHARD = 192  # 3 MiB shards: four ramps of 256 KiB, 512 KiB, 1 MiB, ...: 16 timed reads
+
+
+def test_defaults_tune_to_the_link_within_the_budget(
+    tmp_path: Path,
+    s3_server: MotoS3Server,
+    s3_bucket: str,
+    fault_proxy: Callable[..., FaultProxy],
+) -> None:
+    template = str(tmp_path / "part-{index}.tfrecord")
+    with streamrec.sync.open_writer(template, max_records=PER_SHARD) as w:
+        w.write_many([RECORD] * (SHARDS * PER_SHARD))
+    for path in sorted(tmp_path.iterdir()):
+        s3_server.put(s3_bucket, f"tune/{path.name}", path.read_bytes())
+    proxy = fault_proxy(s3_server.endpoint_url, bytes_per_s_per_connection=4e6)
+    proxy.delay(0.1, range_only=True)  # 100 ms first bytes, 4 MB/s per connection
+    options = {**s3_server.storage_options, "client_kwargs": {"endpoint_url": proxy.url}}
+    url = f"s3://{s3_bucket}/tune/part-*.tfrecord"
+
+    tuned = streamrec.open_dataset(url, storage_options=options, prefetch_bytes=PREFETCH)
+    assert sum(1 for _ in tuned) == SHARDS * PER_SHARD
+    chosen = tuned.stats.settings
+    assert chosen["tuned"] == 1
+    # 4 MiB blocks, two of them in the budget, would pull ~7 MB/s; 1 MiB x 8 ~23 MB/s
+    assert chosen["block_bytes"] < 4 * MIB and chosen["max_concurrency"] > 2
+    assert chosen["block_bytes"] * chosen["max_concurrency"] <= PREFETCH
+    assert tuned.stats.peak_prefetch_bytes <= PREFETCH + 4 * MIB  # the budget's own bound
+    assert "read-ahead tuned to the link" in tuned.stats.report()
+
+    given = streamrec.open_dataset(
+        url,
+        storage_options=options,
+        prefetch_bytes=PREFETCH,
+        block_bytes=4 * MIB,
+        max_concurrency=16,
+    )
+    assert sum(1 for _ in given) == SHARDS * PER_SHARD
+    assert given.stats.settings == {
+        "max_concurrency": 16,
+        "block_bytes": 4 * MIB,
+        "prefetch_bytes": PREFETCH,
+    }
+    assert "read-ahead tuned" not in given.stats.report()
