@@ -158,15 +158,7 @@ class MappedIndexes(Sequence[ShardIndex]):
         if found is not None:
             self._kept.move_to_end(k)
             return found
-        try:
-            found = self._dataset_index().shard_index(self._rows[k], checked=k in self._checked)
-            self._checked.add(k)
-        except FormatError as exc:
-            raise IndexMismatchError(
-                f"its entries in the dataset index are not a valid index of it: {exc}; "
-                f"rebuild it with `streamrec index --force {shlex.quote(redact(self._where.url))}`",
-                url=self._urls[k],
-            ) from exc
+        found = self._decode(k)
         size = sum(
             column.nbytes
             for column in (found.offsets, found.lengths, found.restarts, found.skips)
@@ -183,13 +175,55 @@ class MappedIndexes(Sequence[ShardIndex]):
             )
         return found
 
+    def _decode(self, k: int) -> ShardIndex:
+        """Shard ``k``'s index, decoded (and checked, the first time)."""
+        try:
+            found = self._dataset_index().shard_index(self._rows[k], checked=k in self._checked)
+        except FormatError as exc:
+            raise IndexMismatchError(
+                f"its entries in the dataset index are not a valid index of it: {exc}; "
+                f"rebuild it with `streamrec index --force {shlex.quote(redact(self._where.url))}`",
+                url=self._urls[k],
+            ) from exc
+        self._checked.add(k)
+        return found
+
+    def _check(self, k: int) -> None:
+        """Shard ``k``'s entries checked once (as :meth:`__getitem__` does), not kept: the
+        readers of :meth:`entries` and :meth:`framed_lengths` decode what they need."""
+        if k not in self._checked:
+            self._decode(k)
+
+    def random_access(self, k: int) -> bool:
+        """Whether shard ``k``'s records can be read by index (its row says: none decoded)."""
+        return self._dataset_index().shards[self._rows[k]].random_access
+
     def framed_lengths(self, k: int, local: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Shard ``k``'s records ``local``: their framed lengths, read where they are stored
         (the shard's entries checked once first), none other decoded."""
-        if k not in self._checked:
-            self[k]
+        self._check(k)
         lengths = self._dataset_index().lengths(self._rows[k])[local]
         return lengths.astype(np.int64) + OVERHEAD_BYTES
+
+    def entries(
+        self, k: int, low: int, high: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Shard ``k``'s entries ``low .. high-1`` (offsets, framed lengths), decoded alone
+        from where they are stored (the shard's entries checked once first): a read holds
+        16 bytes a record it reads or checks, not its shard's whole index (issue 31: 64
+        reads in flight held ~60 MiB of decoded indexes of 25,600-record shards)."""
+        found = self._kept.get(k)
+        if found is not None:
+            return found.offsets[low:high], found.lengths[low:high]
+        self._check(k)
+        raw = self._dataset_index().lengths(self._rows[k])  # records lie end to end from 0
+        lengths = raw[low:high].astype(np.int64) + OVERHEAD_BYTES
+        offsets = np.empty(len(lengths), dtype=np.int64)
+        if len(offsets):
+            offsets[0] = int(raw[:low].sum(dtype=np.int64)) + OVERHEAD_BYTES * low
+            np.cumsum(lengths[:-1], out=offsets[1:])
+            offsets[1:] += offsets[0]
+        return offsets, lengths
 
     def __iter__(self) -> Iterator[ShardIndex]:
         return (self[k] for k in range(len(self)))
