@@ -18,7 +18,7 @@ from streamrec.format.index.dataset import (
     encode_shard,
 )
 from streamrec.format.index.dataset import dataset_index_bytes as _encoded_bytes
-from streamrec.pipeline.listing.dataset_index import MappedIndexes, _Where
+from streamrec.pipeline.listing.dataset_index import MARK_RECORDS, MappedIndexes, _Where
 
 
 def dataset_index_bytes(
@@ -232,15 +232,20 @@ def test_a_ranges_entries_are_its_decoded_index_s_and_checked_first() -> None:
     31): shard k's offsets and lengths low .. high-1, equal to its decoded index's, decoded
     alone (no shard's whole index kept); a hostile segment is refused on first use."""
     entries = _entries()
+    rng = random.Random(3)
+    for count in (2 * MARK_RECORDS, 2 * MARK_RECORDS + 5):  # offsets summed from marks
+        index = _plain([rng.randint(16, 300) for _ in range(count)])
+        size = int(index.offsets[-1] + index.lengths[-1])
+        entries.append((f"large-{count}.tfrecord", size, None, None, index))
     data = dataset_index_bytes(entries)
     rows = list(range(len(entries)))
     mapped = MappedIndexes(
         _Where("mem", data=data), DatasetIndex(data, source="mem"), rows, [e[0] for e in entries]
     )
-    rng = random.Random(3)
     for k, (*_, shard_index) in enumerate(entries):
         n = len(shard_index)
-        ranges = [(0, n), (0, 0), (n, n)] + [
+        marks = [(m, m + 1) for m in (MARK_RECORDS - 1, MARK_RECORDS, 2 * MARK_RECORDS) if m < n]
+        ranges = [(0, n), (0, 0), (n, n), *marks] + [
             tuple(sorted(rng.sample(range(n + 1), 2))) for _ in range(20) if n
         ]
         for low, high in ranges:

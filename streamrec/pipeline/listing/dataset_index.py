@@ -71,6 +71,9 @@ logger = logging.getLogger("streamrec")
 
 KEEP_BYTES = 8 << 20
 """Decoded shard entries a table keeps (8 bytes a number), least recently used dropped."""
+MARK_RECORDS = 4096
+"""A large shard's record offsets are summed from the one of every this many records (8 bytes
+each, kept): a range's first offset costs at most this many lengths added, not its shard's."""
 DEFAULT_CACHE_BYTES = 8 << 30
 """The most the per-user default cache of dataset indexes holds (``cache_dir`` unset)."""
 
@@ -138,6 +141,8 @@ class MappedIndexes(Sequence[ShardIndex]):
         self._kept: OrderedDict[int, ShardIndex] = OrderedDict()
         self._kept_bytes = 0
         self._checked: set[int] = set()  # shards whose entries passed every check once
+        # of shards over MARK_RECORDS records: where every MARK_RECORDS-th record starts
+        self._marks: dict[int, npt.NDArray[np.int64]] = {}
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -220,10 +225,31 @@ class MappedIndexes(Sequence[ShardIndex]):
         lengths = raw[low:high].astype(np.int64) + OVERHEAD_BYTES
         offsets = np.empty(len(lengths), dtype=np.int64)
         if len(offsets):
-            offsets[0] = int(raw[:low].sum(dtype=np.int64)) + OVERHEAD_BYTES * low
+            offsets[0] = self._offset(k, raw, low)
             np.cumsum(lengths[:-1], out=offsets[1:])
             offsets[1:] += offsets[0]
         return offsets, lengths
+
+    def _offset(self, k: int, raw: npt.NDArray[np.integer], record: int) -> int:
+        """Where shard ``k``'s record ``record`` starts (``raw``: its stored lengths)."""
+        if len(raw) <= MARK_RECORDS:
+            return int(raw[:record].sum(dtype=np.int64)) + OVERHEAD_BYTES * record
+        marks = self._marks.get(k)
+        if marks is None:
+            steps = np.arange(0, len(raw), MARK_RECORDS)
+            sums = np.add.reduceat(raw, steps, dtype=np.int64) + OVERHEAD_BYTES * np.diff(
+                steps, append=len(raw)
+            )
+            marks = np.zeros(len(sums) + 1, dtype=np.int64)
+            np.cumsum(sums, out=marks[1:])
+            self._marks[k] = marks
+        mark = record // MARK_RECORDS
+        low = mark * MARK_RECORDS
+        return (
+            int(marks[mark])
+            + int(raw[low:record].sum(dtype=np.int64))
+            + OVERHEAD_BYTES * (record - low)
+        )
 
     def __iter__(self) -> Iterator[ShardIndex]:
         return (self[k] for k in range(len(self)))
