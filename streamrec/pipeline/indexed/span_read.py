@@ -137,6 +137,7 @@ async def read_span(
         skips = table.indexes[ordinal].skips
         assert skips is not None
         skip = int(skips[span.first])
+        del skips
     decoder = SpanDecoder(
         url=shard.url,
         compression=compression,

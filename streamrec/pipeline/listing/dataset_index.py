@@ -15,10 +15,12 @@ DataLoader workers, DDP ranks, later epochs, resumed runs. A local dataset index
 where it is. A store without versions (an HTTP server without ETags) cannot be cached safely:
 the index is then read into memory.
 
-:class:`MappedIndexes` is the record table's shards' indexes: a shard's entries are decoded
-(and checked: :meth:`~streamrec.format.index.dataset.DatasetIndex.shard_index`) when a read
-needs them, and at most :data:`KEEP_BYTES` of decoded entries are kept, least recently used
-dropped first: a consumer's memory for the table is O(shards) plus that, never O(records).
+:class:`MappedIndexes` is the record table's shards' indexes: a shard's entries are checked
+(:meth:`~streamrec.format.index.dataset.DatasetIndex.shard_index`) when a read first needs
+them; reads and checks then decode only the entries they use (:meth:`MappedIndexes.entries`,
+16 bytes a record, dropped with the read), and whole indexes asked for (compressed shards)
+are kept up to :data:`KEEP_BYTES`, least recently used dropped first: a consumer's memory for
+the table is O(shards) plus that, never O(records).
 It pickles as where the index is (a DataLoader worker maps the same file again).
 """
 
