@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from streamrec.errors import FormatError
+from streamrec.errors import FormatError, IndexMismatchError
 from streamrec.format.crc import crc32c
 from streamrec.format.encoder import ShardEncoder
 from streamrec.format.index.core import ShardIndex
@@ -18,6 +18,7 @@ from streamrec.format.index.dataset import (
     encode_shard,
 )
 from streamrec.format.index.dataset import dataset_index_bytes as _encoded_bytes
+from streamrec.pipeline.listing.dataset_index import MARK_RECORDS, MappedIndexes, _Where
 
 
 def dataset_index_bytes(
@@ -224,3 +225,40 @@ def test_a_length_past_the_int64_range_is_refused_not_wrapped() -> None:
     data = bytearray(_patched(bytes(data), 0, segment_crc=crc32c(bytes(data[segment_at:]))))
     with pytest.raises(FormatError, match="more than its"):
         DatasetIndex(bytes(data), source="x").shard_index(0)
+
+
+def test_a_ranges_entries_are_its_decoded_index_s_and_checked_first() -> None:
+    """MappedIndexes.entries(k, low, high), what indexed reads hold across their awaits (issue
+    31): shard k's offsets and lengths low .. high-1, equal to its decoded index's, decoded
+    alone (no shard's whole index kept); a hostile segment is refused on first use."""
+    entries = _entries()
+    rng = random.Random(3)
+    for count in (2 * MARK_RECORDS, 2 * MARK_RECORDS + 5):  # offsets summed from marks
+        index = _plain([rng.randint(16, 300) for _ in range(count)])
+        size = int(index.offsets[-1] + index.lengths[-1])
+        entries.append((f"large-{count}.tfrecord", size, None, None, index))
+    data = dataset_index_bytes(entries)
+    rows = list(range(len(entries)))
+    mapped = MappedIndexes(
+        _Where("mem", data=data), DatasetIndex(data, source="mem"), rows, [e[0] for e in entries]
+    )
+    for k, (*_, shard_index) in enumerate(entries):
+        n = len(shard_index)
+        marks = [(m, m + 1) for m in (MARK_RECORDS - 1, MARK_RECORDS, 2 * MARK_RECORDS) if m < n]
+        ranges = [(0, n), (0, 0), (n, n), *marks] + [
+            tuple(sorted(rng.sample(range(n + 1), 2))) for _ in range(20) if n
+        ]
+        for low, high in ranges:
+            offsets, lengths = mapped.entries(k, low, high)
+            assert offsets.dtype == lengths.dtype == np.int64
+            assert offsets.tolist() == shard_index.offsets[low:high].tolist(), (k, low, high)
+            assert lengths.tolist() == shard_index.lengths[low:high].tolist(), (k, low, high)
+    assert not mapped._kept
+    index = _plain([20, 40, 60])
+    hostile = bytearray(dataset_index_bytes([("a", 120, None, None, index)]))
+    hostile[-3:] = bytes([4, 0, 68])  # 20, 16, 84: its segment's CRC no longer matches
+    mapped = MappedIndexes(
+        _Where("x", data=bytes(hostile)), DatasetIndex(bytes(hostile), source="x"), [0], ["a"]
+    )
+    with pytest.raises(IndexMismatchError, match="CRC"):
+        mapped.entries(0, 1, 2)

@@ -37,7 +37,7 @@ from streamrec.format.crc import BytesLike
 from streamrec.format.framing import OVERHEAD_BYTES
 from streamrec.format.index.core import ShardIndex
 
-__all__ = ["PIECE_BYTES", "CompressedCheck", "check_lengths"]
+__all__ = ["PIECE_BYTES", "CompressedCheck", "check_entries", "check_lengths"]
 
 Int64Array = npt.NDArray[np.int64]
 PIECE_BYTES = 1 << 20
@@ -67,16 +67,23 @@ def check_lengths(
     naming the first entry whose length field disagrees)."""
     if stop <= first:
         return
+    check_entries(data, at, index.offsets[first:stop], index.lengths[first:stop], first, url)
+
+
+def check_entries(
+    data: BytesLike, at: int, offsets: Int64Array, lengths: Int64Array, first: int, url: str
+) -> None:
+    """:func:`check_lengths` of the entries given as their columns: ``offsets`` and
+    ``lengths`` of entries ``first, first + 1, ...`` (a range of an index, decoded alone)."""
+    if not len(offsets):
+        return
     view = sliding_window_view(np.frombuffer(data, dtype=np.uint8), _LENGTH_BYTES)
-    where = index.offsets[first:stop] - at
-    found = np.ascontiguousarray(view[where]).view("<u8").reshape(-1)
-    claimed = index.lengths[first:stop] - OVERHEAD_BYTES
+    found = np.ascontiguousarray(view[offsets - at]).view("<u8").reshape(-1)
+    claimed = lengths - OVERHEAD_BYTES
     wrong = np.flatnonzero(found != claimed.astype(np.uint64))
     if len(wrong):
         k = int(wrong[0])
-        raise _invented(
-            url, first + k, int(index.offsets[first + k]), int(claimed[k]) + 16, int(found[k])
-        )
+        raise _invented(url, first + k, int(offsets[k]), int(claimed[k]) + 16, int(found[k]))
 
 
 class _Run:

@@ -15,18 +15,22 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from streamrec.errors import TransientStorageError
-from streamrec.format.index.check import check_lengths
-from streamrec.format.index.core import ShardIndex
+from streamrec.format.index.check import check_entries
 from streamrec.format.span import SpanDecoder
 from streamrec.pipeline.budget import ByteBudget
-from streamrec.pipeline.indexed.trust import budgeted_reader, verify_compressed, verify_plain
+from streamrec.pipeline.indexed.trust import (
+    Entries,
+    budgeted_reader,
+    verify_compressed,
+    verify_plain,
+)
 from streamrec.pipeline.stats import Stats
 from streamrec.pipeline.stream.prefetch import read_exact
 from streamrec.storage.base import ObjectStore
 from streamrec.storage.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from streamrec.pipeline.indexed.table import RecordTable, Span
+    from streamrec.pipeline.indexed.table import Int64Array, RecordTable, Span
 
 __all__ = ["mergeable", "read_span", "trust_span"]
 
@@ -50,21 +54,28 @@ async def trust_span(
     those bytes (:func:`read_span`'s ``verify_from``): one request for the check and the
     records, used where it fetches about what the two would (:func:`_mergeable`)."""
     ordinal = span.ordinal
-    shard, index = table.shards[ordinal], table.indexes[ordinal]
+    shard = table.shards[ordinal]
     compression = table.compressions[ordinal]
     read = budgeted_reader(store_of(shard.url), shard, budget, policy, on_retry, stats)
 
+    def entries(low: int, high: int) -> tuple[Int64Array, Int64Array]:
+        return table.entries(ordinal, low, high)
+
+    # the shard's index is decoded only by a check that runs, and for a compressed shard
+    # only: a span waiting (for the lock, a span before it, the budget) holds none
     async def verify(start: int, upto: int) -> int:
         if compression is not None:
-            return await verify_compressed(index, compression, shard, read, span_bytes=span_bytes)
+            return await verify_compressed(
+                table.indexes[ordinal], compression, shard, read, span_bytes=span_bytes
+            )
         if (
             merged is not None
             and upto == span.first
-            and mergeable(index, start, span, gap_bytes, span_bytes)
+            and mergeable(entries, start, span, gap_bytes, span_bytes)
         ):
             return await merged(start)
         return await verify_plain(
-            index,
+            entries,
             start,
             upto,
             read,
@@ -78,10 +89,11 @@ async def trust_span(
     if compression is None:
         await table.trust.ensure(key, span.first, verify, slot=ordinal)
     else:  # its restart point too: the whole shard is checked at once
-        await table.trust.ensure(key, len(index), verify, wait=False, slot=ordinal)
+        count = int(table.starts[ordinal + 1] - table.starts[ordinal])
+        await table.trust.ensure(key, count, verify, wait=False, slot=ordinal)
 
 
-def mergeable(index: ShardIndex, start: int, span: Span, gap_bytes: int, span_bytes: int) -> bool:
+def mergeable(entries: Entries, start: int, span: Span, gap_bytes: int, span_bytes: int) -> bool:
     """Whether checking an uncompressed shard's entries ``start .. span.first-1`` with the
     span's own read fetches about what the check and the span would apart: the check reads
     its length fields in one run (no record between them over ``gap_bytes``, the whole within
@@ -89,9 +101,10 @@ def mergeable(index: ShardIndex, start: int, span: Span, gap_bytes: int, span_by
     checked record's payload (at most ``gap_bytes``) and saves a request."""
     if not start < span.first:
         return False
-    if span.end - int(index.offsets[start]) > span_bytes:
+    offsets, lengths = entries(start, span.first)
+    if span.end - int(offsets[0]) > span_bytes:
         return False
-    return bool(int(index.lengths[start : span.first].max()) <= gap_bytes)
+    return bool(int(lengths.max()) <= gap_bytes)
 
 
 async def read_span(
@@ -110,23 +123,32 @@ async def read_span(
     shard's verified entry before ``span.first``): read from that entry's offset instead, and
     its entries up to ``span.first`` checked against those bytes first (IndexMismatchError:
     the span is not read as records)."""
-    shard, index = table.shards[span.ordinal], table.indexes[span.ordinal]
-    compression = table.compressions[span.ordinal]
-    start = span.start if verify_from is None else int(index.offsets[verify_from])
+    # the span's own entries only, taken before any await (none held while it waits)
+    shard, ordinal = table.shards[span.ordinal], span.ordinal
+    compression = table.compressions[ordinal]
+    offsets, lengths = table.entries(ordinal, span.first, span.last + 1)
+    start = (
+        span.start
+        if verify_from is None
+        else int(table.entries(ordinal, verify_from, verify_from + 1)[0][0])
+    )
     skip = 0
     if compression is not None:
-        assert index.skips is not None
-        skip = int(index.skips[span.first])
+        skips = table.indexes[ordinal].skips
+        assert skips is not None
+        skip = int(skips[span.first])
+        del skips
     decoder = SpanDecoder(
         url=shard.url,
         compression=compression,
-        lengths=index.lengths[span.first : span.last + 1].tolist(),
-        offset=int(index.offsets[span.first]),
+        lengths=lengths.tolist(),
+        offset=int(offsets[0]),
         index=span.first,
         skip=skip,
         at_stream_start=compression is not None and span.start == 0,
         verify_crc=verify_crc,
     )
+    del offsets, lengths
     length = span.end - start
     # a compressed span also holds what it inflates to (the index's claim, capped when it
     # was parsed at 1032x the stored bytes; inflated a bounded piece at a time)
@@ -147,7 +169,9 @@ async def read_span(
         if verify_from is not None:
             data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             del pieces
-            check_lengths(data, start, index, verify_from, span.first, shard.url)
+            checked = table.entries(ordinal, verify_from, span.first)
+            check_entries(data, start, *checked, verify_from, shard.url)
+            del checked
             if stats is not None:
                 stats.bytes_checked += span.start - start
             pieces = [data[span.start - start :]]

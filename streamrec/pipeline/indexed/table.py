@@ -188,6 +188,15 @@ class RecordTable:
                 out[chosen] = self.indexes[ordinal].lengths[local]
         return out
 
+    def entries(self, ordinal: int, low: int, high: int) -> tuple[Int64Array, Int64Array]:
+        """Shard ``ordinal``'s index entries ``low .. high-1``: (offsets, framed lengths).
+        From a dataset index, those alone are decoded (none of the shard's others): what a
+        read or check holds across its awaits (see MappedIndexes.entries)."""
+        if isinstance(self.indexes, MappedIndexes):
+            return self.indexes.entries(ordinal, low, high)
+        index = self.indexes[ordinal]
+        return index.offsets[low:high], index.lengths[low:high]
+
     def locate(self, indices: Int64Array) -> tuple[Int64Array, Int64Array]:
         """``(ordinals, local)``: each global index's shard and its record number there;
         IndexError naming the first index out of range."""
@@ -214,10 +223,12 @@ class Span:
 def _extents(table: RecordTable, ordinal: int, local: Int64Array) -> tuple[Int64Array, Int64Array]:
     """Where each record's own span starts and ends as stored: an uncompressed record's bytes;
     a compressed one's restart point up to the next restart point (or the object's end)."""
+    if table.compressions[ordinal] is None:  # (local: sorted, not empty) entries among them
+        low = int(local[0])
+        offsets, lengths = table.entries(ordinal, low, int(local[-1]) + 1)
+        starts = offsets[local - low]
+        return starts, starts + lengths[local - low]
     index = table.indexes[ordinal]
-    if table.compressions[ordinal] is None:
-        starts = index.offsets[local]
-        return starts, starts + index.lengths[local]
     restarts = index.restarts
     assert restarts is not None  # (checked by plan_spans: random access)
     starts = restarts[local]
@@ -240,7 +251,12 @@ def plan_spans(
     one span per run of records whose stored bytes are at most ``gap_bytes`` apart and
     together at most ``span_bytes`` (a single record's span may be larger), fetching at most
     ``max_amplification`` times the stored bytes the records need (format/span.py)."""
-    if not table.indexes[ordinal].random_access:
+    indexes = table.indexes
+    if not (
+        indexes.random_access(ordinal)
+        if isinstance(indexes, MappedIndexes)
+        else indexes[ordinal].random_access
+    ):
         raise RandomAccessUnavailableError(
             f"{redact(table.shards[ordinal].url)}: this compressed shard's record index only "
             "counts records (no restart points): rewrite it with `streamrec reshard --index` "
@@ -250,7 +266,6 @@ def plan_spans(
     if not len(records):
         return []
     starts, ends = _extents(table, ordinal, records)
-    index = table.indexes[ordinal]
     if table.compressions[ordinal] is None:
         return [
             Span(ordinal, int(records[k]), int(records[j - 1]), int(starts[k]), int(ends[j - 1]))
@@ -263,6 +278,7 @@ def plan_spans(
             )
         ]
     # compressed: a span is cut by what it inflates to as well (up to 1032x its stored bytes)
+    index = table.indexes[ordinal]
     assert index.skips is not None
     points = index.offsets[records] - index.skips[records]
     record_ends = index.offsets[records] + index.lengths[records]
@@ -405,10 +421,7 @@ async def read_records(
             low, high = bounds[k], bounds[k + 1]
             first = int(firsts[k])
             if stats is not None:  # the wanted records' framed bytes
-                lengths = table.indexes[span.ordinal].lengths
-                stats.bytes_read += int(
-                    lengths[unique[low:high] - table.starts[span.ordinal]].sum()
-                )
+                stats.bytes_read += int(table.lengths_of(unique[low:high]).sum())
             for at, index in enumerate(unique[low:high].tolist(), start=low):
                 got[at] = records[index - first]  # only the wanted ones are kept
 

@@ -42,10 +42,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from streamrec._portal import run_all
 from streamrec.format.codecs import Compression
-from streamrec.format.index.check import CompressedCheck, check_lengths
+from streamrec.format.index.check import CompressedCheck, check_entries
 from streamrec.format.index.core import ShardIndex
 from streamrec.format.span import coalesce
 from streamrec.pipeline.budget import ByteBudget
@@ -57,6 +58,7 @@ from streamrec.storage.retry import RetryPolicy
 
 __all__ = [
     "BoundaryTrust",
+    "Entries",
     "Reader",
     "ShardKey",
     "budgeted_reader",
@@ -232,8 +234,13 @@ def budgeted_reader(
     return read
 
 
+Entries = Callable[[int, int], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]
+"""``entries(low, high)``: a shard's index entries ``low .. high-1`` (offsets, framed lengths),
+decoded when asked (:meth:`~streamrec.pipeline.indexed.table.RecordTable.entries`)."""
+
+
 async def verify_plain(
-    index: ShardIndex,
+    entries: Entries,
     start: int,
     stop: int,
     read: Reader,
@@ -243,21 +250,28 @@ async def verify_plain(
     span_bytes: int,
     concurrency: int,
 ) -> int:
-    """Check entries ``start .. stop-1`` of an uncompressed shard's ``index`` against its
-    length fields (``start``: verified already); ``stop``."""
+    """Check entries ``start .. stop-1`` of an uncompressed shard's index (``entries``)
+    against its length fields (``start``: verified already); ``stop``. A run's entries are
+    decoded once its bytes are read, and dropped with them: a check waiting for the budget
+    holds none (issue 31)."""
     if stop <= start:
         return start
-    offsets = index.offsets[start:stop]
-    runs = coalesce(offsets, offsets + _LENGTH_BYTES, gap_bytes=gap_bytes, span_bytes=span_bytes)
+    offsets, _ = entries(start, stop)
+    runs = [
+        (start + k, start + j, int(offsets[k]), int(offsets[j - 1]) + _LENGTH_BYTES)
+        for k, j in coalesce(
+            offsets, offsets + _LENGTH_BYTES, gap_bytes=gap_bytes, span_bytes=span_bytes
+        )
+    ]
+    del offsets
     queue = iter(runs)
 
     async def worker() -> None:
-        for k, j in queue:
-            at = int(offsets[k])
-            pieces = await read(at, int(offsets[j - 1]) + _LENGTH_BYTES)
+        for first, after, at, end in queue:
+            pieces = await read(at, end)
             data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             del pieces
-            check_lengths(data, at, index, start + k, start + j, url)
+            check_entries(data, at, *entries(first, after), first, url)
 
     await run_all(worker() for _ in range(min(len(runs), max(1, concurrency))))
     return stop

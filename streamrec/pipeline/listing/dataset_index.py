@@ -15,10 +15,12 @@ DataLoader workers, DDP ranks, later epochs, resumed runs. A local dataset index
 where it is. A store without versions (an HTTP server without ETags) cannot be cached safely:
 the index is then read into memory.
 
-:class:`MappedIndexes` is the record table's shards' indexes: a shard's entries are decoded
-(and checked: :meth:`~streamrec.format.index.dataset.DatasetIndex.shard_index`) when a read
-needs them, and at most :data:`KEEP_BYTES` of decoded entries are kept, least recently used
-dropped first: a consumer's memory for the table is O(shards) plus that, never O(records).
+:class:`MappedIndexes` is the record table's shards' indexes: a shard's entries are checked
+(:meth:`~streamrec.format.index.dataset.DatasetIndex.shard_index`) when a read first needs
+them; reads and checks then decode only the entries they use (:meth:`MappedIndexes.entries`,
+16 bytes a record, dropped with the read), and whole indexes asked for (compressed shards)
+are kept up to :data:`KEEP_BYTES`, least recently used dropped first: a consumer's memory for
+the table is O(shards) plus that, never O(records).
 It pickles as where the index is (a DataLoader worker maps the same file again).
 """
 
@@ -71,6 +73,9 @@ logger = logging.getLogger("streamrec")
 
 KEEP_BYTES = 8 << 20
 """Decoded shard entries a table keeps (8 bytes a number), least recently used dropped."""
+MARK_RECORDS = 4096
+"""A large shard's record offsets are summed from the one of every this many records (8 bytes
+each, kept): a range's first offset costs at most this many lengths added, not its shard's."""
 DEFAULT_CACHE_BYTES = 8 << 30
 """The most the per-user default cache of dataset indexes holds (``cache_dir`` unset)."""
 
@@ -138,6 +143,8 @@ class MappedIndexes(Sequence[ShardIndex]):
         self._kept: OrderedDict[int, ShardIndex] = OrderedDict()
         self._kept_bytes = 0
         self._checked: set[int] = set()  # shards whose entries passed every check once
+        # of shards over MARK_RECORDS records: where every MARK_RECORDS-th record starts
+        self._marks: dict[int, npt.NDArray[np.int64]] = {}
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -158,15 +165,7 @@ class MappedIndexes(Sequence[ShardIndex]):
         if found is not None:
             self._kept.move_to_end(k)
             return found
-        try:
-            found = self._dataset_index().shard_index(self._rows[k], checked=k in self._checked)
-            self._checked.add(k)
-        except FormatError as exc:
-            raise IndexMismatchError(
-                f"its entries in the dataset index are not a valid index of it: {exc}; "
-                f"rebuild it with `streamrec index --force {shlex.quote(redact(self._where.url))}`",
-                url=self._urls[k],
-            ) from exc
+        found = self._decode(k)
         size = sum(
             column.nbytes
             for column in (found.offsets, found.lengths, found.restarts, found.skips)
@@ -183,13 +182,76 @@ class MappedIndexes(Sequence[ShardIndex]):
             )
         return found
 
+    def _decode(self, k: int) -> ShardIndex:
+        """Shard ``k``'s index, decoded (and checked, the first time)."""
+        try:
+            found = self._dataset_index().shard_index(self._rows[k], checked=k in self._checked)
+        except FormatError as exc:
+            raise IndexMismatchError(
+                f"its entries in the dataset index are not a valid index of it: {exc}; "
+                f"rebuild it with `streamrec index --force {shlex.quote(redact(self._where.url))}`",
+                url=self._urls[k],
+            ) from exc
+        self._checked.add(k)
+        return found
+
+    def _check(self, k: int) -> None:
+        """Shard ``k``'s entries checked once (as :meth:`__getitem__` does), not kept: the
+        readers of :meth:`entries` and :meth:`framed_lengths` decode what they need."""
+        if k not in self._checked:
+            self._decode(k)
+
+    def random_access(self, k: int) -> bool:
+        """Whether shard ``k``'s records can be read by index (its row says: none decoded)."""
+        return self._dataset_index().shards[self._rows[k]].random_access
+
     def framed_lengths(self, k: int, local: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Shard ``k``'s records ``local``: their framed lengths, read where they are stored
         (the shard's entries checked once first), none other decoded."""
-        if k not in self._checked:
-            self[k]
+        self._check(k)
         lengths = self._dataset_index().lengths(self._rows[k])[local]
         return lengths.astype(np.int64) + OVERHEAD_BYTES
+
+    def entries(
+        self, k: int, low: int, high: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Shard ``k``'s entries ``low .. high-1`` (offsets, framed lengths), decoded alone
+        from where they are stored (the shard's entries checked once first): a read holds
+        16 bytes a record it reads or checks, not its shard's whole index (issue 31: 64
+        reads in flight held ~60 MiB of decoded indexes of 25,600-record shards)."""
+        found = self._kept.get(k)
+        if found is not None:
+            return found.offsets[low:high], found.lengths[low:high]
+        self._check(k)
+        raw = self._dataset_index().lengths(self._rows[k])  # records lie end to end from 0
+        lengths = raw[low:high].astype(np.int64) + OVERHEAD_BYTES
+        offsets = np.empty(len(lengths), dtype=np.int64)
+        if len(offsets):
+            offsets[0] = self._offset(k, raw, low)
+            np.cumsum(lengths[:-1], out=offsets[1:])
+            offsets[1:] += offsets[0]
+        return offsets, lengths
+
+    def _offset(self, k: int, raw: npt.NDArray[np.integer], record: int) -> int:
+        """Where shard ``k``'s record ``record`` starts (``raw``: its stored lengths)."""
+        if len(raw) <= MARK_RECORDS:
+            return int(raw[:record].sum(dtype=np.int64)) + OVERHEAD_BYTES * record
+        marks = self._marks.get(k)
+        if marks is None:
+            steps = np.arange(0, len(raw), MARK_RECORDS)
+            sums = np.add.reduceat(raw, steps, dtype=np.int64) + OVERHEAD_BYTES * np.diff(
+                steps, append=len(raw)
+            )
+            marks = np.zeros(len(sums) + 1, dtype=np.int64)
+            np.cumsum(sums, out=marks[1:])
+            self._marks[k] = marks
+        mark = record // MARK_RECORDS
+        low = mark * MARK_RECORDS
+        return (
+            int(marks[mark])
+            + int(raw[low:record].sum(dtype=np.int64))
+            + OVERHEAD_BYTES * (record - low)
+        )
 
     def __iter__(self) -> Iterator[ShardIndex]:
         return (self[k] for k in range(len(self)))
