@@ -375,8 +375,8 @@ def read_tfrecords(
     )
     if override_num_blocks is None:
         # Ask Ray for exactly the tasks made: else it splits each task's block until there
-        # are 200 (measured: 1 MB blocks of 200,000 1 KiB records, each its own object
-        # and driver bookkeeping, doubled the CPU time of the whole read)
+        # are 200, each its own object (measured, 200,000 1 KiB records: the driver's CPU
+        # 0.62 s for 200 blocks against 0.15 s for 8, the raylet's 0.2 s against 0.05 s)
         wanted = max(DataContext.get_current().read_op_min_num_blocks, 2 * _cluster_cpus())
         override_num_blocks = source.num_tasks(wanted)
     dataset: ray.data.Dataset = ray.data.read_datasource(
