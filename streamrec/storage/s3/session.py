@@ -26,19 +26,22 @@ of the store's own (:func:`~streamrec.storage.s3.tls.build_tls_context`); a key 
 passphrase is a :class:`~streamrec.errors.StorageError` naming the certificate, not a prompt
 on the terminal. botocore reads no ``client_cert`` from the AWS config file.
 
-A client behind a proxy (``config_kwargs["proxies"]``, or ``HTTP_PROXY`` / ``HTTPS_PROXY`` /
-``ALL_PROXY`` in the environment, ``NO_PROXY`` heeded: botocore's own choice of proxy and its
+A client behind a proxy (``config_kwargs["proxies"]``, or ``HTTP_PROXY`` / ``HTTPS_PROXY`` in
+the environment, ``NO_PROXY`` heeded: botocore's own choice of proxy and its
 ``Proxy-Authorization`` from the proxy url's user and password) is sent through it here too
-(aiohttp's ``proxy=``), when every proxy named is ``http://`` (or has no scheme) or
-``https://``. TLS to an ``https://`` proxy is checked with the endpoint's trust (``verify``),
-hostname included, as botocore's; aiohttp's public API has one context for both, so:
+(aiohttp's public ``proxy=``) when every proxy named is ``http://`` (or has no scheme, which
+botocore takes for ``http://``) or ``https://``. An https endpoint is reached through a
+``CONNECT`` tunnel, its TLS inside the proxy's for an ``https://`` proxy. TLS to an
+``https://`` proxy is checked against the endpoint's trust (``verify``), hostname included,
+as aiobotocore's is when ``proxies_config`` names no CA bundle of its own. aiohttp's public
+API has one TLS context for both hops, hence what follows.
 
 These keep aiobotocore's own session (:func:`sender_for` returns None; the door does not serve
 them either):
 
 * ``config_kwargs["proxies_config"]`` (``proxy_ca_bundle``, ``proxy_client_cert``: TLS to the
-  proxy that differs from the endpoint's), or any ``proxy`` or ``ca_bundle`` setting in the
-  AWS config file (botocore reads those);
+  proxy unlike the endpoint's), and an AWS config file naming any ``proxy`` setting or a
+  ``ca_bundle`` (which botocore reads there: looked for by name, whichever profile);
 * a proxy of another scheme (``socks5://``...), or any ``https://`` proxy along with a client
   certificate (it would be offered to the proxy, which botocore never does);
 * ``config_kwargs["connector_args"]``, a ``session`` of the caller's, a ``client_cert`` that is
