@@ -44,8 +44,10 @@ them either):
   ``ca_bundle`` (which botocore reads there: looked for by name, whichever profile);
 * a proxy of another scheme (``socks5://``...), or any ``https://`` proxy along with a client
   certificate (it would be offered to the proxy, which botocore never does);
-* ``config_kwargs["connector_args"]``, a ``session`` of the caller's, a ``client_cert`` that is
-  neither a path nor a pair of paths, and settings of a type botocore would not take.
+* ``config_kwargs["connector_args"]`` (aiobotocore's own, some of them not aiohttp's:
+  ``ssl_context``, ``pool_timeout``...), a ``session`` of the caller's (its settings are its
+  own), a ``client_cert`` that is neither a path nor a pair of paths, and settings of a type
+  botocore would not take.
 
 aiobotocore's session follows redirects and reads an answer whole, uncapped (what those
 settings need of it is aiobotocore's to apply: its proxy TLS is set through aiohttp
