@@ -65,6 +65,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from streamrec.errors import StorageError
+from streamrec.redact import redact
 from streamrec.storage.http.body import capped_answers
 from streamrec.storage.s3.listing import PAGE_BYTES
 from streamrec.storage.s3.settings import config_file_names, proxied, verify_of
@@ -126,7 +127,7 @@ class NoRedirectSender:
             return await asyncio.to_thread(build_tls_context, self._verify, self._client_cert)
         except (OSError, ValueError) as exc:  # (ssl.SSLError: an OSError)
             raise StorageError(
-                f"{url}: the client certificate {self._client_cert!r} cannot be used "
+                f"{redact(url)}: the client certificate {self._client_cert!r} cannot be used "
                 f"({type(exc).__name__}: {exc})"
             ) from exc
 
