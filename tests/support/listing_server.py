@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -53,8 +54,10 @@ def honest_pages(keys: list[str]) -> Pages:
 class ListingServer:
     """See the module docstring. ``objects``: key -> bytes."""
 
-    def __init__(self, objects: dict[str, bytes]) -> None:
+    def __init__(self, objects: dict[str, bytes], tls: ssl.SSLContext | None = None) -> None:
         self.objects = dict(objects)
+        self.tls = tls
+        """A server context: answered over TLS (``https://``)."""
         self.pages: Pages = honest_pages(list(self.objects))
         self.raw: Callable[[str | None], bytes | None] = lambda token: None
         self.fail: Callable[[str | None, int], bool] = lambda token, seen: False
@@ -75,7 +78,8 @@ class ListingServer:
     @property
     def endpoint_url(self) -> str:
         assert self._server is not None
-        return f"http://{LOOPBACK}:{self._server.server_address[1]}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{LOOPBACK}:{self._server.server_address[1]}"
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -123,6 +127,8 @@ class ListingServer:
 
         self._server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
         self._server.daemon_threads = True
+        if self.tls is not None:  # (a failed handshake: an error of accept(), dropped)
+            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
         return self
@@ -233,5 +239,5 @@ def _send(
     handler.send_header("Content-Length", str(len(body)))
     handler.send_header("Content-Type", "application/xml")
     handler.end_headers()
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError, ssl.SSLError):
         handler.wfile.write(body)  # (the client may refuse a page before its end)

@@ -20,27 +20,56 @@ a multipart upload's XML) is read to at most :data:`ANSWER_BYTES` (the session's
 any length held in memory before the listing's bounds
 (:mod:`~streamrec.storage.s3.listing`) could refuse it.
 
-A client behind an ``http://`` proxy (``config_kwargs["proxies"]``, or ``HTTP_PROXY`` /
-``HTTPS_PROXY`` in the environment, ``NO_PROXY`` heeded: botocore's own choice of proxy and
-its ``Proxy-Authorization`` from the proxy url's user and password) is sent through it here
-too (aiohttp's ``proxy=``). A client with a client certificate, ``proxies_config`` (the
-proxy's own TLS settings), an ``https://`` or SOCKS proxy, or ``connector_args`` keeps
-aiobotocore's own session (the door does not serve such stores either): :func:`sender_for`
-returns None for it. That session follows redirects and reads an answer whole, uncapped
-(what those settings need of it is aiobotocore's to apply: its proxy TLS is set through
-aiohttp internals); its listing pages are still refused past a page's bounds, once read.
+A client certificate (``config_kwargs["client_cert"]``: a PEM file with the certificate and
+its key, or ``(certificate, key)`` paths, as botocore takes it) is offered from a TLS context
+of the store's own (:func:`~streamrec.storage.s3.tls.build_tls_context`); a key protected by a
+passphrase is a :class:`~streamrec.errors.StorageError` naming the certificate, not a prompt
+on the terminal. botocore reads no ``client_cert`` from the AWS config file.
+
+A client behind a proxy (``config_kwargs["proxies"]``, or ``HTTP_PROXY`` / ``HTTPS_PROXY`` in
+the environment, ``NO_PROXY`` heeded: botocore's own choice of proxy and its
+``Proxy-Authorization`` from the proxy url's user and password) is sent through it here too
+(aiohttp's public ``proxy=``) when every proxy named is ``http://`` (or has no scheme, which
+botocore takes for ``http://``) or ``https://``. An https endpoint is reached through a
+``CONNECT`` tunnel, its TLS inside the proxy's for an ``https://`` proxy. TLS to an
+``https://`` proxy is checked against the endpoint's trust (``verify``), hostname included,
+as aiobotocore's is when ``proxies_config`` names no CA bundle of its own. aiohttp's public
+API has one TLS context for both hops, hence what follows.
+
+These keep aiobotocore's own session (:func:`sender_for` returns None; the door does not serve
+them either):
+
+* ``config_kwargs["proxies_config"]`` (``proxy_ca_bundle``, ``proxy_client_cert``: TLS to the
+  proxy unlike the endpoint's), and an AWS config file naming any ``proxy`` setting or a
+  ``ca_bundle`` (which botocore reads there: looked for by name, whichever profile);
+* a proxy of another scheme (``socks5://``...), or any ``https://`` proxy along with a client
+  certificate (it would be offered to the proxy, which botocore never does);
+* ``config_kwargs["connector_args"]`` (aiobotocore's own, some of them not aiohttp's:
+  ``ssl_context``, ``pool_timeout``...), a ``session`` of the caller's (its settings are its
+  own), a ``client_cert`` that is neither a path nor a pair of paths, and settings of a type
+  botocore would not take.
+
+aiobotocore's session follows redirects and reads an answer whole, uncapped (what those
+settings need of it is aiobotocore's to apply: its proxy TLS is set through aiohttp
+internals). What still holds there: a listing page is refused past a page's bounds
+(:mod:`~streamrec.storage.s3.listing`), once read, before botocore parses it; an object's
+bytes stream as everywhere.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
+from streamrec.errors import StorageError
+from streamrec.redact import redact
 from streamrec.storage.http.body import capped_answers
 from streamrec.storage.s3.listing import PAGE_BYTES
 from streamrec.storage.s3.settings import config_file_names, proxied, verify_of
+from streamrec.storage.s3.tls import ClientCert, build_tls_context, start_tls_context
 
 __all__ = ["ANSWER_BYTES", "NoRedirectSender", "sender_for"]
 
@@ -60,23 +89,23 @@ class NoRedirectSender:
         connect_timeout_s: float,
         read_timeout_s: float,
         proxies: Mapping[str, str] | None = None,
+        client_cert: ClientCert | None = None,
     ) -> None:
         self._verify = verify
+        self._client_cert = client_cert
         self._proxies = proxies  # (None: the environment's, for each request's url)
         self._max_connections = max_connections
         self._timeouts = (connect_timeout_s, read_timeout_s)
         self._session: Any = None
         self._lock = asyncio.Lock()
 
-    async def _opened(self) -> Any:
+    async def _opened(self, url: str) -> Any:
         if self._session is None:
             async with self._lock:
                 if self._session is None:
                     import aiohttp
 
-                    from streamrec.storage.s3.tls import start_tls_context
-
-                    context = await start_tls_context(self._verify)
+                    context = await self._tls_context(url)
                     connect_s, read_s = self._timeouts
                     self._session = aiohttp.ClientSession(
                         connector=aiohttp.TCPConnector(
@@ -89,6 +118,19 @@ class NoRedirectSender:
                     )
         return self._session
 
+    async def _tls_context(self, url: str) -> ssl.SSLContext:
+        """The process's context for the store's trust, or with a client certificate the
+        store's own (built off the loop: it reads files)."""
+        if self._client_cert is None:
+            return await start_tls_context(self._verify)
+        try:
+            return await asyncio.to_thread(build_tls_context, self._verify, self._client_cert)
+        except (OSError, ValueError) as exc:  # (ssl.SSLError: an OSError)
+            raise StorageError(
+                f"{redact(url)}: the client certificate {self._client_cert!r} cannot be used "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
+
     async def __call__(self, request: Any, **_: Any) -> Any:
         """botocore's ``before-send`` handler: the answer to ``request``."""
         import aiohttp
@@ -98,8 +140,11 @@ class NoRedirectSender:
             ConnectTimeoutError,
             EndpointConnectionError,
             HTTPClientError,
+            ProxyConnectionError,
             ReadTimeoutError,
+            SSLError,
         )
+        from botocore.httpsession import mask_proxy_url
         from multidict import CIMultiDict
         from yarl import URL
 
@@ -112,9 +157,9 @@ class NoRedirectSender:
         chunked = headers.get("Transfer-Encoding", "").lower() == "chunked"
         if chunked:  # aiohttp wants it as a parameter, not a header
             del headers["Transfer-Encoding"]
+        proxy, proxy_headers = self._proxy_for(url)
         try:
-            session = await self._opened()
-            proxy, proxy_headers = self._proxy_for(url)
+            session = await self._opened(url)
             response = await session.request(
                 request.method,
                 url=URL(url, encoded=True),
@@ -133,6 +178,10 @@ class NoRedirectSender:
             if not request.stream_output:
                 await answer.content  # read now, as aiobotocore does
             return answer
+        except aiohttp.ClientSSLError as exc:  # (the endpoint's TLS, or the proxy's)
+            raise SSLError(endpoint_url=url, error=exc) from exc
+        except (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError) as exc:
+            raise ProxyConnectionError(proxy_url=mask_proxy_url(proxy), error=exc) from exc
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
             raise ConnectionClosedError(error=exc, request=request, endpoint_url=url) from exc
         except aiohttp.ServerTimeoutError as exc:
@@ -172,24 +221,26 @@ def sender_for(
     options: dict[str, Any], environ: Any, max_connections: int, timeouts_s: tuple[float, float]
 ) -> NoRedirectSender | None:
     """The sender of a client made from the filesystem's ``options``, or None where the
-    client keeps aiobotocore's session (a client certificate, proxy TLS settings, a proxy
-    not ``http://``, a session of the caller's, or settings it cannot tell)."""
+    client keeps aiobotocore's session (see the module docstring: proxy TLS settings, a proxy
+    neither ``http://`` nor ``https://``, a client certificate with an ``https://`` proxy,
+    ``connector_args``, a session of the caller's, or settings it cannot tell)."""
     client = options.get("client_kwargs") or {}
     config = options.get("config_kwargs") or {}
     if (
         options.get("session") is not None
         or not isinstance(client, dict)
         or not isinstance(config, dict)
-        or config.get("client_cert")
         or config.get("proxies_config")
         or config.get("connector_args")
-        or config_file_names(environ, (b"ca_bundle", b"proxy", b"client_cert"))
+        or config_file_names(environ, (b"ca_bundle", b"proxy"))
     ):
         return None  # (what the config file says of these, botocore reads)
-    proxies = config.get("proxies")
-    if proxies is not None and not _plain_proxies(proxies):
+    client_cert = _client_cert(config.get("client_cert"))
+    if client_cert is False:
         return None
-    if proxies is None and proxied(environ) and not _plain_proxies(_environ_proxies(environ)):
+    proxies = config.get("proxies")
+    named = proxies if proxies is not None else _environ_proxies(environ)
+    if (proxies is not None or proxied(environ)) and not _proxies_served(named, client_cert):
         return None
     verify = verify_of(client, environ)
     if verify is None:
@@ -197,7 +248,23 @@ def sender_for(
     pool = config.get("max_pool_connections", max_connections)
     if not isinstance(pool, int) or pool < 1:
         return None
-    return NoRedirectSender(verify, pool, *timeouts_s, proxies=proxies)
+    return NoRedirectSender(verify, pool, *timeouts_s, proxies=proxies, client_cert=client_cert)
+
+
+def _client_cert(value: Any) -> ClientCert | Literal[False] | None:
+    """``config_kwargs``' ``client_cert`` as aiobotocore takes it (None: none; False: a value
+    it would not take as one, such as a list: what it does with it is its own)."""
+    if value is None or value == "":
+        return None  # (aiobotocore offers none for an empty path either)
+    if isinstance(value, str):
+        return value
+    if (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and all(isinstance(part, str) and part for part in value)
+    ):
+        return (value[0], value[1])
+    return False
 
 
 def _environ_proxies(environ: Mapping[str, str]) -> dict[str, str]:
@@ -210,15 +277,18 @@ def _environ_proxies(environ: Mapping[str, str]) -> dict[str, str]:
     return found
 
 
-def _plain_proxies(proxies: Any) -> bool:
+def _proxies_served(proxies: Any, client_cert: ClientCert | None) -> bool:
     """Whether every proxy of ``proxies`` is one aiohttp's public ``proxy=`` reaches as
-    botocore would: ``http://`` (or no scheme, which botocore takes for ``http://``)."""
+    botocore would: ``http://`` (or no scheme, which botocore takes for ``http://``), or
+    ``https://`` with no client certificate (aiohttp's TLS to the proxy is the endpoint's
+    context, which would offer the proxy the certificate botocore keeps for the endpoint)."""
     if not isinstance(proxies, Mapping):
         return False
     for value in proxies.values():
         if not isinstance(value, str):
             return False
         scheme, found, _ = value.partition("://")
-        if found and scheme.lower() != "http":
+        scheme = scheme.lower() if found else "http"
+        if scheme != "http" and (scheme != "https" or client_cert is not None):
             return False
     return True

@@ -10,6 +10,10 @@ forgets a context its parent was still building (the thread building it is not i
 
 Trust as botocore's: ``verify=False`` checks nothing; a path is the CA bundle; True is
 botocore's own bundle (``botocore.httpsession.get_cert_path``: certifi's where installed).
+
+A client certificate (botocore's ``client_cert``) makes a context of the store's own
+(:func:`build_tls_context` with ``client_cert``), never shared: a certificate renewed on disk
+is offered by the next store.
 """
 
 from __future__ import annotations
@@ -23,14 +27,32 @@ from typing import Any
 
 from streamrec.storage import warmup
 
-__all__ = ["build_tls_context", "prewarm", "start_tls_context"]
+__all__ = ["ClientCert", "build_tls_context", "prewarm", "start_tls_context"]
+
+ClientCert = str | tuple[str, str]
+"""botocore's ``client_cert``: a PEM file holding the certificate and its key, or the paths
+of the certificate and of its key."""
 
 _lock = threading.Lock()
 _tls_contexts: dict[bool | str, Future[ssl.SSLContext]] = {}
 
 
-def build_tls_context(verify: bool | str) -> ssl.SSLContext:
-    """A client TLS context that trusts what botocore's would for ``verify``."""
+def build_tls_context(verify: bool | str, client_cert: ClientCert | None = None) -> ssl.SSLContext:
+    """A client TLS context that trusts what botocore's would for ``verify`` and offers
+    ``client_cert`` (as urllib3 does, whatever ``verify`` says). A key protected by a
+    passphrase is refused (ValueError), not prompted for on the terminal as OpenSSL would."""
+    context = _trusting(verify)
+    if client_cert is not None:
+        cert, key = (client_cert, None) if isinstance(client_cert, str) else client_cert
+        context.load_cert_chain(cert, key, password=_no_passphrase)
+    return context
+
+
+def _no_passphrase() -> str:
+    raise ValueError("its key is protected by a passphrase, which streamrec does not ask for")
+
+
+def _trusting(verify: bool | str) -> ssl.SSLContext:
     if verify is False:
         context = ssl.create_default_context()
         context.check_hostname = False
