@@ -11,7 +11,11 @@
  *
  * that decodes a batch of serialized Examples straight into preallocated output buffers
  * (numpy arrays passed in through the buffer protocol). It backs decode_batch() in
- * streamrec/format/example/batch.py.
+ * streamrec/format/example/batch.py. parse_examples_arrow() is its Arrow mode (to="arrow"):
+ * var-length and bytes features are kept as (list, count, bytes) per record in a first pass,
+ * then written in a second pass into Arrow buffers (offsets, values, data) of exactly the sizes
+ * counted, allocated once per batch by the caller (Arrow's memory pool); both passes run
+ * without the GIL, on the calling thread.
  *
  * Contract: parse_examples() either decodes the whole batch with exactly the result the
  * pure-Python (upb) path would give, or returns None, and the caller then decodes the batch
@@ -25,7 +29,9 @@
  *
  * Safety: every read is bounds-checked against the end of its (sub)message; varints are at
  * most 10 bytes, tags at most 5 bytes and 32 bits, lengths at most INT32_MAX; writes go only
- * to output buffers whose sizes were checked against the batch size up front.
+ * to output buffers whose sizes were checked against the batch size up front, and each list's
+ * values only to the room counted for it (checked again as they are written: a buffer payload
+ * may change between the passes, which then hand the batch back).
  *
  * C99, CPython C API only (no numpy C API).
  */

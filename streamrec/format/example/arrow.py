@@ -1,7 +1,7 @@
 """Decoded Example columns as Arrow: ``decode_batch(..., to="arrow")`` and ``arrow_schema``.
 
-The C parser's output is laid out the way Arrow keeps data, so a batch becomes a
-``pyarrow.RecordBatch`` without a Python object per record or per value:
+The C parser writes a batch the way Arrow keeps data, so it becomes a ``pyarrow.RecordBatch``
+without a Python object per record or per value:
 
 ==========================================  =================================================
 spec                                        Arrow type (``n`` records)
@@ -9,14 +9,20 @@ spec                                        Arrow type (``n`` records)
 ``FixedLenFeature(int64 | float32, ())``    ``int64`` / ``float32``: the C output, not copied
 ``FixedLenFeature(..., (a, b))``            ``fixed_size_list(fixed_size_list(t, b), a)``
 ``FixedLenFeature(bytes, shape)``           ``large_binary`` (nested the same way): the
-                                            values gathered in C from the payloads
-``VarLenFeature(int64 | float32)``          ``large_list(t)``: the C output and its counts'
-                                            running sum as the offsets, not copied
-``VarLenFeature(bytes)``                    ``large_list(large_binary)``
+                                            values copied in C from the payloads
+``VarLenFeature(int64 | float32)``          ``large_list(t)``: offsets and values written
+                                            in C, not copied
+``VarLenFeature(bytes)``                    ``large_list(large_binary)``: the same
 ``RawFeature(dtype, shape)``                ``dtype``'s Arrow type, nested by ``shape``
                                             (``S<n>``: ``fixed_size_binary(n)``; ``U<n>``,
                                             complex and structured dtypes: TypeError)
 ==========================================  =================================================
+
+The var-length and bytes columns take two passes in C (``parse_examples_arrow``): one counts
+the values and bytes of every record, one writes them into buffers of exactly that size from
+Arrow's memory pool (:func:`allocate`). Both run on the calling thread with the GIL released
+(other Python threads run meanwhile; there is no thread pool). An extension built before
+``parse_examples_arrow`` existed gives spans that are gathered (``gather_spans``).
 
 A spec without features gives batches of ``n`` rows and no column. Large (64-bit offset)
 types throughout: one schema for every batch whatever its size, and the
