@@ -630,6 +630,7 @@ typedef struct {
     Py_buffer view[3];
     int nbuf;
     int64_t values, nbytes; /* totals over the batch */
+    int64_t vi, at;         /* pass 2: values and bytes written so far */
 } Outs;
 
 /* Size and allocate a spec's Arrow outputs from its refs (with the GIL). */
@@ -667,63 +668,76 @@ static int arrow_alloc(Spec *s, Py_ssize_t n, PyObject *alloc, Outs *o) {
     return 1;
 }
 
-/* Write a spec's Arrow outputs (no Python API: runs without the GIL). */
-static int arrow_fill(Spec *s, Py_ssize_t n, Outs *o) {
-    Py_ssize_t i, j;
-    int64_t vi = 0, at = 0;
+/* Write record i of a spec's Arrow outputs at the cursors o->vi, o->at (no Python API: runs
+ * without the GIL). The first record also writes the first offsets. */
+static int arrow_fill_record(Spec *s, Py_ssize_t i, Outs *o) {
+    const Ref *r = &s->refs[i];
+    Py_ssize_t j;
     if (s->mode == M_VAR_INT64 || s->mode == M_VAR_FLOAT) {
         int64_t *offsets = (int64_t *)o->view[0].buf;
         char *values = (char *)o->view[1].buf;
         size_t width = s->mode == M_VAR_FLOAT ? 4 : 8;
-        offsets[0] = 0;
-        for (i = 0; i < n; i++) {
-            const Ref *r = &s->refs[i];
-            if (r->count > o->values - vi) return 0;
-            if (r->lp && !write_values(s->kind, r->lp, r->lend, values + (size_t)vi * width,
-                                       values + (size_t)(vi + r->count) * width, NULL))
-                return 0;
-            vi += r->count;
-            offsets[i + 1] = vi;
-        }
+        if (i == 0) offsets[0] = 0;
+        if (r->count > o->values - o->vi) return 0;
+        if (r->lp && !write_values(s->kind, r->lp, r->lend, values + (size_t)o->vi * width,
+                                   values + (size_t)(o->vi + r->count) * width, NULL))
+            return 0;
+        o->vi += r->count;
+        offsets[i + 1] = o->vi;
         return 1;
     }
     if (s->mode == M_VAR_BYTES) {
         int64_t *offsets = (int64_t *)o->view[0].buf, *voff = (int64_t *)o->view[1].buf;
-        char *data = (char *)o->view[2].buf;
-        offsets[0] = voff[0] = 0;
-        for (i = 0; i < n; i++) {
-            const Ref *r = &s->refs[i];
-            if (r->lp && !fill_bytes_list(r->lp, r->lend, voff, &vi, o->values, data, &at,
-                                          o->nbytes))
-                return 0;
-            offsets[i + 1] = vi;
-            if (vi != offsets[i] + r->count) return 0;
-        }
-        return vi == o->values && at == o->nbytes;
+        if (i == 0) offsets[0] = voff[0] = 0;
+        if (r->lp && !fill_bytes_list(r->lp, r->lend, voff, &o->vi, o->values,
+                                      (char *)o->view[2].buf, &o->at, o->nbytes))
+            return 0;
+        offsets[i + 1] = o->vi;
+        return o->vi == offsets[i] + r->count;
     }
     { /* M_BYTES: count values a record, or the default's */
         int64_t *voff = (int64_t *)o->view[0].buf;
         char *data = (char *)o->view[1].buf;
-        voff[0] = 0;
-        for (i = 0; i < n; i++) {
-            const Ref *r = &s->refs[i];
-            if (r->lp) {
-                if (!fill_bytes_list(r->lp, r->lend, voff, &vi, o->values, data, &at, o->nbytes))
-                    return 0;
-            } else {
-                for (j = 0; j < s->count; j++) {
-                    PyObject *item = PyTuple_GET_ITEM(s->dflt_items, j);
-                    int64_t len = (int64_t)PyBytes_GET_SIZE(item);
-                    if (vi >= o->values || len > o->nbytes - at) return 0;
-                    if (len) memcpy(data + at, PyBytes_AS_STRING(item), (size_t)len);
-                    at += len;
-                    voff[++vi] = at;
-                }
+        if (i == 0) voff[0] = 0;
+        if (r->lp) {
+            if (!fill_bytes_list(r->lp, r->lend, voff, &o->vi, o->values, data, &o->at,
+                                 o->nbytes))
+                return 0;
+        } else {
+            for (j = 0; j < s->count; j++) {
+                PyObject *item = PyTuple_GET_ITEM(s->dflt_items, j);
+                int64_t len = (int64_t)PyBytes_GET_SIZE(item);
+                if (o->vi >= o->values || len > o->nbytes - o->at) return 0;
+                if (len) memcpy(data + o->at, PyBytes_AS_STRING(item), (size_t)len);
+                o->at += len;
+                voff[++o->vi] = o->at;
             }
-            if (vi != ((int64_t)i + 1) * (int64_t)s->count) return 0;
         }
-        return vi == o->values && at == o->nbytes;
+        return o->vi == ((int64_t)i + 1) * (int64_t)s->count;
     }
+}
+
+/* Pass 2, record by record (each record's lists lie together: read from memory once), every
+ * kept spec; then every output must be exactly full. */
+static int arrow_fill(Spec *specs, Py_ssize_t nspecs, Py_ssize_t n, Outs *outs) {
+    Py_ssize_t i, k;
+    for (k = 0; k < nspecs; k++) outs[k].vi = outs[k].at = 0;
+    if (n == 0) { /* the first offsets still */
+        for (k = 0; k < nspecs; k++) {
+            if (specs[k].refs) *(int64_t *)outs[k].view[0].buf = 0;
+            if (specs[k].refs && specs[k].mode == M_VAR_BYTES) *(int64_t *)outs[k].view[1].buf = 0;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        for (k = 0; k < nspecs; k++) {
+            if (specs[k].refs && !arrow_fill_record(&specs[k], i, &outs[k])) return 0;
+        }
+    }
+    for (k = 0; k < nspecs; k++) {
+        if (specs[k].refs && (outs[k].vi != outs[k].values || outs[k].at != outs[k].nbytes))
+            return 0;
+    }
+    return 1;
 }
 
 /* The records of a batch lie anywhere in memory (a bytes object each): ask for the next one
@@ -951,9 +965,7 @@ static PyObject *parse_common(PyObject *args, int arrow) {
             if (specs[i].refs && !arrow_alloc(&specs[i], n, alloc, &outs[i])) goto done;
         }
         Py_BEGIN_ALLOW_THREADS
-        for (i = 0; ok && i < nspecs; i++) {
-            if (specs[i].refs) ok = arrow_fill(&specs[i], n, &outs[i]);
-        }
+        ok = arrow_fill(specs, nspecs, n, outs);
         Py_END_ALLOW_THREADS
         if (!ok) { /* (a buffer payload changed between the passes) */
             result = Py_None;
