@@ -11,7 +11,11 @@
  *
  * that decodes a batch of serialized Examples straight into preallocated output buffers
  * (numpy arrays passed in through the buffer protocol). It backs decode_batch() in
- * streamrec/format/example/batch.py.
+ * streamrec/format/example/batch.py. parse_examples_arrow() is its Arrow mode (to="arrow"):
+ * var-length and bytes features are kept as (list, count, bytes) per record in a first pass,
+ * then written in a second pass into Arrow buffers (offsets, values, data) of exactly the sizes
+ * counted, allocated once per batch by the caller (Arrow's memory pool); both passes run
+ * without the GIL, on the calling thread.
  *
  * Contract: parse_examples() either decodes the whole batch with exactly the result the
  * pure-Python (upb) path would give, or returns None, and the caller then decodes the batch
@@ -25,7 +29,9 @@
  *
  * Safety: every read is bounds-checked against the end of its (sub)message; varints are at
  * most 10 bytes, tags at most 5 bytes and 32 bits, lengths at most INT32_MAX; writes go only
- * to output buffers whose sizes were checked against the batch size up front.
+ * to output buffers whose sizes were checked against the batch size up front, and each list's
+ * values only to the room counted for it (checked again as they are written: a buffer payload
+ * may change between the passes, which then hand the batch back).
  *
  * C99, CPython C API only (no numpy C API).
  */
@@ -50,6 +56,13 @@ enum {
 /* Feature kinds: the field numbers of the oneof. */
 enum { K_NONE = 0, K_BYTES = 1, K_FLOAT = 2, K_INT64 = 3 };
 
+/* Arrow mode: where a record's list of one feature lies (lp NULL: none, or the default), its
+ * value count and (bytes) the total length of its values. */
+typedef struct {
+    const uint8_t *lp, *lend;
+    int64_t count, nbytes;
+} Ref;
+
 typedef struct {
     const char *key;
     Py_ssize_t keylen;
@@ -67,6 +80,9 @@ typedef struct {
     int seen;
     Py_buffer out_view, counts_view, dflt_view;
     int have_out, have_counts, have_dflt;
+    Ref *refs;          /* Arrow mode, var and bytes modes: each record's list, for pass 2 */
+    PyObject *dflt_items; /* Arrow mode, M_BYTES with a default: its count values (bytes) */
+    size_t dflt_nbytes;   /* their total length */
 } Spec;
 
 typedef struct {
@@ -74,6 +90,8 @@ typedef struct {
     Py_ssize_t record;
     Spec *specs;
     Py_ssize_t nspecs;
+    int arrow;           /* parse_examples_arrow: var and bytes lists are kept for pass 2 */
+    Py_ssize_t hint;     /* the spec after the last one matched */
 } Ctx;
 
 /* ------------------------------------------------------------------ wire primitives */
@@ -213,9 +231,13 @@ static int scan_feature(const uint8_t *p, const uint8_t *end, int *kind, const u
     return 1;
 }
 
-/* Validate a BytesList / FloatList / Int64List and count its values. */
-static int count_values(int kind, const uint8_t *p, const uint8_t *end, Py_ssize_t *count) {
+/* Validate a BytesList / FloatList / Int64List and count its values (and the bytes of a
+ * BytesList's). Not strict: packed int64 values are counted by their last bytes, not decoded;
+ * only for a list that write_values() reads next, which checks every varint. */
+static int count_values(int kind, const uint8_t *p, const uint8_t *end, int strict,
+                        Py_ssize_t *count, int64_t *nbytes) {
     Py_ssize_t c = 0;
+    int64_t total = 0;
     while (p < end) {
         uint32_t field, wt;
         if (!read_tag(&p, end, &field, &wt)) return 0;
@@ -227,6 +249,7 @@ static int count_values(int kind, const uint8_t *p, const uint8_t *end, Py_ssize
             size_t n;
             if (wt != 2 || !read_len(&p, end, &n)) return 0;
             p += n;
+            total += (int64_t)n;
             c++;
         } else if (kind == K_FLOAT) {
             if (wt == 2) {
@@ -248,6 +271,14 @@ static int count_values(int kind, const uint8_t *p, const uint8_t *end, Py_ssize
                 const uint8_t *pend;
                 if (!read_len(&p, end, &n)) return 0;
                 pend = p + n;
+                if (!strict) { /* one value per last byte; write_values() checks the rest */
+                    const uint8_t *q;
+                    Py_ssize_t last = 0;
+                    if (n && (pend[-1] & 0x80)) return 0;
+                    for (q = p; q < pend; q++) last += *q < 0x80;
+                    c += last;
+                    p = pend;
+                }
                 while (p < pend) {
                     if (!read_varint(&p, pend, &v)) return 0;
                     c++;
@@ -261,13 +292,15 @@ static int count_values(int kind, const uint8_t *p, const uint8_t *end, Py_ssize
         }
     }
     *count = c;
+    *nbytes = total;
     return 1;
 }
 
-/* Write the values of a list that count_values() accepted to dst (int64 / float32 /
- * (offset, length) int64 pairs relative to base). Checks everything again all the same. */
+/* Write the values of a list that count_values() accepted to [dst, dst_end) (int64 / float32 /
+ * (offset, length) int64 pairs relative to base), exactly filling it. Checks everything again
+ * all the same (a buffer payload may have changed since it was counted). */
 static int write_values(int kind, const uint8_t *p, const uint8_t *end, char *dst,
-                        const uint8_t *base) {
+                        char *dst_end, const uint8_t *base) {
     while (p < end) {
         uint32_t field = 0, wt = 0;
         size_t n = 0;
@@ -280,7 +313,7 @@ static int write_values(int kind, const uint8_t *p, const uint8_t *end, char *ds
         }
         if (kind == K_BYTES) {
             int64_t pair[2];
-            if (wt != 2 || !read_len(&p, end, &n)) return 0;
+            if (wt != 2 || !read_len(&p, end, &n) || dst_end - dst < 16) return 0;
             pair[0] = (int64_t)(p - base);
             pair[1] = (int64_t)n;
             memcpy(dst, pair, sizeof pair);
@@ -293,6 +326,7 @@ static int write_values(int kind, const uint8_t *p, const uint8_t *end, char *ds
                 n = 4;
                 if (wt != 5 || end - p < 4) return 0;
             }
+            if ((size_t)(dst_end - dst) < n) return 0;
             if (n) memcpy(dst, p, n);
             dst += n;
             p += n;
@@ -301,19 +335,24 @@ static int write_values(int kind, const uint8_t *p, const uint8_t *end, char *ds
             if (!read_len(&p, end, &n)) return 0;
             pend = p + n;
             while (p < pend) {
-                if (!read_varint(&p, pend, &v)) return 0;
+                if (*p < 0x80) { /* most ids are small */
+                    v = *p++;
+                } else if (!read_varint(&p, pend, &v)) {
+                    return 0;
+                }
+                if (dst_end - dst < 8) return 0;
                 iv = (int64_t)v;
                 memcpy(dst, &iv, 8);
                 dst += 8;
             }
         } else {
-            if (wt != 0 || !read_varint(&p, end, &v)) return 0;
+            if (wt != 0 || !read_varint(&p, end, &v) || dst_end - dst < 8) return 0;
             iv = (int64_t)v;
             memcpy(dst, &iv, 8);
             dst += 8;
         }
     }
-    return 1;
+    return dst == dst_end;
 }
 
 static int grow(Spec *s, size_t need) {
@@ -334,17 +373,32 @@ static int grow(Spec *s, size_t need) {
 
 /* Apply one (validated) map entry's Feature to the spec it names. */
 static int apply(Ctx *ctx, Spec *s, int kind, const uint8_t *lp, const uint8_t *lend,
-                 Py_ssize_t count) {
+                 Py_ssize_t count, int64_t nbytes) {
+    int again = s->seen;
     if (kind != K_NONE && kind != s->kind) return 0;
     s->seen = 1;
+    if (s->refs) { /* Arrow mode: written in pass 2, once every size is known */
+        Ref *r = &s->refs[ctx->record];
+        Py_ssize_t c;
+        int64_t b;
+        if (s->mode == M_BYTES && count != s->count) return 0;
+        /* an earlier entry of the key, replaced: pass 2 will not read it, so check it here */
+        if (again && r->lp && !count_values(s->kind, r->lp, r->lend, 1, &c, &b)) return 0;
+        r->lp = lp;
+        r->lend = lend;
+        r->count = (int64_t)count;
+        r->nbytes = nbytes;
+        return 1;
+    }
     switch (s->mode) {
     case M_INT64:
     case M_FLOAT:
-    case M_BYTES:
+    case M_BYTES: {
+        char *dst = s->out + (size_t)ctx->record * (size_t)s->count * (size_t)s->itemsize;
         if (count != s->count) return 0;
-        return write_values(kind, lp, lend,
-                            s->out + (size_t)ctx->record * (size_t)s->count * (size_t)s->itemsize,
+        return write_values(kind, lp, lend, dst, dst + (size_t)s->count * (size_t)s->itemsize,
                             ctx->base);
+    }
     case M_RAW: {
         const uint8_t *p = lp;
         uint32_t field = 0, wt = 0;
@@ -365,7 +419,9 @@ static int apply(Ctx *ctx, Spec *s, int kind, const uint8_t *lp, const uint8_t *
         size_t width = s->mode == M_VAR_FLOAT ? 4 : s->mode == M_VAR_BYTES ? 16 : 8;
         s->vlen = s->rec_start;
         if (!grow(s, (size_t)count * width)) return 0;
-        if (!write_values(kind, lp, lend, s->vbuf + s->vlen, ctx->base)) return 0;
+        if (!write_values(kind, lp, lend, s->vbuf + s->vlen,
+                          s->vbuf + s->vlen + (size_t)count * width, ctx->base))
+            return 0;
         s->vlen += (size_t)count * width;
         s->counts[ctx->record] = (int64_t)count;
         return 1;
@@ -373,19 +429,31 @@ static int apply(Ctx *ctx, Spec *s, int kind, const uint8_t *lp, const uint8_t *
     }
 }
 
+/* Feature names are short: a loop, where memcmp() would be a call (8 % of the time). */
+static inline int same_bytes(const char *a, const uint8_t *b, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        if ((uint8_t)a[i] != b[i]) return 0;
+    }
+    return 1;
+}
+
 /* One map entry of Features: key = 1, value = 2 and nothing else. */
 static int parse_entry(Ctx *ctx, const uint8_t *p, const uint8_t *end) {
     const uint8_t *key = p, *val = p, *vend = p, *lp, *lend;
     size_t keylen = 0;
-    int have_val = 0, kind;
-    Py_ssize_t count = 0, i;
+    int have_key = 0, have_val = 0, kind;
+    Py_ssize_t count = 0, i, k;
+    int64_t nbytes = 0;
+    Spec *s = NULL;
     while (p < end) {
         uint32_t field, wt;
         size_t n;
         if (!read_tag(&p, end, &field, &wt)) return 0;
         if (wt != 2 || field > 2 || !read_len(&p, end, &n)) return 0;
-        if (field == 1) {
-            if (!utf8_valid(p, n)) return 0;
+        if (field == 1) { /* (a key given twice: the first must be UTF-8 all the same) */
+            if (have_key && !utf8_valid(key, keylen)) return 0;
+            have_key = 1;
             key = p;
             keylen = n;
         } else {
@@ -396,14 +464,22 @@ static int parse_entry(Ctx *ctx, const uint8_t *p, const uint8_t *end) {
         }
         p += n;
     }
-    if (!scan_feature(val, vend, &kind, &lp, &lend)) return 0;
-    if (kind != K_NONE && !count_values(kind, lp, lend, &count)) return 0;
-    for (i = 0; i < ctx->nspecs; i++) {
-        Spec *s = &ctx->specs[i];
-        if ((size_t)s->keylen == keylen && (keylen == 0 || memcmp(s->key, key, keylen) == 0))
-            return apply(ctx, s, kind, lp, lend, count);
+    /* Spec keys are str.encode("utf-8"): a key equal to one is valid UTF-8. Features often
+     * come in the same order in every record: the search starts after the last one found. */
+    for (i = 0, k = ctx->hint; i < ctx->nspecs; i++, k++) {
+        Spec *cand;
+        if (k >= ctx->nspecs) k = 0;
+        cand = &ctx->specs[k];
+        if ((size_t)cand->keylen == keylen && same_bytes(cand->key, key, keylen)) {
+            s = cand;
+            ctx->hint = k + 1;
+            break;
+        }
     }
-    return 1;
+    if (!s && !utf8_valid(key, keylen)) return 0;
+    if (!scan_feature(val, vend, &kind, &lp, &lend)) return 0;
+    if (kind != K_NONE && !count_values(kind, lp, lend, s == NULL, &count, &nbytes)) return 0;
+    return s ? apply(ctx, s, kind, lp, lend, count, nbytes) : 1;
 }
 
 static int parse_features(Ctx *ctx, const uint8_t *p, const uint8_t *end) {
@@ -455,23 +531,37 @@ static int parse_example(Ctx *ctx, const uint8_t *p, const uint8_t *end) {
         case M_BYTES: {
             /* offset -1 marks "use the default"; Python fills it in */
             Py_ssize_t j;
-            int64_t *o = (int64_t *)(void *)(s->out + (size_t)ctx->record * (size_t)s->count * 16);
+            int64_t *o;
             int64_t mark[2] = {-1, 0};
             if (!s->has_default) return 0;
+            if (s->refs) { /* Arrow mode: pass 2 copies the default values */
+                Ref *r = &s->refs[ctx->record];
+                r->lp = r->lend = NULL;
+                r->count = (int64_t)s->count;
+                r->nbytes = (int64_t)s->dflt_nbytes;
+                break;
+            }
+            o = (int64_t *)(void *)(s->out + (size_t)ctx->record * (size_t)s->count * 16);
             for (j = 0; j < s->count; j++) memcpy(o + 2 * j, mark, sizeof mark);
             break;
         }
         case M_RAW:
             return 0;
         default:
-            s->counts[ctx->record] = 0;
+            if (s->refs) {
+                Ref *r = &s->refs[ctx->record];
+                r->lp = r->lend = NULL;
+                r->count = r->nbytes = 0;
+            } else {
+                s->counts[ctx->record] = 0;
+            }
             break;
         }
     }
     return 1;
 }
 
-/* ------------------------------------------------------------------ Python entry point */
+/* ------------------------------------------------------------------ shared by the entry points */
 
 static int little_endian(void) {
     const uint16_t one = 1;
@@ -486,35 +576,207 @@ static void release_specs(Spec *specs, Py_ssize_t n) {
         if (specs[i].have_out) PyBuffer_Release(&specs[i].out_view);
         if (specs[i].have_counts) PyBuffer_Release(&specs[i].counts_view);
         if (specs[i].have_dflt) PyBuffer_Release(&specs[i].dflt_view);
+        Py_XDECREF(specs[i].dflt_items);
         free(specs[i].vbuf);
+        free(specs[i].refs);
     }
     free(specs);
 }
 
-PyDoc_STRVAR(parse_examples_doc,
-"parse_examples(payloads, specs, spans=None) -> list | None\n\n"
-"Decode serialized Examples into preallocated buffers. specs is a sequence of tuples\n"
-"(key: bytes, mode: int, count: int, out, default, counts): out is a writable C-contiguous\n"
-"buffer for the fixed modes, default a bytes-like (numeric modes) or any non-None object\n"
-"(bytes mode) or None, counts a writable int64 buffer of len(payloads) for the var modes.\n"
-"Returns a list with a bytearray of appended values for each var-mode spec (None for the\n"
-"others), or None when the batch must be decoded by the Python path instead. With spans\n"
-"(a C-contiguous int64 buffer of (buffer index, offset, length) triples), record i is\n"
-"payloads[b][o:o + n] of its triple (payloads: bytes objects; ValueError outside them).");
+/* ------------------------------------------------------------------ Arrow mode, pass 2 */
 
-static PyObject *parse_examples(PyObject *self, PyObject *args) {
-    PyObject *payloads, *spec_seq, *spans_obj = Py_None, *fast = NULL, *spec_fast = NULL,
-                                    *result = NULL;
+/* An Arrow output of nbytes: alloc(nbytes), exported writable into *view; NULL on error. */
+static PyObject *alloc_out(PyObject *alloc, int64_t nbytes, Py_buffer *view) {
+    PyObject *o = PyObject_CallFunction(alloc, "L", (long long)nbytes);
+    if (!o) return NULL;
+    if (PyObject_GetBuffer(o, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        Py_DECREF(o);
+        return NULL;
+    }
+    if (view->len < (Py_ssize_t)nbytes) {
+        PyBuffer_Release(view);
+        Py_DECREF(o);
+        PyErr_SetString(PyExc_ValueError, "alloc returned a buffer too small");
+        return NULL;
+    }
+    return o;
+}
+
+/* Copy the values of a BytesList to data[*at...] and their end offsets to voff[*vi + 1...]
+ * (at most vmax values and cap bytes in all). */
+static int fill_bytes_list(const uint8_t *p, const uint8_t *end, int64_t *voff, int64_t *vi,
+                           int64_t vmax, char *data, int64_t *at, int64_t cap) {
+    while (p < end) {
+        uint32_t field = 0, wt = 0;
+        size_t n = 0;
+        if (!read_tag(&p, end, &field, &wt)) return 0;
+        if (field != 1) {
+            if (!skip_field(&p, end, wt)) return 0;
+            continue;
+        }
+        if (wt != 2 || !read_len(&p, end, &n)) return 0;
+        if (*vi >= vmax || (int64_t)n > cap - *at) return 0;
+        if (n) memcpy(data + *at, p, n);
+        *at += (int64_t)n;
+        p += n;
+        voff[++*vi] = *at;
+    }
+    return 1;
+}
+
+/* An Arrow-mode spec's outputs: up to three buffers, written in pass 2. */
+typedef struct {
+    PyObject *obj[3];
+    Py_buffer view[3];
+    int nbuf;
+    int64_t values, nbytes; /* totals over the batch */
+    int64_t vi, at;         /* pass 2: values and bytes written so far */
+} Outs;
+
+/* Size and allocate a spec's Arrow outputs from its refs (with the GIL). */
+static int arrow_alloc(Spec *s, Py_ssize_t n, PyObject *alloc, Outs *o) {
+    Py_ssize_t i;
+    int64_t sizes[3];
+    int k;
+    o->values = o->nbytes = 0;
+    for (i = 0; i < n; i++) {
+        o->values += s->refs[i].count;
+        o->nbytes += s->refs[i].nbytes;
+        if (o->values > PY_SSIZE_T_MAX / 16 || o->nbytes > PY_SSIZE_T_MAX / 2) {
+            PyErr_SetString(PyExc_ValueError, "output too large");
+            return 0;
+        }
+    }
+    if (s->mode == M_VAR_INT64 || s->mode == M_VAR_FLOAT) { /* list offsets, values */
+        o->nbuf = 2;
+        sizes[0] = ((int64_t)n + 1) * 8;
+        sizes[1] = o->values * (s->mode == M_VAR_FLOAT ? 4 : 8);
+    } else if (s->mode == M_VAR_BYTES) { /* list offsets, value offsets, data */
+        o->nbuf = 3;
+        sizes[0] = ((int64_t)n + 1) * 8;
+        sizes[1] = (o->values + 1) * 8;
+        sizes[2] = o->nbytes;
+    } else { /* M_BYTES: value offsets, data */
+        o->nbuf = 2;
+        sizes[0] = (o->values + 1) * 8;
+        sizes[1] = o->nbytes;
+    }
+    for (k = 0; k < o->nbuf; k++) {
+        o->obj[k] = alloc_out(alloc, sizes[k], &o->view[k]);
+        if (!o->obj[k]) return 0;
+    }
+    return 1;
+}
+
+/* Write record i of a spec's Arrow outputs at the cursors o->vi, o->at (no Python API: runs
+ * without the GIL). The first record also writes the first offsets. */
+static int arrow_fill_record(Spec *s, Py_ssize_t i, Outs *o) {
+    const Ref *r = &s->refs[i];
+    Py_ssize_t j;
+    if (s->mode == M_VAR_INT64 || s->mode == M_VAR_FLOAT) {
+        int64_t *offsets = (int64_t *)o->view[0].buf;
+        char *values = (char *)o->view[1].buf;
+        size_t width = s->mode == M_VAR_FLOAT ? 4 : 8;
+        if (i == 0) offsets[0] = 0;
+        if (r->count > o->values - o->vi) return 0;
+        if (r->lp && !write_values(s->kind, r->lp, r->lend, values + (size_t)o->vi * width,
+                                   values + (size_t)(o->vi + r->count) * width, NULL))
+            return 0;
+        o->vi += r->count;
+        offsets[i + 1] = o->vi;
+        return 1;
+    }
+    if (s->mode == M_VAR_BYTES) {
+        int64_t *offsets = (int64_t *)o->view[0].buf, *voff = (int64_t *)o->view[1].buf;
+        if (i == 0) offsets[0] = voff[0] = 0;
+        if (r->lp && !fill_bytes_list(r->lp, r->lend, voff, &o->vi, o->values,
+                                      (char *)o->view[2].buf, &o->at, o->nbytes))
+            return 0;
+        offsets[i + 1] = o->vi;
+        return o->vi == offsets[i] + r->count;
+    }
+    { /* M_BYTES: count values a record, or the default's */
+        int64_t *voff = (int64_t *)o->view[0].buf;
+        char *data = (char *)o->view[1].buf;
+        if (i == 0) voff[0] = 0;
+        if (r->lp) {
+            if (!fill_bytes_list(r->lp, r->lend, voff, &o->vi, o->values, data, &o->at,
+                                 o->nbytes))
+                return 0;
+        } else {
+            for (j = 0; j < s->count; j++) {
+                PyObject *item = PyTuple_GET_ITEM(s->dflt_items, j);
+                int64_t len = (int64_t)PyBytes_GET_SIZE(item);
+                if (o->vi >= o->values || len > o->nbytes - o->at) return 0;
+                if (len) memcpy(data + o->at, PyBytes_AS_STRING(item), (size_t)len);
+                o->at += len;
+                voff[++o->vi] = o->at;
+            }
+        }
+        return o->vi == ((int64_t)i + 1) * (int64_t)s->count;
+    }
+}
+
+/* Pass 2, record by record (each record's lists lie together: read from memory once), every
+ * kept spec; then every output must be exactly full. */
+static int arrow_fill(Spec *specs, Py_ssize_t nspecs, Py_ssize_t n, Outs *outs) {
+    Py_ssize_t i, k;
+    for (k = 0; k < nspecs; k++) outs[k].vi = outs[k].at = 0;
+    if (n == 0) { /* the first offsets still */
+        for (k = 0; k < nspecs; k++) {
+            if (specs[k].refs) *(int64_t *)outs[k].view[0].buf = 0;
+            if (specs[k].refs && specs[k].mode == M_VAR_BYTES) *(int64_t *)outs[k].view[1].buf = 0;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        for (k = 0; k < nspecs; k++) {
+            if (specs[k].refs && !arrow_fill_record(&specs[k], i, &outs[k])) return 0;
+        }
+    }
+    for (k = 0; k < nspecs; k++) {
+        if (specs[k].refs && (outs[k].vi != outs[k].values || outs[k].at != outs[k].nbytes))
+            return 0;
+    }
+    return 1;
+}
+
+/* The records of a batch lie anywhere in memory (a bytes object each): ask for the next one
+ * while this one is parsed, or its first read waits for memory (a fifth of the time, measured
+ * with perf). */
+static inline void prefetch_record(const uint8_t *p, Py_ssize_t len) {
+#if defined(__GNUC__) || defined(__clang__)
+    Py_ssize_t at;
+    for (at = 0; at < len && at < 512; at += 64) __builtin_prefetch(p + at);
+#else
+    (void)p;
+    (void)len;
+#endif
+}
+
+/* ------------------------------------------------------------------ Python entry points */
+
+/* parse_examples and parse_examples_arrow: arrow selects Arrow mode (alloc: its allocator). */
+static PyObject *parse_common(PyObject *args, int arrow) {
+    PyObject *payloads, *spec_seq, *spans_obj = Py_None, *alloc = NULL, *fast = NULL,
+                                    *spec_fast = NULL, *result = NULL;
     Spec *specs = NULL;
-    Py_ssize_t n, nspecs = 0, i, nbuffers;
+    Outs *outs = NULL;
+    Py_ssize_t n, nspecs = 0, i, nbuffers, nviews = 0;
     int64_t *spans_copy = NULL;
     const int64_t *spans = NULL;
+    const uint8_t **starts = NULL;
+    Py_ssize_t *lens = NULL;
+    Py_buffer *views = NULL;
     Ctx ctx;
     int ok = 1;
-    (void)self;
 
-    if (!PyArg_ParseTuple(args, "OO|O:parse_examples", &payloads, &spec_seq, &spans_obj))
+    if (arrow) {
+        if (!PyArg_ParseTuple(args, "OOOO:parse_examples_arrow", &payloads, &spec_seq, &spans_obj,
+                              &alloc))
+            return NULL;
+    } else if (!PyArg_ParseTuple(args, "OO|O:parse_examples", &payloads, &spec_seq, &spans_obj)) {
         return NULL;
+    }
     /* A tuple and a private copy of the spans: the spec conversions below may run Python code
      * (__index__), which must not be able to swap a payload or a span after its check. */
     fast = PySequence_Tuple(payloads);
@@ -565,7 +827,8 @@ static PyObject *parse_examples(PyObject *self, PyObject *args) {
     }
     nspecs = PySequence_Fast_GET_SIZE(spec_fast);
     specs = (Spec *)calloc((size_t)(nspecs ? nspecs : 1), sizeof(Spec));
-    if (!specs) {
+    outs = (Outs *)calloc((size_t)(nspecs ? nspecs : 1), sizeof(Outs));
+    if (!specs || !outs) {
         PyErr_NoMemory();
         goto done;
     }
@@ -573,6 +836,7 @@ static PyObject *parse_examples(PyObject *self, PyObject *args) {
         Spec *s = &specs[i];
         PyObject *t = PySequence_Fast_GET_ITEM(spec_fast, i), *out, *dflt, *counts;
         size_t need = 0;
+        int kept; /* Arrow mode keeps this spec's lists for pass 2 */
         if (!PyArg_ParseTuple(t, "y#inOOO:spec", &s->key, &s->keylen, &s->mode, &s->count, &out,
                               &dflt, &counts))
             goto done;
@@ -580,11 +844,18 @@ static PyObject *parse_examples(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "bad spec mode or count");
             goto done;
         }
+        kept = arrow && (s->mode == M_BYTES || s->mode > M_RAW);
         s->kind = (s->mode == M_INT64 || s->mode == M_VAR_INT64)   ? K_INT64
                   : (s->mode == M_FLOAT || s->mode == M_VAR_FLOAT) ? K_FLOAT
                                                                    : K_BYTES;
         s->itemsize = s->mode == M_FLOAT ? 4 : s->mode == M_RAW ? 1 : s->mode == M_BYTES ? 16 : 8;
-        if (s->mode <= M_RAW) {
+        if (kept) {
+            s->refs = (Ref *)malloc(sizeof(Ref) * (size_t)(n ? n : 1));
+            if (!s->refs) {
+                PyErr_NoMemory();
+                goto done;
+            }
+        } else if (s->mode <= M_RAW) {
             if (PyObject_GetBuffer(out, &s->out_view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
                 goto done;
             s->have_out = 1;
@@ -618,73 +889,170 @@ static PyObject *parse_examples(PyObject *self, PyObject *args) {
                     goto done;
                 }
                 s->dflt = (const char *)s->dflt_view.buf;
+            } else if (kept && s->mode == M_BYTES) { /* the values themselves */
+                Py_ssize_t j;
+                s->dflt_items = PySequence_Tuple(dflt);
+                if (!s->dflt_items) goto done;
+                if (PyTuple_GET_SIZE(s->dflt_items) != s->count) {
+                    PyErr_SetString(PyExc_ValueError, "default has the wrong size");
+                    goto done;
+                }
+                for (j = 0; j < s->count; j++) {
+                    PyObject *item = PyTuple_GET_ITEM(s->dflt_items, j);
+                    if (!PyBytes_Check(item)) {
+                        PyErr_SetString(PyExc_TypeError, "bytes defaults must be bytes");
+                        goto done;
+                    }
+                    s->dflt_nbytes += (size_t)PyBytes_GET_SIZE(item);
+                }
             }
         }
     }
 
-    ctx.specs = specs;
-    ctx.nspecs = nspecs;
-    if (!little_endian()) ok = 0;
-    for (i = 0; ok && spans != NULL && i < n; i++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(fast, spans[3 * i]);
-        const uint8_t *p = (const uint8_t *)PyBytes_AS_STRING(item) + spans[3 * i + 1];
-        ctx.record = i;
-        ctx.base = p;
-        ok = parse_example(&ctx, p, p + spans[3 * i + 2]);
+    /* Every record's bytes, held until the end (Arrow mode reads them again in pass 2). */
+    starts = (const uint8_t **)malloc(sizeof(*starts) * (size_t)(n ? n : 1));
+    lens = (Py_ssize_t *)malloc(sizeof(*lens) * (size_t)(n ? n : 1));
+    if (!starts || !lens) {
+        PyErr_NoMemory();
+        goto done;
     }
-    for (i = 0; ok && spans == NULL && i < n; i++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
-        ctx.record = i;
+    for (i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, spans ? spans[3 * i] : i);
         if (PyBytes_Check(item)) {
-            const uint8_t *p = (const uint8_t *)PyBytes_AS_STRING(item);
-            ctx.base = p;
-            ok = parse_example(&ctx, p, p + PyBytes_GET_SIZE(item));
-        } else { /* any C-contiguous buffer; hold a reference while exporting it */
-            Py_buffer view;
-            int got;
-            Py_INCREF(item);
-            got = PyObject_GetBuffer(item, &view, PyBUF_C_CONTIGUOUS);
-            if (got == 0) {
-                ctx.base = (const uint8_t *)view.buf;
-                ok = parse_example(&ctx, ctx.base, ctx.base + view.len);
-                PyBuffer_Release(&view);
-            }
-            Py_DECREF(item);
-            if (got < 0) {
-                PyErr_Clear();
-                ok = 0;
+            starts[i] = (const uint8_t *)PyBytes_AS_STRING(item) + (spans ? spans[3 * i + 1] : 0);
+            lens[i] = spans ? (Py_ssize_t)spans[3 * i + 2] : PyBytes_GET_SIZE(item);
+            continue;
+        }
+        if (!views) { /* any C-contiguous buffer (without spans only) */
+            views = (Py_buffer *)malloc(sizeof(Py_buffer) * (size_t)n);
+            if (!views) {
+                PyErr_NoMemory();
+                goto done;
             }
         }
+        if (PyObject_GetBuffer(item, &views[nviews], PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            ok = 0;
+            break;
+        }
+        starts[i] = (const uint8_t *)views[nviews].buf;
+        lens[i] = views[nviews].len;
+        nviews++;
+    }
+
+    ctx.specs = specs;
+    ctx.nspecs = nspecs;
+    ctx.arrow = arrow;
+    ctx.hint = 0;
+    if (!little_endian()) ok = 0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS /* pass 1 reads held buffers and writes our own memory only */
+        for (i = 0; ok && i < n; i++) {
+            if (i + 1 < n) prefetch_record(starts[i + 1], lens[i + 1]);
+            ctx.record = i;
+            ctx.base = starts[i];
+            ok = parse_example(&ctx, starts[i], starts[i] + lens[i]);
+        }
+        Py_END_ALLOW_THREADS
     }
     if (!ok) {
         result = Py_None;
         Py_INCREF(result);
         goto done;
     }
+    if (arrow) { /* pass 2: outputs of the exact sizes, filled without the GIL */
+        for (i = 0; i < nspecs; i++) {
+            if (specs[i].refs && !arrow_alloc(&specs[i], n, alloc, &outs[i])) goto done;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        ok = arrow_fill(specs, nspecs, n, outs);
+        Py_END_ALLOW_THREADS
+        if (!ok) { /* (a buffer payload changed between the passes) */
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+    }
     result = PyList_New(nspecs);
     if (!result) goto done;
     for (i = 0; i < nspecs; i++) {
         PyObject *v;
-        if (specs[i].mode > M_RAW) {
+        if (specs[i].refs) {
+            int k;
+            v = PyTuple_New(outs[i].nbuf);
+            if (v) {
+                for (k = 0; k < outs[i].nbuf; k++) {
+                    Py_INCREF(outs[i].obj[k]);
+                    PyTuple_SET_ITEM(v, k, outs[i].obj[k]);
+                }
+            }
+        } else if (specs[i].mode > M_RAW) {
             v = PyByteArray_FromStringAndSize(specs[i].vbuf ? specs[i].vbuf : "",
                                               (Py_ssize_t)specs[i].vlen);
-            if (!v) {
-                Py_CLEAR(result);
-                goto done;
-            }
         } else {
             v = Py_None;
             Py_INCREF(v);
+        }
+        if (!v) {
+            Py_CLEAR(result);
+            goto done;
         }
         PyList_SET_ITEM(result, i, v);
     }
 
 done:
+    if (outs) {
+        for (i = 0; i < nspecs; i++) {
+            int k;
+            for (k = 0; k < 3; k++) {
+                if (outs[i].obj[k]) {
+                    PyBuffer_Release(&outs[i].view[k]);
+                    Py_DECREF(outs[i].obj[k]);
+                }
+            }
+        }
+        free(outs);
+    }
+    for (i = 0; i < nviews; i++) PyBuffer_Release(&views[i]);
+    free(views);
+    free(starts);
+    free(lens);
     if (specs) release_specs(specs, nspecs);
     free(spans_copy);
     Py_XDECREF(spec_fast);
     Py_XDECREF(fast);
     return result;
+}
+
+PyDoc_STRVAR(parse_examples_doc,
+"parse_examples(payloads, specs, spans=None) -> list | None\n\n"
+"Decode serialized Examples into preallocated buffers. specs is a sequence of tuples\n"
+"(key: bytes, mode: int, count: int, out, default, counts): out is a writable C-contiguous\n"
+"buffer for the fixed modes, default a bytes-like (numeric modes) or any non-None object\n"
+"(bytes mode) or None, counts a writable int64 buffer of len(payloads) for the var modes.\n"
+"Returns a list with a bytearray of appended values for each var-mode spec (None for the\n"
+"others), or None when the batch must be decoded by the Python path instead. With spans\n"
+"(a C-contiguous int64 buffer of (buffer index, offset, length) triples), record i is\n"
+"payloads[b][o:o + n] of its triple (payloads: bytes objects; ValueError outside them).");
+
+static PyObject *parse_examples(PyObject *self, PyObject *args) {
+    (void)self;
+    return parse_common(args, 0);
+}
+
+PyDoc_STRVAR(parse_examples_arrow_doc,
+"parse_examples_arrow(payloads, specs, spans, alloc) -> list | None\n\n"
+"parse_examples() with the var-length and bytes features written as Arrow buffers of exact\n"
+"sizes (a first pass counts, a second writes; the GIL is released for both). alloc(nbytes)\n"
+"returns a writable buffer of at least nbytes. For these specs out and counts are ignored and\n"
+"a bytes default is the sequence of its count values (bytes). The list holds, per spec:\n"
+"var int64 / float: (list offsets, values); var bytes: (list offsets, value offsets, data);\n"
+"fixed bytes: (value offsets, data) (offsets int64, from 0); None for the others (written\n"
+"to out as by parse_examples). None when the Python path must decode the batch instead.");
+
+static PyObject *parse_examples_arrow(PyObject *self, PyObject *args) {
+    (void)self;
+    return parse_common(args, 1);
 }
 
 PyDoc_STRVAR(shortest_bytes_doc,
@@ -825,6 +1193,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"parse_examples", parse_examples, METH_VARARGS, parse_examples_doc},
+    {"parse_examples_arrow", parse_examples_arrow, METH_VARARGS, parse_examples_arrow_doc},
     {"shortest_bytes", shortest_bytes, METH_O, shortest_bytes_doc},
     {"gather_spans", gather_spans, METH_VARARGS, gather_spans_doc},
     {NULL, NULL, 0, NULL},

@@ -19,12 +19,14 @@ from streamrec.errors import ExampleError
 from streamrec.format import example as ex
 from streamrec.format.example import arrow as example_arrow
 from streamrec.format.example import batch as example_batch
+from streamrec.format.payload import RecordSpans
 from unit.test_example_batch import (
     CEXAMPLE,
     IMAGE_SPEC,
     PROPERTY,
     SPEC,
     damaged,
+    delimited,
     read_payloads,
     wire_example,
 )
@@ -147,6 +149,81 @@ def test_the_c_gather_checks_every_span() -> None:
         gather(payloads, rows, spans((0, 1)))
     with pytest.raises(ValueError, match="outside its payload"):  # refused before allocating
         gather(payloads, rows, spans((0, 1), (0, 1 << 62)))
+
+
+class ArrowSpy:
+    """The C parser, counting the batches its Arrow mode decoded itself (did not hand back)."""
+
+    def __init__(self) -> None:
+        self.decoded = 0
+
+    def parse_examples_arrow(self, *args: Any) -> Any:
+        result = CEXAMPLE.parse_examples_arrow(*args)
+        self.decoded += result is not None
+        return result
+
+
+VAR_SPEC: dict[str, ex.FeatureSpec] = {
+    "ids": ex.VarLenFeature(np.int64),
+    "scores": ex.VarLenFeature(np.float32),
+    "tags": ex.VarLenFeature(bytes),
+    "text": ex.FixedLenFeature(bytes, (2,), default=[b"none", b""]),
+    "label": ex.FixedLenFeature(np.int64),
+}
+
+
+def var_records(n: int) -> list[bytes]:
+    """Records with lists of 0-5 values, some features missing, empty and NUL bytes."""
+    records = []
+    for i in range(n):
+        features: dict[str, Any] = {"label": i}
+        if i % 3:
+            features["ids"] = np.arange(i % 6, dtype=np.int64) * (1 << (i % 60)) - 3
+        if i % 4:
+            features["scores"] = np.linspace(-1, 1, i % 5, dtype=np.float32)
+        features["tags"] = [b"t\x00%d" % k for k in range(i % 4)]
+        if i % 5:
+            features["text"] = [b"x" * (i % 7), b""]
+        records.append(ex.encode(features))
+    return records
+
+
+@pytest.mark.parametrize("form", ["bytes", "memoryview", "spans"])
+def test_the_c_parser_writes_arrow_buffers_itself(
+    form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if CEXAMPLE is None:
+        pytest.skip("the C accelerator is not built")
+    records = var_records(300)
+    payloads: Any = records
+    if form == "memoryview":
+        payloads = [memoryview(bytearray(record)) for record in records]
+    elif form == "spans":  # records in place in one buffer
+        offsets = np.cumsum([0] + [len(record) for record in records])
+        triples = [(0, int(start), len(r)) for start, r in zip(offsets, records, strict=False)]
+        payloads = RecordSpans([b"".join(records)], np.array(triples, dtype=np.int64))
+    spy = ArrowSpy()
+    monkeypatch.setattr(example_batch, "_cexample", spy)
+    batch = ex.decode_batch(payloads, VAR_SPEC, to="arrow")
+    assert spy.decoded == 1
+    batch.validate(full=True)
+    python = on_path(False, records, VAR_SPEC, "arrow")[1]
+    assert batch.equals(python)
+    assert_matches_numpy(batch, on_path(False, records, VAR_SPEC, "numpy")[1], VAR_SPEC)
+    assert batch.column("text")[0].as_py() == [b"none", b""]  # the default, from C
+
+
+def test_a_replaced_entry_is_checked_all_the_same() -> None:
+    """The last entry of a key wins, but protobuf refuses the Example for a bad varint in an
+    earlier one: so does the C parser's Arrow mode (which does not write the earlier one)."""
+    bad_ids = delimited(3, delimited(1, b"\xff" * 10 + b"\x01"))  # an 11-byte varint
+    good_ids = delimited(3, delimited(1, b"\x05"))
+    entries = [delimited(1, delimited(1, b"ids") + delimited(2, f)) for f in (bad_ids, good_ids)]
+    payloads = [ex.encode({"ids": [1]}), delimited(1, b"".join(entries))]
+    spec = {"ids": ex.VarLenFeature(np.int64)}
+    outcomes = [on_path(path == "c", payloads, spec, "arrow") for path in PATHS]
+    assert outcomes[0][0] == "error" and outcomes[0][1] is ExampleError
+    assert all(outcome == outcomes[0] for outcome in outcomes)
 
 
 def test_raw_features_in_any_byte_order_and_unsupported_dtypes() -> None:

@@ -9,6 +9,7 @@ This module does no I/O.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -48,6 +49,13 @@ def has_c_accelerator() -> bool:
 
 # Modes of _cexample.parse_examples (see _cexample.c).
 _C_INT64, _C_FLOAT, _C_BYTES, _C_RAW, _C_VAR_INT64, _C_VAR_FLOAT, _C_VAR_BYTES = range(7)
+# (kind, var-length) -> mode, for the features parse_examples_arrow writes as Arrow buffers
+_C_MODES = {
+    ("bytes", False): _C_BYTES,
+    ("int64", True): _C_VAR_INT64,
+    ("float32", True): _C_VAR_FLOAT,
+    ("bytes", True): _C_VAR_BYTES,
+}
 
 
 def _decode_batch_python(
@@ -145,57 +153,100 @@ def _kind_name(entry: FeatureSpec) -> str:
     return "bytes" if isinstance(entry, RawFeature) else entry._kind
 
 
-def _parse_c(
-    payloads: Sequence[bytes], items: list[tuple[str, FeatureSpec]]
-) -> tuple[list[Array], list[Any]] | None:
-    """The C parser's output: per feature the values (fixed, raw), the ``(offset, length)``
-    spans (fixed bytes) or the per-record counts (var-length), and the var-length values
-    appended; None when it declines (then the Python path decides)."""
-    n = len(payloads)
-    specs: list[tuple[bytes, int, int, object, object, object]] = []
-    outs: list[Array] = []
+# One feature for the C parser: (key, mode, count, default, output: "none" (Arrow buffers come
+# back), "out" (written into an array of this shape and dtype) or "counts" (per record))
+_CSpec = tuple[bytes, int, int, object, str, tuple[int, ...], Any]
+
+
+@functools.lru_cache(maxsize=64)  # a dataset's batches share one spec: converted once
+def _c_plan(items: tuple[tuple[str, FeatureSpec], ...], arrow: bool) -> tuple[_CSpec, ...]:
+    plan: list[_CSpec] = []
     for name, entry in items:
         key = name.encode("utf-8")
-        counts: object = None
         default: object = None
-        if isinstance(entry, FixedLenFeature):
+        count = 0
+        if arrow and (
+            isinstance(entry, VarLenFeature)
+            or (isinstance(entry, FixedLenFeature) and entry._kind == "bytes")
+        ):
+            mode = _C_MODES[entry._kind, isinstance(entry, VarLenFeature)]
+            if isinstance(entry, FixedLenFeature):
+                count = entry._count
+                if entry._default is not None:
+                    default = tuple(entry._default.reshape(-1).tolist())
+            plan.append((key, mode, count, default, "none", (), None))
+        elif isinstance(entry, FixedLenFeature):
             count = entry._count
             if entry._kind == "bytes":
-                mode = _C_BYTES
-                out = np.empty((n, count, 2), dtype=np.int64)
                 default = None if entry._default is None else True
+                plan.append((key, _C_BYTES, count, default, "out", (count, 2), np.int64))
             else:
                 mode = _C_INT64 if entry._kind == "int64" else _C_FLOAT
-                out = np.empty((n, *entry.shape), dtype=numpy_dtype(entry._kind))
                 if entry._default is not None:
                     default = np.ascontiguousarray(entry._default).tobytes()
+                dtype = numpy_dtype(entry._kind)
+                plan.append((key, mode, count, default, "out", entry.shape, dtype))
         elif isinstance(entry, RawFeature):
-            mode, count = _C_RAW, entry._nbytes
-            out = np.empty((n, *entry.shape), dtype=entry._dtype)
+            plan.append((key, _C_RAW, entry._nbytes, None, "out", entry.shape, entry._dtype))
         else:
             mode = {"int64": _C_VAR_INT64, "float32": _C_VAR_FLOAT, "bytes": _C_VAR_BYTES}[
                 entry._kind
             ]
-            count = 0
+            plan.append((key, mode, 0, None, "counts", (), np.int64))
+    return tuple(plan)
+
+
+def _parse_c(
+    payloads: Sequence[bytes], items: list[tuple[str, FeatureSpec]], alloc: Any = None
+) -> tuple[list[Array | None], list[Any]] | None:
+    """The C parser's output: per feature the values (fixed, raw), the ``(offset, length)``
+    spans (fixed bytes) or the per-record counts (var-length), and the var-length values
+    appended; None when it declines (then the Python path decides).
+
+    With ``alloc`` (``alloc(nbytes)``: a writable buffer) and an extension that has it,
+    ``parse_examples_arrow`` instead: the var-length and bytes features come back as Arrow
+    buffers (their ``outs`` entry None; see ``_cexample.c``)."""
+    n = len(payloads)
+    arrow = alloc is not None and hasattr(_cexample, "parse_examples_arrow")
+    specs: list[tuple[bytes, int, int, object, object, object]] = []
+    outs: list[Array | None] = []
+    for key, mode, count, default, output, shape, dtype in _c_plan(tuple(items), arrow):
+        if output == "none":
+            outs.append(None)
+            specs.append((key, mode, count, None, default, None))
+        elif output == "out":
+            out = np.empty((n, *shape), dtype=dtype)
+            outs.append(out)
+            specs.append((key, mode, count, out, default, None))
+        else:
             out = np.empty((n,), dtype=np.int64)  # per-record value counts
-            counts = out
-        outs.append(out)
-        specs.append((key, mode, count, None if counts is not None else out, default, counts))
+            outs.append(out)
+            specs.append((key, mode, count, None, default, out))
     if type(payloads) is RecordSpans:  # read where they lie: no bytes object per record
-        spans = np.ascontiguousarray(payloads.spans)  # (a strided slice: copied)
-        result = _cexample.parse_examples(payloads.buffers, specs, spans)
+        buffers: Sequence[Any] = payloads.buffers
+        spans: Array | None = np.ascontiguousarray(payloads.spans)  # (a strided slice: copied)
     else:
-        result = _cexample.parse_examples(payloads, specs)
+        buffers, spans = payloads, None
+    if arrow:
+        result = _cexample.parse_examples_arrow(buffers, specs, spans, alloc)
+    elif spans is not None:
+        result = _cexample.parse_examples(buffers, specs, spans)
+    else:
+        result = _cexample.parse_examples(buffers, specs)
     if result is None:
         return None
     return outs, result
 
 
 def _numpy_from_c(
-    payloads: Sequence[bytes], items: list[tuple[str, FeatureSpec]], outs: list[Array], flats: Any
+    payloads: Sequence[bytes],
+    items: list[tuple[str, FeatureSpec]],
+    outs: list[Array | None],
+    flats: Any,
 ) -> dict[str, Array | list[Any]]:
     decoded: dict[str, Array | list[Any]] = {}
     for (name, entry), out, flat in zip(items, outs, flats, strict=True):
+        assert out is not None  # (None only from parse_examples_arrow)
         if isinstance(entry, FixedLenFeature) and entry._kind == "bytes":
             decoded[name] = _bytes_array(payloads, out, entry)
         elif isinstance(entry, VarLenFeature):
@@ -291,7 +342,9 @@ def decode_batch(
         if shortest < 0:  # not all bytes: give the C parser flat byte views
             payloads = [_byte_view(payload) for payload in payloads]
             shortest = min(map(len, payloads))
-        parsed = None if _unfillable(shortest, items) else _parse_c(payloads, items)
+        unfillable = _unfillable(shortest, items)
+        alloc = None if arrow is None else arrow.allocate
+        parsed = None if unfillable else _parse_c(payloads, items, alloc)
         if parsed is not None:
             if arrow is not None:
                 return arrow.batch_from_c(payloads, items, *parsed)
