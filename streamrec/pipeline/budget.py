@@ -67,6 +67,7 @@ class ByteBudget:
         self.kept = 0  # the shares of all streams open at once (see the class docstring)
         self.covered = 0  # the part of their shares streams hold
         self.held = 0  # of reserved: decoded records not yet consumed (see hold)
+        self.viewed = 0  # of held: record_views' chunks (see keep), the consumer's to give back
         self._released = asyncio.Event()
         self._wakers: dict[Callable[[], object], None] = {}  # ordered set
         self._wake_scheduled = False
@@ -113,8 +114,10 @@ class ByteBudget:
         """Reserve ``n`` bytes of records to be kept after their reads (until :meth:`unhold`),
         waiting until they fit beside everything reserved, or nothing is: so held bytes stay
         within ``limit`` unless one holder alone is larger. Holders are served in the order
-        their caller asks (one at a time: the indexed engine's chunks, in reading order)."""
-        while self.reserved and self.reserved + n > self.limit:
+        their caller asks (one at a time: the indexed engine's chunks, in reading order).
+        Bytes views keep (:meth:`keep`) are not waited for: the consumer may keep every view
+        it gets, so beside them alone a hold is granted, as a read is."""
+        while self.reserved > self.viewed and self.reserved + n > self.limit:
             self._released.clear()
             await self._released.wait()
         self._take(n)
@@ -122,11 +125,18 @@ class ByteBudget:
 
     def keep(self, n: int) -> None:
         """Hold ``n`` bytes already in memory (``record_views``' chunks while their views
-        live) at once, until :meth:`unhold`: never waits (waiting could be for the views in
-        the consumer's hand); the reads get less room instead, one at a time when it is all
-        held (see the class docstring)."""
+        live) at once, until :meth:`unkeep`: never waits (waiting could be for the views in
+        the consumer's hand); the reads and holds get less room instead, one at a time when
+        it is all held (see the class docstring)."""
         self._take(n)
         self.held += n
+        self.viewed += n
+
+    def unkeep(self, n: int) -> None:
+        """Give back ``n`` bytes :meth:`keep` held (their views are gone)."""
+        self.viewed -= n
+        assert self.viewed >= 0, "unkept more than kept"
+        self.unhold(n)
 
     def unhold(self, n: int) -> None:
         """Give back ``n`` held bytes (their records were consumed, or never will be)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import random
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -232,3 +233,39 @@ def test_reused_payloads_never_change_under_a_view(tmp_path: Path, keep: bool) -
             kept.append(view)
     assert copies == payloads
     assert [bytes(v) for v in kept] == (payloads if keep else [])
+
+
+def _indexed(tmp_path: Path, payloads: list[bytes]) -> str:
+    with streamrec.sync.open_writer(
+        str(tmp_path / "part-{index}.tfrecord"), max_records=50, index=True
+    ) as writer:
+        writer.write_many(payloads)
+    return str(tmp_path / "part-*.tfrecord")
+
+
+@pytest.mark.parametrize("shuffle", ["global", "block"])
+def test_views_kept_past_the_budget_do_not_stall_an_indexed_read(
+    tmp_path: Path, shuffle: str
+) -> None:
+    # every view kept (4 MB of records through a 1 MiB budget, read by index): the next
+    # chunk is read alone beside the kept ones, as the streaming engine's reads are; it
+    # waited for room the views never give back (a for, an async for: both hung)
+    rng = random.Random(5)
+    payloads = [rng.randbytes(20_000) for _ in range(200)]
+    url = _indexed(tmp_path, payloads)
+
+    def opened() -> streamrec.Dataset:
+        return streamrec.open_dataset(url, prefetch_bytes=1 << 20, shuffle=shuffle, seed=1)
+
+    kept: list[memoryview] = []
+    reader = threading.Thread(target=lambda: kept.extend(opened().record_views()), daemon=True)
+    reader.start()
+    reader.join(timeout=60)  # (a guard: it ends in well under a second)
+    assert not reader.is_alive(), "the read stalled behind the views kept"
+    assert sorted(bytes(v) for v in kept) == sorted(payloads)
+
+    async def keep_all() -> list[memoryview]:
+        return [view async for view in opened().record_views()]
+
+    kept_async = asyncio.run(asyncio.wait_for(keep_all(), timeout=60))
+    assert [bytes(v) for v in kept_async] == [bytes(v) for v in kept]

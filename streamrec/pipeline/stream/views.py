@@ -17,7 +17,7 @@ views point into is wrapped in a read-only numpy array (the views' exporter; it 
 references, ``bytes`` does not): the chunk's bytes are *held* in the iteration's prefetch
 budget (:meth:`~streamrec.pipeline.budget.ByteBudget.keep`) from hand-out until the last view
 into any of its buffers is gone, then given back (:meth:`~streamrec.pipeline.budget.ByteBudget.
-unhold`, on the loop's thread). Views kept make the reads wait, never the memory grow unbounded
+unkeep`, on the loop's thread). Views kept make the reads wait, never the memory grow unbounded
 by the reads (only by what the user keeps).
 """
 
@@ -54,7 +54,7 @@ ViewPiece = tuple[Sequence[bytes], list[Event], list[memoryview]]
 
 class ChunkHold:
     """One chunk's bytes held in ``budget`` until every buffer its views point into is gone
-    (then :meth:`ByteBudget.unhold` runs on ``loop``, whichever thread dropped the last view).
+    (then :meth:`ByteBudget.unkeep` runs on ``loop``, whichever thread dropped the last view).
 
     ``live`` is the iteration's set of holds not yet given back: it keeps each hold (and its
     weak references, whose callbacks do the counting) alive however the views are dropped.
@@ -125,7 +125,7 @@ class ChunkHold:
             return
         # (a closed loop: the iteration and its budget are gone too)
         with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self.budget.unhold, self.nbytes)
+            self._loop.call_soon_threadsafe(self.budget.unkeep, self.nbytes)
 
 
 def chunk_views(records: Sequence[bytes], hold: ChunkHold) -> list[memoryview]:
