@@ -97,7 +97,8 @@ class PayloadPool:
         self.reused = 0  # payloads taken from the pool (a counter for tests and benchmarks)
         self._free: dict[int, list[bytes]] = {}
         self._bytes = 0
-        self._lock = threading.Lock()
+        # reentrant: a collection inside the lock may free a view whose release gives here
+        self._lock = threading.RLock()
 
     def take(self, length: int) -> bytes:
         """A payload of ``length`` bytes (undefined content) only the caller holds."""
