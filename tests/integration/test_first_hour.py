@@ -95,7 +95,7 @@ BAD_READ_ARGUMENTS: list[tuple[dict[str, Any], str]] = [
     ({"block_length": 2.0}, "block_length must be an integer, not float (2.0)"),
     ({"prefetch_bytes": 0}, "prefetch_bytes must be a positive integer, not 0"),
     ({"prefetch_bytes": 1e6}, "prefetch_bytes must be an integer, not float (1000000.0)"),
-    ({"block_bytes": None}, "block_bytes must be an integer, not NoneType (None)"),
+    ({"block_bytes": "4 MiB"}, "block_bytes must be an integer, not str ('4 MiB')"),
     ({"max_concurrency": False}, "max_concurrency must be an integer, not a bool (False)"),
     ({"seed": 0.5}, "seed must be an integer, not float (0.5)"),
     ({"num_hosts": 0}, "num_hosts must be a positive integer, not 0"),
