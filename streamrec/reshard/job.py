@@ -139,6 +139,10 @@ class InputFormat:
     """``(sources, storage options, retry)`` -> the input objects."""
     records: Callable[[TaskSpec, TaskOptions], TaskRecords]
     """A task's inputs as records (:attr:`~streamrec.reshard.task.TaskOptions.records`)."""
+    by_rows: bool = False
+    """``list_inputs`` gives each input's row count and ``records`` reads a task's
+    :attr:`~streamrec.reshard.plan.TaskSpec.input_rows`: a fixed ``num_shards`` is then
+    planned by rows (record counts differing by one at most), not by whole inputs."""
 
 
 @dataclass(frozen=True)
@@ -387,6 +391,7 @@ def reshard(
             task_bytes=task_bytes,
             index=index,
             source=None if input_format is None else input_format.name,
+            by_rows=input_format is not None and input_format.by_rows,
         )
         _check_overlap(plan)
         if on_plan is not None:
