@@ -2,8 +2,12 @@
 
 A :func:`streamrec.reshard.reshard` whose inputs are Parquet files (:data:`PARQUET`): the files
 are planned into tasks as input shards are (``max_records`` / ``max_bytes`` rotation in tasks
-of ``task_bytes`` of input, or a fixed ``num_shards``; each file's row count, read from its
-footer, numbers ``max_records`` shards across tasks), each task writes its shards through
+of ``task_bytes`` of input; each file's row count, read from its footer, numbers
+``max_records`` shards across tasks), or, with a fixed ``num_shards``, by rows: shard k holds
+the next ``total // num_shards`` rows (the first ``total % num_shards`` shards one more) in
+file order, so counts differ by one at most and a shard is empty only when there are fewer
+rows than shards (then shard i < total holds row i, as the writer's round-robin gave before);
+each task writes its shards through
 :func:`streamrec.open_writer` (index sidecars with ``index``; each shard appears only when
 complete) and then its task manifest, ``_manifest.json`` comes last; a rerun after a kill redoes
 only the unfinished tasks, and ``engine="dask"`` runs the tasks on a Dask cluster with the same

@@ -302,8 +302,11 @@ def split_rows(counts: Sequence[int], shards: int) -> list[RowTask]:
         group_sizes = tuple(sizes[k] for k in group)
         last_row = first_row + sum(group_sizes)
         ranges = tuple(
-            (p, max(first_row, input_starts[p]) - input_starts[p],
-             min(last_row, input_starts[p + 1]) - input_starts[p])
+            (
+                p,
+                max(first_row, input_starts[p]) - input_starts[p],
+                min(last_row, input_starts[p + 1]) - input_starts[p],
+            )
             for p in range(len(counts))
             if counts[p] and input_starts[p] < last_row and input_starts[p + 1] > first_row
         )
@@ -512,9 +515,7 @@ def make_plan(
                 first = row_task.first_shard
                 add(
                     [p for p, _, _ in row_task.ranges],
-                    outputs=tuple(
-                        naming.fixed_url(first + j) for j in range(len(row_task.sizes))
-                    ),
+                    outputs=tuple(naming.fixed_url(first + j) for j in range(len(row_task.sizes))),
                     first_index=first,
                     input_rows=tuple((a, b) for _, a, b in row_task.ranges),
                     output_records=row_task.sizes,
