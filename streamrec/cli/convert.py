@@ -63,7 +63,9 @@ TFRecord template as for reshard ('out/part-{index:05d}.tfrecord'). The files ar
 named and resumed as `streamrec reshard` does its input shards (see `streamrec reshard
 --help`; the naming rule is printed on stderr): --max-records / --max-bytes rotation in tasks
 of --task-bytes of input (the files' footers give their row counts, so --max-records numbers
-the shards 0, 1, 2, ... across tasks), or exactly --num-shards; --index; _manifest.json
+the shards 0, 1, 2, ... across tasks), or exactly --num-shards N: shards of consecutive rows
+(files in url order), their row counts differing by one at most (the first ones hold the
+extra rows; an empty shard only when there are fewer rows than N); --index; _manifest.json
 last. Killed and run again with the same arguments, it redoes only the unfinished tasks. Each
 row becomes one Example: integers and bool -> int64_list, floats -> float_list (float32),
 binary and strings -> bytes_list, lists (nested too) -> their values flattened, null -> no

@@ -2,8 +2,12 @@
 
 A :func:`streamrec.reshard.reshard` whose inputs are Parquet files (:data:`PARQUET`): the files
 are planned into tasks as input shards are (``max_records`` / ``max_bytes`` rotation in tasks
-of ``task_bytes`` of input, or a fixed ``num_shards``; each file's row count, read from its
-footer, numbers ``max_records`` shards across tasks), each task writes its shards through
+of ``task_bytes`` of input; each file's row count, read from its footer, numbers
+``max_records`` shards across tasks), or, with a fixed ``num_shards``, by rows: shard k holds
+the next ``total // num_shards`` rows (the first ``total % num_shards`` shards one more) in
+file order, so counts differ by one at most and a shard is empty only when there are fewer
+rows than shards (then shard i < total holds row i, as the writer's round-robin gave before);
+each task writes its shards through
 :func:`streamrec.open_writer` (index sidecars with ``index``; each shard appears only when
 complete) and then its task manifest, ``_manifest.json`` comes last; a rerun after a kill redoes
 only the unfinished tasks, and ``engine="dask"`` runs the tasks on a Dask cluster with the same
@@ -34,7 +38,7 @@ import asyncio
 import importlib
 import io
 import os
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -151,6 +155,7 @@ class _ParquetRecords:
 
     def __init__(self, spec: TaskSpec, options: TaskOptions) -> None:
         self.inputs = spec.inputs
+        self.rows = spec.input_rows or tuple((0, -1) for _ in spec.inputs)  # -1: to the end
         self.storage_options = options.src_storage_options
         self._read = 0
 
@@ -161,7 +166,7 @@ class _ParquetRecords:
     async def record_chunks(self) -> AsyncGenerator[Sequence[bytes], None]:
         pq = importlib.import_module("pyarrow.parquet")
         async with StoreSet(self.storage_options) as stores:
-            for info in self.inputs:
+            for info, (first, last) in zip(self.inputs, self.rows, strict=True):
                 data = await stores.get(info.url).read_range(info, 0, info.size)
                 if len(data) != info.size:
                     raise FormatError(f"read {len(data)} of {info.size} bytes", url=info.url)
@@ -170,16 +175,41 @@ class _ParquetRecords:
                     parquet = pq.ParquetFile(io.BytesIO(data))
                 except (ValueError, OSError) as exc:
                     raise FormatError(f"not a Parquet file: {exc}", url=info.url) from exc
-                row = 0
-                for batch in parquet.iter_batches(batch_size=BATCH_ROWS):
+                for row, batch in _batches(parquet, first, last):
                     try:
                         payloads = batch_payloads(batch)
                     except (ValueError, TypeError) as exc:
                         raise FormatError(
                             f"rows {row}..{row + batch.num_rows - 1}: {exc}", url=info.url
                         ) from exc
-                    row += batch.num_rows
                     yield payloads
+
+
+def _batches(parquet: Any, first: int, last: int) -> Iterator[tuple[int, Any]]:
+    """``(its first row's number in the file, batch)`` for rows ``[first, last)`` of a
+    ``pyarrow.parquet.ParquetFile`` (``last`` -1: to the end): only the row groups holding
+    them are decoded, their batches cut to the range."""
+    metadata = parquet.metadata
+    stop = metadata.num_rows if last < 0 else last
+    groups: list[int] = []
+    row = skipped = 0
+    for g in range(metadata.num_row_groups):
+        rows = metadata.row_group(g).num_rows
+        if row + rows <= first:
+            skipped += rows
+        elif row < stop:
+            groups.append(g)
+        row += rows
+    if not groups or first >= stop:
+        return
+    row = skipped
+    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=groups):
+        low, high = max(first, row), min(stop, row + batch.num_rows)
+        if low < high:
+            yield low, batch.slice(low - row, high - low)
+        row += batch.num_rows
+        if row >= stop:
+            return
 
 
 def parquet_records(spec: TaskSpec, options: TaskOptions) -> TaskRecords:
@@ -224,8 +254,9 @@ async def _list_inputs(
         return await run_all(counted(info) for info in await list_parquet(urls, stores))
 
 
-PARQUET = InputFormat("parquet/1", _list_inputs, parquet_records)
-"""Parquet files as a reshard's input format: a row is an Example."""
+PARQUET = InputFormat("parquet/1", _list_inputs, parquet_records, by_rows=True)
+"""Parquet files as a reshard's input format: a row is an Example; a fixed ``num_shards`` is
+planned by rows (shards of consecutive rows whose counts differ by one at most)."""
 
 
 def from_parquet(

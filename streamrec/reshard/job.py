@@ -35,7 +35,9 @@ sorted listing (url, size, version) and every argument that changes the output g
   inputs, the inputs are cut into *N* consecutive groups balanced by bytes and each output shard
   is one group's records in order (one task each). With fewer inputs, input *i* gets
   ``k_i >= 1`` output shards in proportion to its size and deals its records round-robin over
-  them (one task per input).
+  them (one task per input). An :class:`InputFormat` with ``by_rows`` (Parquet: row counts
+  from the footers) is cut by rows instead: *N* shards of consecutive rows whose counts differ
+  by one at most, one task per input that holds shards' first rows, reading only its rows.
 
 With ``shuffle=True``, a task reads its inputs interleaved (up to 16 at once) through a record
 shuffle buffer of ``shuffle_buffer`` records seeded by (``seed``, task): still deterministic.
@@ -139,6 +141,10 @@ class InputFormat:
     """``(sources, storage options, retry)`` -> the input objects."""
     records: Callable[[TaskSpec, TaskOptions], TaskRecords]
     """A task's inputs as records (:attr:`~streamrec.reshard.task.TaskOptions.records`)."""
+    by_rows: bool = False
+    """``list_inputs`` gives each input's row count and ``records`` reads a task's
+    :attr:`~streamrec.reshard.plan.TaskSpec.input_rows`: a fixed ``num_shards`` is then
+    planned by rows (record counts differing by one at most), not by whole inputs."""
 
 
 @dataclass(frozen=True)
@@ -387,6 +393,7 @@ def reshard(
             task_bytes=task_bytes,
             index=index,
             source=None if input_format is None else input_format.name,
+            by_rows=input_format is not None and input_format.by_rows,
         )
         _check_overlap(plan)
         if on_plan is not None:

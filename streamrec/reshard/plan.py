@@ -36,6 +36,7 @@ __all__ = [
     "make_plan",
     "split_counts",
     "split_groups",
+    "split_rows",
 ]
 
 PLAN_VERSION = 3  # 2: one rotation task numbers 0, 1, 2, ...; 3: so do tasks with known counts
@@ -258,6 +259,62 @@ def split_counts(sizes: Sequence[int], total: int) -> list[int]:
     return counts
 
 
+@dataclass(frozen=True)
+class RowTask:
+    """One task of a plan by rows: ``shards`` consecutive output shards of ``sizes`` records,
+    from ``ranges``: ``(position, first row, row after the last)`` of the inputs it reads."""
+
+    first_shard: int
+    sizes: tuple[int, ...]
+    ranges: tuple[tuple[int, int, int], ...]
+
+
+def split_rows(counts: Sequence[int], shards: int) -> list[RowTask]:
+    """``shards`` output shards of consecutive rows whose sizes differ by one at most (the
+    first ``total % shards`` hold one more; empty ones only when there are fewer rows than
+    shards), from inputs of ``counts`` rows read in order. The shards whose first row lies in
+    the same input make one task (the empty ones join the last task): each input is read by
+    the task of the shards starting in it, and by the one before it when a shard spills over."""
+    total = sum(counts)
+    quotient, remainder = divmod(total, shards)
+    sizes = [quotient + (1 if k < remainder else 0) for k in range(shards)]
+    input_starts = [0]
+    for count in counts:
+        input_starts.append(input_starts[-1] + count)
+    owner: list[int] = []  # the input holding each non-empty shard's first row
+    start = 0
+    for size in sizes:
+        if size:
+            owner.append(bisect.bisect_right(input_starts, start) - 1)
+        start += size
+    groups: list[list[int]] = []
+    for k in range(len(owner)):
+        if k and owner[k] == owner[k - 1]:
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+    if not groups:
+        groups.append([])
+    groups[-1].extend(range(len(owner), shards))  # the empty shards (fewer rows than shards)
+    tasks: list[RowTask] = []
+    first_row = 0
+    for group in groups:
+        group_sizes = tuple(sizes[k] for k in group)
+        last_row = first_row + sum(group_sizes)
+        ranges = tuple(
+            (
+                p,
+                max(first_row, input_starts[p]) - input_starts[p],
+                min(last_row, input_starts[p + 1]) - input_starts[p],
+            )
+            for p in range(len(counts))
+            if counts[p] and input_starts[p] < last_row and input_starts[p + 1] > first_row
+        )
+        tasks.append(RowTask(group[0] if group else 0, group_sizes, ranges))
+        first_row = last_row
+    return tasks
+
+
 def default_task_bytes(max_bytes: int | None) -> int:
     """Input bytes per rotation task: 256 MiB, or 4 output shards' worth when larger."""
     return max(MIN_TASK_BYTES, 4 * (max_bytes or 0))
@@ -273,7 +330,8 @@ class TaskSpec:
 
     Rotation tasks (``outputs`` empty) write ``writer_template`` with the writer's rotation;
     fixed tasks write the urls in ``outputs`` (global indexes ``first_index`` onwards), records
-    dealt round-robin when there are several.
+    dealt round-robin when there are several, or, in a plan by rows, ``output_records`` of
+    them to each output in turn from the ``input_rows`` of each input.
     """
 
     index: int
@@ -285,6 +343,11 @@ class TaskSpec:
     seed: int | None = None  # None: no shuffling
     expected_records: int | None = None
     """The records its inputs hold by their manifests, when the numbering relies on them."""
+    input_rows: tuple[tuple[int, int], ...] = ()
+    """A plan by rows: the ``[first, last)`` rows to read of each input (empty: all rows)."""
+    output_records: tuple[int, ...] = ()
+    """A plan by rows: ``outputs`` hold these many records each, filled one after another
+    (empty: records dealt round-robin)."""
 
     @property
     def input_bytes(self) -> int:
@@ -361,10 +424,13 @@ def make_plan(
     task_bytes: int | None = None,
     index: bool = False,
     source: str | None = None,
+    by_rows: bool = False,
 ) -> Plan:
     """The deterministic plan of a reshard of ``inputs`` (any order; sorted here by url);
     ``index``: the output shards get record index sidecars; ``source``: the inputs' format
-    when they are not TFRecord shards (``"parquet/1"``). Both are part of the job's identity."""
+    when they are not TFRecord shards (``"parquet/2"``). Both are part of the job's identity.
+    ``by_rows`` (every input's ``records`` known): a fixed ``num_shards`` is planned by rows
+    (:func:`split_rows`: balanced record counts, consecutive rows), not by whole inputs."""
     ordered = sorted({obj.url: obj for obj in inputs}.values(), key=lambda o: o.url)
     if not ordered:
         raise ValueError("nothing to reshard: no input shard")
@@ -405,6 +471,8 @@ def make_plan(
         settings["index"] = True
     if source is not None:  # (likewise)
         settings["source"] = source
+    if by_rows and mode == "fixed":  # (likewise; its shards differ from a plan by inputs')
+        settings["by_rows"] = True
     fingerprint = fingerprint_of(ordered, settings)
     sizes = [obj.size for obj in order]
     tasks: list[TaskSpec] = []
@@ -439,7 +507,21 @@ def make_plan(
             )
     else:
         assert shards is not None
-        if shards <= len(order):
+        if by_rows:
+            counts = [obj.records for obj in order]
+            if any(count is None for count in counts):
+                raise ValueError("a plan by rows needs every input's row count")
+            for row_task in split_rows([c or 0 for c in counts], shards):
+                first = row_task.first_shard
+                add(
+                    [p for p, _, _ in row_task.ranges],
+                    outputs=tuple(naming.fixed_url(first + j) for j in range(len(row_task.sizes))),
+                    first_index=first,
+                    input_rows=tuple((a, b) for _, a, b in row_task.ranges),
+                    output_records=row_task.sizes,
+                    expected_records=sum(row_task.sizes),
+                )
+        elif shards <= len(order):
             for k, positions in enumerate(split_groups(sizes, shards)):
                 add(positions, outputs=(naming.fixed_url(k),), first_index=k)
         else:

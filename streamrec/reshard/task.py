@@ -150,7 +150,10 @@ async def run_task(
         async with aclosing(owned(source.record_chunks())) as chunks:
             async for chunk in chunks:
                 _check_count(spec, records + len(chunk), final=False)
-                await _deal(writers, chunk, records)
+                if spec.output_records:
+                    await _fill(writers, spec.output_records, chunk, records)
+                else:
+                    await _deal(writers, chunk, records)
                 records += len(chunk)
                 if on_progress is not None:
                     read = source.bytes_read
@@ -198,6 +201,26 @@ async def _deal(writers: list[ShardWriter], chunk: Sequence[bytes], position: in
         part = chunk[(j - position) % n :: n]
         if part:
             await writer.write_many(part)
+
+
+async def _fill(
+    writers: list[ShardWriter], sizes: Sequence[int], chunk: Sequence[bytes], position: int
+) -> None:
+    """Append ``chunk`` (whose first record is the task's record ``position``) to the writers
+    in turn, writer j taking ``sizes[j]`` records (a plan by rows); a writer is closed (its
+    shard committed) once full, so one output at a time holds unsent bytes."""
+    start = 0
+    i = 0
+    for writer, size in zip(writers, sizes, strict=True):
+        end = start + size
+        if position + i < end and i < len(chunk):
+            take = min(len(chunk) - i, end - (position + i))
+            await writer.write_many(chunk[i : i + take])
+            i += take
+            if position + i == end:
+                await writer.close()
+        start = end
+    assert i == len(chunk), "more records than planned (_check_count stops them first)"
 
 
 def run_task_blocking(spec: TaskSpec, options: TaskOptions) -> TaskResult:

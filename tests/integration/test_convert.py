@@ -9,6 +9,7 @@ from typing import Any
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -17,6 +18,7 @@ import streamrec.sync
 from streamrec.cli import main
 from streamrec.example import decode_batch, encode
 from streamrec.format.example.infer import spec_from_json
+from tests.support import convert_crash
 from tests.support.servers import MotoS3Server
 
 
@@ -236,3 +238,91 @@ def test_help_says_what_the_options_do(capsys: pytest.CaptureFixture[str]) -> No
     needles = ("--rows-per-file", "--row-group-rows", "--spec", "Resumable", "byte for")
     for needle in (*needles, "--engine dask", "--scheduler ADDRESS", "--workers"):
         assert needle in text
+
+
+def _parquet_files(directory: Path, rows_per_file: list[int], row_group_rows: int) -> list[bytes]:
+    """Parquet files of ``rows_per_file`` rows (small row groups: a shard's range starts and
+    ends inside them); the rows' Examples, in file order."""
+    directory.mkdir(parents=True)
+    first = 0
+    for k, rows in enumerate(rows_per_file):
+        ids = pa.array(range(first, first + rows), type=pa.int64())
+        table = pa.table({"id": ids, "name": pa.array([b"r%d" % i for i in range(rows)])})
+        pq.write_table(table, directory / f"f-{k}.parquet", row_group_size=row_group_rows)
+        first += rows
+    table = pq.read_table(sorted(directory.glob("*.parquet")))
+    return [encode({"id": [r["id"]], "name": [r["name"]]}) for r in table.to_pylist()]
+
+
+def _fixed_set(
+    tmp_path: Path, name: str, payloads: list[bytes], shards: int, order: str
+) -> dict[str, bytes]:
+    """``open_writer``'s ``num_shards`` set of ``payloads``: file name -> bytes."""
+    extra: dict[str, Any] = {"total_records": len(payloads)} if order == "contiguous" else {}
+    with streamrec.sync.open_writer(
+        str(tmp_path / name / "part-{index:03d}.tfrecord"),
+        num_shards=shards,
+        order=order,  # type: ignore[arg-type]
+        manifest=None,
+        **extra,
+    ) as writer:
+        writer.write_many(payloads)
+    return {p.name: p.read_bytes() for p in sorted((tmp_path / name).glob("*.tfrecord"))}
+
+
+@pytest.mark.parametrize(
+    ("rows_per_file", "shards"),
+    [([1000, 1000, 1000], 2), ([10, 0, 15], 3), ([3, 1, 4, 1, 5, 9, 2, 6], 4), ([2, 0], 5)],
+)
+def test_num_shards_from_parquet_balances_rows_not_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rows_per_file: list[int], shards: int
+) -> None:
+    payloads = _parquet_files(tmp_path / "pq", rows_per_file, row_group_rows=7)
+    template = str(tmp_path / "out" / "part-{index:03d}.tfrecord")
+    argv = ["convert", str(tmp_path / "pq"), template, "--from", "parquet"]
+    status, out, err = _run(capsys, *argv, "--num-shards", str(shards), "--json")
+    assert status == 0, err
+    summary = json.loads(out)
+    counts = [sum(1 for _ in streamrec.open_dataset(url)) for url in summary["shards"]]
+    assert len(counts) == shards and max(counts) - min(counts) <= 1
+    assert min(counts) > 0 or sum(rows_per_file) < shards  # empty only with fewer rows
+    got = {p.name: p.read_bytes() for p in sorted((tmp_path / "out").glob("*.tfrecord"))}
+    # consecutive rows in file order: open_writer's contiguous set of the same Examples,
+    # byte for byte; with fewer rows than shards, also what its round-robin (before) gave
+    assert got == _fixed_set(tmp_path, "contiguous", payloads, shards, "contiguous")
+    if len(payloads) < shards:
+        assert got == _fixed_set(tmp_path, "round-robin", payloads, shards, "round_robin")
+
+
+def test_num_shards_from_parquet_resumes_an_interrupted_job_to_the_same_shards(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _parquet_files(tmp_path / "pq", [40, 0, 25, 35], row_group_rows=6)
+    argv = ["--from", "parquet", "--num-shards", "6", "--jobs", "1", "--json"]
+
+    def run(name: str) -> tuple[int, Any, str]:
+        template = str(tmp_path / name / "part-{index:03d}.tfrecord")
+        status, out, err = _run(capsys, "convert", str(tmp_path / "pq"), template, *argv)
+        return status, json.loads(out) if status == 0 else None, err
+
+    status, reference, err = run("reference")
+    assert status == 0, err
+    convert_crash.install(fail_task=1)  # task 0 done, task 1 dies after its first shard
+    try:
+        with pytest.raises(convert_crash.Interrupted):
+            run("resumed")
+    finally:
+        convert_crash.install()
+    status, resumed, err = run("resumed")
+    assert status == 0, err
+    assert resumed["tasks_skipped"] == 1 and resumed["tasks"] == reference["tasks"] > 2
+
+    def objects(name: str) -> dict[str, bytes]:
+        root = tmp_path / name
+        return {  # (the manifest names the shards by url: made relative)
+            str(p.relative_to(root)): p.read_bytes().replace(str(root).encode(), b"ROOT")
+            for p in sorted(root.rglob("*"))
+            if p.is_file() and "_reshard" not in p.parts
+        }
+
+    assert objects("resumed") == objects("reference")

@@ -185,6 +185,36 @@ def test_from_parquet_on_dask_is_the_local_engines_output_though_a_worker_dies(
     assert [int(streamrec.example.decode(r, spec)["id"]) for r in records] == ids
 
 
+def test_num_shards_from_parquet_on_dask_is_the_local_engines_balanced_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dask_client: Any
+) -> None:
+    ids = _parquet_inputs(tmp_path / "pq")
+    argv = ["--from", "parquet", "--num-shards", "4", "--index", "--json"]
+    template = "part-{index:03d}.tfrecord"
+    runs = {}
+    for engine in ("local", "dask"):
+        extra = ["--engine", "dask", "--scheduler", dask_client.scheduler.address]
+        status, runs[engine], err = _run(
+            capsys,
+            "convert",
+            str(tmp_path / "pq"),
+            str(tmp_path / engine / template),
+            *argv,
+            *(extra if engine == "dask" else []),
+        )
+        assert status == 0, err
+    assert runs["dask"]["tasks"] > 1  # 3 files of 70 rows: tasks by the file a shard starts in
+    assert _objects(tmp_path / "dask") == _objects(tmp_path / "local")
+    spec = {"id": streamrec.example.FixedLenFeature(np.int64)}
+    shards = [
+        [int(streamrec.example.decode(r, spec)["id"]) for r in streamrec.open_dataset(url)]
+        for url in runs["dask"]["shards"]
+    ]
+    counts = [len(shard) for shard in shards]
+    assert len(counts) == 4 and max(counts) - min(counts) <= 1
+    assert [i for shard in shards for i in shard] == ids  # consecutive rows, in file order
+
+
 def test_an_interrupted_job_is_resumed_on_dask_both_ways(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], dask_client: Any, crash_hooks: Any
 ) -> None:

@@ -47,3 +47,35 @@ def test_plain_urls_keep_the_fingerprints_of_earlier_versions() -> None:
     text = json.dumps(document, sort_keys=True, separators=(",", ":"))
     assert _job(url) == hashlib.sha256(text.encode()).hexdigest()[:16]
     assert _job(url) != _job("https://host/data/part-0.tfrecord?generation=8")
+
+
+def test_a_plan_by_rows_is_another_job_only_where_its_shards_differ() -> None:
+    """Parquet's ``num_shards`` planned by rows: a job state written when it was planned by
+    whole files (the same ``source``) is not resumed into other shards; rotation by
+    ``max_records`` plans alike both ways and keeps its fingerprint."""
+    from streamrec.reshard.plan import make_plan
+
+    files = [
+        ObjectInfo(f"pq/f-{k}.parquet", 1000, None, records=rows)
+        for k, rows in enumerate([10, 0, 15])
+    ]
+
+    def plan(by_rows: bool, **limits: int | None) -> tuple[str, list[int]]:
+        settings = {"max_records": None, "max_bytes": None, "num_shards": None, **limits}
+        made = make_plan(
+            files,
+            "out/part-{index:03d}.tfrecord",
+            compression=None,
+            shuffle=False,
+            seed=0,
+            source="parquet/1",
+            by_rows=by_rows,
+            **settings,
+        )
+        return made.fingerprint, [n for task in made.tasks for n in task.output_records]
+
+    by_files, by_rows = plan(False, num_shards=3), plan(True, num_shards=3)
+    assert by_files[0] != by_rows[0]
+    assert len(by_rows[1]) == 3 and max(by_rows[1]) - min(by_rows[1]) <= 1
+    assert sum(by_rows[1]) == sum(f.records or 0 for f in files)
+    assert plan(False, max_records=4)[0] == plan(True, max_records=4)[0]
