@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from streamrec._portal import run_all
+from streamrec._portal import owned_generator, run_all
 from streamrec.errors import FormatError
 from streamrec.format.example.arrow import pyarrow
 from streamrec.format.example.encoding import encode
@@ -163,6 +163,7 @@ class _ParquetRecords:
     def bytes_read(self) -> int:
         return self._read
 
+    @owned_generator  # (read and closed by the reshard task)
     async def record_chunks(self) -> AsyncGenerator[Sequence[bytes], None]:
         pq = importlib.import_module("pyarrow.parquet")
         async with StoreSet(self.storage_options) as stores:

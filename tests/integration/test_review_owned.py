@@ -141,6 +141,7 @@ PUBLIC_GENERATORS = {
     "streamrec/pipeline/dataset.py:Dataset._pieces",
     "streamrec/pipeline/dataset.py:Dataset.record_chunks",
     "streamrec/pipeline/dataset.py:Dataset.__aiter__",
+    "streamrec/pipeline/stream/views.py:RecordViews._async_views",
     "streamrec/pipeline/transforms/ledger.py:handed_out_async",
     "streamrec/pipeline/mix/mixed.py:MixedDataset.record_chunks",
     "streamrec/pipeline/transforms/repeat.py:RepeatStage.record_chunks",
