@@ -26,6 +26,9 @@ sides alike. Suites:
   ``benchmarks/data`` by the new tree) with ``open_dataset(path).parse(spec).batch(256)``,
   ``for`` and ``async for``; best of 5 reads in the process, after one untimed read, in
   records per second of wall time and (``per CPU s``) of the process's CPU time.
+* ``parse-s3``: the same files and reads from SeaweedFS (``weed mini``) on loopback (S3, the
+  files uploaded once per run; take ``flock /tmp/seaweed.lock`` first: fixed ports); best of 3
+  reads in the process, after one untimed read.
 * ``write``: this script's workers writing 200,000 records of 1 KiB (half random, half a
   repeated pattern; 4,096 distinct payloads cycled) with ``streamrec.sync.open_writer``, one
   ``write()`` per record, to a local directory: ``plain`` (one file), ``gzip`` (one file),
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gzip
 import json
 import os
@@ -82,7 +86,10 @@ PARSE_CASES = {
     "parse 10 KiB batch(256) for": (10 * KIB, "for"),
     "parse 10 KiB batch(256) async for": (10 * KIB, "async"),
 }
+PARSE_S3_CASES = {case.replace("parse", "parse S3", 1): how for case, how in PARSE_CASES.items()}
 PARSE_FILE_BYTES = 256 * MIB
+S3_ENV = "SBS_S3_ENDPOINT"  # the driver's SeaweedFS, for the parse-s3 workers
+S3_BUCKET = "bench"
 WRITE_CASES = {
     "write plain": (None, None),
     "write gzip": ("gzip", None),
@@ -167,22 +174,31 @@ def write_parse_files() -> dict[str, Any]:
     return {"records": 0, "seconds": [1.0]}
 
 
+def s3_options(endpoint: str) -> dict[str, Any]:
+    return {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": endpoint}}
+
+
 def worker_parse(case: str) -> dict[str, Any]:
     import streamrec
 
-    size, mode = PARSE_CASES[case]
+    s3 = case in PARSE_S3_CASES
+    size, mode = PARSE_S3_CASES[case] if s3 else PARSE_CASES[case]
     path, spec = str(parse_path(size)), parse_spec(size)
+    options: dict[str, Any] = {}
+    if s3:
+        path = f"s3://{S3_BUCKET}/{parse_path(size).name}"
+        options["storage_options"] = s3_options(os.environ[S3_ENV])
 
     def read_for() -> int:
         n = 0
-        for batch in streamrec.open_dataset(path).parse(spec).batch(256):
+        for batch in streamrec.open_dataset(path, **options).parse(spec).batch(256):
             n += len(batch["label"])
         return n
 
     def read_async() -> int:
         async def consume() -> int:
             n = 0
-            async for batch in streamrec.open_dataset(path).parse(spec).batch(256):
+            async for batch in streamrec.open_dataset(path, **options).parse(spec).batch(256):
                 n += len(batch["label"])
             return n
 
@@ -191,7 +207,7 @@ def worker_parse(case: str) -> dict[str, Any]:
     read = read_for if mode == "for" else read_async
     records = read()  # warm-up, untimed
     times, cpu = [], []
-    for _ in range(5):
+    for _ in range(3 if s3 else 5):
         t0, c0 = time.perf_counter(), time.process_time()
         n = read()
         times.append(time.perf_counter() - t0)
@@ -243,7 +259,7 @@ def worker_main(case: str, tree: str) -> int:
         raise SystemExit(f"streamrec imported from {origin}, not from {tree}")
     if case in GZIP_CASES:
         result = worker_gzip(case)
-    elif case in PARSE_CASES:
+    elif case in PARSE_CASES or case in PARSE_S3_CASES:
         result = worker_parse(case)
     elif case == "parse-files":
         result = write_parse_files()
@@ -319,6 +335,7 @@ SUITES: dict[str, Callable[[Path], dict[str, float]]] = {
     "pipeline": suite_pipeline,
     "gzip": lambda tree: suite_workers(tree, GZIP_CASES),
     "parse": lambda tree: suite_workers(tree, PARSE_CASES),
+    "parse-s3": lambda tree: suite_workers(tree, PARSE_S3_CASES),
     "write": lambda tree: suite_workers(tree, WRITE_CASES),
 }
 
@@ -332,6 +349,26 @@ def ensure_gzip_files() -> None:
             continue
         with open(src, "rb") as f, gzip.open(dst, "wb", compresslevel=6) as g:
             shutil.copyfileobj(f, g, 4 * MIB)
+
+
+def start_seaweed(stack: contextlib.ExitStack) -> None:
+    """SeaweedFS on loopback for the parse-s3 suite, the parse files uploaded; its endpoint
+    in ``S3_ENV`` for the workers (stopped when ``stack`` closes)."""
+    import boto3
+    from _harness.servers import Services  # (the driver only: workers import no _harness)
+
+    workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sbs-weed-")))
+    services = stack.enter_context(Services(workdir, gcs=False, link=False))
+    services.start()
+    endpoint = services.stores["s3-lo"].endpoint
+    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="k", aws_secret_access_key="s")
+    for size in sorted({size for size, _ in PARSE_S3_CASES.values()}):
+        path = parse_path(size)
+        s3.upload_file(str(path), S3_BUCKET, path.name)
+        got = s3.head_object(Bucket=S3_BUCKET, Key=path.name)["ContentLength"]
+        if got != path.stat().st_size:
+            raise SystemExit(f"upload of {path}: {got} bytes arrived")
+    os.environ[S3_ENV] = endpoint
 
 
 def fmt(x: float) -> str:
@@ -359,8 +396,15 @@ def main(argv: list[str] | None = None) -> int:
     trees = {"old": args.old.resolve(), "new": args.new.resolve()}
     if "gzip" in suites:
         ensure_gzip_files()
-    if "parse" in suites:  # (written by the new tree's streamrec)
+    if "parse" in suites or "parse-s3" in suites:  # (written by the new tree's streamrec)
         run(trees["new"], [__file__, "--worker", "parse-files", "--tree", str(trees["new"])], 900)
+    with contextlib.ExitStack() as stack:
+        if "parse-s3" in suites:
+            start_seaweed(stack)
+        return measure(args, suites, trees)
+
+
+def measure(args: argparse.Namespace, suites: list[str], trees: dict[str, Path]) -> int:
     samples: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
     t_start = time.perf_counter()
     for r in range(args.rounds):

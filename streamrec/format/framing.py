@@ -366,11 +366,11 @@ class RecordDecoder:
     def _scan(self, buf: BytesLike, start: int) -> tuple[Records, int, int, int, int]:
         """The scanner on ``buf[start:]``; its records counted (lengths_only: kept)."""
         if self.spans and type(buf) is bytes:  # immutable: its records may stay in it
-            pairs, pos, status, stored, computed = _scan(
-                buf, start, self.verify_crc, None, _LARGE_CRC_BYTES, 2
+            rows, pos, status, stored, computed = _scan(
+                buf, start, self.verify_crc, None, _LARGE_CRC_BYTES, 3
             )
-            self._index += len(pairs) // 16
-            return RecordSpans.in_buffer(buf, pairs), pos, status, stored, computed
+            self._index += len(rows) // 24
+            return RecordSpans.in_buffer(buf, rows), pos, status, stored, computed
         if self.lengths is None:
             result = _scan(buf, start, self.verify_crc, _crc32c_package.crc32c, _LARGE_CRC_BYTES)
             self._index += len(result[0])

@@ -124,13 +124,10 @@ class RecordSpans(Sequence[bytes]):
         return cls(list(payloads), spans)
 
     @classmethod
-    def in_buffer(cls, buffer: bytes, pairs: bytes) -> RecordSpans:
-        """The records of one buffer from a scan's native int64 ``(offset, length)`` pairs."""
-        found = np.frombuffer(pairs, dtype=np.int64).reshape(-1, 2)
-        spans = np.empty((len(found), 3), dtype=np.int64)  # (zeros: page faults, measured)
-        spans[:, 0] = 0
-        spans[:, 1:] = found
-        return cls([buffer], spans)
+    def in_buffer(cls, buffer: bytes, rows: bytes) -> RecordSpans:
+        """The records of one buffer from a scan's native int64 ``(0, offset, length)`` rows
+        (used in place, read-only: spans are never written, only copied)."""
+        return cls([buffer], np.frombuffer(rows, dtype=np.int64).reshape(-1, 3))
 
     @staticmethod
     def join(parts: Sequence[Sequence[bytes]]) -> RecordSpans:

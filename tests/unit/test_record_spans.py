@@ -67,6 +67,22 @@ def test_spans_are_the_records_the_copies_are(seed: int) -> None:
     assert any(isinstance(c, RecordSpans) for c in in_place) == accelerated
 
 
+@pytest.mark.skipif(not accelerated, reason="spans come from the C scanner")
+def test_the_scan_rows_are_its_pairs_with_buffer_zero() -> None:
+    from streamrec.format import _cframing  # type: ignore[attr-defined]
+
+    payloads = _payloads(3, 25)
+    data = b"xyz" + RecordEncoder().encode_many(payloads) + b"\x01\x02"  # a head, a partial tail
+    pairs, *pos2 = _cframing.scan(data, 3, True, None, 1 << 30, 2)
+    rows, *pos3 = _cframing.scan(data, 3, True, None, 1 << 30, 3)
+    assert pos2 == pos3 and pos3[0] == len(data) - 2
+    found = np.frombuffer(rows, dtype=np.int64).reshape(-1, 3)
+    assert (found[:, 0] == 0).all()
+    assert (found[:, 1:] == np.frombuffer(pairs, dtype=np.int64).reshape(-1, 2)).all()
+    spans = RecordSpans.in_buffer(data, rows)
+    assert list(spans) == payloads and not spans.spans.flags.writeable
+
+
 def test_a_damaged_payload_is_skipped_alike() -> None:
     payloads = _payloads(7, 30)
     data = bytearray(RecordEncoder().encode_many(payloads))
