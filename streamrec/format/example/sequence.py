@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from streamrec.errors import ExampleError
+from streamrec.format.example import batch
 from streamrec.format.example.arrow import allocate, batch_from_numpy, pyarrow, steps_from_c
-from streamrec.format.example.batch import decode_batch, parse_sequence_c
+from streamrec.format.example.batch import decode_batch
 from streamrec.format.example.decoding import decode_one, parse_message
 from streamrec.format.example.spec import (
     FeatureSpec,
@@ -65,7 +66,7 @@ def decode_sequence_batch(
     names = [name for name, _ in context_items]
     columns = [contexts.column(name) for name in names]
     # (even without sequence features: every payload must be a valid SequenceExample)
-    parsed = parse_sequence_c(payloads, sequence_items, allocate)
+    parsed = batch.parse_sequence_c(payloads, sequence_items, allocate)
     if parsed is None:
         columns.extend(_steps_python(payloads, sequence_items))
     else:
