@@ -21,9 +21,14 @@ medians over ``--rounds`` and the medians of each round's ratios arrow / numpy, 
 Without TensorFlow (install it only in a separate environment; see benchmarks/README.md) the
 tf rows are skipped with a message and numpy / arrow still run.
 
+``--shapes sequence``: bench_example's SequenceExamples (a context label, 1-20 steps of 8 float32
+frames, 0-9 int64 tokens and 0-2 bytes words), ``decode_sequence_batch`` (**arrow**) against
+eager ``tf.io.parse_sequence_example`` (``FixedLenSequenceFeature`` / ``VarLenFeature``), values
+checked alike first; its own table.
+
 Usage: ``python benchmarks/bench_tf.py [--records N] [--rounds N] [--batches 256,1024,8192]
-[--seconds S] [--shapes fixed,var] [--tf-threads N]`` (``--tf-threads 1``: TF on one core, as
-streamrec's decoder).
+[--seconds S] [--shapes fixed,var,sequence] [--tf-threads N]`` (``--tf-threads 1``: TF on one
+core, as streamrec's decoder).
 """
 
 from __future__ import annotations
@@ -36,7 +41,15 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _harness.examples import MIXED_SPEC, make_mixed_payloads, make_payloads, spec_for
+from _harness.examples import (
+    MIXED_SPEC,
+    SEQUENCE_CONTEXT,
+    SEQUENCE_SPEC,
+    make_mixed_payloads,
+    make_payloads,
+    make_sequence_payloads,
+    spec_for,
+)
 from _harness.report import cpu_model, now, source_state
 
 from streamrec.format import example as ex
@@ -168,7 +181,7 @@ def main() -> None:
     parser.add_argument("--batches", default="256,1024,8192")
     parser.add_argument("--seconds", type=float, default=0.5, help="per reader and round")
     parser.add_argument("--tf-threads", type=int, help="TF's thread pools (default: all cores)")
-    parser.add_argument("--shapes", default="fixed,var", help="record shapes: fixed, var")
+    parser.add_argument("--shapes", default="fixed,var", help="fixed, var, sequence")
     args = parser.parse_args()
     tf = load_tf()
     if tf is not None and args.tf_threads:  # per core against streamrec's one thread
@@ -177,12 +190,16 @@ def main() -> None:
     if tf is None:
         print(NO_TF, flush=True)
     sizes = [int(size) for size in args.batches.split(",")]
+    if "sequence" in args.shapes:
+        sequence_vs_tf(args, tf, sizes)
     fixed = make_payloads(args.records)
     shapes: dict[str, tuple[list[bytes], Spec]] = {}
     if "fixed" in args.shapes:
         shapes["fixed 1 KiB"] = (fixed, spec_for(fixed[0]))
     if "var" in args.shapes:
         shapes["var ~500 B"] = (make_mixed_payloads(args.records), MIXED_SPEC)
+    if not shapes:
+        return
     if tf is not None:
         for name, (payloads, spec) in shapes.items():
             check_parity(tf, payloads[:2048], spec)
@@ -241,6 +258,74 @@ def report(
     if tf is None:
         print()
         print(NO_TF)
+
+
+def sequence_readers(tf: Any) -> dict[str, Callable[[list[bytes]], object]]:
+    """``decode_sequence_batch`` and (with TensorFlow) ``tf.io.parse_sequence_example``."""
+    found: dict[str, Callable[[list[bytes]], object]] = {
+        "arrow": lambda batch: ex.decode_sequence_batch(batch, SEQUENCE_CONTEXT, SEQUENCE_SPEC)
+    }
+    if tf is not None:
+        context = {"label": tf.io.FixedLenFeature([], tf.int64)}
+        steps = {
+            "frames": tf.io.FixedLenSequenceFeature([8], tf.float32),
+            "tokens": tf.io.VarLenFeature(tf.int64),
+            "words": tf.io.VarLenFeature(tf.string),
+        }
+        found["tf"] = lambda batch: tf.io.parse_sequence_example(
+            tf.constant(batch), context_features=context, sequence_features=steps
+        )
+    return found
+
+
+def check_sequence_parity(tf: Any, payloads: list[bytes]) -> None:
+    """Assert that ``decode_sequence_batch`` and TensorFlow decode the same values (every
+    record's lists have as many steps as its frames: TF gives only their lengths)."""
+    context, steps, lengths = sequence_readers(tf)["tf"](payloads)  # type: ignore[misc]
+    ours = ex.decode_sequence_batch(payloads, SEQUENCE_CONTEXT, SEQUENCE_SPEC)
+    assert ours.column("label").to_pylist() == context["label"].numpy().tolist()
+    counts = lengths["frames"].numpy().tolist()
+    frames = steps["frames"].numpy()
+    expected = [frames[i, :count].tolist() for i, count in enumerate(counts)]
+    assert ours.column("frames").to_pylist() == expected, "frames differ from TensorFlow"
+    for name in ("tokens", "words"):
+        rows: list[list[list[Any]]] = [[[] for _ in range(count)] for count in counts]
+        sparse = steps[name]
+        for (row, step, _), value in zip(
+            sparse.indices.numpy().tolist(), sparse.values.numpy().tolist(), strict=True
+        ):
+            rows[row][step].append(value)
+        assert ours.column(name).to_pylist() == rows, f"{name} differs from TensorFlow"
+
+
+def sequence_vs_tf(args: argparse.Namespace, tf: Any, sizes: list[int]) -> None:
+    """The ``--shapes sequence`` table: records/s, medians of ``--rounds`` side-by-side runs."""
+    payloads = make_sequence_payloads(args.records)
+    if tf is not None:
+        check_sequence_parity(tf, payloads[:2048])
+        print("SequenceExamples: streamrec and TensorFlow decode the same values", flush=True)
+    decoders = sequence_readers(tf)
+    for decode in decoders.values():  # first calls: not timed
+        decode(payloads[: sizes[-1]])
+    rates: dict[tuple[int, str], list[float]] = {}
+    for _ in range(args.rounds):
+        for size in sizes:
+            batches = [payloads[i : i + size] for i in range(0, len(payloads), size)]
+            for reader, value in side_by_side(batches, decoders, args.seconds).items():
+                rates.setdefault((size, reader), []).append(value)
+    print(f"\nSequenceExamples, {args.records:,} records ({now()}, load {os.getloadavg()[0]:.1f}):")
+    print("| batch | arrow rec/s | tf rec/s | arrow / tf |\n|--:|--:|--:|--:|")
+    for size in sizes:
+        arrow = rates[(size, "arrow")]
+        if tf is None:
+            print(f"| {size:,} | {statistics.median(arrow) / 1e6:.2f} M | - | - |")
+            continue
+        theirs = rates[(size, "tf")]
+        ratio = statistics.median(a / b for a, b in zip(arrow, theirs, strict=True))
+        print(
+            f"| {size:,} | {statistics.median(arrow) / 1e6:.2f} M | "
+            f"{statistics.median(theirs) / 1e6:.2f} M | {ratio:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ Each Example is ``{"label": int64 scalar, "values": 64 float32, "data": raw byte
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +25,7 @@ __all__ = [
     "make_payloads",
     "run",
     "run_mixed",
+    "run_sequence",
     "spec_for",
 ]
 
@@ -152,3 +155,64 @@ def run(n: int) -> dict[str, float]:
     finally:
         example_batch._cexample = saved
     return results
+
+
+SEQUENCE_CONTEXT: dict[str, ex.FeatureSpec] = {"label": ex.FixedLenFeature(np.int64)}
+SEQUENCE_SPEC: dict[str, ex.FeatureSpec] = {
+    "frames": ex.FixedLenFeature(np.float32, (8,)),
+    "tokens": ex.VarLenFeature(np.int64),
+    "words": ex.VarLenFeature(bytes),
+}
+
+
+def make_sequence_payloads(n: int) -> list[bytes]:
+    """``n`` SequenceExamples: a context label and 1-20 steps of three feature lists (8 float32
+    frames, 0-9 int64 tokens, 0-2 short bytes words a step; ~500 bytes on average)."""
+    rng = np.random.default_rng(2)
+    payloads = []
+    for i in range(n):
+        steps = int(rng.integers(1, 21))
+        lists: dict[str, list[Any]] = {
+            "frames": [rng.random(8, dtype=np.float32) for _ in range(steps)],
+            "tokens": [rng.integers(0, 1000, int(rng.integers(0, 10))) for _ in range(steps)],
+            "words": [[b"w%d" % k for k in range(j % 3)] for j in range(steps)],
+        }
+        payloads.append(ex.encode_sequence({"label": i}, lists))
+    return payloads
+
+
+def run_sequence(n: int, rounds: int = 5) -> dict[str, float]:
+    """Median records/s of ``decode_sequence_batch`` on :func:`make_sequence_payloads` in
+    batches of 1,024, rounds alternating: ``c`` (feature lists in C), ``lists_python`` (the
+    context in C, the lists with protobuf: before ``parse_sequence_arrow``) and ``python``
+    (no C parser). The Python rows are timed on at most 20,000 of the records."""
+    payloads = make_sequence_payloads(n)
+    small = max(1, min(n, 20_000))
+    batches = [payloads[i : i + BATCH] for i in range(0, n, BATCH)]
+    few = [payloads[i : i + BATCH] for i in range(0, small, BATCH)]
+
+    def decode(chosen: list[list[bytes]]) -> None:
+        for batch in chosen:
+            ex.decode_sequence_batch(batch, SEQUENCE_CONTEXT, SEQUENCE_SPEC)
+
+    rates: dict[str, list[float]] = {"c": [], "lists_python": [], "python": []}
+    saved_c, saved_lists = example_batch._cexample, example_batch.parse_sequence_c
+    first = ex.decode_sequence_batch(batches[0], SEQUENCE_CONTEXT, SEQUENCE_SPEC)
+    example_batch._cexample = None
+    try:  # the paths timed give the same batch
+        assert first.equals(ex.decode_sequence_batch(batches[0], SEQUENCE_CONTEXT, SEQUENCE_SPEC))
+    finally:
+        example_batch._cexample = saved_c
+    for _ in range(rounds):
+        rates["c"].append(_rate(n, lambda: decode(batches), 0.2))
+        example_batch.parse_sequence_c = lambda *args: None  # the lists with protobuf
+        try:
+            rates["lists_python"].append(_rate(small, lambda: decode(few), 0.2))
+        finally:
+            example_batch.parse_sequence_c = saved_lists
+        example_batch._cexample = None  # the C parser's one seam: None runs the Python path
+        try:
+            rates["python"].append(_rate(small, lambda: decode(few), 0.2))
+        finally:
+            example_batch._cexample = saved_c
+    return {key: statistics.median(values) for key, values in rates.items()}

@@ -15,7 +15,11 @@
  * var-length and bytes features are kept as (list, count, bytes) per record in a first pass,
  * then written in a second pass into Arrow buffers (offsets, values, data) of exactly the sizes
  * counted, allocated once per batch by the caller (Arrow's memory pool); both passes run
- * without the GIL, on the calling thread.
+ * without the GIL, on the calling thread. parse_sequence_arrow() is the same for the feature
+ * lists of SequenceExamples (decode_sequence_batch() in example/sequence.py): pass 1 walks
+ * field 2 (FeatureLists { map<string, FeatureList> feature_list = 1; }, FeatureList
+ * { repeated Feature feature = 1; }) and keeps each step of a spec'd list, pass 2 writes all
+ * the steps of a list as the records of one Arrow column (fixed and raw values too).
  *
  * Contract: parse_examples() either decodes the whole batch with exactly the result the
  * pure-Python (upb) path would give, or returns None, and the caller then decodes the batch
@@ -83,6 +87,7 @@ typedef struct {
     Ref *refs;          /* Arrow mode, var and bytes modes: each record's list, for pass 2 */
     PyObject *dflt_items; /* Arrow mode, M_BYTES with a default: its count values (bytes) */
     size_t dflt_nbytes;   /* their total length */
+    size_t nrefs, refcap; /* sequence mode: the steps kept in refs so far, and its room */
 } Spec;
 
 typedef struct {
@@ -90,7 +95,8 @@ typedef struct {
     Py_ssize_t record;
     Spec *specs;
     Py_ssize_t nspecs;
-    int arrow;           /* parse_examples_arrow: var and bytes lists are kept for pass 2 */
+    int arrow;           /* parse_examples_arrow: var and bytes lists are kept for pass 2;
+                          * 2: parse_sequence_arrow (every step of every spec is kept) */
     Py_ssize_t hint;     /* the spec after the last one matched */
 } Ctx;
 
@@ -561,6 +567,156 @@ static int parse_example(Ctx *ctx, const uint8_t *p, const uint8_t *end) {
     return 1;
 }
 
+/* ------------------------------------------------------------------ SequenceExample lists */
+
+/* Sequence mode: SequenceExample { Features context = 1; FeatureLists feature_lists = 2; },
+ * FeatureLists { map<string, FeatureList> feature_list = 1; }, FeatureList { repeated Feature
+ * feature = 1; }. The context is decode_batch()'s (an Example's field 1 too), so it is skipped
+ * here; every FeatureList is validated and each step of a spec'd one is kept as a Ref (the
+ * spec's refs grow; counts[record] counts the steps) for pass 2. A step has no default: it is
+ * there, of the spec's kind (or of none: no values) and count, or the batch is handed back. */
+
+static int keep_step(Spec *s, int kind, const uint8_t *lp, const uint8_t *lend, Py_ssize_t count,
+                     int64_t nbytes) {
+    Ref *r;
+    if (kind != K_NONE && kind != s->kind) return 0;
+    switch (s->mode) {
+    case M_INT64:
+    case M_FLOAT:
+    case M_BYTES:
+        if (count != s->count) return 0;
+        break;
+    case M_RAW:
+        if (kind != K_BYTES || count != 1 || nbytes != (int64_t)s->count) return 0;
+        break;
+    default:
+        break;
+    }
+    if (s->nrefs == s->refcap) {
+        size_t cap = s->refcap ? s->refcap * 2 : 64;
+        Ref *nr;
+        if (cap > ((size_t)PY_SSIZE_T_MAX) / (2 * sizeof(Ref))) return 0;
+        nr = (Ref *)realloc(s->refs, cap * sizeof(Ref));
+        if (!nr) return 0;
+        s->refs = nr;
+        s->refcap = cap;
+    }
+    r = &s->refs[s->nrefs++];
+    r->lp = lp; /* (never NULL: a kind-less step has the empty span) */
+    r->lend = lend;
+    r->count = (int64_t)count;
+    r->nbytes = nbytes;
+    return 1;
+}
+
+/* A FeatureList: its steps validated, and kept for s (NULL: a list no spec names). */
+static int parse_feature_list(Ctx *ctx, Spec *s, const uint8_t *p, const uint8_t *end) {
+    while (p < end) {
+        uint32_t field, wt;
+        if (!read_tag(&p, end, &field, &wt)) return 0;
+        if (field == 1) {
+            size_t n;
+            int kind;
+            const uint8_t *lp, *lend;
+            Py_ssize_t count = 0;
+            int64_t nbytes = 0;
+            if (wt != 2 || !read_len(&p, end, &n)) return 0;
+            if (!scan_feature(p, p + n, &kind, &lp, &lend)) return 0;
+            /* (not strict for a kept step: pass 2's write_values() checks every varint) */
+            if (kind != K_NONE && !count_values(kind, lp, lend, s == NULL || s->mode == M_RAW,
+                                                &count, &nbytes))
+                return 0;
+            if (s) {
+                if (!keep_step(s, kind, lp, lend, count, nbytes)) return 0;
+                s->counts[ctx->record]++;
+            }
+            p += n;
+        } else if (!skip_field(&p, end, wt)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* One map entry of FeatureLists: key = 1, value = 2 and nothing else (as parse_entry()). A
+ * spec'd name given twice in a record (the last would win) hands the batch back. */
+static int parse_list_entry(Ctx *ctx, const uint8_t *p, const uint8_t *end) {
+    const uint8_t *key = p, *val = p, *vend = p;
+    size_t keylen = 0;
+    int have_key = 0, have_val = 0;
+    Py_ssize_t i, k;
+    Spec *s = NULL;
+    while (p < end) {
+        uint32_t field, wt;
+        size_t n;
+        if (!read_tag(&p, end, &field, &wt)) return 0;
+        if (wt != 2 || field > 2 || !read_len(&p, end, &n)) return 0;
+        if (field == 1) {
+            if (have_key && !utf8_valid(key, keylen)) return 0;
+            have_key = 1;
+            key = p;
+            keylen = n;
+        } else {
+            if (have_val) return 0;
+            have_val = 1;
+            val = p;
+            vend = p + n;
+        }
+        p += n;
+    }
+    for (i = 0, k = ctx->hint; i < ctx->nspecs; i++, k++) {
+        Spec *cand;
+        if (k >= ctx->nspecs) k = 0;
+        cand = &ctx->specs[k];
+        if ((size_t)cand->keylen == keylen && same_bytes(cand->key, key, keylen)) {
+            s = cand;
+            ctx->hint = k + 1;
+            break;
+        }
+    }
+    if (!s && !utf8_valid(key, keylen)) return 0;
+    if (s) {
+        if (s->seen) return 0;
+        s->seen = 1;
+    }
+    return parse_feature_list(ctx, s, val, vend);
+}
+
+static int parse_sequence(Ctx *ctx, const uint8_t *p, const uint8_t *end) {
+    Py_ssize_t i;
+    for (i = 0; i < ctx->nspecs; i++) {
+        ctx->specs[i].seen = 0;
+        ctx->specs[i].counts[ctx->record] = 0;
+    }
+    while (p < end) {
+        uint32_t field, wt;
+        if (!read_tag(&p, end, &field, &wt)) return 0;
+        if (field == 2) { /* repeated occurrences merge: their map entries add up */
+            size_t n;
+            const uint8_t *q, *qend;
+            if (wt != 2 || !read_len(&p, end, &n)) return 0;
+            q = p;
+            qend = p + n;
+            while (q < qend) {
+                uint32_t f2, wt2;
+                if (!read_tag(&q, qend, &f2, &wt2)) return 0;
+                if (f2 == 1) {
+                    size_t m;
+                    if (wt2 != 2 || !read_len(&q, qend, &m)) return 0;
+                    if (!parse_list_entry(ctx, q, q + m)) return 0;
+                    q += m;
+                } else if (!skip_field(&q, qend, wt2)) {
+                    return 0;
+                }
+            }
+            p = qend;
+        } else if (!skip_field(&p, end, wt)) { /* the context: decode_batch()'s */
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* ------------------------------------------------------------------ shared by the entry points */
 
 static int little_endian(void) {
@@ -647,7 +803,10 @@ static int arrow_alloc(Spec *s, Py_ssize_t n, PyObject *alloc, Outs *o) {
             return 0;
         }
     }
-    if (s->mode == M_VAR_INT64 || s->mode == M_VAR_FLOAT) { /* list offsets, values */
+    if (s->mode <= M_RAW && s->mode != M_BYTES) { /* sequence mode: the values of n steps */
+        o->nbuf = 1;
+        sizes[0] = (int64_t)n * (int64_t)s->count * (int64_t)s->itemsize;
+    } else if (s->mode == M_VAR_INT64 || s->mode == M_VAR_FLOAT) { /* list offsets, values */
         o->nbuf = 2;
         sizes[0] = ((int64_t)n + 1) * 8;
         sizes[1] = o->values * (s->mode == M_VAR_FLOAT ? 4 : 8);
@@ -673,6 +832,27 @@ static int arrow_alloc(Spec *s, Py_ssize_t n, PyObject *alloc, Outs *o) {
 static int arrow_fill_record(Spec *s, Py_ssize_t i, Outs *o) {
     const Ref *r = &s->refs[i];
     Py_ssize_t j;
+    if (s->mode <= M_RAW && s->mode != M_BYTES) { /* sequence mode: step i's values */
+        size_t sz = (size_t)s->count * (size_t)s->itemsize;
+        char *dst = (char *)o->view[0].buf + (size_t)i * sz;
+        if (s->mode == M_RAW) { /* the one value (unknown fields may come first) */
+            const uint8_t *p = r->lp;
+            uint32_t field = 0, wt = 0;
+            size_t n = 0;
+            for (;;) {
+                if (!read_tag(&p, r->lend, &field, &wt)) return 0;
+                if (field == 1) break;
+                if (!skip_field(&p, r->lend, wt)) return 0;
+            }
+            if (wt != 2 || !read_len(&p, r->lend, &n) || n != sz) return 0;
+            if (n) memcpy(dst, p, n);
+        } else if (!write_values(s->kind, r->lp, r->lend, dst, dst + sz, NULL)) {
+            return 0;
+        }
+        o->vi += r->count;
+        o->at += r->nbytes;
+        return 1;
+    }
     if (s->mode == M_VAR_INT64 || s->mode == M_VAR_FLOAT) {
         int64_t *offsets = (int64_t *)o->view[0].buf;
         char *values = (char *)o->view[1].buf;
@@ -735,6 +915,41 @@ static int arrow_fill(Spec *specs, Py_ssize_t nspecs, Py_ssize_t n, Outs *outs) 
     }
     for (k = 0; k < nspecs; k++) {
         if (specs[k].refs && (outs[k].vi != outs[k].values || outs[k].at != outs[k].nbytes))
+            return 0;
+    }
+    return 1;
+}
+
+/* Sequence mode's pass 2, record by record (a record's lists lie together: read from memory
+ * once, as in arrow_fill()), each spec's steps of that record; then every output must be
+ * exactly full. */
+static int seq_fill(Spec *specs, Py_ssize_t nspecs, Py_ssize_t n, Outs *outs) {
+    Py_ssize_t i, k;
+    for (k = 0; k < nspecs; k++) {
+        Spec *s = &specs[k];
+        Outs *o = &outs[k];
+        o->vi = o->at = 0;
+        s->rec_start = 0; /* the next step to write */
+        if (s->nrefs == 0 && (s->mode == M_BYTES || s->mode > M_RAW)) { /* the first offsets */
+            *(int64_t *)o->view[0].buf = 0;
+            if (s->mode == M_VAR_BYTES) *(int64_t *)o->view[1].buf = 0;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        for (k = 0; k < nspecs; k++) {
+            Spec *s = &specs[k];
+            int64_t c;
+            for (c = s->counts[i]; c > 0; c--) {
+                if (s->rec_start >= s->nrefs) return 0;
+                if (!arrow_fill_record(s, (Py_ssize_t)s->rec_start, &outs[k])) return 0;
+                s->rec_start++;
+            }
+        }
+    }
+    for (k = 0; k < nspecs; k++) {
+        Spec *s = &specs[k];
+        if (s->rec_start != s->nrefs || outs[k].vi != outs[k].values ||
+            outs[k].at != outs[k].nbytes)
             return 0;
     }
     return 1;
@@ -844,12 +1059,33 @@ static PyObject *parse_common(PyObject *args, int arrow) {
             PyErr_SetString(PyExc_ValueError, "bad spec mode or count");
             goto done;
         }
-        kept = arrow && (s->mode == M_BYTES || s->mode > M_RAW);
+        kept = arrow == 2 || (arrow && (s->mode == M_BYTES || s->mode > M_RAW));
         s->kind = (s->mode == M_INT64 || s->mode == M_VAR_INT64)   ? K_INT64
                   : (s->mode == M_FLOAT || s->mode == M_VAR_FLOAT) ? K_FLOAT
                                                                    : K_BYTES;
         s->itemsize = s->mode == M_FLOAT ? 4 : s->mode == M_RAW ? 1 : s->mode == M_BYTES ? 16 : 8;
-        if (kept) {
+        if (arrow == 2) { /* steps: refs grow as they come; counts gets the steps a record */
+            if (dflt != Py_None) {
+                PyErr_SetString(PyExc_ValueError, "a step has no default");
+                goto done;
+            }
+            /* room for 16 steps a record up front (at most 8 MiB; pages are taken as they
+             * are written): growing by realloc copied most of them (1.1x at 8,192 records) */
+            s->refcap = 64 + (size_t)(n < 16384 ? n : 16384) * 16;
+            s->refs = (Ref *)malloc(sizeof(Ref) * s->refcap);
+            if (!s->refs) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            if (PyObject_GetBuffer(counts, &s->counts_view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+                goto done;
+            s->have_counts = 1;
+            if ((size_t)s->counts_view.len < (size_t)n * 8) {
+                PyErr_SetString(PyExc_ValueError, "counts buffer too small");
+                goto done;
+            }
+            s->counts = (int64_t *)s->counts_view.buf;
+        } else if (kept) {
             s->refs = (Ref *)malloc(sizeof(Ref) * (size_t)(n ? n : 1));
             if (!s->refs) {
                 PyErr_NoMemory();
@@ -951,7 +1187,8 @@ static PyObject *parse_common(PyObject *args, int arrow) {
             if (i + 1 < n) prefetch_record(starts[i + 1], lens[i + 1]);
             ctx.record = i;
             ctx.base = starts[i];
-            ok = parse_example(&ctx, starts[i], starts[i] + lens[i]);
+            ok = arrow == 2 ? parse_sequence(&ctx, starts[i], starts[i] + lens[i])
+                            : parse_example(&ctx, starts[i], starts[i] + lens[i]);
         }
         Py_END_ALLOW_THREADS
     }
@@ -962,10 +1199,11 @@ static PyObject *parse_common(PyObject *args, int arrow) {
     }
     if (arrow) { /* pass 2: outputs of the exact sizes, filled without the GIL */
         for (i = 0; i < nspecs; i++) {
-            if (specs[i].refs && !arrow_alloc(&specs[i], n, alloc, &outs[i])) goto done;
+            Py_ssize_t rows = arrow == 2 ? (Py_ssize_t)specs[i].nrefs : n; /* steps / records */
+            if (specs[i].refs && !arrow_alloc(&specs[i], rows, alloc, &outs[i])) goto done;
         }
         Py_BEGIN_ALLOW_THREADS
-        ok = arrow_fill(specs, nspecs, n, outs);
+        ok = arrow == 2 ? seq_fill(specs, nspecs, n, outs) : arrow_fill(specs, nspecs, n, outs);
         Py_END_ALLOW_THREADS
         if (!ok) { /* (a buffer payload changed between the passes) */
             result = Py_None;
@@ -1053,6 +1291,21 @@ PyDoc_STRVAR(parse_examples_arrow_doc,
 static PyObject *parse_examples_arrow(PyObject *self, PyObject *args) {
     (void)self;
     return parse_common(args, 1);
+}
+
+PyDoc_STRVAR(parse_sequence_arrow_doc,
+"parse_sequence_arrow(payloads, specs, spans, alloc) -> list | None\n\n"
+"The feature lists of serialized SequenceExamples (the context is skipped: decode it as an\n"
+"Example) as Arrow buffers of exact sizes, one spec tuple per list, as parse_examples_arrow's\n"
+"with out ignored, default None and counts a writable int64 buffer of len(payloads) that gets\n"
+"the steps of each record. Each step is decoded as one record of parse_examples_arrow (no\n"
+"default: it is there). The list holds, per spec: fixed int64 / float, raw: (values,);\n"
+"the others as parse_examples_arrow. None when the Python path must decode the batch instead\n"
+"(anything damaged, a step of the wrong kind or count, a list named twice in a record).");
+
+static PyObject *parse_sequence_arrow(PyObject *self, PyObject *args) {
+    (void)self;
+    return parse_common(args, 2);
 }
 
 PyDoc_STRVAR(shortest_bytes_doc,
@@ -1194,6 +1447,7 @@ done:
 static PyMethodDef methods[] = {
     {"parse_examples", parse_examples, METH_VARARGS, parse_examples_doc},
     {"parse_examples_arrow", parse_examples_arrow, METH_VARARGS, parse_examples_arrow_doc},
+    {"parse_sequence_arrow", parse_sequence_arrow, METH_VARARGS, parse_sequence_arrow_doc},
     {"shortest_bytes", shortest_bytes, METH_O, shortest_bytes_doc},
     {"gather_spans", gather_spans, METH_VARARGS, gather_spans_doc},
     {NULL, NULL, 0, NULL},

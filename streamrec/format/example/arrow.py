@@ -52,7 +52,14 @@ from streamrec.format.example.spec import (
     numpy_dtype,
 )
 
-__all__ = ["allocate", "arrow_schema", "batch_from_c", "batch_from_numpy", "pyarrow"]
+__all__ = [
+    "allocate",
+    "arrow_schema",
+    "batch_from_c",
+    "batch_from_numpy",
+    "pyarrow",
+    "steps_from_c",
+]
 
 _cexample: Any = load_accelerator("_cexample")
 _gather_spans: Any = getattr(_cexample, "gather_spans", None)
@@ -220,6 +227,21 @@ def batch_from_c(
         else:
             columns.append(_nest(pa, _numbers(pa, out), entry.shape, n))
     return _batch(pa, columns, schema, n)
+
+
+def steps_from_c(entry: FeatureSpec, buffers: tuple[Any, ...], steps: int) -> Any:
+    """The ``steps`` steps of one ``SequenceExample`` feature list as one Arrow array, each
+    typed as the spec's column, from ``_cexample.parse_sequence_arrow``'s buffers (the values
+    of fixed and raw features: ``(values,)``; var-length and bytes ones as for a batch)."""
+    pa = pyarrow()
+    if isinstance(entry, VarLenFeature) or (
+        isinstance(entry, FixedLenFeature) and entry._kind == "bytes"
+    ):
+        return _from_c_buffers(pa, entry, buffers, steps)
+    dtype = entry._dtype if isinstance(entry, RawFeature) else numpy_dtype(entry._kind)
+    count = steps * math.prod(entry.shape)
+    values = np.frombuffer(buffers[0], dtype=dtype, count=count).reshape(steps, *entry.shape)
+    return _nest(pa, _numbers(pa, values), entry.shape, steps)
 
 
 def _numbers(pa: Any, values: Array) -> Any:

@@ -238,6 +238,43 @@ def _parse_c(
     return outs, result
 
 
+def parse_sequence_c(
+    payloads: Sequence[Any], items: list[tuple[str, FeatureSpec]], alloc: Any
+) -> tuple[list[Array], list[tuple[Any, ...]]] | None:
+    """The feature lists of serialized ``SequenceExample`` payloads from the C parser
+    (``_cexample.parse_sequence_arrow``): per feature the steps of each record (int64) and the
+    Arrow buffers of all its steps, each step decoded as a record of ``parse_examples_arrow``;
+    None when the C parser is not used or lacks it, or declines the batch (anything damaged or
+    unexpected: the Python path then decodes it, and raises the errors)."""
+    if not has_c_accelerator() or not hasattr(_cexample, "parse_sequence_arrow"):
+        return None
+    n = len(payloads)
+    modes = {"int64": _C_INT64, "float32": _C_FLOAT, "bytes": _C_BYTES}
+    specs: list[tuple[bytes, int, int, None, None, Array]] = []
+    counts: list[Array] = []
+    for name, entry in items:
+        if isinstance(entry, RawFeature):
+            mode, count = _C_RAW, entry._nbytes
+        elif isinstance(entry, VarLenFeature):
+            mode, count = _C_MODES[entry._kind, True], 0
+        else:
+            mode, count = modes[entry._kind], entry._count
+        counts.append(np.empty((n,), dtype=np.int64))  # the steps of each record
+        specs.append((name.encode("utf-8"), mode, count, None, None, counts[-1]))
+    spans: Array | None = None
+    if type(payloads) is RecordSpans:  # read where they lie: no bytes object per record
+        buffers: Sequence[Any] = payloads.buffers
+        spans = np.ascontiguousarray(payloads.spans)
+    elif _shortest_bytes(payloads) < 0:  # not all bytes: flat byte views
+        buffers = [_byte_view(payload) for payload in payloads]
+    else:
+        buffers = payloads
+    result = _cexample.parse_sequence_arrow(buffers, specs, spans, alloc)
+    if result is None:
+        return None
+    return counts, result
+
+
 def _numpy_from_c(
     payloads: Sequence[bytes],
     items: list[tuple[str, FeatureSpec]],

@@ -12,7 +12,11 @@ lists (per name, a list of steps, each a ``Feature``), as TensorFlow's
   that spec's column (``FixedLenFeature(dtype, shape)``: exactly ``prod(shape)`` values a step,
   like ``tf.io.FixedLenSequenceFeature``; ``VarLenFeature``: any number; ``RawFeature``: one
   raw array a step). A record without the feature list has no steps. The steps are decoded
-  with protobuf, record by record.
+  in C too (``_cexample.parse_sequence_arrow``: counted, then written into Arrow buffers of
+  exactly that size), each as a record of ``decode_batch(..., to="arrow")``; a batch it
+  declines (anything damaged or unexpected), or every batch without the C parser
+  (``STREAMREC_PURE_PYTHON=1``), is decoded with protobuf, record by record, which raises the
+  errors below: the same columns either way.
 
 Errors are those of :func:`~streamrec.format.example.decoding.decode`: a damaged payload is an
 :class:`~streamrec.errors.ExampleError`, a step that does not match its spec a
@@ -28,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from streamrec.errors import ExampleError
-from streamrec.format.example.arrow import batch_from_numpy, pyarrow
+from streamrec.format.example import batch
+from streamrec.format.example.arrow import allocate, batch_from_numpy, pyarrow, steps_from_c
 from streamrec.format.example.batch import decode_batch
 from streamrec.format.example.decoding import decode_one, parse_message
 from streamrec.format.example.spec import (
@@ -58,6 +63,29 @@ def decode_sequence_batch(
         raise ValueError(f"features named in both context and sequence: {sorted(both)}")
     pa = pyarrow()
     contexts = decode_batch(payloads, dict(context_items), to="arrow")
+    names = [name for name, _ in context_items]
+    columns = [contexts.column(name) for name in names]
+    # (even without sequence features: every payload must be a valid SequenceExample)
+    parsed = batch.parse_sequence_c(payloads, sequence_items, allocate)
+    if parsed is None:
+        columns.extend(_steps_python(payloads, sequence_items))
+    else:
+        for (_, entry), counts, buffers in zip(sequence_items, *parsed, strict=True):
+            steps = steps_from_c(entry, buffers, int(counts.sum()))
+            offsets = np.zeros(len(payloads) + 1, dtype=np.int64)
+            np.cumsum(counts, out=offsets[1:])
+            columns.append(pa.LargeListArray.from_arrays(pa.array(offsets), steps))
+    names.extend(name for name, _ in sequence_items)
+    if not columns:
+        return contexts  # n rows, no column
+    return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def _steps_python(
+    payloads: Sequence[Any], sequence_items: list[tuple[str, FeatureSpec]]
+) -> list[Any]:
+    """The feature-list columns decoded with protobuf, record by record."""
+    pa = pyarrow()
     steps: dict[str, list[Any]] = {name: [] for name, _ in sequence_items}
     counts = np.zeros((len(sequence_items), len(payloads)), dtype=np.int64)
     message = example_pb2.SequenceExample()
@@ -74,18 +102,14 @@ def decode_sequence_batch(
             for step, feature in enumerate(found):
                 where = f"record {index} of the batch, step {step}: "
                 steps[name].append(decode_one({name: feature}, name, entry, where))
-    names = [name for name, _ in context_items]
-    columns = [contexts.column(name) for name in names]
+    columns: list[Any] = []
     for k, (name, entry) in enumerate(sequence_items):
         stacked = {name: _stacked(steps[name], entry)}
         per_step = batch_from_numpy(stacked, [(name, entry)], len(steps[name]))
         offsets = np.zeros(len(payloads) + 1, dtype=np.int64)
         np.cumsum(counts[k], out=offsets[1:])
         columns.append(pa.LargeListArray.from_arrays(pa.array(offsets), per_step.column(0)))
-        names.append(name)
-    if not columns:
-        return contexts  # n rows, no column
-    return pa.RecordBatch.from_arrays(columns, names=names)
+    return columns
 
 
 def _stacked(values: list[Any], entry: FeatureSpec) -> Any:
