@@ -101,9 +101,30 @@ def is_hidden(url: str, pattern: str) -> bool:
     if first is None:
         return False
     names = url.split("/")
-    if any(name.startswith(HIDDEN_PREFIXES) for name in names[first:]):
+    if any(name.startswith(HIDDEN_PREFIXES) for name in _globbed(parts, names, first)):
         return True
     return names[-1].endswith(HIDDEN_SUFFIXES) and not GLOB_CHARS.isdisjoint(parts[-1])
+
+
+def _globbed(parts: list[str], names: list[str], first: int) -> list[str]:
+    """The names of ``names`` (a match's components) that a glob component of ``parts`` (the
+    pattern's) matched, a literal one (``_meta`` in ``*/_meta/*``: named, so not hidden)
+    left out; everything from the ``first`` glob component on where they cannot be paired
+    (more than one ``**``, or a match of another depth)."""
+    if parts.count("**") == 1:
+        at = parts.index("**")
+        after = len(parts) - at - 1
+        if len(names) < len(parts) - 1:
+            return names[first:]
+        head = zip(parts[:at], names[:at], strict=True)
+        tail = zip(parts[at + 1 :], names[len(names) - after :], strict=True)
+        pairs = [*head, *tail]
+        middle = names[at : len(names) - after]  # what ** matched: any depth
+        return middle + [name for part, name in pairs if not GLOB_CHARS.isdisjoint(part)]
+    if "**" in parts or len(parts) != len(names):
+        return names[first:]
+    aligned = zip(parts, names, strict=True)
+    return [name for part, name in aligned if not GLOB_CHARS.isdisjoint(part)]
 
 
 def _with_sidecars(
