@@ -210,4 +210,6 @@ class ReadTuner:
     def _apply(self, block_bytes: int, concurrency: int) -> None:
         self.block_bytes, self.max_concurrency = block_bytes, concurrency
         if self._on_choice is not None:
-            self._on_choice(block_bytes, concurrency)
+            # what can be in flight: a step back to the starting values (16 reads) is still
+            # held to the room by the budget
+            self._on_choice(block_bytes, min(concurrency, max(1, self.room_bytes // block_bytes)))
