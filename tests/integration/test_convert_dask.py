@@ -23,27 +23,9 @@ from streamrec.example import encode
 from support import convert_crash
 from support.servers import MotoS3Server
 
-distributed = pytest.importorskip("dask.distributed")
+pytest.importorskip("dask.distributed")  # (the cluster: the dask_client fixture)
 
 pytestmark = pytest.mark.slow  # a local Dask cluster of two worker processes
-
-
-@pytest.fixture(scope="module")
-def dask_client() -> Iterator[Any]:
-    """A LocalCluster of two worker processes on loopback, for the module."""
-    cluster = distributed.LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        host="127.0.0.1",
-    )
-    client = distributed.Client(cluster)
-    try:
-        yield client
-    finally:
-        client.close()
-        cluster.close()
 
 
 @pytest.fixture

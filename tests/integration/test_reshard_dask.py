@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,28 +18,10 @@ from streamrec.reshard.job import reshard
 from support.reshard_crash import SCRIPT
 from support.servers import MotoS3Server
 
-distributed = pytest.importorskip("dask.distributed")
+pytest.importorskip("dask.distributed")  # (the cluster: the dask_client fixture)
 dask = pytest.importorskip("dask")
 
 pytestmark = pytest.mark.slow  # a local Dask cluster of two worker processes
-
-
-@pytest.fixture(scope="module")
-def dask_client() -> Iterator[Any]:
-    """A LocalCluster of two worker processes on loopback, for the module."""
-    cluster = distributed.LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        host="127.0.0.1",
-    )
-    client = distributed.Client(cluster)
-    try:
-        yield client
-    finally:
-        client.close()
-        cluster.close()
 
 
 def upload_inputs(s3_server: MotoS3Server, bucket: str, records: list[bytes]) -> str:

@@ -223,3 +223,23 @@ def fault_proxy() -> Iterator[Callable[..., FaultProxy]]:
         errors.extend(proxy.errors)
     if errors:
         raise AssertionError(f"fault proxy internal errors: {errors!r}") from errors[0]
+
+
+@pytest.fixture(scope="module")
+def dask_client() -> Iterator[Any]:
+    """A Dask LocalCluster of two worker processes on loopback, for the module (skips the
+    test where dask's distributed is not installed)."""
+    distributed = pytest.importorskip("dask.distributed")
+    cluster = distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        host="127.0.0.1",
+    )
+    client = distributed.Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
