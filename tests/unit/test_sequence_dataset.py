@@ -5,15 +5,18 @@ path (``batch._cexample = None``, as STREAMREC_PURE_PYTHON=1 leaves it)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import streamrec
+from streamrec.cli import main
 from streamrec.errors import ExampleError, FeatureError
 from streamrec.example import (
     FeatureSpec,
@@ -24,6 +27,7 @@ from streamrec.example import (
     encode_sequence,
 )
 from streamrec.format.example import batch as example_batch
+from streamrec.format.example.infer import spec_to_json
 
 CONTEXT: dict[str, FeatureSpec] = {
     "label": FixedLenFeature(np.int64),
@@ -167,3 +171,30 @@ def test_specs_are_checked_and_records_need_to_arrow(tmp_path: Path) -> None:
     no_features = dataset.parse_sequence().to_arrow(2)
     assert [b.num_rows for b in no_features] == [2, 1]  # rows kept, no column
     assert len(no_features.schema) == 0
+
+
+def test_convert_to_parquet_writes_the_same_columns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pattern, payloads = write_shards(tmp_path, shards=2, per_shard=40)
+    context = {"label": CONTEXT["label"]}  # (a JSON spec keeps no default)
+    (tmp_path / "context.json").write_text(json.dumps(spec_to_json(context)))
+    (tmp_path / "steps.json").write_text(json.dumps(spec_to_json(SEQUENCE)))
+    specs = ["--spec", str(tmp_path / "context.json"), "--sequence", str(tmp_path / "steps.json")]
+    out = str(tmp_path / "parquet")
+    assert main(["convert", pattern, out, "--to", "parquet", *specs, "--row-group-rows", "32"]) == 0
+    written = pq.read_table(sorted((tmp_path / "parquet").glob("*.parquet")))
+    expected = decode_sequence_batch(payloads, context, SEQUENCE)
+    assert written.equals(pa.Table.from_batches([expected]))
+    capsys.readouterr()
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    bad_pattern, _ = write_shards(bad, shards=1, per_shard=10, bad_at=7)
+    assert main(["convert", bad_pattern, str(bad / "out"), "--to", "parquet", *specs]) == 1
+    assert "record 7 in " in capsys.readouterr().err
+    both = ["--spec", str(tmp_path / "context.json"), "--sequence", str(tmp_path / "context.json")]
+    assert main(["convert", pattern, str(bad / "o2"), "--to", "parquet", *both]) == 1
+    assert "named in both" in capsys.readouterr().err
+    assert main(["convert", out, str(bad / "x.tfrecord"), "--from", "parquet", *specs[2:]]) == 2
+    assert "--sequence is for --to parquet" in capsys.readouterr().err

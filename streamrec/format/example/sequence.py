@@ -65,10 +65,8 @@ def decode_sequence_batch(
     feature (see the module docstring)."""
     context_items = check_spec(context or {})
     sequence_items = check_spec(sequence or {})
-    both = {name for name, _ in context_items} & {name for name, _ in sequence_items}
-    if both:
-        raise ValueError(f"features named in both context and sequence: {sorted(both)}")
-    _schema(tuple(context_items), tuple(sequence_items))  # a type Arrow lacks: a TypeError
+    # (a name in both specs: a ValueError; a type Arrow lacks: a TypeError)
+    _schema(tuple(context_items), tuple(sequence_items))
     pa = pyarrow()
     contexts = decode_batch(payloads, dict(context_items), to="arrow")
     names = [name for name, _ in context_items]
@@ -96,7 +94,7 @@ def sequence_schema(
     """The ``pyarrow.Schema`` of ``decode_sequence_batch(payloads, context, sequence)``: the
     context's fields (as :func:`~streamrec.format.example.arrow.arrow_schema` types them),
     then per feature list a ``large_list`` of its steps' type. A TypeError for a spec with no
-    Arrow type."""
+    Arrow type, a ValueError for a name in both."""
     return _schema(tuple(check_spec(context or {})), tuple(check_spec(sequence or {})))
 
 
@@ -104,6 +102,9 @@ def sequence_schema(
 def _schema(
     context: tuple[tuple[str, FeatureSpec], ...], sequence: tuple[tuple[str, FeatureSpec], ...]
 ) -> Any:
+    both = {name for name, _ in context} & {name for name, _ in sequence}
+    if both:
+        raise ValueError(f"features named in both context and sequence: {sorted(both)}")
     pa = pyarrow()
     fields = list(arrow_schema(dict(context)))
     for name, entry in sequence:
