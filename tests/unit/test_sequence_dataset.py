@@ -80,8 +80,10 @@ def write_shards(
     return str(directory / "part-*.tfrecord"), payloads
 
 
-def batches_of(pattern: str, batch_size: int, drop_remainder: bool = False) -> Any:
-    dataset = streamrec.open_dataset(pattern, block_bytes=512)  # chunks of a few records
+def batches_of(
+    pattern: str, batch_size: int, drop_remainder: bool = False, block_bytes: int = 512
+) -> Any:
+    dataset = streamrec.open_dataset(pattern, block_bytes=block_bytes)  # 512: a few records
     return dataset.parse_sequence(context=CONTEXT, sequence=SEQUENCE).to_arrow(
         batch_size, drop_remainder=drop_remainder
     )
@@ -124,6 +126,8 @@ def test_resume_on_a_batch_boundary(tmp_path: Path, path: str) -> None:
 def test_chains_and_queries_as_a_stream(tmp_path: Path) -> None:
     pattern, _ = write_shards(tmp_path, shards=2, per_shard=40)
     assert list(batches_of(pattern, 16).map(lambda b: b.num_rows).take(3)) == [16, 16, 16]
+    taken = streamrec.open_dataset(pattern).take(20).parse_sequence(CONTEXT, SEQUENCE)
+    assert [b.column("label").to_pylist() for b in taken.to_arrow(8)][2] == [16, 17, 18, 19]
     connection = duckdb.connect()
     connection.register("records", batches_of(pattern, 16).reader())
     query = "SELECT count(*), sum(label), sum(len(tokens)) FROM records WHERE name = '?'"
@@ -132,11 +136,14 @@ def test_chains_and_queries_as_a_stream(tmp_path: Path) -> None:
     assert got == (len(unnamed), sum(unnamed), sum(n % 4 for n in unnamed))
 
 
-def test_a_bad_record_is_named_after_the_good_batches(tmp_path: Path, path: str) -> None:
+@pytest.mark.parametrize("block_bytes", [512, 1 << 20])  # 1 MiB: a shard a chunk, decoded whole
+def test_a_bad_record_is_named_after_the_good_batches(
+    tmp_path: Path, path: str, block_bytes: int
+) -> None:
     pattern, _ = write_shards(tmp_path, shards=2, per_shard=30, bad_at=45)
     seen: list[int] = []
     with pytest.raises(FeatureError) as raised:
-        for got in batches_of(pattern, 10):
+        for got in batches_of(pattern, 10, block_bytes=block_bytes):
             seen.append(len(got))
     assert seen == [10, 10, 10, 10]  # records 0..39; record 45 is in the fifth batch
     error = raised.value
