@@ -2,9 +2,9 @@
 
 Every dataset (:class:`~streamrec.pipeline.dataset.Dataset`, a mix, and every transform of
 them) inherits :class:`Chainable`: ``ds.parse(spec)`` (``.parse_sequence(context, sequence)``:
-read with ``.to_arrow(n)``), ``.batch(n)``, ``.map(fn)``,
-``.filter(pred)``, ``.take(n)``, ``.skip(n)``, ``.repeat(epochs)`` and ``.unbatch()`` each
-return a new dataset reading the one they are called on through the
+read with ``.to_arrow(n)``), ``.batch(n)``, ``.map(fn)``, ``.filter(pred)``, ``.take(n)``,
+``.skip(n)``, ``.repeat(epochs)`` and ``.unbatch()`` each return a new dataset reading the
+one they are called on through the
 :class:`~streamrec.pipeline.transforms.chain.Source` protocol, so they chain in any order. Each one
 supports ``async for`` and plain ``for`` (the blocking path crosses the background thread
 once per chunk), ``len()`` where it is known, ``set_epoch``, ``stats``, and ``state_dict()`` /
