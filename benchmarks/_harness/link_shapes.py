@@ -159,12 +159,15 @@ def extra_job(extra: dict[str, Any], reader: Reader) -> dict[str, Any]:
     return extra if reader.kind == "streamrec" else {}
 
 
-def epochs_read(
-    ds: Any, key: Any, order: Sequence[str], consumer_s_per_mb: float
-) -> dict[str, Any]:
+def epochs_read(ds: Any, job: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
     """``--epochs``: ``ds`` read three times (see the module docstring); the first epoch's
     result in ``measured_read``'s keys, and ``epochs``: name -> that epoch's numbers."""
+    from streamrec.pipeline.stream.engine import link_key
     from streamrec.pipeline.stream.tune import LINKS
+
+    key = link_key(job["glob"], options)
+    order: Sequence[str] = job["epochs"]
+    consumer_s_per_mb = float(job.get("consumer_s_per_mb", 0.0))
 
     def one(name: str) -> dict[str, Any]:
         ds.stats.settings.pop("tuned", None)  # (what this epoch starts with shows anew)
