@@ -162,8 +162,7 @@ def extra_job(extra: dict[str, Any], reader: Reader) -> dict[str, Any]:
 def epochs_read(ds: Any, job: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
     """``--epochs``: ``ds`` read three times (see the module docstring); the first epoch's
     result in ``measured_read``'s keys, and ``epochs``: name -> that epoch's numbers."""
-    from streamrec.pipeline.stream.engine import link_key
-    from streamrec.pipeline.stream.tune import LINKS
+    from streamrec.pipeline.stream.tune import LINKS, link_key
 
     key = link_key(job["glob"], options)
     order: Sequence[str] = job["epochs"]

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 import streamrec
-from streamrec.pipeline.stream.engine import link_key
-from streamrec.pipeline.stream.tune import LINKS
+from streamrec.pipeline.stream.tune import LINKS, link_key
 from support.fault_proxy import FaultProxy
 from support.servers import MotoS3Server
 

@@ -3,6 +3,8 @@ numbers, so every shape of link is a case here, and the budget bound is a proper
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 from streamrec.pipeline.options import ReadOptions, read_ahead
 from streamrec.pipeline.stream.tune import (
     BLOCK_LADDER,
+    LINKS,
     MAX_TUNED_CONCURRENCY,
     SAMPLES,
     Learned,
@@ -17,6 +20,8 @@ from streamrec.pipeline.stream.tune import (
     LinkMemory,
     ReadTuner,
     choose,
+    indexed_concurrency,
+    link_key,
     predicted_bps,
     start_from,
 )
@@ -344,3 +349,62 @@ def test_the_report_says_what_was_chosen_and_why() -> None:
     learned = Stats(settings={**base, "tuned": 2, "tuned_rtt_ms": 150, "tuned_mbps": 10})
     assert "(learned from an earlier read: first bytes 150 ms" in learned.report()
     assert "tuned" not in Stats(settings=base).report()
+
+
+# -- the indexed engine: its reads in flight from what the store's streaming reads verified --
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    learned=_learned,
+    span=st.integers(min_value=1, max_value=64 * MIB),
+    room=st.integers(min_value=1, max_value=1 << 33),
+    default=st.integers(min_value=1, max_value=128),
+)
+def test_indexed_reads_in_flight_keep_the_bound(
+    learned: Learned | None, span: int, room: int, default: int
+) -> None:
+    """Never fewer than the default (no regression on a store nothing is known of), never
+    more than 32 above it, and every read above the default within the room."""
+    got = indexed_concurrency(learned, span, room, default)
+    assert got >= default
+    if got > default:
+        assert got <= MAX_TUNED_CONCURRENCY and got * span <= room
+    if learned is None or learned.settled:
+        assert got == default
+
+
+def test_indexed_reads_carry_the_bytes_in_flight_the_store_verified() -> None:
+    slow = Learned(2 * MIB, 32, LinkEstimate(0.150, 10 * MB))  # 64 MiB in flight pulled it
+    assert indexed_concurrency(slow, 2 * MIB, 21 * MIB, 16) == 16  # a chunk holds 10 spans
+    assert indexed_concurrency(slow, 1 * MIB, 64 * MIB, 16) == 32
+    assert indexed_concurrency(slow._replace(settled=True), 1 * MIB, 64 * MIB, 16) == 16
+
+
+def test_the_indexed_engine_sizes_its_reads_from_the_store_memory(tmp_path: Path) -> None:
+    """Block shuffle over local shards whose store the memory knows: the gate takes the
+    learned bytes in flight (ds.stats says so); a given max_concurrency stays as given."""
+    import streamrec
+
+    template = str(tmp_path / "part-{index}.tfrecord")
+    with streamrec.sync.open_writer(template, max_records=64, index=True) as w:
+        w.write_many([bytes(64 << 10)] * 256)  # 4 MiB shards of 64 KiB records
+    url = str(tmp_path / "part-*.tfrecord")
+    key = link_key(url, None)
+    try:
+        LINKS.put(key, Learned(MIB, 32, LinkEstimate(0.150, 10 * MB)))
+        # 1 MiB windows, 32 MiB chunks: 32 reads carry the 32 MiB the store's reads verified
+        ds = streamrec.open_dataset(
+            url, shuffle="block", window_records=16, prefetch_bytes=96 * MIB
+        )
+        assert sum(1 for _ in ds) == 256
+        assert ds.stats.settings["tuned"] == 2
+        chosen = ds.stats.settings["max_concurrency"]  # (a window's framing: a bit over 1 MiB)
+        assert 30 <= chosen <= MAX_TUNED_CONCURRENCY
+        assert f"up to {chosen} reads of 1.0 MiB" in ds.stats.report()
+        given_ = streamrec.open_dataset(url, shuffle="block", max_concurrency=8)
+        assert sum(1 for _ in given_) == 256
+        assert given_.stats.settings["max_concurrency"] == 8
+        assert "tuned" not in given_.stats.settings
+    finally:
+        LINKS.forget()  # (no other test starts from it)

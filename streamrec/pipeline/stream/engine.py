@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from typing import Any
 
 from streamrec._portal import owned_generator
 from streamrec.errors import StateError
@@ -44,7 +43,13 @@ from streamrec.pipeline.stream.interleave import interleave_deterministic, inter
 from streamrec.pipeline.stream.opener import ShardOpener
 from streamrec.pipeline.stream.prefetch import DEFAULT_FIRST_BLOCK_BYTES, ObjectReader, OpenCache
 from streamrec.pipeline.stream.shuffle import shuffle_pieces
-from streamrec.pipeline.stream.tune import LINKS, MAX_TUNED_CONCURRENCY, LinkKey, ReadTuner
+from streamrec.pipeline.stream.tune import (
+    LINKS,
+    MAX_TUNED_CONCURRENCY,
+    LinkKey,
+    ReadTuner,
+    link_key,
+)
 from streamrec.storage.cache.store import (
     CacheFill,
     CacheHit,
@@ -52,7 +57,7 @@ from streamrec.storage.cache.store import (
     cache_namespace,
     is_cacheable,
 )
-from streamrec.storage.registry import ObjectInfo, StoreSet, split_scheme, store_key
+from streamrec.storage.registry import ObjectInfo, StoreSet
 
 __all__ = ["Piece", "ReadEngine"]
 
@@ -429,11 +434,3 @@ class _EarlyStart:
         reader, self.reader = self.reader, None
         if reader is not None:
             await reader.aclose()
-
-
-def link_key(url: str, storage_options: dict[str, Any] | None) -> LinkKey:
-    """The identity of the store that serves ``url``, as the tuner's memory keys it: its kind,
-    its endpoint (:func:`~streamrec.storage.cache.store.cache_namespace`) and bucket or
-    host."""
-    _, rest = split_scheme(url)
-    return store_key(url), cache_namespace(url, storage_options), rest.split("/", 1)[0]

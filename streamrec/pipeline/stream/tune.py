@@ -18,7 +18,8 @@ completed range reads (:meth:`ReadTuner.record`: bytes, seconds, first-byte seco
 re-decides every :data:`SAMPLES` reads (and :data:`WINDOW_S`) from their medians. Measured
 under a full link, a connection's rate is its share of the link, which the model cannot tell
 from a slow connection: so a step to more, smaller reads is a trial, kept only if the next
-window pulls :data:`GAIN` times more bytes/s; else the tuner steps back and stays. The budget
+window pulls :data:`GAIN` times more bytes/s (a window that starts once the reads asked for
+before the step are in); else the tuner steps back and stays. The budget
 itself stays the hard bound; the tuner only chooses how the reads inside it are cut.
 
 What a tuner learned outlives it: :data:`LINKS`, a small process-local table keyed by the
@@ -38,7 +39,10 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+from streamrec.storage.cache.store import cache_namespace
+from streamrec.storage.registry import split_scheme, store_key
 
 __all__ = [
     "BLOCK_LADDER",
@@ -56,6 +60,8 @@ __all__ = [
     "LinkMemory",
     "ReadTuner",
     "choose",
+    "indexed_concurrency",
+    "link_key",
     "predicted_bps",
     "start_from",
 ]
@@ -140,6 +146,13 @@ class LinkMemory:
         return len(self._table)
 
 
+def link_key(url: str, storage_options: dict[str, Any] | None) -> LinkKey:
+    """The identity of the store that serves ``url``, as :data:`LINKS` keys it: its kind, its
+    endpoint (:func:`~streamrec.storage.cache.store.cache_namespace`), its bucket or host."""
+    _, rest = split_scheme(url)
+    return store_key(url), cache_namespace(url, storage_options), rest.split("/", 1)[0]
+
+
 LINKS = LinkMemory()
 """The process's table (see the module docstring)."""
 
@@ -204,6 +217,24 @@ def choose(
     raise AssertionError("unreachable: the best candidate is always enough")
 
 
+def indexed_concurrency(
+    learned: Learned | None, span_bytes: int, room_bytes: int, default: int
+) -> int:
+    """Range reads of about ``span_bytes`` the indexed engine keeps in flight on a store of
+    which ``learned`` is known (its concurrency not given; see
+    :mod:`streamrec.pipeline.indexed.engine`): as many as carry the bytes in flight the
+    store's streaming reads verified (``block x concurrency``: what pulled the link), never
+    fewer than ``default``, at most :data:`MAX_TUNED_CONCURRENCY` and, above ``default``,
+    within ``room_bytes``."""
+    default = max(1, default)
+    if learned is None or learned.settled:  # nothing verified, or more reads did not pay
+        return default
+    span = max(1, span_bytes)
+    wanted = -(-learned.block_bytes * learned.concurrency // span)  # (rounded up)
+    room = max(1, room_bytes // span)
+    return max(default, min(wanted, MAX_TUNED_CONCURRENCY, room))
+
+
 class ReadTuner:
     """One store's block size and reads in flight for one iteration (see the module
     docstring), their product within ``room_bytes`` (the budget plan's
@@ -253,6 +284,7 @@ class ReadTuner:
         self._window_start: float | None = None
         self._window_bytes = 0
         self._warm = False  # a window has passed (the ramp's)
+        self._skip = 0  # reads of the settings before the last change still to complete
         self._trial: tuple[tuple[int, int], float] | None = None  # (the step back, its bytes/s)
         self.settled = self.learned is not None and self.learned.settled
         """A step to more, smaller reads pulled no more: the tuner went back and stays."""
@@ -285,8 +317,12 @@ class ReadTuner:
         now = time.perf_counter() if now is None else now
         if self._window_start is None:
             self._window_start = now - seconds
-        self._window_bytes += nbytes
         self._samples.append((first_byte_s, nbytes / body_s))
+        if self._skip:  # (see _apply)
+            self._skip -= 1
+            self._window_start, self._window_bytes, self._since = now, 0, 0
+            return
+        self._window_bytes += nbytes
         self._since += 1
         elapsed = now - self._window_start
         if self._since >= SAMPLES and elapsed >= WINDOW_S:
@@ -340,6 +376,10 @@ class ReadTuner:
             self._memory.put(self._key, learned)
 
     def _apply(self, block_bytes: int, concurrency: int) -> None:
+        # the reads in flight now were asked for with the old settings: a window of theirs
+        # measures the change under way, not the new settings (a trial judged on it would be
+        # judged on the reads it replaces); the next window starts once they are in
+        self._skip = self.in_flight
         self.block_bytes, self.max_concurrency = block_bytes, concurrency
         if self._on_choice is not None:
             self._on_choice(self)
