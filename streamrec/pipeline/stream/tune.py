@@ -15,7 +15,8 @@ predicted throughput is within :data:`GOOD_ENOUGH` of the best, or already :data
 times what the consumer takes (a consumer slower than the link gains nothing from more
 requests). :class:`ReadTuner` is one store's state: it starts from the defaults, collects
 completed range reads (:meth:`ReadTuner.record`: bytes, seconds, first-byte seconds) and
-re-decides every :data:`SAMPLES` reads (and :data:`WINDOW_S`) from their medians. Measured
+re-decides every :data:`SAMPLES` reads (a turn of the reads in flight, at least, and
+:data:`WINDOW_S`) from their medians. Measured
 under a full link, a connection's rate is its share of the link, which the model cannot tell
 from a slow connection: so a step to more, smaller reads is a trial, kept only if the next
 window pulls :data:`GAIN` times more bytes/s (a window that starts once the reads asked for
@@ -325,7 +326,9 @@ class ReadTuner:
         self._window_bytes += nbytes
         self._since += 1
         elapsed = now - self._window_start
-        if self._since >= SAMPLES and elapsed >= WINDOW_S:
+        # a window is a turn of the reads in flight at least: reads asked for together end
+        # together, and a part of a turn measures their bursts, not the settings
+        if self._since >= max(SAMPLES, self.in_flight) and elapsed >= WINDOW_S:
             pulled = self._window_bytes / elapsed
             self._since = self._window_bytes = 0
             self._window_start = now
