@@ -12,6 +12,7 @@ Run from the repository root, as root on Linux (the emulated link needs ``ip net
     python benchmarks/bench_remote.py --quick --first-only [--base OLD_TREE] [--handshake]
     python benchmarks/bench_remote.py --small-shards [--base OLD_TREE] [--json PATH]
     python benchmarks/bench_remote.py --quick --link-shape 150ms/10MBps/1gbit [--link-shape ...]
+    python benchmarks/bench_remote.py --quick --link-shape 150ms/2MBps/1gbit --epochs
 
 ``--first-only`` times only the first record, in fresh processes, of the cases of
 ``_harness/first_record.py`` (its docstring says what each is), beside an older tree's
@@ -88,7 +89,7 @@ from typing import Any
 from _harness import KIB, MB, MIB
 from _harness.datasets import Dataset, DataSpec, ensure_dataset
 from _harness.first_record import FIRST_WORKERS, measure_first_record, render_first, write_first
-from _harness.link_shapes import SHAPE_HELP, extra_job, run_shapes
+from _harness.link_shapes import SHAPE_HELP, epochs_read, extra_job, run_shapes
 from _harness.procs import reset_peak_rss, rotated
 from _harness.remote import (
     measured_read,
@@ -161,9 +162,10 @@ def work_streamrec(job: dict[str, Any]) -> dict[str, Any]:
         import adlfs  # noqa: F401
 
     knobs = asdict(Settings(**job["settings"])) if "settings" in job else {}
-    ds = streamrec.open_dataset(
-        job["glob"], storage_options=storage_options(job["backend"], job["endpoint"]), **knobs
-    )
+    options = storage_options(job["backend"], job["endpoint"])
+    ds = streamrec.open_dataset(job["glob"], storage_options=options, **knobs)
+    if job.get("epochs"):  # --epochs: what a second epoch starts from (_harness/link_shapes)
+        return epochs_read(ds, job, options)
     return measured_read(ds, job.get("consumer_s_per_mb", 0.0))
 
 
@@ -384,6 +386,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=0.0,
         help="with --link-shape: streamrec's consumer sleeps this long per MB of records",
     )
+    parser.add_argument(
+        "--epochs",
+        action="store_true",
+        help="with --link-shape: three epochs a process, timed (_harness/link_shapes.py)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -415,7 +422,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         given = sys.argv[1:] if argv is None else list(argv)
         settings = list(map(Settings.parse, args.settings)) if "--settings" in given else []
         per_mb = args.consumer_ms_per_mb / 1000
-        run_shapes(__file__, argv, args.link_shape, settings, rounds, per_mb, measure, args.quick)
+        run_shapes(
+            __file__,
+            argv,
+            args.link_shape,
+            settings,
+            rounds,
+            per_mb,
+            measure,
+            args.quick,
+            args.epochs,
+        )
         return 0
     shards, shard_mib = (2, 64) if args.quick else (16, 64)
     specs = [

@@ -42,3 +42,14 @@ def scanner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
         monkeypatch.setattr(framing, "_fill", framing._fill_python)
         monkeypatch.setattr(framing, "_finish", bytes)
     yield request.param
+
+
+@pytest.fixture(autouse=True)
+def _fresh_link_memory() -> Iterator[None]:
+    """Every test starts with no store's tuning learned (the reader's process-local memory,
+    streamrec.pipeline.stream.tune.LINKS): a server on a port an earlier test's used never
+    starts from what that one learned."""
+    from streamrec.pipeline.stream.tune import LINKS
+
+    LINKS.forget()
+    yield

@@ -96,8 +96,10 @@ class Stats:
     settings: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     """What the dataset reads with (``max_concurrency``, ``block_bytes``, ``prefetch_bytes``),
     quoted by :meth:`report`; not a counter (left out of :meth:`as_dict`). Where the reader
-    tuned the first two to the link (neither given), they are its latest choice and
-    ``tuned`` is 1 (:mod:`streamrec.pipeline.stream.tune`)."""
+    tuned the first two to the link (not given), they are its latest choice and ``tuned`` is
+    1 (measured in this read) or 2 (started from what an earlier read of the same store
+    learned), ``tuned_rtt_ms`` / ``tuned_mbps`` the link it decided on: first-byte latency
+    and one connection's rate (:mod:`streamrec.pipeline.stream.tune`)."""
 
     def count_read(self, seconds: float) -> None:
         """One range read of a shard, which took ``seconds``."""

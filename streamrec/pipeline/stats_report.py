@@ -17,7 +17,9 @@ shares:
   is full); else (local files) it names both settings.
 
 Where the reader tuned its block size and reads in flight to the link (settings not given:
-:mod:`streamrec.pipeline.stream.tune`), a line says what it chose (``settings["tuned"]``).
+:mod:`streamrec.pipeline.stream.tune`), a line says what it chose and why
+(``settings["tuned"]``: 1 measured in this read, 2 started from what an earlier read of the
+store learned; ``tuned_rtt_ms``, ``tuned_mbps``: the link it decided on).
 """
 
 from __future__ import annotations
@@ -137,9 +139,15 @@ def render_report(stats: Mapping[str, float], settings: Mapping[str, int]) -> st
             f"({stats['bytes_fetched'] / read:.2f}x), {stats['retries']:,.0f} retries"
         )
     if settings.get("tuned") and "block_bytes" in settings:
+        why = "measured" if settings["tuned"] == 1 else "learned from an earlier read"
+        if "tuned_rtt_ms" in settings:
+            why += (
+                f": first bytes {settings['tuned_rtt_ms']} ms, "
+                f"{settings.get('tuned_mbps', 0)} MB/s a connection"
+            )
         lines.append(
             f"  read-ahead tuned to the link: up to {settings['max_concurrency']} reads of "
-            f"{_size(settings['block_bytes'])} per shard"
+            f"{_size(settings['block_bytes'])} per shard ({why})"
         )
     lines.append(f"bottleneck: {verdict(stats, settings)}")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import streamrec
+from streamrec.pipeline.stream.tune import LINKS, link_key
 from support.fault_proxy import FaultProxy
 from support.servers import MotoS3Server
 
@@ -65,3 +66,51 @@ def test_defaults_tune_to_the_link_within_the_budget(
         "prefetch_bytes": PREFETCH,
     }
     assert "read-ahead tuned" not in given.stats.report()
+
+
+def test_a_second_epoch_and_another_dataset_start_from_what_the_first_learned(
+    tmp_path: Path,
+    s3_server: MotoS3Server,
+    s3_bucket: str,
+    fault_proxy: Callable[..., FaultProxy],
+) -> None:
+    """Epoch 1 starts at the defaults and learns the link; epoch 2 (``set_epoch``) and a new
+    dataset over the same bucket start at what it verified (``tuned`` 2), not the defaults."""
+    template = str(tmp_path / "part-{index}.tfrecord")
+    with streamrec.sync.open_writer(template, max_records=PER_SHARD) as w:
+        w.write_many([RECORD] * (SHARDS * PER_SHARD))
+    for path in sorted(tmp_path.iterdir()):
+        s3_server.put(s3_bucket, f"learn/{path.name}", path.read_bytes())
+    proxy = fault_proxy(s3_server.endpoint_url, bytes_per_s_per_connection=4e6)
+    proxy.delay(0.1, range_only=True)
+    options = {**s3_server.storage_options, "client_kwargs": {"endpoint_url": proxy.url}}
+    url = f"s3://{s3_bucket}/learn/part-*.tfrecord"
+    key = link_key(url, options)
+    assert LINKS.get(key) is None  # a new endpoint (the proxy's port): nothing known
+
+    ds = streamrec.open_dataset(url, storage_options=options, prefetch_bytes=PREFETCH)
+    assert sum(1 for _ in ds) == SHARDS * PER_SHARD
+    assert ds.stats.settings["tuned"] == 1  # measured in this read
+    learned = LINKS.get(key)
+    assert learned is not None and learned.estimate is not None
+    assert learned.block_bytes * learned.concurrency <= PREFETCH  # within the budget
+    assert learned.estimate.rtt_s >= 0.1  # the proxy's delay, measured
+
+    ds.set_epoch(1)
+    records = iter(ds)
+    next(records)  # the second epoch's first reads are under way
+    started = ds.stats.settings
+    assert started["tuned"] == 2  # started from what epoch 1 learned, not the defaults
+    assert (started["block_bytes"], started["max_concurrency"]) == (
+        learned.block_bytes,
+        learned.concurrency,
+    )
+    assert "learned from an earlier read" in ds.stats.report()
+    assert sum(1 for _ in records) == SHARDS * PER_SHARD - 1
+
+    other = streamrec.open_dataset(url, storage_options=options, prefetch_bytes=PREFETCH)
+    first = iter(other)
+    next(first)
+    assert other.stats.settings["tuned"] == 2
+    assert other.stats.settings["block_bytes"] <= (LINKS.get(key) or learned).block_bytes
+    assert sum(1 for _ in first) == SHARDS * PER_SHARD - 1

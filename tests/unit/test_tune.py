@@ -3,6 +3,8 @@ numbers, so every shape of link is a case here, and the budget bound is a proper
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,12 +12,18 @@ from hypothesis import strategies as st
 from streamrec.pipeline.options import ReadOptions, read_ahead
 from streamrec.pipeline.stream.tune import (
     BLOCK_LADDER,
+    LINKS,
     MAX_TUNED_CONCURRENCY,
     SAMPLES,
+    Learned,
     LinkEstimate,
+    LinkMemory,
     ReadTuner,
     choose,
+    indexed_concurrency,
+    link_key,
     predicted_bps,
+    start_from,
 )
 
 MIB = 1 << 20
@@ -55,11 +63,12 @@ def test_choice_never_exceeds_the_budget(
         max_concurrency=max_concurrency,
         fixed_block=fixed_block,
     )
-    assert block * concurrency <= max(prefetch, 1) or (block == prefetch and concurrency == 1)
-    assert 1 <= block <= min(max_block, prefetch)
+    assert block * concurrency <= max(prefetch, 1) or concurrency == 1
     assert 1 <= concurrency <= max_concurrency
     if fixed_block:
-        assert block == min(max_block, prefetch)
+        assert block == max_block  # as the user gave it
+    else:
+        assert 1 <= block <= min(max_block, prefetch)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -127,7 +136,7 @@ def test_tuner_decides_from_its_reads_and_reports_the_choice() -> None:
     """A link whose round trips bound it (150 ms, 10 MB/s a connection, 2 Gbit): smaller
     blocks, more of them, kept because they pull more."""
     heard: list[tuple[int, int]] = []
-    tuner = _tuner(on_choice=lambda *c: heard.append(c))
+    tuner = _tuner(on_choice=lambda t: heard.append((t.block_bytes, t.max_concurrency)))
     assert (tuner.block_bytes, tuner.max_concurrency) == (4 * MIB, 16)  # the defaults first
     link = Link(0.150, 10 * MB, 250 * MB)
     link.feed(tuner, 6)
@@ -181,3 +190,221 @@ def test_open_dataset_defaults_are_tuned_and_given_values_are_not() -> None:
     assert tuned.tune_block_bytes and tuned.tune_max_concurrency
     given_ = ReadOptions(**read_ahead(4 * MIB, None))
     assert not given_.tune_block_bytes and given_.tune_max_concurrency
+
+
+# -- what a tuner learned, carried to the next iteration of the same store ----------------
+
+KEY = ("s3", "http://127.0.0.1:9000", "bucket")
+LINK_150MS = (0.150, 10 * MB, 250 * MB)
+
+
+def test_a_second_tuner_of_the_store_starts_where_the_first_settled() -> None:
+    """Epoch 1 learns the 150 ms link from the defaults; epoch 2 (a new tuner, the same
+    memory and store) starts at what epoch 1 verified, with no window spent at the
+    defaults; another store still starts at the defaults."""
+    memory = LinkMemory()
+    first = _tuner(memory=memory, key=KEY)
+    Link(*LINK_150MS).feed(first, 6)
+    learned = memory.get(KEY)
+    assert learned is not None and learned.block_bytes < 4 * MIB
+    assert (learned.block_bytes, learned.concurrency) == (first.block_bytes, first.in_flight)
+    second = _tuner(memory=memory, key=KEY, learned=memory.get(KEY))
+    assert (second.block_bytes, second.max_concurrency) == (
+        learned.block_bytes,
+        learned.concurrency,
+    )
+    assert second.learned == learned and second.estimate == learned.estimate
+    other = _tuner(memory=memory, key=("s3", "", "other"), learned=memory.get(("s3", "", "x")))
+    assert (other.block_bytes, other.max_concurrency, other.learned) == (4 * MIB, 16, None)
+
+
+def test_an_unconfirmed_trial_is_not_remembered_and_a_taken_back_one_settles() -> None:
+    memory = LinkMemory()
+    link = Link(0.010, 100 * MB, 150 * MB)  # full at the defaults: the trial pulls no more
+    tuner = _tuner(memory=memory, key=KEY)
+    while tuner.estimate is None:  # up to the first decision: a trial of more, smaller reads
+        link.feed(tuner, 1)
+    assert (tuner.block_bytes, tuner.max_concurrency) != (4 * MIB, 16)
+    assert memory.get(KEY) == Learned(4 * MIB, 16, tuner.estimate, False)  # not the trial
+    link.feed(tuner, 3)
+    assert tuner.settled and memory.get(KEY) == Learned(4 * MIB, 16, tuner.estimate, True)
+    again = _tuner(memory=memory, key=KEY, learned=memory.get(KEY))
+    assert again.settled and not again.active  # no trial paid for again each epoch
+
+
+def test_the_memory_is_bounded_and_can_be_emptied() -> None:
+    memory = LinkMemory(max_stores=3)
+    for n in range(5):
+        memory.put(("s3", "", f"b{n}"), Learned(MIB, 8, None))
+    assert len(memory) == 3 and memory.get(("s3", "", "b0")) is None
+    assert memory.get(("s3", "", "b4")) == Learned(MIB, 8, None)
+    memory.forget()
+    assert len(memory) == 0
+
+
+_learned = st.one_of(
+    st.none(),
+    st.builds(
+        Learned,
+        st.integers(min_value=1, max_value=1 << 30),
+        st.integers(min_value=1, max_value=1 << 10),
+        st.one_of(st.none(), st.builds(LinkEstimate, st.floats(0, 2), st.floats(1e3, 1e11))),
+        st.booleans(),
+    ),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    learned=_learned,
+    room=st.integers(min_value=1, max_value=1 << 33),
+    block=st.integers(min_value=1, max_value=64 * MIB),
+    concurrency=st.integers(min_value=1, max_value=64),
+    tune_block=st.booleans(),
+    tune_concurrency=st.booleans(),
+)
+def test_where_a_tuner_starts_keeps_the_bound_and_the_given_settings(
+    learned: Learned | None,
+    room: int,
+    block: int,
+    concurrency: int,
+    tune_block: bool,
+    tune_concurrency: bool,
+) -> None:
+    """Whatever was learned (of another room, another block, a corrupt table entry), the
+    start is within the room when the concurrency is tuned, never above the block the readers
+    use, and exactly what the user gave where the user gave it."""
+    got_block, got_concurrency = start_from(
+        learned,
+        room,
+        block,
+        concurrency,
+        tune_block=tune_block,
+        tune_concurrency=tune_concurrency,
+    )
+    assert 1 <= got_block <= block
+    assert 1 <= got_concurrency <= max(concurrency, MAX_TUNED_CONCURRENCY)
+    if not tune_block:
+        assert got_block == block
+    if not tune_concurrency:
+        assert got_concurrency == concurrency
+    else:
+        assert got_block * got_concurrency <= room or got_concurrency == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    learned=_learned,
+    room=st.integers(min_value=64 << 10, max_value=1 << 31),
+    given_block=st.one_of(st.none(), st.sampled_from([256 << 10, MIB, 4 * MIB, 16 * MIB])),
+    given_concurrency=st.one_of(st.none(), st.integers(min_value=1, max_value=64)),
+    links=st.lists(
+        st.tuples(st.floats(0.0, 0.5), st.floats(1e5, 1e10), st.floats(1e6, 1e11)),
+        min_size=1,
+        max_size=3,
+    ),
+)
+def test_no_link_and_no_memory_lets_the_reads_exceed_the_room(
+    learned: Learned | None,
+    room: int,
+    given_block: int | None,
+    given_concurrency: int | None,
+    links: list[tuple[float, float, float]],
+) -> None:
+    """The bound the reader's budget enforces, held by the decisions too: through any
+    sequence of measured links, starting from anything learned, what the tuner lets in
+    flight (``block x in_flight``) stays within the room, or is one block; settings given
+    stay as given; and what it leaves in the memory starts the next one within the bound."""
+    memory = LinkMemory()
+    block = 4 * MIB if given_block is None else given_block
+    concurrency = 16 if given_concurrency is None else given_concurrency
+    for step in range(2):
+        tuner = ReadTuner(
+            room,
+            block,
+            concurrency,
+            tune_block=given_block is None,
+            tune_concurrency=given_concurrency is None,
+            learned=learned if step == 0 else memory.get(KEY),
+            memory=memory,
+            key=KEY,
+        )
+        for rtt, rate, cap in links:
+            Link(rtt, rate, cap).feed(tuner, 2)
+            if given_block is not None:
+                assert tuner.block_bytes == given_block
+            if given_concurrency is not None:
+                assert tuner.max_concurrency == given_concurrency
+            assert tuner.block_bytes <= block
+            assert tuner.block_bytes * tuner.in_flight <= room or tuner.in_flight == 1
+
+
+def test_the_report_says_what_was_chosen_and_why() -> None:
+    from streamrec.pipeline.stats import Stats
+
+    base = {"prefetch_bytes": 64 * MIB, "block_bytes": 2 * MIB, "max_concurrency": 32}
+    measured = Stats(settings={**base, "tuned": 1, "tuned_rtt_ms": 150, "tuned_mbps": 10})
+    line = "up to 32 reads of 2.0 MiB per shard (measured: first bytes 150 ms, 10 MB/s a"
+    assert line in measured.report()
+    learned = Stats(settings={**base, "tuned": 2, "tuned_rtt_ms": 150, "tuned_mbps": 10})
+    assert "(learned from an earlier read: first bytes 150 ms" in learned.report()
+    assert "tuned" not in Stats(settings=base).report()
+
+
+# -- the indexed engine: its reads in flight from what the store's streaming reads verified --
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    learned=_learned,
+    span=st.integers(min_value=1, max_value=64 * MIB),
+    room=st.integers(min_value=1, max_value=1 << 33),
+    default=st.integers(min_value=1, max_value=128),
+)
+def test_indexed_reads_in_flight_keep_the_bound(
+    learned: Learned | None, span: int, room: int, default: int
+) -> None:
+    """Never fewer than the default (no regression on a store nothing is known of), never
+    more than 32 above it, and every read above the default within the room."""
+    got = indexed_concurrency(learned, span, room, default)
+    assert got >= default
+    if got > default:
+        assert got <= MAX_TUNED_CONCURRENCY and got * span <= room
+    if learned is None or learned.settled:
+        assert got == default
+
+
+def test_indexed_reads_carry_the_bytes_in_flight_the_store_verified() -> None:
+    slow = Learned(2 * MIB, 32, LinkEstimate(0.150, 10 * MB))  # 64 MiB in flight pulled it
+    assert indexed_concurrency(slow, 2 * MIB, 21 * MIB, 16) == 16  # a chunk holds 10 spans
+    assert indexed_concurrency(slow, 1 * MIB, 64 * MIB, 16) == 32
+    assert indexed_concurrency(slow._replace(settled=True), 1 * MIB, 64 * MIB, 16) == 16
+
+
+def test_the_indexed_engine_sizes_its_reads_from_the_store_memory(tmp_path: Path) -> None:
+    """Block shuffle over local shards whose store the memory knows: the gate takes the
+    learned bytes in flight (ds.stats says so); a given max_concurrency stays as given."""
+    import streamrec
+
+    template = str(tmp_path / "part-{index}.tfrecord")
+    with streamrec.sync.open_writer(template, max_records=64, index=True) as w:
+        w.write_many([bytes(64 << 10)] * 256)  # 4 MiB shards of 64 KiB records
+    url = str(tmp_path / "part-*.tfrecord")
+    key = link_key(url, None)
+    try:
+        LINKS.put(key, Learned(MIB, 32, LinkEstimate(0.150, 10 * MB)))
+        # 1 MiB windows, 32 MiB chunks: 32 reads carry the 32 MiB the store's reads verified
+        ds = streamrec.open_dataset(
+            url, shuffle="block", window_records=16, prefetch_bytes=96 * MIB
+        )
+        assert sum(1 for _ in ds) == 256
+        assert ds.stats.settings["tuned"] == 2
+        chosen = ds.stats.settings["max_concurrency"]  # (a window's framing: a bit over 1 MiB)
+        assert 30 <= chosen <= MAX_TUNED_CONCURRENCY
+        assert f"up to {chosen} reads of 1.0 MiB" in ds.stats.report()
+        given_ = streamrec.open_dataset(url, shuffle="block", max_concurrency=8)
+        assert sum(1 for _ in given_) == 256
+        assert given_.stats.settings["max_concurrency"] == 8
+        assert "tuned" not in given_.stats.settings
+    finally:
+        LINKS.forget()  # (no other test starts from it)

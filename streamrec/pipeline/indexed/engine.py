@@ -40,6 +40,23 @@ chosen from the record size and the link by :func:`window_records`: a sixteenth 
 (so that a run mixes 16 windows), but at least :data:`MIN_WINDOW_BYTES` of records (a range
 read must carry many times what a request costs on a cloud link) and at most one
 ``block_bytes`` read. The link is assumed, not measured (see :data:`MIN_WINDOW_BYTES`).
+
+Read-ahead tuning (:mod:`streamrec.pipeline.stream.tune`) fits here only in part. The block
+size does not apply: a range read covers the records a chunk wants from one shard, coalesced
+(gaps up to ``gap_bytes``, within ``max_read_amplification``) up to ``block_bytes``: one
+record in global shuffle, a window in block shuffle; cutting those spans smaller would only
+add requests, and their sizes are the order's, not a free choice. Nor does the measuring
+tuner: a span's bytes vary with the order (global shuffle's single records are far below the
+128 KiB a rate needs), so its trials (more reads, kept only if the next window pulls more)
+would compare windows of different work; and the reads' gate is sized once per iteration.
+What it uses instead: where ``max_concurrency`` is not given, block shuffle and ``even``'s
+sequential chunks size the gate, once per iteration, from the store's memory
+(:data:`~streamrec.pipeline.stream.tune.LINKS`, filled by streaming reads of the same store
+in the process): as many reads of a span as carry the bytes in flight those reads verified,
+never fewer than the default 16, at most 32, and above 16 within a chunk's bytes
+(:func:`~streamrec.pipeline.stream.tune.indexed_concurrency`; ``ds.stats.settings``'s
+``tuned`` is 2); global shuffle keeps its 64 single-record reads. The budget binds as before:
+every read reserves its bytes, whatever the gate.
 """
 
 from __future__ import annotations
@@ -72,6 +89,7 @@ from streamrec.pipeline.position.events import Advance, Begin, Event, Piece
 from streamrec.pipeline.position.state import DatasetState, IndexedState
 from streamrec.pipeline.position.trackers import Where
 from streamrec.pipeline.stats import Stats
+from streamrec.pipeline.stream.tune import LINKS, indexed_concurrency, link_key
 from streamrec.storage.base import ObjectInfo
 from streamrec.storage.local.store import FileVersions
 from streamrec.storage.registry import StoreSet
@@ -313,6 +331,21 @@ class IndexedEngine:
             records, sizes = records[take:], sizes[take:]
             limit = min(full, limit * 2)
 
+    def _tuned_concurrency(self, table: RecordTable, plan: _Plan) -> int:
+        """Reads in flight (none given) from what the store's streaming reads learned (see
+        the module docstring): as many spans as carry the bytes in flight they verified,
+        within a chunk, never fewer than the default; ``ds.stats.settings`` says so."""
+        options = self.options
+        learned = LINKS.get(link_key(table.shards[0].url, options.storage_options))
+        span = options.block_bytes  # the longest coalesced read; block mode: its window's
+        if plan.order.shuffle == "block":
+            span = min(span, max(1, int(plan.order.window * plan.mean_bytes)))
+        chunk = self.budget_plan.chunk_bytes
+        concurrency = indexed_concurrency(learned, span, chunk, options.max_concurrency)
+        if concurrency != options.max_concurrency:
+            self.stats.settings.update(max_concurrency=concurrency, block_bytes=span, tuned=2)
+        return concurrency
+
     @owned_generator
     async def _read(
         self, table: RecordTable, plan: _Plan, stores: StoreSet, budget: ByteBudget
@@ -321,6 +354,8 @@ class IndexedEngine:
         concurrency = options.max_concurrency
         if plan.order.shuffle == "global":
             concurrency = max(concurrency, _GLOBAL_CONCURRENCY)
+        elif options.tune_max_concurrency and table.shards:
+            concurrency = self._tuned_concurrency(table, plan)
         gate = asyncio.Semaphore(concurrency)  # shared by the chunks' reads (module docstring)
         opened: set[int] = set()  # shards read from in this iteration, for stats.shards_opened
 

@@ -43,7 +43,13 @@ from streamrec.pipeline.stream.interleave import interleave_deterministic, inter
 from streamrec.pipeline.stream.opener import ShardOpener
 from streamrec.pipeline.stream.prefetch import DEFAULT_FIRST_BLOCK_BYTES, ObjectReader, OpenCache
 from streamrec.pipeline.stream.shuffle import shuffle_pieces
-from streamrec.pipeline.stream.tune import MAX_TUNED_CONCURRENCY, ReadTuner
+from streamrec.pipeline.stream.tune import (
+    LINKS,
+    MAX_TUNED_CONCURRENCY,
+    LinkKey,
+    ReadTuner,
+    link_key,
+)
 from streamrec.storage.cache.store import (
     CacheFill,
     CacheHit,
@@ -80,7 +86,7 @@ class ReadEngine:
         # (DDP, the DataLoader's round robin): waiting for another's download could wait for a
         # reader whose consumer waits for us. Such readers read without the cache meanwhile.
         self._wait_for_downloads = True
-        self._tuners: dict[int, ReadTuner] = {}  # per store (by identity): see tune.py
+        self._tuners: dict[LinkKey, ReadTuner] = {}  # per store (link_key): see tune.py
 
     def _starts_early(self, resume: DatasetState | None) -> bool:
         """Whether the listing's first shard is certainly the plan's first, read first from
@@ -107,7 +113,7 @@ class ReadEngine:
         self.stats.shards_opened += 1
         sizes = self.budget_plan.reader_sizes(ahead)
         store = stores.get(shard.url)
-        tuner = self._tuner(store)
+        tuner = self._tuner(shard.url)
         return ObjectReader(
             store,
             shard,
@@ -124,20 +130,27 @@ class ReadEngine:
             tuner=tuner,
         )
 
-    def _tuner(self, store: object) -> ReadTuner:
-        """The read-ahead tuner of ``store`` for this iteration (created on first use)."""
-        tuner = self._tuners.get(id(store))
+    def _tuner(self, url: str) -> ReadTuner:
+        """The read-ahead tuner of ``url``'s store for this iteration (created on first use,
+        from what an earlier iteration learned of that store: see tune.py)."""
+        key = link_key(url, self.options.storage_options)
+        tuner = self._tuners.get(key)
         if tuner is None:
             options = self.options
-            tuner = self._tuners[id(store)] = ReadTuner(
+            tuner = self._tuners[key] = ReadTuner(
                 self.budget_plan.tuning_bytes,
-                options.block_bytes,
+                self.budget_plan.reader_sizes().block_bytes,  # the block the readers use
                 options.max_concurrency,
                 tune_block=options.tune_block_bytes,
                 tune_concurrency=options.tune_max_concurrency,
                 consumer_bps=self._consumer_bps,
                 on_choice=self._chosen,
+                learned=LINKS.get(key),
+                memory=LINKS,
+                key=key,
             )
+            if tuner.learned is not None:
+                self._chosen(tuner)
         return tuner
 
     def _consumer_bps(self) -> float | None:
@@ -146,10 +159,21 @@ class ReadEngine:
         busy = stats.iterate_s - stats.wait_s
         return stats.bytes_read / busy if busy > 0.1 and stats.bytes_read else None
 
-    def _chosen(self, block_bytes: int, max_concurrency: int) -> None:
-        """A tuner chose: ``ds.stats.settings`` shows what the reads use now."""
+    def _chosen(self, tuner: ReadTuner) -> None:
+        """A tuner chose (or started from what an earlier iteration learned): what the reads
+        use now, and why, in ``ds.stats.settings`` (see :class:`~streamrec.pipeline.stats.
+        Stats`)."""
         settings = self.stats.settings
-        settings.update(block_bytes=block_bytes, max_concurrency=max_concurrency, tuned=1)
+        settings.update(
+            block_bytes=tuner.block_bytes,
+            max_concurrency=tuner.in_flight,
+            tuned=2 if tuner.learned is not None else 1,
+        )
+        estimate = tuner.estimate
+        if estimate is not None:
+            settings.update(
+                tuned_rtt_ms=round(estimate.rtt_s * 1e3), tuned_mbps=round(estimate.rate_bps / 1e6)
+            )
 
     def _open_cache(self, shard: ObjectInfo, start: int) -> OpenCache | None:
         """How a reader of ``shard`` from ``start`` uses the local cache: reads its copy, or

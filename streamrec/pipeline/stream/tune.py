@@ -15,33 +15,56 @@ predicted throughput is within :data:`GOOD_ENOUGH` of the best, or already :data
 times what the consumer takes (a consumer slower than the link gains nothing from more
 requests). :class:`ReadTuner` is one store's state: it starts from the defaults, collects
 completed range reads (:meth:`ReadTuner.record`: bytes, seconds, first-byte seconds) and
-re-decides every :data:`SAMPLES` reads (and :data:`WINDOW_S`) from their medians. Measured
+re-decides every :data:`SAMPLES` reads (a turn of the reads in flight, at least, and
+:data:`WINDOW_S`) from their medians. Measured
 under a full link, a connection's rate is its share of the link, which the model cannot tell
 from a slow connection: so a step to more, smaller reads is a trial, kept only if the next
-window pulls :data:`GAIN` times more bytes/s; else the tuner steps back and stays. The budget
+window pulls :data:`GAIN` times more bytes/s (a window that starts once the reads asked for
+before the step are in); else the tuner steps back and stays. The budget
 itself stays the hard bound; the tuner only chooses how the reads inside it are cut.
+
+What a tuner learned outlives it: :data:`LINKS`, a small process-local table keyed by the
+store's identity (scheme, endpoint, bucket or host: :class:`LinkKey`), keeps each store's
+last *verified* settings (a trial still unconfirmed is not kept) and its estimate. The next
+iteration - a second epoch, ``set_epoch``, another dataset of the same store - starts there
+(:func:`start_from`, fitted to its own room and to the settings given) instead of at the
+defaults; a store whose trial was taken back starts settled. The table holds at most
+:data:`MAX_STORES` stores (least recently used first out) and :meth:`LinkMemory.forget`
+empties it (tests; a process that moved to another network).
 """
 
 from __future__ import annotations
 
 import statistics
+import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+from streamrec.storage.cache.store import cache_namespace
+from streamrec.storage.registry import split_scheme, store_key
 
 __all__ = [
     "BLOCK_LADDER",
     "GAIN",
     "GOOD_ENOUGH",
     "HEADROOM",
+    "LINKS",
+    "MAX_STORES",
     "MAX_TUNED_CONCURRENCY",
     "SAMPLES",
     "WINDOW_S",
+    "Learned",
     "LinkEstimate",
+    "LinkKey",
+    "LinkMemory",
     "ReadTuner",
     "choose",
+    "indexed_concurrency",
+    "link_key",
     "predicted_bps",
+    "start_from",
 ]
 
 BLOCK_LADDER = (4 << 20, 2 << 20, 1 << 20)
@@ -60,6 +83,8 @@ WINDOW_S = 0.5
 """Seconds between two decisions, at least: each window measures what the settings pulled."""
 GAIN = 1.05
 """A step to more, smaller reads is kept only if the next window pulls this much more."""
+MAX_STORES = 64
+"""Stores :data:`LINKS` remembers at most (least recently used first out)."""
 _MIN_SAMPLE_BYTES = 128 << 10  # a smaller read's rate is mostly its round trip
 
 
@@ -72,6 +97,90 @@ class LinkEstimate(NamedTuple):
     """One connection's transfer rate once the body flows, bytes/s."""
     consumer_bps: float | None = None
     """Bytes/s the consumer takes when it never waits (``None``: not known yet)."""
+
+
+class Learned(NamedTuple):
+    """What one store's tuner last verified: settings that pulled what they were chosen for."""
+
+    block_bytes: int
+    concurrency: int
+    estimate: LinkEstimate | None
+    """The link as last measured (``None``: no decision yet)."""
+    settled: bool = False
+    """A step to more, smaller reads was taken back: the link itself is what is full."""
+
+
+LinkKey = tuple[str, str, str]
+"""A store's identity: its kind (``"s3"``, ``"http"``, ...), its endpoint (``""``: the
+default one), its bucket or host."""
+
+
+class LinkMemory:
+    """A bounded table of what tuners learned per store (:class:`LinkKey` -> :class:`Learned`),
+    shared by the iterations of one process (:data:`LINKS`); thread-safe."""
+
+    def __init__(self, max_stores: int = MAX_STORES) -> None:
+        self.max_stores = max_stores
+        self._lock = threading.Lock()
+        self._table: OrderedDict[LinkKey, Learned] = OrderedDict()
+
+    def get(self, key: LinkKey) -> Learned | None:
+        with self._lock:
+            learned = self._table.get(key)
+            if learned is not None:
+                self._table.move_to_end(key)
+            return learned
+
+    def put(self, key: LinkKey, learned: Learned) -> None:
+        with self._lock:
+            self._table[key] = learned
+            self._table.move_to_end(key)
+            while len(self._table) > self.max_stores:
+                self._table.popitem(last=False)
+
+    def forget(self) -> None:
+        """Forget every store (the next iterations start from the defaults)."""
+        with self._lock:
+            self._table.clear()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+def link_key(url: str, storage_options: dict[str, Any] | None) -> LinkKey:
+    """The identity of the store that serves ``url``, as :data:`LINKS` keys it: its kind, its
+    endpoint (:func:`~streamrec.storage.cache.store.cache_namespace`), its bucket or host."""
+    _, rest = split_scheme(url)
+    return store_key(url), cache_namespace(url, storage_options), rest.split("/", 1)[0]
+
+
+LINKS = LinkMemory()
+"""The process's table (see the module docstring)."""
+
+
+def start_from(
+    learned: Learned | None,
+    room_bytes: int,
+    block_bytes: int,
+    max_concurrency: int,
+    *,
+    tune_block: bool,
+    tune_concurrency: bool,
+) -> tuple[int, int]:
+    """``(block_bytes, concurrency)`` a tuner starts with: ``block_bytes`` (the block the
+    readers use) and ``max_concurrency`` (given or default), or what ``learned`` verified
+    where those are to be tuned; a block never above ``block_bytes``, a given one exactly, a
+    given concurrency never exceeded, and a tuned concurrency within the room (``block x
+    concurrency <= room_bytes``, or one read of the block)."""
+    block = max(1, block_bytes)
+    concurrency = max(1, max_concurrency)
+    if learned is not None and tune_block:
+        block = max(1, min(block, learned.block_bytes))
+    if learned is not None and tune_concurrency:
+        concurrency = max(1, min(MAX_TUNED_CONCURRENCY, learned.concurrency))
+    if tune_concurrency:
+        concurrency = max(1, min(concurrency, room_bytes // block))
+    return block, concurrency
 
 
 def predicted_bps(block_bytes: int, concurrency: int, rtt_s: float, rate_bps: float) -> float:
@@ -91,7 +200,8 @@ def choose(
     ``room_bytes`` (``block x concurrency <= room_bytes``, always; see the module
     docstring). ``max_block_bytes`` / ``max_concurrency`` bound the choice; ``fixed_block``:
     only ``max_block_bytes`` (a block size the user gave), only the concurrency is chosen."""
-    top = max(1, min(max_block_bytes, room_bytes))
+    # a block the user gave stays as given (larger than the room: one read of it at a time)
+    top = max(1, max_block_bytes if fixed_block else min(max_block_bytes, room_bytes))
     ladder = [] if fixed_block else [b for b in BLOCK_LADDER if b < top]
     candidates = []
     for block in (top, *ladder):
@@ -108,13 +218,34 @@ def choose(
     raise AssertionError("unreachable: the best candidate is always enough")
 
 
+def indexed_concurrency(
+    learned: Learned | None, span_bytes: int, room_bytes: int, default: int
+) -> int:
+    """Range reads of about ``span_bytes`` the indexed engine keeps in flight on a store of
+    which ``learned`` is known (its concurrency not given; see
+    :mod:`streamrec.pipeline.indexed.engine`): as many as carry the bytes in flight the
+    store's streaming reads verified (``block x concurrency``: what pulled the link), never
+    fewer than ``default``, at most :data:`MAX_TUNED_CONCURRENCY` and, above ``default``,
+    within ``room_bytes``."""
+    default = max(1, default)
+    if learned is None or learned.settled:  # nothing verified, or more reads did not pay
+        return default
+    span = max(1, span_bytes)
+    wanted = -(-learned.block_bytes * learned.concurrency // span)  # (rounded up)
+    room = max(1, room_bytes // span)
+    return max(default, min(wanted, MAX_TUNED_CONCURRENCY, room))
+
+
 class ReadTuner:
     """One store's block size and reads in flight for one iteration (see the module
     docstring), their product within ``room_bytes`` (the budget plan's
-    :attr:`~streamrec.pipeline.budget.BudgetPlan.tuning_bytes`). ``tune_block`` /
-    ``tune_concurrency``: which of the two it may change (a setting the user gave stays as
-    given). ``consumer_bps()`` says how fast the consumer takes bytes (``None`` while
-    unknown); ``on_choice(block_bytes, concurrency)`` hears every decision."""
+    :attr:`~streamrec.pipeline.budget.BudgetPlan.tuning_bytes`). ``block_bytes``: the block
+    the readers use (the plan's, a share's part when streams share the budget); ``tune_block``
+    / ``tune_concurrency``: which of the two it may change (a setting the user gave stays as
+    given). ``learned``: what an earlier iteration verified on this store (it starts there:
+    :func:`start_from`); ``memory`` / ``key``: where what it verifies is kept.
+    ``consumer_bps()`` says how fast the consumer takes bytes (``None`` while unknown);
+    ``on_choice(tuner)`` hears every decision."""
 
     def __init__(
         self,
@@ -125,31 +256,53 @@ class ReadTuner:
         tune_block: bool,
         tune_concurrency: bool,
         consumer_bps: Callable[[], float | None] = lambda: None,
-        on_choice: Callable[[int, int], None] | None = None,
+        on_choice: Callable[[ReadTuner], None] | None = None,
+        learned: Learned | None = None,
+        memory: LinkMemory | None = None,
+        key: LinkKey | None = None,
     ) -> None:
         self.room_bytes = room_bytes  # what the reads in flight may add up to (the plan's)
-        self.block_bytes = block_bytes
-        self.max_concurrency = max_concurrency
-        self._given = (block_bytes, max_concurrency)
+        self._given = (max(1, block_bytes), max(1, max_concurrency))
         self.tune_block = tune_block
         self.tune_concurrency = tune_concurrency
+        tuning = tune_block or tune_concurrency
+        self.learned = learned if tuning else None
+        """What it started from (``None``: the defaults or the settings given)."""
+        self.block_bytes, self.max_concurrency = start_from(
+            self.learned,
+            room_bytes,
+            block_bytes,
+            max_concurrency,
+            tune_block=tune_block,
+            tune_concurrency=tune_concurrency,
+        )
         self._consumer_bps = consumer_bps
         self._on_choice = on_choice
+        self._memory = memory if key is not None else None
+        self._key = key
         self._samples: deque[tuple[float, float]] = deque(maxlen=4 * SAMPLES)  # (rtt, rate)
         self._since = 0  # reads in the window
         self._window_start: float | None = None
         self._window_bytes = 0
         self._warm = False  # a window has passed (the ramp's)
+        self._skip = 0  # reads of the settings before the last change still to complete
         self._trial: tuple[tuple[int, int], float] | None = None  # (the step back, its bytes/s)
-        self.settled = False
+        self.settled = self.learned is not None and self.learned.settled
         """A step to more, smaller reads pulled no more: the tuner went back and stays."""
-        self.estimate: LinkEstimate | None = None
-        """The last estimate decided on (``None``: still at the starting values)."""
+        self.estimate: LinkEstimate | None
+        self.estimate = None if self.learned is None else self.learned.estimate
+        """The last estimate decided on (``None``: none measured or learned yet)."""
 
     @property
     def active(self) -> bool:
         """Whether it may still change anything."""
         return (self.tune_block or self.tune_concurrency) and not self.settled
+
+    @property
+    def in_flight(self) -> int:
+        """The reads of :attr:`block_bytes` it lets in flight: :attr:`max_concurrency`, held to
+        the room (a block larger than the room: one)."""
+        return min(self.max_concurrency, max(1, self.room_bytes // self.block_bytes))
 
     def record(
         self, nbytes: int, seconds: float, first_byte_s: float | None, now: float | None = None
@@ -165,11 +318,17 @@ class ReadTuner:
         now = time.perf_counter() if now is None else now
         if self._window_start is None:
             self._window_start = now - seconds
-        self._window_bytes += nbytes
         self._samples.append((first_byte_s, nbytes / body_s))
+        if self._skip:  # (see _apply)
+            self._skip -= 1
+            self._window_start, self._window_bytes, self._since = now, 0, 0
+            return
+        self._window_bytes += nbytes
         self._since += 1
         elapsed = now - self._window_start
-        if self._since >= SAMPLES and elapsed >= WINDOW_S:
+        # a window is a turn of the reads in flight at least: reads asked for together end
+        # together, and a part of a turn measures their bursts, not the settings
+        if self._since >= max(SAMPLES, self.in_flight) and elapsed >= WINDOW_S:
             pulled = self._window_bytes / elapsed
             self._since = self._window_bytes = 0
             self._window_start = now
@@ -185,6 +344,7 @@ class ReadTuner:
             # the per-connection rates measured were shares of it. Back, and stay.
             self.settled = True
             self._apply(*trial[0])
+            self._remember()
             return
         estimate = LinkEstimate(
             statistics.median(rtt for rtt, _ in self._samples),
@@ -192,6 +352,7 @@ class ReadTuner:
             self._consumer_bps(),
         )
         self.estimate = estimate
+        self._remember()  # what is in use pulled what it was chosen for (or nothing was tried)
         given_block, given_concurrency = self._given
         block, concurrency = choose(
             self.room_bytes,
@@ -200,16 +361,28 @@ class ReadTuner:
             max_concurrency=MAX_TUNED_CONCURRENCY if self.tune_concurrency else given_concurrency,
             fixed_block=not self.tune_block,
         )
+        if not self.tune_concurrency:  # as given (the budget holds it to the room)
+            concurrency = given_concurrency
         now = (self.block_bytes, self.max_concurrency)
         if (block, concurrency) == now:
             return
         if block < now[0] or concurrency > now[1]:  # more requests: kept only if they pay
             self._trial = (now, pulled_bps)
-        self._apply(block, concurrency)
+            self._apply(block, concurrency)
+            return
+        self._apply(block, concurrency)  # fewer requests for as much: nothing to verify
+        self._remember()
+
+    def _remember(self) -> None:
+        if self._memory is not None and self._key is not None:
+            learned = Learned(self.block_bytes, self.in_flight, self.estimate, self.settled)
+            self._memory.put(self._key, learned)
 
     def _apply(self, block_bytes: int, concurrency: int) -> None:
+        # the reads in flight now were asked for with the old settings: a window of theirs
+        # measures the change under way, not the new settings (a trial judged on it would be
+        # judged on the reads it replaces); the next window starts once they are in
+        self._skip = self.in_flight
         self.block_bytes, self.max_concurrency = block_bytes, concurrency
         if self._on_choice is not None:
-            # what can be in flight: a step back to the starting values (16 reads) is still
-            # held to the room by the budget
-            self._on_choice(block_bytes, min(concurrency, max(1, self.room_bytes // block_bytes)))
+            self._on_choice(self)
