@@ -579,6 +579,37 @@ static PyObject *py_framed_bytes(PyObject *self, PyObject *records) {
     return PyLong_FromSsize_t(total);
 }
 
+/* crc32c_kernels(data) -> tuple: the unmasked CRC32C of data by every kernel this CPU can run
+ * (software, then the three-stream CRC instruction, then the folding one): the tests hold each
+ * to the others, not only the one picked. */
+static PyObject *py_crc32c_kernels(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    uint32_t got[3];
+    Py_ssize_t k = 0;
+    (void)self;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *p = (const unsigned char *)view.buf;
+    got[k++] = crc32c_sw(0, p, (size_t)view.len);
+#ifdef HAVE_HW_CRC
+    if (__builtin_cpu_supports("sse4.2")) got[k++] = crc32c_hw3(0, p, (size_t)view.len);
+#endif
+#ifdef HAVE_FOLD_CRC
+    if (crc32c_impl == crc32c_fold) got[k++] = crc32c_fold(0, p, (size_t)view.len);
+#endif
+    PyBuffer_Release(&view);
+    PyObject *out = PyTuple_New(k);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *v = PyLong_FromUnsignedLong(got[i]);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
 static PyObject *py_has_hardware_crc(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
@@ -593,6 +624,7 @@ static PyMethodDef methods[] = {
     {"masked_crc32c", py_masked_crc32c, METH_O, "TFRecord's masked CRC32C of a buffer."},
     {"framed_bytes", py_framed_bytes, METH_O, "Bytes the payloads take framed (16 more each)."},
     {"has_hardware_crc", py_has_hardware_crc, METH_NOARGS, "True when SSE4.2 CRC32 is used."},
+    {"crc32c_kernels", py_crc32c_kernels, METH_O, "CRC32C by every kernel this CPU runs."},
     {NULL, NULL, 0, NULL},
 };
 

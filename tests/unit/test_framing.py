@@ -501,6 +501,9 @@ def test_fused_copy_and_crc_c_and_python_agree(data: bytes, cuts: list[int], sta
 def test_the_c_crc_agrees_with_the_package_around_its_lanes(size: int) -> None:
     data = random.Random(size).randbytes(size)
     assert framing._cframing.masked_crc32c(data) == masked_crc32c(data)
+    # every kernel this CPU can run, not only the one picked (software, three streams, folding)
+    kernels = framing._cframing.crc32c_kernels(data)
+    assert kernels == (crc32c(data),) * len(kernels)
 
 
 @pytest.mark.skipif(not framing.accelerated, reason="the C scanner is not built")
