@@ -482,11 +482,55 @@ def test_fused_copy_and_crc_c_and_python_agree(data: bytes, cuts: list[int], sta
         24576,
         24577,
         24576 + 768 + 192 + 5,
+        # around the folding CRC's steps (VPCLMULQDQ, where the CPU has it): its 256-byte
+        # minimum, four 64-byte registers, one, a 16-byte lane, the few bytes after
+        257,
+        271,
+        272,
+        319,
+        320,
+        335,
+        336,
+        511,
+        512,
+        527,
+        10197,
+        65536 + 64 + 16 + 7,
     ],
 )
 def test_the_c_crc_agrees_with_the_package_around_its_lanes(size: int) -> None:
-    data = bytes(random.Random(size).getrandbits(8) for _ in range(size))
+    data = random.Random(size).randbytes(size)
     assert framing._cframing.masked_crc32c(data) == masked_crc32c(data)
+    # every kernel this CPU can run, not only the one picked (software, three streams, folding)
+    kernels = framing._cframing.crc32c_kernels(data)
+    assert kernels == (crc32c(data),) * len(kernels)
+
+
+@pytest.mark.skipif(not framing.accelerated, reason="the C scanner is not built")
+@settings(max_examples=80, deadline=None)
+@given(
+    size=st.integers(min_value=0, max_value=3000),
+    shift=st.integers(min_value=0, max_value=63),
+    damage=st.integers(min_value=0),
+    bit=st.integers(min_value=0, max_value=7),
+)
+def test_the_c_crc_finds_a_flipped_bit_anywhere_at_any_alignment(
+    size: int, shift: int, damage: int, bit: int
+) -> None:
+    """The C CRC (folding or not) is the package's at any start in memory, and a record with
+    one bit flipped anywhere in its payload is refused at its own offset (the span scan)."""
+    rng = random.Random(size * 64 + shift)
+    payload = rng.randbytes(size)
+    assert framing._cframing.masked_crc32c(memoryview(b"\0" * shift + payload)[shift:]) == (
+        masked_crc32c(payload)
+    )
+    before = RecordEncoder().encode(b"x" * shift)
+    data = bytearray(before + RecordEncoder().encode(payload))
+    if size:
+        data[len(before) + 12 + damage % size] ^= 1 << bit
+    rows, pos, status, _, _ = framing._cframing.scan(bytes(data), 0, True, None, 1 << 30, 3)
+    assert (status, pos) == ((2, len(before)) if size else (0, len(data)))
+    assert len(rows) == 3 * 8 * (1 + (not size))
 
 
 @given(st.lists(st.binary(max_size=300), max_size=50))
