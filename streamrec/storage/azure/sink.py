@@ -1,9 +1,9 @@
 """``az://`` sink: a block blob staged while the bytes arrive, committed in one step.
 
 The Azure counterpart of S3's multipart upload. Bytes are cut into blocks of exactly
-``part_bytes`` (the last one may be shorter); each block is sent by its own task as soon as it
-is full (``Put Block``), with at most ``max_concurrency`` data requests in flight over the whole
-writer (``write()`` waits for a free slot: that bounds memory). ``commit()`` sends the block
+``part_bytes`` (the context's when the sink opens; the last one may be shorter); each block is
+sent by its own task as soon as it is full (``Put Block``), within the writer's upload window
+(``write()`` waits for room: that bounds memory). ``commit()`` sends the block
 list (``Put Block List``): the blob appears, complete, in that one request. A blob no bigger
 than one block is a single ``Put Blob`` instead.
 
@@ -25,6 +25,7 @@ is simply retried.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -79,6 +80,7 @@ class AzureBlockSink(ObjectSink):
 
     async def _stage(self, number: int, data: bytes) -> str:
         block_id = self._block_id(number)
+        start = time.perf_counter()
         await self._call(
             f"staging block {number} ({len(data)} bytes)",
             "stage_block",
@@ -86,6 +88,7 @@ class AzureBlockSink(ObjectSink):
             data,
             length=len(data),
         )
+        self.context.uploaded(len(data), time.perf_counter() - start)
         return block_id
 
     async def _put_blob(self, data: bytes) -> None:
@@ -98,11 +101,11 @@ class AzureBlockSink(ObjectSink):
     async def _write(self, data: bytes) -> None:
         self.context.raise_failure()
         self._buffer += data
-        size = self.context.part_bytes
+        size = self.part_bytes
         while len(self._buffer) > size:  # a blob of exactly one block stays a single put
-            # Wait for upload capacity first: meanwhile the bytes wait in the buffer, not in
-            # yet another copy (memory: max_concurrency blocks in flight + this buffer).
-            await self.context.window.acquire()
+            # Wait for upload room first: meanwhile the bytes wait in the buffer, not in yet
+            # another copy (memory: the window's room in flight + this buffer).
+            await self.context.window.acquire(size)
             self._launch_block(self._cut(size))
 
     def _cut(self, size: int) -> bytes:
@@ -114,20 +117,21 @@ class AzureBlockSink(ObjectSink):
     def _launch_block(self, data: bytes) -> None:
         window = self.context.window
         task = asyncio.ensure_future(self._stage(len(self._blocks), data))
-        task.add_done_callback(lambda _: window.release())
+        task.add_done_callback(lambda _: window.release(len(data)))
         self.context.track(task)
         self._blocks.append(task)
 
     async def _seal(self) -> None:
         window = self.context.window
+        size = len(self._buffer)
         if not self._blocks:
-            await window.acquire()
-            self._put = asyncio.ensure_future(self._put_blob(self._cut(len(self._buffer))))
-            self._put.add_done_callback(lambda _: window.release())
+            await window.acquire(size)
+            self._put = asyncio.ensure_future(self._put_blob(self._cut(size)))
+            self._put.add_done_callback(lambda _: window.release(size))
             self.context.track(self._put)
         elif self._buffer:
-            await window.acquire()
-            self._launch_block(self._cut(len(self._buffer)))
+            await window.acquire(size)
+            self._launch_block(self._cut(size))
         self._buffer = bytearray()
 
     async def _commit(self) -> None:

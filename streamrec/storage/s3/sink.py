@@ -1,8 +1,8 @@
 """``s3://`` sink: a multipart upload that runs while the bytes arrive.
 
-Bytes are cut into parts of exactly ``part_bytes`` (the last one may be shorter); each part is
-uploaded by its own task as soon as it is full, with at most ``max_concurrency`` data requests
-in flight over the whole writer (``write()`` waits for a free slot: that bounds memory). The
+Bytes are cut into parts of exactly ``part_bytes`` (the context's when the sink opens; the last
+one may be shorter); each part is uploaded by its own task as soon as it is full, within the
+writer's upload window (``write()`` waits for room: that bounds memory). The
 multipart upload is created with the first part and completed by ``commit()``; an object no
 bigger than one part is a single ``PutObject`` instead. ``abort()`` cancels the part uploads and
 aborts the multipart upload, so neither an object nor an orphaned upload (with its stored parts)
@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import io
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from streamrec._portal import cancel_and_wait, run_all
@@ -87,7 +88,9 @@ class S3MultipartSink(ObjectSink):
         return await self.context.retry.run(attempt, describe=f"{self.url}: {action}")
 
     async def _create_upload(self) -> str:
+        start = time.perf_counter()
         response = await self._call("creating the multipart upload", "create_multipart_upload")
+        self.context.controlled(time.perf_counter() - start)
         upload_id: str = response["UploadId"]
         self.upload_id = upload_id
         return upload_id
@@ -97,6 +100,7 @@ class S3MultipartSink(ObjectSink):
         # shielded: cancelling this part must not cancel the creation, which abort() awaits
         # to learn the UploadId of an upload the server may already have created
         upload_id = await asyncio.shield(self._create)
+        start = time.perf_counter()
         response = await self._call(
             f"uploading part {number} ({body.size} bytes)",
             "upload_part",
@@ -104,6 +108,7 @@ class S3MultipartSink(ObjectSink):
             UploadId=upload_id,
             PartNumber=number,
         )
+        self.context.uploaded(body.size, time.perf_counter() - start)
         etag: str = response["ETag"]
         return etag
 
@@ -115,11 +120,11 @@ class S3MultipartSink(ObjectSink):
     async def _write(self, data: bytes) -> None:
         self.context.raise_failure()
         self._buffer += data
-        size = self.context.part_bytes
+        size = self.part_bytes
         while len(self._buffer) > size:  # an object of exactly one part stays a single PUT
-            # Wait for upload capacity first: meanwhile the bytes wait in the buffer, not in
-            # yet another copy (memory: max_concurrency parts in flight + this buffer).
-            await self._reserve()
+            # Wait for upload room first: meanwhile the bytes wait in the buffer, not in yet
+            # another copy (memory: the window's room in flight + this buffer).
+            await self._reserve(size)
             self._launch_part(self._cut(size))
 
     def _cut(self, size: int) -> _Body:
@@ -128,29 +133,30 @@ class S3MultipartSink(ObjectSink):
         del self._buffer[:size]
         return body
 
-    async def _reserve(self) -> None:
+    async def _reserve(self, nbytes: int) -> None:
         if self._create is None:
             self._create = asyncio.ensure_future(self._create_upload())
             self.context.track(self._create)
-        await self.context.window.acquire()  # at most max_concurrency parts in flight
+        await self.context.window.acquire(nbytes)
 
     def _launch_part(self, body: _Body) -> None:
         window = self.context.window
         task = asyncio.ensure_future(self._upload_part(len(self._parts) + 1, body))
-        task.add_done_callback(lambda _: window.release())
+        task.add_done_callback(lambda _: window.release(body.size))
         self.context.track(task)
         self._parts.append(task)
 
     async def _seal(self) -> None:
+        size = len(self._buffer)
         if self._create is None:
             window = self.context.window
-            await window.acquire()
-            self._put = asyncio.ensure_future(self._put_object(self._cut(len(self._buffer))))
-            self._put.add_done_callback(lambda _: window.release())
+            await window.acquire(size)
+            self._put = asyncio.ensure_future(self._put_object(self._cut(size)))
+            self._put.add_done_callback(lambda _: window.release(size))
             self.context.track(self._put)
         elif self._buffer:
-            await self._reserve()
-            self._launch_part(self._cut(len(self._buffer)))
+            await self._reserve(size)
+            self._launch_part(self._cut(size))
         self._buffer = bytearray()
 
     async def _commit(self) -> None:
