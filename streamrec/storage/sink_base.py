@@ -33,11 +33,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import io
 import logging
 import os
 import re
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TypeVar
@@ -53,6 +55,7 @@ __all__ = [
     "CommittedObject",
     "MemorySink",
     "ObjectSink",
+    "PartBuffer",
     "SinkContext",
     "UploadWindow",
     "run_to_completion",
@@ -140,6 +143,65 @@ class CommittedObject:
     bytes: int
     crc32c: int
     version: str | None = None
+
+
+class PartBuffer:
+    """The bytes of a sink waiting to become a part, kept as the blocks written.
+
+    A growing ``bytearray`` (grown by every block, its head cut off by every part) made the
+    allocator keep freed buffers of every size between one block and one part: measured, the
+    writer's peak RSS grew 20-70 MiB past the bytes it held. Here each part is one allocation
+    of exactly its size, filled once from the blocks; the blocks themselves are the writer's.
+    """
+
+    def __init__(self) -> None:
+        self._pieces: deque[bytes] = deque()
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def append(self, data: bytes) -> None:
+        """Keep ``data`` (a copy unless it is ``bytes``, which cannot change)."""
+        piece = data if type(data) is bytes else bytes(data)
+        self._pieces.append(piece)
+        self.nbytes += len(piece)
+
+    def _pop(self, size: int) -> list[memoryview | bytes]:
+        """The first ``size`` bytes, as pieces (the rest of a split block is kept)."""
+        out: list[memoryview | bytes] = []
+        while size > 0:
+            piece = self._pieces.popleft()
+            if len(piece) > size:
+                out.append(memoryview(piece)[:size])
+                self._pieces.appendleft(piece[size:])
+                self.nbytes -= size
+                break
+            out.append(piece)
+            self.nbytes -= len(piece)
+            size -= len(piece)
+        return out
+
+    def take(self, size: int) -> bytes:
+        """The first ``size`` bytes (at most all), as one ``bytes`` of exactly that size."""
+        return b"".join(self._pop(min(size, self.nbytes)))
+
+    def take_into(self, size: int, out: io.BytesIO) -> int:
+        """Write the first ``size`` bytes (at most all) to an empty ``out``, sized first: one
+        allocation of exactly that size. Returns the bytes written."""
+        size = min(size, self.nbytes)
+        if size:
+            out.seek(size - 1)
+            out.write(b"\0")  # (a BytesIO grows to exactly the size written)
+            out.seek(0)
+            for piece in self._pop(size):
+                out.write(piece)
+            out.seek(0)
+        return size
+
+    def clear(self) -> None:
+        self._pieces.clear()
+        self.nbytes = 0
 
 
 @dataclass

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from streamrec._portal import cancel_and_wait, run_all
-from streamrec.storage.sink_base import ObjectSink, SinkContext
+from streamrec.storage.sink_base import ObjectSink, PartBuffer, SinkContext
 from streamrec.storage.translate import translate
 
 __all__ = ["AzureBlockSink"]
@@ -56,7 +56,7 @@ class AzureBlockSink(ObjectSink):
         self._blob_client = blob_client
         self.container, self.blob = container, blob
         self._tag = uuid.uuid4().hex[:17]
-        self._buffer = bytearray()
+        self._buffer = PartBuffer()
         self._blocks: list[asyncio.Task[str]] = []  # block i -> its id, once staged
         self._put: asyncio.Task[None] | None = None  # the single Put Blob of a small blob
 
@@ -100,7 +100,7 @@ class AzureBlockSink(ObjectSink):
     # -- the data path --------------------------------------------------------------------
     async def _write(self, data: bytes) -> None:
         self.context.raise_failure()
-        self._buffer += data
+        self._buffer.append(data)
         size = self.part_bytes
         while len(self._buffer) > size:  # a blob of exactly one block stays a single put
             # Wait for upload room first: meanwhile the bytes wait in the buffer, not in yet
@@ -109,10 +109,7 @@ class AzureBlockSink(ObjectSink):
             self._launch_block(self._cut(size))
 
     def _cut(self, size: int) -> bytes:
-        with memoryview(self._buffer) as view:
-            data = bytes(view[:size])  # one copy (a bytearray slice would make two)
-        del self._buffer[:size]
-        return data
+        return self._buffer.take(size)  # one copy, of exactly its size
 
     def _launch_block(self, data: bytes) -> None:
         window = self.context.window
@@ -132,7 +129,7 @@ class AzureBlockSink(ObjectSink):
         elif self._buffer:
             await window.acquire(size)
             self._launch_block(self._cut(size))
-        self._buffer = bytearray()
+        self._buffer.clear()
 
     async def _commit(self) -> None:
         if self._put is not None:
@@ -151,7 +148,7 @@ class AzureBlockSink(ObjectSink):
     async def _abort(self) -> None:
         # Staged blocks stay uncommitted: invisible, discarded by the service (see above).
         await cancel_and_wait(t for t in (self._put, *self._blocks) if t is not None)
-        self._buffer = bytearray()
+        self._buffer.clear()
 
 
 def _etag(response: Any) -> str | None:

@@ -40,7 +40,7 @@ import aiohttp
 from streamrec._portal import cancel_and_wait
 from streamrec.errors import StorageError, TransientStorageError
 from streamrec.storage.http.body import ERROR_DETAIL_BYTES, read_at_most
-from streamrec.storage.sink_base import ObjectSink, SinkContext
+from streamrec.storage.sink_base import ObjectSink, PartBuffer, SinkContext
 from streamrec.storage.translate import from_status, translate
 
 __all__ = [
@@ -105,7 +105,7 @@ class GCSResumableSink(ObjectSink):
         self._access = access
         self.bucket, self.key = bucket, key
         self.chunk_bytes = chunk_size(self.part_bytes)
-        self._buffer = bytearray()
+        self._buffer = PartBuffer()
         self.session_url: str | None = None
         self._sent = 0  # bytes handed to chunk requests so far
         self._inflight: asyncio.Task[None] | None = None
@@ -262,7 +262,7 @@ class GCSResumableSink(ObjectSink):
     # -- the data path --------------------------------------------------------------------
     async def _write(self, data: bytes) -> None:
         self.context.raise_failure()
-        self._buffer += data
+        self._buffer.append(data)
         size = self.chunk_bytes
         while len(self._buffer) > size:  # an object of exactly one chunk stays one request
             # Wait for the chunk in flight (in order) and for upload capacity first: meanwhile
@@ -271,10 +271,7 @@ class GCSResumableSink(ObjectSink):
             self._launch(self._cut(size), final=False)
 
     def _cut(self, size: int) -> bytes:
-        with memoryview(self._buffer) as view:
-            chunk = bytes(view[:size])  # one copy (a bytearray slice would make two)
-        del self._buffer[:size]
-        return chunk
+        return self._buffer.take(size)  # one copy, of exactly its size
 
     async def _ready(self, nbytes: int) -> None:
         """The session exists, the previous chunk is done, and an upload slot is ours."""
@@ -308,7 +305,7 @@ class GCSResumableSink(ObjectSink):
         else:
             await self._ready(len(self._buffer))
             self._launch(self._cut(len(self._buffer)), final=True)
-        self._buffer = bytearray()
+        self._buffer.clear()
 
     async def _commit(self) -> None:
         assert self._inflight is not None
@@ -347,7 +344,7 @@ class GCSResumableSink(ObjectSink):
         task, self._inflight = self._inflight, None
         if task is not None:
             await cancel_and_wait([task])
-        self._buffer = bytearray()
+        self._buffer.clear()
         session_url, self.session_url = self.session_url, None
         if session_url is None:
             return

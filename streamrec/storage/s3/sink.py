@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamrec._portal import cancel_and_wait, run_all
 from streamrec.errors import ObjectNotFoundError, StorageError
-from streamrec.storage.sink_base import ObjectSink, SinkContext, bucket_and_key
+from streamrec.storage.sink_base import ObjectSink, PartBuffer, SinkContext, bucket_and_key
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
@@ -43,10 +43,9 @@ class _Body(io.BytesIO):
     closes a BytesIO body once sent; a retry sends this one again, so ``close()`` does nothing.
     """
 
-    def __init__(self, data: memoryview) -> None:
+    def __init__(self, buffer: PartBuffer, size: int) -> None:
         super().__init__()
-        self.write(data)
-        self.size = data.nbytes
+        self.size = buffer.take_into(size, self)
 
     def close(self) -> None:
         pass
@@ -59,7 +58,7 @@ class S3MultipartSink(ObjectSink):
         super().__init__(url, context)
         self._store = store
         self.bucket, self.key = bucket_and_key(store.fs, url, "an S3 object url")
-        self._buffer = bytearray()
+        self._buffer = PartBuffer()
         self._create: asyncio.Task[str] | None = None  # CreateMultipartUpload -> UploadId
         self._parts: list[asyncio.Task[str]] = []  # part i+1 -> its ETag
         self._put: asyncio.Task[None] | None = None  # the single PutObject of a small object
@@ -119,7 +118,7 @@ class S3MultipartSink(ObjectSink):
     # -- the data path --------------------------------------------------------------------
     async def _write(self, data: bytes) -> None:
         self.context.raise_failure()
-        self._buffer += data
+        self._buffer.append(data)
         size = self.part_bytes
         while len(self._buffer) > size:  # an object of exactly one part stays a single PUT
             # Wait for upload room first: meanwhile the bytes wait in the buffer, not in yet
@@ -128,10 +127,7 @@ class S3MultipartSink(ObjectSink):
             self._launch_part(self._cut(size))
 
     def _cut(self, size: int) -> _Body:
-        with memoryview(self._buffer) as view:
-            body = _Body(view[:size])
-        del self._buffer[:size]
-        return body
+        return _Body(self._buffer, size)
 
     async def _reserve(self, nbytes: int) -> None:
         if self._create is None:
@@ -157,7 +153,7 @@ class S3MultipartSink(ObjectSink):
         elif self._buffer:
             await self._reserve(size)
             self._launch_part(self._cut(size))
-        self._buffer = bytearray()
+        self._buffer.clear()
 
     async def _commit(self) -> None:
         if self._put is not None:
@@ -191,7 +187,7 @@ class S3MultipartSink(ObjectSink):
 
     async def _abort(self) -> None:
         await cancel_and_wait(t for t in (self._put, *self._parts) if t is not None)
-        self._buffer = bytearray()
+        self._buffer.clear()
         if self._create is None:
             return
         with contextlib.suppress(BaseException):
