@@ -108,29 +108,39 @@ def run(
                     )
             loads.append(os.getloadavg()[0])
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    head = (
-        f"`python benchmarks/bench_write.py --rounds {rounds} --link-shape "
-        f"{' --link-shape '.join(shapes_text)}` ({when}, {source}; {rounds} rounds, "
-        f"{time.perf_counter() - start:.0f} s, load {min(loads):.1f}-{max(loads):.1f}); MB/s "
-        "median (x the link limit beside it; rounds' range), RSS +MiB (largest):"
-    )
-    lines = [head, ""]
+    detail = []  # printed: every writer with its rounds' range
+    cells = []  # the README's: per shape, each streamrec writer against the limit
     for store in stores:
         limit = statistics.median(writers[-1].seconds[store.key])
-        cells = []
+        parts = []
         for writer in writers:
             times = writer.seconds[store.key]
             med = total_bytes / statistics.median(times) / MB
+            ratio = limit / statistics.median(times)
             lo, hi = total_bytes / max(times) / MB, total_bytes / min(times) / MB
-            cell = f"{writer.label} {med:.0f} ({limit / statistics.median(times):.2f}x; "
-            cell += f"{lo:.0f}-{hi:.0f})"
-            if writer.kind == "streamrec":
-                cell += f", +{max(writer.rss_kib[store.key]) / 1024:.0f}"
+            detail.append(
+                f"{store.label:26} {writer.label:18} {med:6.1f} MB/s ({ratio:.2f}x; "
+                f"{lo:.0f}-{hi:.0f}) RSS +{max(writer.rss_kib[store.key]) / 1024:.0f} MiB"
+            )
+            if writer.kind != "streamrec":
+                continue
+            cell = f"{writer.label.split()[0]} {med:.0f} ({ratio:.2f}x), "
+            cell += f"+{max(writer.rss_kib[store.key]) / 1024:.0f}"
             if writer.chosen.get(store.key) and writer.part_bytes is None:
                 cell += f", {statistics.mode(writer.chosen[store.key])}"
-            cells.append(cell)
-        lines.append(f"* {store.label.removeprefix('S3 ')}: " + "; ".join(cells))
-    section = "\n".join(lines)
+            parts.append(cell)
+        rtt = store.label.removeprefix("S3 ").split("/")[0]
+        cells.append(f"{rtt}: " + " / ".join(parts))
+    section = "\n".join(
+        [
+            f"`python benchmarks/bench_write.py --rounds {rounds} --link-shape "
+            f"{' --link-shape '.join(shapes_text)}`",
+            f"({when}, {source}, {time.perf_counter() - start:.0f} s, load "
+            f"{min(loads):.1f}-{max(loads):.1f}) MB/s median (x limit), RSS +MiB, chosen:",
+            "; ".join(cells) + ".",
+        ]
+    )
+    print("\n".join(detail), flush=True)
     print(section, flush=True)
     return section
 
@@ -140,8 +150,6 @@ def replace_lines(readme: Path, section: str) -> None:
     lines = readme.read_text().splitlines()
     at = lines.index(HEADING)
     end = next((i for i in range(at + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    body = lines[at + 1 : end]
-    keep = body[:2]  # the section's description
-    readme.write_text(
-        "\n".join([*lines[: at + 1], *keep, *section.splitlines(), "", *lines[end:]]) + "\n"
-    )
+    keep = lines[at + 1 : at + 3]  # the section's description
+    new = [*lines[: at + 1], *keep, *section.splitlines(), "", *lines[end:]]
+    readme.write_text("\n".join(new) + "\n")
