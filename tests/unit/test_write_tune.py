@@ -108,7 +108,7 @@ def test_a_step_to_smaller_parts_that_pushes_no_more_is_undone_for_good() -> Non
     assert (5 * MIB, 25) in applied
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(
     samples=st.lists(
         st.tuples(
