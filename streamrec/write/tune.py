@@ -162,14 +162,18 @@ class UploadTuner:
         if self.settled or nbytes < _MIN_SAMPLE_BYTES or seconds <= 0:
             return
         now = time.perf_counter() if now is None else now
-        if self._trial is not None and nbytes > self.part_bytes:
-            return  # a part cut before the trial: the trial is judged on its own parts
+        # a part cut before a step to smaller parts: its bytes count in the trial's window
+        # (they share the link), but the window starts with, and counts, the trial's own parts
+        old = self._trial is not None and nbytes > self.part_bytes
         if self._window_start is None:
+            if old:
+                return
             self._window_start = now - seconds
             self._window_waited = self._waited_s()
         self._window_bytes += nbytes
-        self._times.append((nbytes, seconds))
-        self._since += 1
+        if not old:
+            self._times.append((nbytes, seconds))
+            self._since += 1
         elapsed = now - self._window_start
         if self._since >= SAMPLES and elapsed >= WINDOW_S:
             pushed = self._window_bytes / elapsed
@@ -202,6 +206,7 @@ class UploadTuner:
         if part < self.part_bytes:  # more requests: kept only if they pay
             self._trial = ((self.part_bytes, self.uploads), pushed_bps)
         self._times.clear()
+        self._window_start = None  # the next window starts with a part of the new size
         self._apply(part, uploads)
 
     def _apply(self, part_bytes: int, uploads: int) -> None:
