@@ -134,7 +134,9 @@ def run(
     section = "\n".join(
         [
             f"`python benchmarks/bench_write.py --rounds {rounds} --link-shape "
-            f"{' --link-shape '.join(shapes_text)}`",
+            f"{' --link-shape '.join(shapes_text)}"
+            + "".join(f" --fixed {f}" for f in fixed if list(fixed) != ["16x8"])
+            + "`",
             f"({when}, {source}, {time.perf_counter() - start:.0f} s, load "
             f"{min(loads):.1f}-{max(loads):.1f}) MB/s median (x limit), RSS +MiB, chosen:",
             "; ".join(cells) + ".",
