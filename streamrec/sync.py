@@ -14,6 +14,7 @@ from typing import Any
 from streamrec._portal import EventLoopThread
 from streamrec.format.crc import BytesLike
 from streamrec.manifest.core import ManifestEntry
+from streamrec.write.tune import UploadSettings
 from streamrec.write.writer import open_writer as open_async_writer
 
 __all__ = ["BlockingShardWriter", "open_writer"]
@@ -48,6 +49,11 @@ class BlockingShardWriter:
     def shards(self) -> list[ManifestEntry]:
         """The shards committed so far, by index (all of them after ``close()``)."""
         return self._writer.shards
+
+    @property
+    def stats(self) -> UploadSettings:
+        """The upload settings as they stand (see :attr:`ShardWriter.stats`)."""
+        return self._writer.stats
 
     @property
     def manifest_url(self) -> str | None:

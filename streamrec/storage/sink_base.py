@@ -16,9 +16,12 @@ Every sink has the same life cycle::
 
 Every sink counts the bytes it is given and their CRC32C as they pass (``bytes_written``,
 ``crc32c``), so the manifest describes exactly what was stored. Sinks of one writer share a
-:class:`SinkContext`: the part size, the retry policy, the upload window (at most
-``max_concurrency`` requests carrying data in flight, which bounds memory) and the first
-upload failure, which the writer raises on its next call.
+:class:`SinkContext`: the part size (each sink takes the context's when it opens and keeps it:
+a writer's tuner may change it for shards not yet opened), the retry policy, the upload window
+(:class:`UploadWindow`: the bytes of the requests carrying data in flight, at most
+``room_bytes``, which bounds memory, and at most ``max_concurrency`` of them), what each upload
+measured (``on_upload``, ``on_control``: for a tuner) and the first upload failure, which the
+writer raises on its next call.
 
 ``abort()`` always runs to the end, even when the task calling it is being cancelled
 (:func:`run_to_completion`), so a cancelled writer still removes its temporary files and
@@ -30,11 +33,14 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import io
 import logging
 import os
 import re
+import time
 import uuid
-from collections.abc import Awaitable
+from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TypeVar
 
@@ -49,7 +55,9 @@ __all__ = [
     "CommittedObject",
     "MemorySink",
     "ObjectSink",
+    "PartBuffer",
     "SinkContext",
+    "UploadWindow",
     "run_to_completion",
 ]
 
@@ -58,9 +66,72 @@ logger = logging.getLogger("streamrec")
 
 DEFAULT_PART_BYTES = 16 << 20
 DEFAULT_MAX_CONCURRENCY = 8
-"""Parts in flight at once, per writer. At 25 MB/s per connection (a typical cloud link) four
-reached 0.84x of a 1 Gbit link; eight reach it (benchmarks/README.md, bench_write), for about
-``(8 + open shards) x part_bytes`` of memory: 144 MiB with one shard open and 16 MiB parts."""
+"""Parts in flight at once, per writer, at fixed settings. At 25 MB/s per connection (a typical
+cloud link) four reached 0.84x of a 1 Gbit link; eight reach it (benchmarks/README.md,
+bench_write). With ``DEFAULT_PART_BYTES``: the writer's default upload room (128 MiB)."""
+
+
+class UploadWindow:
+    """The data requests in flight: their bytes at most ``room_bytes``, their number at most
+    ``max_requests`` (both may change while uploads run; what is in flight is never recalled).
+
+    A request bigger than the whole room goes alone (nothing else in flight meanwhile). Waiters
+    are served in order, so a large part is not starved by small ones.
+    """
+
+    def __init__(self, room_bytes: int, max_requests: int) -> None:
+        self.room_bytes = room_bytes
+        self.max_requests = max_requests
+        self.bytes = 0  # in flight
+        self.requests = 0
+        self.peak_bytes = 0
+        self.waited_s = 0.0  # time spent waiting for room, over all acquires
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    def _fits(self, nbytes: int) -> bool:
+        if self.requests == 0:
+            return True
+        return self.requests < self.max_requests and self.bytes + nbytes <= self.room_bytes
+
+    async def acquire(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` more fit, then count them as in flight."""
+        if not self._waiters and self._fits(nbytes):
+            self._take(nbytes)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (nbytes, future)
+        self._waiters.append(entry)
+        start = time.perf_counter()
+        try:
+            await future
+        except BaseException:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+            elif not future.cancelled():  # granted just as it was cancelled: give it back
+                self.release(nbytes)
+            raise
+        finally:
+            self.waited_s += time.perf_counter() - start
+
+    def release(self, nbytes: int) -> None:
+        """``nbytes`` (acquired earlier) are no longer in flight."""
+        self.bytes -= nbytes
+        self.requests -= 1
+        self.wake()
+
+    def wake(self) -> None:
+        """Let in the waiters that fit now (also after the limits changed)."""
+        while self._waiters and self._fits(self._waiters[0][0]):
+            nbytes, future = self._waiters.pop(0)
+            if future.done():
+                continue
+            self._take(nbytes)
+            future.set_result(None)
+
+    def _take(self, nbytes: int) -> None:
+        self.bytes += nbytes
+        self.requests += 1
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
 
 
 @dataclass(frozen=True)
@@ -74,34 +145,123 @@ class CommittedObject:
     version: str | None = None
 
 
+class PartBuffer:
+    """The bytes of a sink waiting to become a part, kept as the blocks written.
+
+    A growing ``bytearray`` (grown by every block, its head cut off by every part) made the
+    allocator keep freed buffers of every size between one block and one part: measured, the
+    writer's peak RSS grew 20-70 MiB past the bytes it held. Here each part is one allocation
+    of exactly its size, filled once from the blocks; the blocks themselves are the writer's.
+    """
+
+    def __init__(self) -> None:
+        self._pieces: deque[bytes] = deque()
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def append(self, data: bytes) -> None:
+        """Keep ``data`` (a copy unless it is ``bytes``, which cannot change)."""
+        piece = data if type(data) is bytes else bytes(data)
+        self._pieces.append(piece)
+        self.nbytes += len(piece)
+
+    def _pop(self, size: int) -> list[memoryview | bytes]:
+        """The first ``size`` bytes, as pieces (the rest of a split block is kept)."""
+        out: list[memoryview | bytes] = []
+        while size > 0:
+            piece = self._pieces.popleft()
+            if len(piece) > size:
+                out.append(memoryview(piece)[:size])
+                self._pieces.appendleft(piece[size:])
+                self.nbytes -= size
+                break
+            out.append(piece)
+            self.nbytes -= len(piece)
+            size -= len(piece)
+        return out
+
+    def take(self, size: int) -> bytes:
+        """The first ``size`` bytes (at most all), as one ``bytes`` of exactly that size."""
+        return b"".join(self._pop(min(size, self.nbytes)))
+
+    def take_into(self, size: int, out: io.BytesIO) -> int:
+        """Write the first ``size`` bytes (at most all) to an empty ``out``, sized first: one
+        allocation of exactly that size. Returns the bytes written."""
+        size = min(size, self.nbytes)
+        if size:
+            out.seek(size - 1)
+            out.write(b"\0")  # (a BytesIO grows to exactly the size written)
+            out.seek(0)
+            for piece in self._pop(size):
+                out.write(piece)
+            out.seek(0)
+        return size
+
+    def clear(self) -> None:
+        self._pieces.clear()
+        self.nbytes = 0
+
+
 @dataclass
 class SinkContext:
     """What the sinks of one writer share.
 
     Attributes:
-        part_bytes: bytes per S3 part / GCS chunk (GCS rounds up to a 256 KiB multiple).
+        part_bytes: bytes per S3 part / GCS chunk (GCS rounds up to a 256 KiB multiple) of
+            the sinks opened from now on.
         max_concurrency: data-carrying requests in flight at once, over all sinks.
         retry: the policy every request is retried with.
+        room_bytes: the most bytes of data-carrying requests in flight at once, over all
+            sinks (default ``max_concurrency x part_bytes``).
+        on_upload: hears ``(bytes, seconds)`` of every data request that succeeded (its
+            retries included, its wait for room not).
+        on_control: hears the seconds of every small request that starts an upload (S3's
+            CreateMultipartUpload, GCS's session start): about one round trip.
     """
 
     part_bytes: int = DEFAULT_PART_BYTES
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     failure: BaseException | None = None
-    _window: asyncio.Semaphore | None = field(default=None, repr=False)
+    room_bytes: int = 0
+    on_upload: Callable[[int, float], None] | None = field(default=None, repr=False)
+    on_control: Callable[[float], None] | None = field(default=None, repr=False)
+    _window: UploadWindow | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.part_bytes <= 0:
             raise ValueError(f"part_bytes must be positive, not {self.part_bytes}")
         if self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, not {self.max_concurrency}")
+        if self.room_bytes <= 0:
+            self.room_bytes = self.max_concurrency * self.part_bytes
 
     @property
-    def window(self) -> asyncio.Semaphore:
-        """The upload window (created on first use, inside the running loop)."""
+    def window(self) -> UploadWindow:
+        """The upload window (created on first use)."""
         if self._window is None:
-            self._window = asyncio.Semaphore(self.max_concurrency)
+            self._window = UploadWindow(self.room_bytes, self.max_concurrency)
         return self._window
+
+    def set_upload_settings(self, part_bytes: int, max_concurrency: int) -> None:
+        """Parts of ``part_bytes`` for the sinks opened from now on, at most
+        ``max_concurrency`` requests in flight (from now on); the room stays as it is."""
+        self.part_bytes, self.max_concurrency = part_bytes, max_concurrency
+        if self._window is not None:
+            self._window.max_requests = max_concurrency
+            self._window.wake()
+
+    def uploaded(self, nbytes: int, seconds: float) -> None:
+        """A data request of ``nbytes`` succeeded after ``seconds``."""
+        if self.on_upload is not None:
+            self.on_upload(nbytes, seconds)
+
+    def controlled(self, seconds: float) -> None:
+        """A request that starts an upload took ``seconds``."""
+        if self.on_control is not None:
+            self.on_control(seconds)
 
     def fail(self, error: BaseException) -> None:
         """Record a background failure (the first one wins); the writer raises it next."""
@@ -150,6 +310,7 @@ class ObjectSink(abc.ABC):
     def __init__(self, url: str, context: SinkContext | None = None) -> None:
         self.url = url
         self.context = context or SinkContext()
+        self.part_bytes = self.context.part_bytes  # chosen once, before any part is sent
         self.bytes_written = 0
         self.crc32c = 0
         self.version: str | None = None  # set by sinks whose store versions objects

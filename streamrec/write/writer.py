@@ -9,13 +9,12 @@
 Three layers, each one thing:
 
 1. **Planning** (:class:`~streamrec.write.planner.Planner`, sans-I/O, on
-   :class:`~streamrec.format.encoder.ShardEncoder`, runs in the caller's thread): frames and
-   compresses records, decides which shard each one goes to (rotation by ``max_records`` /
-   ``max_bytes``, or a fixed ``num_shards`` filled round-robin or contiguously) and cuts the
-   stored bytes into blocks of ``flush_bytes`` for the sinks.
+   :class:`~streamrec.format.encoder.ShardEncoder`, in the caller's thread): frames and
+   compresses records, routes each to its shard (rotation by ``max_records`` / ``max_bytes``,
+   or ``num_shards`` filled round-robin or contiguously), cuts blocks of ``flush_bytes``.
 2. **Sinks** (``store.open_sink``): one per shard; S3 multipart and GCS resumable uploads run
-   while blocks arrive, local files are written under a temporary name. A shard object appears
-   only when its sink commits.
+   while blocks arrive (parts sized by :mod:`streamrec.write.tune`), local files are written
+   under a temporary name. A shard object appears only when its sink commits.
 3. **The writer** (:class:`ShardWriter`): hands blocks to sinks, commits finished shards in the
    background (the next shard keeps filling meanwhile), raises any upload failure on the next
    call, aborts everything on error or cancellation, and writes the manifest last.
@@ -23,16 +22,16 @@ Three layers, each one thing:
 Rotation, exactly
 -----------------
 A new shard starts when the next record would make the current one exceed ``max_records``
-records or ``max_bytes`` bytes *as stored*; a record bigger than ``max_bytes`` on its own gets
-a shard of its own. Uncompressed, the stored size is the framed size (payload + 16 bytes), so
-the rule is exact by arithmetic. Compressed (gzip / zlib) it is exact too: while a worst-case
-bound on deflate's output shows that the record fits, it is simply added; near the limit the
-compressor is sync-flushed (``Z_SYNC_FLUSH``: the stream stays one standard gzip member / zlib
-stream, with a few empty stored blocks that every inflater skips) so that its output so far is
-known exactly, and then a copy of the compressor is given the record and finished: the record
-goes in if and only if that finished size is within ``max_bytes``. So every shard is at most
-``max_bytes`` bytes, and the record that opened the next shard would have pushed the previous
-one over, measured on the stream as written.
+records or ``max_bytes`` bytes *as stored* (a bigger record alone gets a shard of its own).
+Uncompressed, the stored size is the framed size (payload + 16 bytes): exact by arithmetic.
+Compressed (gzip / zlib) it is exact too: while a worst-case bound on deflate's output shows
+that the record fits, it is simply added; near the limit the compressor is sync-flushed
+(``Z_SYNC_FLUSH``: the stream stays one standard gzip member / zlib stream, with a few empty
+stored blocks that every inflater skips) so that its output so far is known exactly, and then a
+copy of the compressor is given the record and finished: the record goes in if and only if that
+finished size is within ``max_bytes``. So every shard is at most ``max_bytes`` bytes, and the
+record that opened the next shard would have pushed the previous one over, measured on the
+stream as written.
 
 ``num_shards`` (fixed-size sets, TensorFlow's ``train-00003-of-00016`` names)
 ---------------------------------------------------------------------------------
@@ -111,16 +110,11 @@ from streamrec.pipeline.arguments import (
 from streamrec.storage.base import ObjectStore
 from streamrec.storage.registry import open_store, store_key
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.sink_base import (
-    DEFAULT_MAX_CONCURRENCY,
-    DEFAULT_PART_BYTES,
-    ObjectSink,
-    SinkContext,
-    run_to_completion,
-)
+from streamrec.storage.sink_base import ObjectSink, run_to_completion
 from streamrec.write.misuse import ASYNC_WRITER, check_in_loop, unawaited
 from streamrec.write.planner import Order, Planner
 from streamrec.write.template import ShardTemplate
+from streamrec.write.tune import UploadSettings, upload_context, upload_settings
 
 __all__ = ["DEFAULT_MANIFEST", "ShardWriter", "open_writer"]
 
@@ -158,8 +152,8 @@ class ShardWriter:
         order: Order = "round_robin",
         total_records: int | None = None,
         compression: str | None = None,
-        part_bytes: int = DEFAULT_PART_BYTES,
-        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+        part_bytes: int | None = None,
+        max_concurrency: int | None = None,
         manifest: str | os.PathLike[str] | None = DEFAULT_MANIFEST,
         storage_options: dict[str, Any] | None = None,
         retry: RetryPolicy | None = None,
@@ -181,8 +175,8 @@ class ShardWriter:
         num_shards = check_optional_int(num_shards, "num_shards", minimum=1)
         flush_bytes = check_optional_int(flush_bytes, "flush_bytes", minimum=1)
         total_records = check_optional_int(total_records, "total_records", minimum=0)
-        part_bytes = check_int(part_bytes, "part_bytes", minimum=1)
-        max_concurrency = check_int(max_concurrency, "max_concurrency", minimum=1)
+        part_bytes = check_optional_int(part_bytes, "part_bytes", minimum=1)
+        max_concurrency = check_optional_int(max_concurrency, "max_concurrency", minimum=1)
         first_index = check_int(first_index, "first_index", minimum=0)
         compression_level = check_int(compression_level, "compression_level", minimum=-1)
         if compression_level > 9:
@@ -224,8 +218,8 @@ class ShardWriter:
         if store_key(template) == "http":
             raise StorageError(f"{template}: http(s) urls are read-only")
         self.compression: Compression = codec
-        self._context = SinkContext(
-            part_bytes=part_bytes, max_concurrency=max_concurrency, retry=retry or RetryPolicy()
+        self._context, self._tuner = upload_context(
+            part_bytes, max_concurrency, retry or RetryPolicy()
         )
         self._plan = Planner(
             self._template,
@@ -236,7 +230,7 @@ class ShardWriter:
             num_shards=num_shards,
             order=order,
             total_records=total_records,
-            flush_bytes=flush_bytes or min(_FLUSH_BYTES, part_bytes),
+            flush_bytes=flush_bytes or min(_FLUSH_BYTES, part_bytes or _FLUSH_BYTES),
             index=index,
         )
         self.manifest_url = self._manifest_url(manifest)
@@ -289,6 +283,11 @@ class ShardWriter:
     def shards(self) -> list[ManifestEntry]:
         """The shards committed so far, by index (all of them after ``close()``)."""
         return [self._entries[i] for i in sorted(self._entries)]
+
+    @property
+    def stats(self) -> UploadSettings:
+        """The upload settings as they stand: part size, uploads in flight, the room."""
+        return upload_settings(self._context, self._tuner)
 
     # -- writing --------------------------------------------------------------------------
     def write(self, payload: BytesLike) -> Coroutine[Any, Any, None]:
@@ -539,8 +538,8 @@ def open_writer(
     max_bytes: int | None = None,
     num_shards: int | None = None,
     compression: str | None = None,
-    part_bytes: int = DEFAULT_PART_BYTES,
-    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+    part_bytes: int | None = None,
+    max_concurrency: int | None = None,
     manifest: str | os.PathLike[str] | None = DEFAULT_MANIFEST,
     storage_options: dict[str, Any] | None = None,
     retry: RetryPolicy | None = None,
@@ -562,12 +561,14 @@ def open_writer(
         num_shards: write exactly this many shards; ``order="round_robin"`` (default) or
             ``order="contiguous"`` with ``total_records=`` (keyword options).
         compression: ``None``, ``"gzip"`` or ``"zlib"`` (as TensorFlow writes them).
-        part_bytes: S3 part size (S3 needs >= 5 MiB for all parts but the last) and GCS chunk
-            size (rounded up to a multiple of 256 KiB). A shard no bigger than one part is
-            uploaded in a single request.
-        max_concurrency: data requests in flight at once over all shards; with ``part_bytes``
-            it bounds memory: about ``(max_concurrency + open shards) * part_bytes`` (default
-            8: 144 MiB with one shard open and 16 MiB parts).
+        part_bytes: S3 part size (>= 5 MiB for all parts but the last), GCS chunk size (rounded
+            up to a 256 KiB multiple); a shard no bigger than one part is one request.
+        max_concurrency: data requests in flight at once over all shards. Neither given,
+            the writer sizes both to the link (:mod:`streamrec.write.tune`: 5-16 MiB parts,
+            as many in flight as 128 MiB holds; ``w.stats`` says what it chose); either
+            given, both are fixed (the other at 16 MiB / 8). Memory: the parts in flight
+            (<= 128 MiB, or ``max_concurrency * part_bytes``), one part filling per open
+            shard and the client (~40 MiB for S3; benchmarks/README.md).
         manifest: file name (beside the shards) or full url of the manifest, written last;
             ``None`` for none. Written by default for templated writers only.
         storage_options: passed to the fsspec filesystem (``endpoint_url``, ``key``, ...).

@@ -1,9 +1,9 @@
 """``az://`` sink: a block blob staged while the bytes arrive, committed in one step.
 
 The Azure counterpart of S3's multipart upload. Bytes are cut into blocks of exactly
-``part_bytes`` (the last one may be shorter); each block is sent by its own task as soon as it
-is full (``Put Block``), with at most ``max_concurrency`` data requests in flight over the whole
-writer (``write()`` waits for a free slot: that bounds memory). ``commit()`` sends the block
+``part_bytes`` (the context's when the sink opens; the last one may be shorter); each block is
+sent by its own task as soon as it is full (``Put Block``), within the writer's upload window
+(``write()`` waits for room: that bounds memory). ``commit()`` sends the block
 list (``Put Block List``): the blob appears, complete, in that one request. A blob no bigger
 than one block is a single ``Put Blob`` instead.
 
@@ -25,12 +25,13 @@ is simply retried.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from streamrec._portal import cancel_and_wait, run_all
-from streamrec.storage.sink_base import ObjectSink, SinkContext
+from streamrec.storage.sink_base import ObjectSink, PartBuffer, SinkContext
 from streamrec.storage.translate import translate
 
 __all__ = ["AzureBlockSink"]
@@ -55,7 +56,7 @@ class AzureBlockSink(ObjectSink):
         self._blob_client = blob_client
         self.container, self.blob = container, blob
         self._tag = uuid.uuid4().hex[:17]
-        self._buffer = bytearray()
+        self._buffer = PartBuffer()
         self._blocks: list[asyncio.Task[str]] = []  # block i -> its id, once staged
         self._put: asyncio.Task[None] | None = None  # the single Put Blob of a small blob
 
@@ -79,6 +80,7 @@ class AzureBlockSink(ObjectSink):
 
     async def _stage(self, number: int, data: bytes) -> str:
         block_id = self._block_id(number)
+        start = time.perf_counter()
         await self._call(
             f"staging block {number} ({len(data)} bytes)",
             "stage_block",
@@ -86,6 +88,7 @@ class AzureBlockSink(ObjectSink):
             data,
             length=len(data),
         )
+        self.context.uploaded(len(data), time.perf_counter() - start)
         return block_id
 
     async def _put_blob(self, data: bytes) -> None:
@@ -97,38 +100,36 @@ class AzureBlockSink(ObjectSink):
     # -- the data path --------------------------------------------------------------------
     async def _write(self, data: bytes) -> None:
         self.context.raise_failure()
-        self._buffer += data
-        size = self.context.part_bytes
+        self._buffer.append(data)
+        size = self.part_bytes
         while len(self._buffer) > size:  # a blob of exactly one block stays a single put
-            # Wait for upload capacity first: meanwhile the bytes wait in the buffer, not in
-            # yet another copy (memory: max_concurrency blocks in flight + this buffer).
-            await self.context.window.acquire()
+            # Wait for upload room first: meanwhile the bytes wait in the buffer, not in yet
+            # another copy (memory: the window's room in flight + this buffer).
+            await self.context.window.acquire(size)
             self._launch_block(self._cut(size))
 
     def _cut(self, size: int) -> bytes:
-        with memoryview(self._buffer) as view:
-            data = bytes(view[:size])  # one copy (a bytearray slice would make two)
-        del self._buffer[:size]
-        return data
+        return self._buffer.take(size)  # one copy, of exactly its size
 
     def _launch_block(self, data: bytes) -> None:
         window = self.context.window
         task = asyncio.ensure_future(self._stage(len(self._blocks), data))
-        task.add_done_callback(lambda _: window.release())
+        task.add_done_callback(lambda _: window.release(len(data)))
         self.context.track(task)
         self._blocks.append(task)
 
     async def _seal(self) -> None:
         window = self.context.window
+        size = len(self._buffer)
         if not self._blocks:
-            await window.acquire()
-            self._put = asyncio.ensure_future(self._put_blob(self._cut(len(self._buffer))))
-            self._put.add_done_callback(lambda _: window.release())
+            await window.acquire(size)
+            self._put = asyncio.ensure_future(self._put_blob(self._cut(size)))
+            self._put.add_done_callback(lambda _: window.release(size))
             self.context.track(self._put)
         elif self._buffer:
-            await window.acquire()
-            self._launch_block(self._cut(len(self._buffer)))
-        self._buffer = bytearray()
+            await window.acquire(size)
+            self._launch_block(self._cut(size))
+        self._buffer.clear()
 
     async def _commit(self) -> None:
         if self._put is not None:
@@ -147,7 +148,7 @@ class AzureBlockSink(ObjectSink):
     async def _abort(self) -> None:
         # Staged blocks stay uncommitted: invisible, discarded by the service (see above).
         await cancel_and_wait(t for t in (self._put, *self._blocks) if t is not None)
-        self._buffer = bytearray()
+        self._buffer.clear()
 
 
 def _etag(response: Any) -> str | None:

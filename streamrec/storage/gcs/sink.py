@@ -30,6 +30,7 @@ import dataclasses
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
@@ -39,7 +40,7 @@ import aiohttp
 from streamrec._portal import cancel_and_wait
 from streamrec.errors import StorageError, TransientStorageError
 from streamrec.storage.http.body import ERROR_DETAIL_BYTES, read_at_most
-from streamrec.storage.sink_base import ObjectSink, SinkContext
+from streamrec.storage.sink_base import ObjectSink, PartBuffer, SinkContext
 from streamrec.storage.translate import from_status, translate
 
 __all__ = [
@@ -103,8 +104,8 @@ class GCSResumableSink(ObjectSink):
         super().__init__(url, context)
         self._access = access
         self.bucket, self.key = bucket, key
-        self.chunk_bytes = chunk_size(self.context.part_bytes)
-        self._buffer = bytearray()
+        self.chunk_bytes = chunk_size(self.part_bytes)
+        self._buffer = PartBuffer()
         self.session_url: str | None = None
         self._sent = 0  # bytes handed to chunk requests so far
         self._inflight: asyncio.Task[None] | None = None
@@ -150,6 +151,7 @@ class GCSResumableSink(ObjectSink):
     # -- requests ---------------------------------------------------------------------------
     async def _initiate(self) -> str:
         action = "starting the resumable upload"
+        start = time.perf_counter()
 
         async def attempt() -> str:
             status, headers, body = await self._request(
@@ -166,7 +168,9 @@ class GCSResumableSink(ObjectSink):
                 raise self._fail(status, action, body)
             return str(headers["Location"])
 
-        return await self.context.retry.run(attempt, describe=f"{self.url}: {action}")
+        location = await self.context.retry.run(attempt, describe=f"{self.url}: {action}")
+        self.context.controlled(time.perf_counter() - start)
+        return location
 
     async def _simple_upload(self, data: bytes) -> None:
         action = f"uploading {len(data)} bytes"
@@ -212,6 +216,7 @@ class GCSResumableSink(ObjectSink):
         tried = False
         assert self.session_url is not None
         session_url = self.session_url
+        start = time.perf_counter()
 
         async def attempt() -> None:
             nonlocal confirmed, tried
@@ -252,31 +257,29 @@ class GCSResumableSink(ObjectSink):
                 confirmed = kept  # GCS kept less than was sent: send the rest
 
         await self.context.retry.run(attempt, describe=f"{self.url}: {action}")
+        self.context.uploaded(len(data), time.perf_counter() - start)
 
     # -- the data path --------------------------------------------------------------------
     async def _write(self, data: bytes) -> None:
         self.context.raise_failure()
-        self._buffer += data
+        self._buffer.append(data)
         size = self.chunk_bytes
         while len(self._buffer) > size:  # an object of exactly one chunk stays one request
             # Wait for the chunk in flight (in order) and for upload capacity first: meanwhile
             # the bytes wait in the buffer, not in yet another copy.
-            await self._ready()
+            await self._ready(size)
             self._launch(self._cut(size), final=False)
 
     def _cut(self, size: int) -> bytes:
-        with memoryview(self._buffer) as view:
-            chunk = bytes(view[:size])  # one copy (a bytearray slice would make two)
-        del self._buffer[:size]
-        return chunk
+        return self._buffer.take(size)  # one copy, of exactly its size
 
-    async def _ready(self) -> None:
+    async def _ready(self, nbytes: int) -> None:
         """The session exists, the previous chunk is done, and an upload slot is ours."""
         if self.session_url is None:
             self.session_url = await self._initiate()
         if self._inflight is not None:
             await self._inflight  # in order: one chunk in flight, the next one filling
-        await self.context.window.acquire()
+        await self.context.window.acquire(nbytes)
 
     def _launch(self, chunk: bytes, *, final: bool) -> None:
         window = self.context.window
@@ -285,22 +288,24 @@ class GCSResumableSink(ObjectSink):
         task = asyncio.ensure_future(
             self._upload_chunk(chunk, offset, self._sent if final else None)
         )
-        task.add_done_callback(lambda _: window.release())
+        size = len(chunk)
+        task.add_done_callback(lambda _: window.release(size))
         self.context.track(task)
         self._inflight = task
 
     async def _seal(self) -> None:
         if self.session_url is None:
             window = self.context.window
-            await window.acquire()
-            task = asyncio.ensure_future(self._simple_upload(self._cut(len(self._buffer))))
-            task.add_done_callback(lambda _: window.release())
+            size = len(self._buffer)
+            await window.acquire(size)
+            task = asyncio.ensure_future(self._simple_upload(self._cut(size)))
+            task.add_done_callback(lambda _: window.release(size))
             self.context.track(task)
             self._inflight = task
         else:
-            await self._ready()
+            await self._ready(len(self._buffer))
             self._launch(self._cut(len(self._buffer)), final=True)
-        self._buffer = bytearray()
+        self._buffer.clear()
 
     async def _commit(self) -> None:
         assert self._inflight is not None
@@ -339,7 +344,7 @@ class GCSResumableSink(ObjectSink):
         task, self._inflight = self._inflight, None
         if task is not None:
             await cancel_and_wait([task])
-        self._buffer = bytearray()
+        self._buffer.clear()
         session_url, self.session_url = self.session_url, None
         if session_url is None:
             return

@@ -1,8 +1,8 @@
 """``s3://`` sink: a multipart upload that runs while the bytes arrive.
 
-Bytes are cut into parts of exactly ``part_bytes`` (the last one may be shorter); each part is
-uploaded by its own task as soon as it is full, with at most ``max_concurrency`` data requests
-in flight over the whole writer (``write()`` waits for a free slot: that bounds memory). The
+Bytes are cut into parts of exactly ``part_bytes`` (the context's when the sink opens; the last
+one may be shorter); each part is uploaded by its own task as soon as it is full, within the
+writer's upload window (``write()`` waits for room: that bounds memory). The
 multipart upload is created with the first part and completed by ``commit()``; an object no
 bigger than one part is a single ``PutObject`` instead. ``abort()`` cancels the part uploads and
 aborts the multipart upload, so neither an object nor an orphaned upload (with its stored parts)
@@ -18,11 +18,12 @@ import asyncio
 import contextlib
 import io
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from streamrec._portal import cancel_and_wait, run_all
 from streamrec.errors import ObjectNotFoundError, StorageError
-from streamrec.storage.sink_base import ObjectSink, SinkContext, bucket_and_key
+from streamrec.storage.sink_base import ObjectSink, PartBuffer, SinkContext, bucket_and_key
 from streamrec.storage.translate import translate
 
 if TYPE_CHECKING:
@@ -42,10 +43,9 @@ class _Body(io.BytesIO):
     closes a BytesIO body once sent; a retry sends this one again, so ``close()`` does nothing.
     """
 
-    def __init__(self, data: memoryview) -> None:
+    def __init__(self, buffer: PartBuffer, size: int) -> None:
         super().__init__()
-        self.write(data)
-        self.size = data.nbytes
+        self.size = buffer.take_into(size, self)
 
     def close(self) -> None:
         pass
@@ -58,7 +58,7 @@ class S3MultipartSink(ObjectSink):
         super().__init__(url, context)
         self._store = store
         self.bucket, self.key = bucket_and_key(store.fs, url, "an S3 object url")
-        self._buffer = bytearray()
+        self._buffer = PartBuffer()
         self._create: asyncio.Task[str] | None = None  # CreateMultipartUpload -> UploadId
         self._parts: list[asyncio.Task[str]] = []  # part i+1 -> its ETag
         self._put: asyncio.Task[None] | None = None  # the single PutObject of a small object
@@ -87,7 +87,9 @@ class S3MultipartSink(ObjectSink):
         return await self.context.retry.run(attempt, describe=f"{self.url}: {action}")
 
     async def _create_upload(self) -> str:
+        start = time.perf_counter()
         response = await self._call("creating the multipart upload", "create_multipart_upload")
+        self.context.controlled(time.perf_counter() - start)
         upload_id: str = response["UploadId"]
         self.upload_id = upload_id
         return upload_id
@@ -97,6 +99,7 @@ class S3MultipartSink(ObjectSink):
         # shielded: cancelling this part must not cancel the creation, which abort() awaits
         # to learn the UploadId of an upload the server may already have created
         upload_id = await asyncio.shield(self._create)
+        start = time.perf_counter()
         response = await self._call(
             f"uploading part {number} ({body.size} bytes)",
             "upload_part",
@@ -104,6 +107,7 @@ class S3MultipartSink(ObjectSink):
             UploadId=upload_id,
             PartNumber=number,
         )
+        self.context.uploaded(body.size, time.perf_counter() - start)
         etag: str = response["ETag"]
         return etag
 
@@ -114,44 +118,42 @@ class S3MultipartSink(ObjectSink):
     # -- the data path --------------------------------------------------------------------
     async def _write(self, data: bytes) -> None:
         self.context.raise_failure()
-        self._buffer += data
-        size = self.context.part_bytes
+        self._buffer.append(data)
+        size = self.part_bytes
         while len(self._buffer) > size:  # an object of exactly one part stays a single PUT
-            # Wait for upload capacity first: meanwhile the bytes wait in the buffer, not in
-            # yet another copy (memory: max_concurrency parts in flight + this buffer).
-            await self._reserve()
+            # Wait for upload room first: meanwhile the bytes wait in the buffer, not in yet
+            # another copy (memory: the window's room in flight + this buffer).
+            await self._reserve(size)
             self._launch_part(self._cut(size))
 
     def _cut(self, size: int) -> _Body:
-        with memoryview(self._buffer) as view:
-            body = _Body(view[:size])
-        del self._buffer[:size]
-        return body
+        return _Body(self._buffer, size)
 
-    async def _reserve(self) -> None:
+    async def _reserve(self, nbytes: int) -> None:
         if self._create is None:
             self._create = asyncio.ensure_future(self._create_upload())
             self.context.track(self._create)
-        await self.context.window.acquire()  # at most max_concurrency parts in flight
+        await self.context.window.acquire(nbytes)
 
     def _launch_part(self, body: _Body) -> None:
         window = self.context.window
         task = asyncio.ensure_future(self._upload_part(len(self._parts) + 1, body))
-        task.add_done_callback(lambda _: window.release())
+        task.add_done_callback(lambda _: window.release(body.size))
         self.context.track(task)
         self._parts.append(task)
 
     async def _seal(self) -> None:
+        size = len(self._buffer)
         if self._create is None:
             window = self.context.window
-            await window.acquire()
-            self._put = asyncio.ensure_future(self._put_object(self._cut(len(self._buffer))))
-            self._put.add_done_callback(lambda _: window.release())
+            await window.acquire(size)
+            self._put = asyncio.ensure_future(self._put_object(self._cut(size)))
+            self._put.add_done_callback(lambda _: window.release(size))
             self.context.track(self._put)
         elif self._buffer:
-            await self._reserve()
-            self._launch_part(self._cut(len(self._buffer)))
-        self._buffer = bytearray()
+            await self._reserve(size)
+            self._launch_part(self._cut(size))
+        self._buffer.clear()
 
     async def _commit(self) -> None:
         if self._put is not None:
@@ -185,7 +187,7 @@ class S3MultipartSink(ObjectSink):
 
     async def _abort(self) -> None:
         await cancel_and_wait(t for t in (self._put, *self._parts) if t is not None)
-        self._buffer = bytearray()
+        self._buffer.clear()
         if self._create is None:
             return
         with contextlib.suppress(BaseException):
