@@ -281,7 +281,14 @@ static int count_values(int kind, const uint8_t *p, const uint8_t *end, int stri
                     const uint8_t *q;
                     Py_ssize_t last = 0;
                     if (n && (pend[-1] & 0x80)) return 0;
-                    for (q = p; q < pend; q++) last += *q < 0x80;
+                    for (q = p; pend - q >= 8; q += 8) { /* 8 bytes at a time */
+                        uint64_t w;
+                        memcpy(&w, q, 8);
+                        w = ~w & 0x8080808080808080ULL; /* the high bit of each last byte */
+                        w = (w >> 7) * 0x0101010101010101ULL; /* their sum in the top byte */
+                        last += (Py_ssize_t)(w >> 56);
+                    }
+                    for (; q < pend; q++) last += *q < 0x80;
                     c += last;
                     p = pend;
                 }
@@ -341,8 +348,11 @@ static int write_values(int kind, const uint8_t *p, const uint8_t *end, char *ds
             if (!read_len(&p, end, &n)) return 0;
             pend = p + n;
             while (p < pend) {
-                if (*p < 0x80) { /* most ids are small */
-                    v = *p++;
+                uint64_t b0 = p[0], more = b0 >> 7, b1 = pend - p >= 2 ? p[1] : 0x80;
+                if (!(more & (b1 >> 7))) { /* most ids are below 16384: 1 or 2 bytes, decoded
+                                            * without a branch on which (random ids) */
+                    v = (b0 & 0x7F) | ((b1 << 7) & (0 - more));
+                    p += 1 + more;
                 } else if (!read_varint(&p, pend, &v)) {
                     return 0;
                 }
@@ -998,6 +1008,16 @@ static inline void prefetch_record(const uint8_t *p, Py_ssize_t len) {
 
 #define MAX_THREADS 64
 
+/* The bytes of a block of per-thread (or per-chunk) state with 64 bytes between blocks: state
+ * that two threads write on the same cache line would bounce between their cores (a third more
+ * time, measured). */
+#define APART(bytes) ((((size_t)(bytes) + 63) / 64 + 1) * 64)
+
+typedef union {
+    Ctx ctx;
+    char room[APART(sizeof(Ctx))];
+} PaddedCtx;
+
 typedef struct {
     Py_ssize_t lo, hi; /* its records */
     Outs *outs;        /* pass 2: its cursors (copies sharing the buffers) */
@@ -1023,6 +1043,7 @@ typedef struct Pool {
         struct Pool *pool;
         Ctx *ctx;
     } seats[MAX_THREADS]; /* seat t: the Ctx of thread t (0: the caller) */
+    char apart[64];       /* (the caller's stack after the pool: not on the seats' lines) */
 } Pool;
 
 static void pool_lock(Pool *p) {
@@ -1113,7 +1134,7 @@ static void *pool_thread(void *arg) {
 
 /* Run one pass over chunks on up to nthreads threads (the caller's included; GIL released by
  * the caller). 1 if every chunk succeeded, 0 if one failed, -1 out of memory. */
-static int pool_run(int pass, Chunk *chunks, int nchunks, int nthreads, Ctx *ctxs,
+static int pool_run(int pass, Chunk *chunks, int nchunks, int nthreads, PaddedCtx *ctxs,
                     const uint8_t *const *starts, const Py_ssize_t *lens, Spec *specs,
                     Py_ssize_t nspecs) {
     Pool *p = (Pool *)calloc(1, sizeof(Pool));
@@ -1140,7 +1161,7 @@ static int pool_run(int pass, Chunk *chunks, int nchunks, int nthreads, Ctx *ctx
     p->holders = 1;
     for (t = 0; t < nthreads; t++) {
         p->seats[t].pool = p;
-        p->seats[t].ctx = &ctxs[t];
+        p->seats[t].ctx = &ctxs[t].ctx;
     }
 #ifdef HAVE_THREADS
     for (t = 1; t < nthreads; t++) {
@@ -1163,7 +1184,7 @@ static int pool_run(int pass, Chunk *chunks, int nchunks, int nthreads, Ctx *ctx
         }
     }
 #endif
-    pool_work(p, &ctxs[0]);
+    pool_work(p, &ctxs[0].ctx);
     pool_lock(p);
 #ifdef HAVE_THREADS
     while (p->done < p->nchunks) pthread_cond_wait(&p->cv, &p->mu);
@@ -1181,27 +1202,28 @@ static int arrow_threaded(Ctx *ctx, const uint8_t *const *starts, const Py_ssize
                           Py_ssize_t n, int nthreads, PyObject *alloc, Outs *outs) {
     Spec *specs = ctx->specs, *copies;
     Py_ssize_t nspecs = ctx->nspecs, i, k, at = 0;
-    size_t per = (size_t)(nspecs ? nspecs : 1);
-    Ctx ctxs[MAX_THREADS];
+    size_t per = (size_t)(nspecs ? nspecs : 1), spec_block = APART(sizeof(Spec) * per),
+           outs_block = APART(sizeof(Outs) * per);
+    PaddedCtx ctxs[MAX_THREADS];
     Chunk *chunks;
-    Outs *cursors;
+    char *cursors;
     int64_t *ends;
     int t, c, nchunks, ok;
     double total = 0, sofar = 0;
     nchunks = n / 2 < (Py_ssize_t)nthreads * 8 ? (int)(n / 2) : nthreads * 8;
-    copies = (Spec *)malloc(sizeof(Spec) * per * (size_t)nthreads);
-    chunks = (Chunk *)calloc((size_t)nchunks, sizeof(Chunk));
-    cursors = (Outs *)malloc(sizeof(Outs) * per * (size_t)nchunks);
+    copies = (Spec *)malloc(spec_block * (size_t)nthreads);
+    chunks = (Chunk *)calloc((size_t)nchunks, sizeof(Chunk)); /* (written once a chunk) */
+    cursors = (char *)malloc(outs_block * (size_t)nchunks);
     ends = (int64_t *)malloc(sizeof(int64_t) * 2 * per * (size_t)nchunks);
     if (!copies || !chunks || !cursors || !ends) {
         ok = -1;
         goto out;
     }
     for (t = 0; t < nthreads; t++) {
-        ctxs[t] = *ctx;
-        ctxs[t].specs = copies + (size_t)t * per;
-        ctxs[t].hint = 0;
-        memcpy(ctxs[t].specs, specs, sizeof(Spec) * (size_t)nspecs);
+        ctxs[t].ctx = *ctx;
+        ctxs[t].ctx.specs = (Spec *)(void *)((char *)copies + (size_t)t * spec_block);
+        ctxs[t].ctx.hint = 0;
+        memcpy(ctxs[t].ctx.specs, specs, sizeof(Spec) * (size_t)nspecs);
     }
     for (i = 0; i < n; i++) total += (double)lens[i] + 16; /* (+16: a record's own cost) */
     for (c = 0; c < nchunks; c++) { /* chunks of about total / nchunks bytes each */
@@ -1213,7 +1235,7 @@ static int arrow_threaded(Ctx *ctx, const uint8_t *const *starts, const Py_ssize
             while (at < n && sofar + (double)lens[at] + 16 <= goal) sofar += (double)lens[at++] + 16;
         }
         chunks[c].hi = at;
-        chunks[c].outs = cursors + (size_t)c * per;
+        chunks[c].outs = (Outs *)(void *)(cursors + (size_t)c * outs_block);
         chunks[c].ends = ends + (size_t)c * 2 * per;
     }
     Py_BEGIN_ALLOW_THREADS

@@ -6,20 +6,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch.utils.data
 from hypothesis import given
 from hypothesis import strategies as st
 
+import streamrec
 from streamrec.errors import ExampleError
 from streamrec.format import example as ex
 from streamrec.format.example import arrow as example_arrow
 from streamrec.format.example import batch as example_batch
 from streamrec.format.payload import RecordSpans
-from unit.test_example_arrow import VAR_SPEC, var_records
+from unit.test_example_arrow import LABELLED, VAR_SPEC, var_records, write_labelled
 from unit.test_example_batch import (
     CEXAMPLE,
     IMAGE_SPEC,
@@ -174,3 +177,17 @@ def test_a_dataloader_worker_decodes_on_its_own_thread() -> None:
     loader = torch.utils.data.DataLoader(Threads(), batch_size=None, num_workers=1)
     assert [tuple(threads) for threads in loader] == [(1, 0)]  # (collated: lists)
     assert example_batch._arrow_threads(None, 8192)[1] > 0  # (not in this process)
+
+
+def test_to_arrow_takes_the_threads(tmp_path: Path) -> None:
+    pattern = write_labelled(tmp_path, shards=1, per_shard=40)
+    tables = [
+        pa.Table.from_batches(
+            list(streamrec.open_dataset(pattern).parse(LABELLED).to_arrow(32, num_threads=threads))
+        )
+        for threads in (1, 3)
+    ]
+    assert tables[0].column("n").to_pylist() == list(range(40))
+    assert tables[1].equals(tables[0])
+    with pytest.raises(ValueError, match="num_threads"):
+        streamrec.open_dataset(pattern).parse(LABELLED).to_arrow(32, num_threads=0)
