@@ -15,7 +15,8 @@
  * var-length and bytes features are kept as (list, count, bytes) per record in a first pass,
  * then written in a second pass into Arrow buffers (offsets, values, data) of exactly the sizes
  * counted, allocated once per batch by the caller (Arrow's memory pool); both passes run
- * without the GIL, on the calling thread. parse_sequence_arrow() is the same for the feature
+ * without the GIL, on the calling thread or on nthreads threads (see "Arrow mode on threads").
+ * parse_sequence_arrow() is the same for the feature
  * lists of SequenceExamples (decode_sequence_batch() in example/sequence.py): pass 1 walks
  * field 2 (FeatureLists { map<string, FeatureList> feature_list = 1; }, FeatureList
  * { repeated Feature feature = 1; }) and keeps each step of a spec'd list, pass 2 writes all
