@@ -159,9 +159,16 @@ def test_a_bad_thread_count_is_refused(bad: Any) -> None:
 def test_the_default_threads() -> None:
     cores = len(os.sched_getaffinity(0))
     assert example_batch._arrow_threads(None, 2047) == (1, 0)  # a small batch: this thread
-    assert example_batch._arrow_threads(None, 8192) == (cores, example_batch._MIN_RUN_BYTES)
+    threads, min_run_bytes = example_batch._arrow_threads(None, 8192)
+    assert 1 <= threads <= cores and min_run_bytes == example_batch._MIN_RUN_BYTES
     assert example_batch._arrow_threads(3, 10) == (3, 0)  # asked for: exactly
     assert example_batch._arrow_threads(1, 8192) == (1, 0)
+    default = example_batch._default_threads
+    assert default(2, 2, 1.0) == 2  # only this thread busy: both cores
+    assert default(2, 2, 1.3) == 2 and default(2, 2, 2.6) == 1  # a neighbour: this one only
+    assert default(2, 2, 40.0) == 1 and default(8, 8, 5.0) == 4
+    assert default(2, 64, 40.0) == 2  # a container's cores on a busy but big machine
+    assert default(4, 4, None) == 4  # no load average (Windows): every core
 
 
 class Threads(torch.utils.data.Dataset[tuple[int, int]]):
@@ -176,7 +183,6 @@ class Threads(torch.utils.data.Dataset[tuple[int, int]]):
 def test_a_dataloader_worker_decodes_on_its_own_thread() -> None:
     loader = torch.utils.data.DataLoader(Threads(), batch_size=None, num_workers=1)
     assert [tuple(threads) for threads in loader] == [(1, 0)]  # (collated: lists)
-    assert example_batch._arrow_threads(None, 8192)[1] > 0  # (not in this process)
 
 
 def test_to_arrow_takes_the_threads(tmp_path: Path) -> None:

@@ -198,26 +198,38 @@ def _c_plan(items: tuple[tuple[str, FeatureSpec], ...], arrow: bool) -> tuple[_C
 
 
 # Arrow mode's default threads: none for a batch under this many records, and each thread at
-# least this much payload (measured with bench_tf.py --shapes var on 2 cores: a thread's start
-# and join cost about what 0.1 ms of parsing saves; see _arrow_threads)
+# least this much payload (a thread's start and join cost about what 0.1 ms of parsing saves)
 _THREADED_RECORDS = 2048
 _MIN_RUN_BYTES = 256 * 1024
 
 
 def _arrow_threads(num_threads: int | None, n: int) -> tuple[int, int]:
     """``(threads, min_run_bytes)`` for ``parse_examples_arrow``: the caller's ``num_threads``
-    exactly (runs of any size), or by default one thread for fewer than ``_THREADED_RECORDS``
-    records and in a PyTorch DataLoader worker (its process is one of many already), otherwise
-    up to the cores this process may run on, each over ``_MIN_RUN_BYTES`` at least."""
+    exactly (runs of any size), or by default :func:`_default_threads` (each thread over
+    ``_MIN_RUN_BYTES`` at least)."""
     if num_threads is not None:
         return num_threads, 0
-    if n < _THREADED_RECORDS or _in_torch_worker():
+    if n < _THREADED_RECORDS or _in_torch_worker():  # (a worker is one of many processes)
         return 1, 0
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # (not on macOS or Windows)
         cores = os.cpu_count() or 1
-    return cores, _MIN_RUN_BYTES
+    try:
+        load: float | None = os.getloadavg()[0]
+    except (AttributeError, OSError):  # (not on Windows)
+        load = None
+    return _default_threads(cores, os.cpu_count() or cores, load), _MIN_RUN_BYTES
+
+
+def _default_threads(cores: int, cpus: int, load: float | None) -> int:
+    """The cores this process may run on (``cores``), but only as many as the machine's
+    ``cpus`` leave idle by the 1-minute load average (this thread's own share counted as idle):
+    on a busy machine a thread that waits for a core holds up the whole batch (measured on 2
+    cores at load 4-5: 0.84x one thread; at load 1.3: 1.45x)."""
+    if load is None:
+        return cores
+    return max(1, min(cores, round(cpus - load + 1)))
 
 
 def _in_torch_worker() -> bool:
@@ -399,9 +411,10 @@ def decode_batch(
     ``to="arrow"`` returns a ``pyarrow.RecordBatch`` instead, one column per feature in the
     spec's order (types: :mod:`streamrec.format.example.arrow`; needs pyarrow), built from the
     C parser's output without an object per record or value. The C parser decodes a batch of
-    2,048 records or more on up to ``len(os.sched_getaffinity(0))`` threads (each over 256 KiB
-    of payload at least; none in a PyTorch DataLoader worker); ``num_threads`` sets the
-    threads instead (``1``: the calling thread only). The result is the same either way.
+    2,048 records or more on up to ``len(os.sched_getaffinity(0))`` threads, as many as the
+    load average leaves cores idle (each over 256 KiB of payload at least; none in a PyTorch
+    DataLoader worker); ``num_threads`` sets the threads instead (``1``: the calling thread
+    only). The result is the same either way.
 
     The result equals stacking :func:`decode` of every payload. Uses the C parser when it is
     built (see :func:`has_c_accelerator`); any batch it cannot decode cleanly is decoded again
