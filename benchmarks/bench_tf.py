@@ -168,13 +168,18 @@ def side_by_side(
     records = sum(len(batch) for batch in batches)
     spent = dict.fromkeys(decoders, 0.0)
     passes = dict.fromkeys(decoders, 0)
+    names, turn = list(decoders), 0
     while min(spent.values()) < seconds:
-        for name, decode in decoders.items():
+        # each pass starts with the next reader, so none always follows the same one (in a
+        # fixed order, arrow and arrow 1 thread, the same code below 2,048 records, differed:
+        # 0.91-0.97x)
+        for name in names[turn:] + names[:turn]:
             started = time.perf_counter()
             for batch in batches:
-                decode(batch)
+                decoders[name](batch)
             spent[name] += time.perf_counter() - started
             passes[name] += 1
+        turn = (turn + 1) % len(names)
     return {name: passes[name] * records / spent[name] for name in decoders}
 
 

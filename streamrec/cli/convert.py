@@ -34,6 +34,7 @@ from streamrec.convert.to_parquet import (
 )
 from streamrec.errors import ExampleError, StreamrecError
 from streamrec.format.example.infer import SpecInference, spec_from_json
+from streamrec.format.example.sequence import sequence_schema
 from streamrec.format.example.spec import FeatureSpec
 from streamrec.pipeline.stream.scan import ShardScan
 from streamrec.reshard.dask import DaskEngineError
@@ -53,6 +54,8 @@ spec: --spec FILE.json (as `streamrec inspect --schema --json | jq .spec` prints
 one inferred from --sample records spread over all shards (see `streamrec inspect --help`,
 --schema); a record the spec does not fit stops the run, naming it. Types: FixedLenFeature
 -> int64 / float / large_binary (fixed_size_list for shapes), VarLenFeature -> large_list.
+--sequence STEPS.json: the records are SequenceExamples; each feature list of that spec is a
+large_list column of steps, after the context's columns from --spec (none without it).
 Each file appears only when complete (local: a rename; S3: one PUT or a multipart upload).
 Resumable: killed and run again with the same arguments, it skips the tasks an earlier run
 finished (DST/_convert/<fingerprint>/task-*.json) and writes the others again under the same
@@ -126,6 +129,13 @@ def register(commands: Commands) -> None:
         metavar="FILE.json",
         help="the columns: a JSON spec (inspect --schema --json's .spec); default: inferred "
         "from a sample",
+    )
+    out.add_argument(
+        "--sequence",
+        metavar="FILE.json",
+        help="the records are SequenceExamples: a JSON spec (as --spec's) of their feature "
+        "lists, each a column of steps; --spec gives the context's columns (none without it: "
+        "not inferred)",
     )
     out.add_argument(
         "--sample",
@@ -218,6 +228,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _from_parquet_checked(args: argparse.Namespace, sources: list[str], destination: str) -> int:
+    if args.sequence is not None:
+        error("--sequence is for --to parquet (--from parquet writes Examples)")
+        return 2
     limits = [x for x in (args.max_records, args.max_bytes, args.num_shards) if x is not None]
     if len(limits) > 1:
         error("give at most one of --max-records, --max-bytes, --num-shards")
@@ -225,13 +238,19 @@ def _from_parquet_checked(args: argparse.Namespace, sources: list[str], destinat
     return _from_parquet(args, sources, destination)
 
 
+def _spec_file(option: str, path: str) -> dict[str, FeatureSpec]:
+    try:
+        with open(path, encoding="utf-8") as file:
+            return spec_from_json(json.load(file))
+    except (OSError, ValueError) as exc:
+        raise ExampleError(f"{option} {path}: {exc}") from exc
+
+
 def _spec_of(args: argparse.Namespace, sources: list[str]) -> dict[str, FeatureSpec]:
     if args.spec is not None:
-        try:
-            with open(args.spec, encoding="utf-8") as file:
-                return spec_from_json(json.load(file))
-        except (OSError, ValueError) as exc:
-            raise ExampleError(f"--spec {args.spec}: {exc}") from exc
+        return _spec_file("--spec", args.spec)
+    if args.sequence is not None:
+        return {}  # (a SequenceExample's context is not inferred)
     sample = asyncio.run(sample_records(sources, read_options_of(args), args.sample, args.seed))
     inference = SpecInference()
     for number, payload in enumerate(sample.payloads):
@@ -250,10 +269,19 @@ def _spec_of(args: argparse.Namespace, sources: list[str]) -> dict[str, FeatureS
 
 
 def _to_parquet(args: argparse.Namespace, sources: list[str], destination: str) -> int:
+    sequence = None if args.sequence is None else _spec_file("--sequence", args.sequence)
     spec = _spec_of(args, sources)
-    if not spec:
-        error("no feature to convert: the sample has none every record agrees on")
+    if not spec and not sequence:
+        if sequence is not None:
+            error("no feature to convert: --sequence and --spec name none")
+        else:
+            error("no feature to convert: the sample has none every record agrees on")
         return EXIT_DATA_ERROR
+    if sequence is not None:
+        try:
+            sequence_schema(spec, sequence)
+        except (TypeError, ValueError) as exc:  # a name in both, a type Arrow lacks
+            raise ExampleError(f"--sequence {args.sequence}: {exc}") from exc
     options = read_options_of(args)
 
     async def listed() -> list[ObjectInfo]:
@@ -276,6 +304,7 @@ def _to_parquet(args: argparse.Namespace, sources: list[str], destination: str) 
             scheduler=args.scheduler,
             workers=args.workers,
             on_bytes=bar.update,
+            sequence=sequence,
         )
     if args.json:
         print_json(

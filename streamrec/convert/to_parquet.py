@@ -4,7 +4,9 @@ The input shards (listed as ``open_dataset`` lists them) are cut into tasks of c
 shards, about ``task_bytes`` of input each (:func:`streamrec.reshard.plan.group_by_bytes`,
 reshard's planner). Task ``t`` writes ``part-<t:05d>-<f:05d>.parquet`` in the destination
 directory, a new file every ``rows_per_file`` rows, a row group every ``row_group_rows``;
-records become rows through ``decode_batch(..., to="arrow")`` with the job's spec. Each file
+records become rows through ``decode_batch(..., to="arrow")`` with the job's spec (with a
+``sequence`` spec, ``SequenceExample`` records through ``decode_sequence_batch``: the spec's
+context columns, then a list of steps per feature list). Each file
 is written to a local temporary file by pyarrow, then stored through the destination store's
 sink (a rename for local paths, one PUT or a multipart upload for S3): a file appears only when
 complete.
@@ -40,6 +42,7 @@ from streamrec.format.example.arrow import arrow_schema
 from streamrec.format.example.batch import decode_batch
 from streamrec.format.example.decoding import decode
 from streamrec.format.example.infer import spec_to_json
+from streamrec.format.example.sequence import decode_sequence_batch, sequence_schema
 from streamrec.format.example.spec import FeatureSpec
 from streamrec.format.framing import FOOTER_BYTES, HEADER_BYTES
 from streamrec.pipeline.options import ReadOptions
@@ -117,6 +120,19 @@ class _Job:
     row_group_rows: int
     state_dir: str
     options: ReadOptions  # (its storage options stay out of its repr, which Dask shows)
+    sequence: dict[str, FeatureSpec] | None = None  # SequenceExamples: the feature lists
+
+    def decode(self, payloads: Sequence[bytes]) -> Any:
+        """``payloads`` as one ``pyarrow.RecordBatch`` of the job's columns."""
+        if self.sequence is not None:
+            return decode_sequence_batch(payloads, self.spec, self.sequence)
+        return decode_batch(payloads, self.spec, to="arrow")
+
+    def schema(self) -> Any:
+        """The ``pyarrow.Schema`` of every batch :meth:`decode` makes."""
+        if self.sequence is not None:
+            return sequence_schema(self.spec, self.sequence)
+        return arrow_schema(self.spec)
 
 
 @dataclass(frozen=True)
@@ -149,7 +165,7 @@ class _TaskRun:
     ) -> None:
         self.job, self.task, self.scan = job, task, scan
         self.store = scan.stores.get(job.destination)
-        self.schema = arrow_schema(job.spec)
+        self.schema = job.schema()
         self.on_bytes, self.on_rows = on_bytes, on_rows
         self.tmp_path = os.path.join(tmp_dir, f"task-{task.index:05d}.parquet")
         self.files: list[dict[str, Any]] = []
@@ -187,11 +203,14 @@ class _TaskRun:
 
     def _decoded(self) -> Any:
         try:
-            return decode_batch(self.batch, self.job.spec, to="arrow")
+            return self.job.decode(self.batch)
         except ExampleError:
             for payload, (url, index, offset) in zip(self.batch, self.where, strict=True):
                 try:
-                    decode(payload, self.job.spec)
+                    if self.job.sequence is None:
+                        decode(payload, self.job.spec)
+                    else:
+                        self.job.decode([payload])
                 except ExampleError as exc:
                     raise ExampleError(
                         f"record {index} in {url} at byte offset {offset}: {exc} (the spec "
@@ -258,6 +277,7 @@ def to_parquet(
     on_bytes: Callable[[int], None] | None = None,
     on_rows: Callable[[int], None] | None = None,
     on_plan: Callable[[int, int], None] | None = None,
+    sequence: Mapping[str, FeatureSpec] | None = None,
 ) -> ParquetSummary:
     """Write the Examples of ``shards`` (listed as ``ShardScan.list_shards`` lists them) as
     Parquet files in the directory ``destination``.
@@ -274,8 +294,12 @@ def to_parquet(
     (local; from the thread the job's I/O runs in), with each finished task (dask).
     Blocking: the job's I/O runs in an event loop thread of its own (as ``reshard``'s), the
     Dask engine's waiting in the caller's thread (a KeyboardInterrupt cancels the Dask tasks).
+
+    ``sequence``: the records are ``SequenceExample`` protos, ``spec`` their context's features
+    and ``sequence`` their feature lists', each a column of steps (as
+    :func:`~streamrec.format.example.sequence.decode_sequence_batch` makes it).
     """
-    if not spec:
+    if not spec and not sequence:
         raise ValueError("the spec has no feature: there is no column to write")
     if rows_per_file < 1 or row_group_rows < 1 or task_bytes < 1 or jobs < 1 or workers < 1:
         raise ValueError("rows_per_file, row_group_rows, task_bytes, jobs and workers must be >= 1")
@@ -283,7 +307,7 @@ def to_parquet(
         raise ValueError(f"engine must be 'local' or 'dask', not {engine!r}")
     if engine == "local" and scheduler is not None:
         raise ValueError('scheduler= is only used with engine="dask"')
-    arrow_schema(spec)  # a spec with no Arrow column type fails here, before any work
+    job_sequence = None if sequence is None else dict(sequence)
     settings = {
         "convert": "parquet/1",
         "destination": destination,
@@ -292,12 +316,17 @@ def to_parquet(
         "row_group_rows": row_group_rows,
         "task_bytes": task_bytes,
     }
+    if job_sequence is not None:  # (Example jobs keep the fingerprints they had)
+        settings["sequence"] = spec_to_json(job_sequence)
     fingerprint = fingerprint_of(shards, settings)
     groups = group_by_bytes([shard.size for shard in shards], task_bytes)
     tasks = [_Task(t, tuple(shards[i] for i in group)) for t, group in enumerate(groups)]
     summary = ParquetSummary(fingerprint, tasks=len(tasks))
     state_dir = _join(destination, f"{STATE_DIR}/{fingerprint}")
-    job = _Job(destination, dict(spec), rows_per_file, row_group_rows, state_dir, options)
+    job = _Job(
+        destination, dict(spec), rows_per_file, row_group_rows, state_dir, options, job_sequence
+    )
+    job.schema()  # a spec with no Arrow column type (or a name in both) fails before any work
     bytes_seen = on_bytes or (lambda _: None)
     rows_seen = on_rows or (lambda _: None)
     portal = EventLoopThread(name="streamrec-convert")

@@ -728,6 +728,63 @@ static int parse_sequence(Ctx *ctx, const uint8_t *p, const uint8_t *end) {
     return 1;
 }
 
+/* Sequence mode's steps (refs, 32 bytes a step: 4 MiB a list at 8,192 records) come from a
+ * few arrays kept between calls: fresh ones this big are mmapped (or trimmed back to the OS)
+ * by malloc on every call, and each page faulted in again as the steps are written (a quarter
+ * of a fault per record, measured at 8,192; none at 1,024, whose arrays malloc keeps). Taken
+ * and given back with the GIL held; at most SEQ_CACHE_BYTES are kept. */
+#define SEQ_CACHE_SLOTS 8
+#define SEQ_CACHE_BYTES ((size_t)48 << 20)
+static Ref *seq_cache[SEQ_CACHE_SLOTS];
+static size_t seq_cache_cap[SEQ_CACHE_SLOTS];
+
+/* An array of at least want refs (its room in *cap): a kept one, else malloc's. */
+static Ref *seq_refs_take(size_t want, size_t *cap) {
+    int k, best = -1;
+    for (k = 0; k < SEQ_CACHE_SLOTS; k++) { /* the smallest kept array that is big enough */
+        if (seq_cache[k] && seq_cache_cap[k] >= want &&
+            (best < 0 || seq_cache_cap[k] < seq_cache_cap[best]))
+            best = k;
+    }
+    if (best >= 0) {
+        Ref *refs = seq_cache[best];
+        *cap = seq_cache_cap[best];
+        seq_cache[best] = NULL;
+        return refs;
+    }
+    *cap = want;
+    return (Ref *)malloc(sizeof(Ref) * want);
+}
+
+/* Keep refs (room for cap) for a later call (in place of the smallest kept array when all
+ * slots are taken and that one is smaller), or free it. */
+static void seq_refs_give(Ref *refs, size_t cap) {
+    int k, slot = -1, smallest = -1;
+    size_t kept = 0;
+    if (!refs) return;
+    for (k = 0; k < SEQ_CACHE_SLOTS; k++) {
+        if (!seq_cache[k]) {
+            if (slot < 0) slot = k;
+            continue;
+        }
+        kept += seq_cache_cap[k] * sizeof(Ref);
+        if (smallest < 0 || seq_cache_cap[k] < seq_cache_cap[smallest]) smallest = k;
+    }
+    if (slot < 0 && seq_cache_cap[smallest] < cap) {
+        kept -= seq_cache_cap[smallest] * sizeof(Ref);
+        free(seq_cache[smallest]);
+        seq_cache[smallest] = NULL;
+        slot = smallest;
+    }
+    if (slot < 0 || cap > SEQ_CACHE_BYTES / sizeof(Ref) ||
+        kept + cap * sizeof(Ref) > SEQ_CACHE_BYTES) {
+        free(refs);
+        return;
+    }
+    seq_cache[slot] = refs;
+    seq_cache_cap[slot] = cap;
+}
+
 /* ------------------------------------------------------------------ shared by the entry points */
 
 static int little_endian(void) {
@@ -1391,8 +1448,7 @@ static PyObject *parse_common(PyObject *args, int arrow) {
             }
             /* room for 16 steps a record up front (at most 8 MiB; pages are taken as they
              * are written): growing by realloc copied most of them (1.1x at 8,192 records) */
-            s->refcap = 64 + (size_t)(n < 16384 ? n : 16384) * 16;
-            s->refs = (Ref *)malloc(sizeof(Ref) * s->refcap);
+            s->refs = seq_refs_take(64 + (size_t)(n < 16384 ? n : 16384) * 16, &s->refcap);
             if (!s->refs) {
                 PyErr_NoMemory();
                 goto done;
@@ -1591,6 +1647,10 @@ done:
     free(views);
     free(starts);
     free(lens);
+    for (i = 0; specs && arrow == 2 && i < nspecs; i++) { /* steps: kept for the next call */
+        seq_refs_give(specs[i].refs, specs[i].refcap);
+        specs[i].refs = NULL;
+    }
     if (specs) release_specs(specs, nspecs);
     free(spans_copy);
     Py_XDECREF(spec_fast);

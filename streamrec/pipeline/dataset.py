@@ -86,7 +86,6 @@ class Dataset(Chainable[bytes]):
         # pieces handed to a consumer that reports later what it took (auto_consume=False)
         self._ledger: Consumption[Piece] | None = None
         self._finished = False  # this epoch has been read to its end
-        self._budget: ByteBudget | None = None  # the latest iteration's (record_views holds)
         self._shards_digest: str | None = None
         self._url_names: UrlNames | None = None  # how states name the urls (by _config)
         # a consumer that reports records handed out lazily (a transform's hand-out counter):
@@ -228,9 +227,15 @@ class Dataset(Chainable[bytes]):
     # ------------------------------------------------------------------ the pipeline
 
     async def _pieces(
-        self, resume: DatasetState | None, *, timed: bool = True, in_place: bool = False
+        self,
+        resume: DatasetState | None,
+        *,
+        timed: bool = True,
+        in_place: bool = False,
+        on_budget: Callable[[ByteBudget], None] | None = None,
     ) -> AsyncGenerator[Piece, None]:
-        """This epoch's pieces from the read engine (none once the epoch is finished)."""
+        """This epoch's pieces from the read engine (none once the epoch is finished);
+        ``on_budget`` gets their iteration's budget (record_views hold chunks in it)."""
         if self._finished:
             return
         if self.options.indexed:
@@ -249,13 +254,15 @@ class Dataset(Chainable[bytes]):
             pieces = indexed.pieces(
                 resume, on_planned=partial(self._planned, indexed.where), timed=timed
             )
-            self._budget = indexed.budget_plan.budget
+            budget = indexed.budget_plan.budget
         else:
             chunk_bytes = self.options.chunk_bytes if timed else FOR_CHUNK_BYTES
             options = replace(self.options, chunk_bytes=chunk_bytes, record_spans=in_place)
             engine = ReadEngine(self.urls, options, self.epoch, self._stats)
-            self._budget = engine.budget_plan.budget
+            budget = engine.budget_plan.budget
             pieces = engine.pieces(resume, timed=timed, on_planned=partial(self._planned, engine))
+        if on_budget is not None:
+            on_budget(budget)
         clock = clocked(pieces, self._stats, lambda: self.stats, self.options.stats_interval_s)
         async with aclosing(clock) as ordered:
             async for piece in ordered:
@@ -361,11 +368,7 @@ class Dataset(Chainable[bytes]):
         """The payloads as read-only ``memoryview`` objects into the pieces read, no copy (``for``
         or ``async for``): use each before the next chunk; one kept holds its piece, counted
         in ``prefetch_bytes``. See :mod:`streamrec.pipeline.stream.views`."""
-
-        def budget() -> ByteBudget | None:
-            return self._budget
-
-        steps = (self._begin, self._pieces, self._end, self._add_wait, budget)
+        steps = (self._begin, self._pieces, self._end, self._add_wait)
         return RecordViews(ViewSource(*steps, blocking=self.options.indexed))
 
     def __repr__(self) -> str:

@@ -66,3 +66,19 @@ def test_the_cache_tells_azure_accounts_apart_without_their_keys() -> None:
     assert cache_namespace(URL, emulator) == "http://127.0.0.1:10000/devstoreaccount1"
     assert cache_namespace(URL, {"account_name": "a", "account_key": key}) == "a"
     assert cache_namespace(URL, {"account_name": "b", "sas_token": "sig=x"}) == "b"
+
+
+async def test_the_capped_transport_makes_its_session_once_and_stays_closed_after_close() -> None:
+    from streamrec.storage.azure.listing import capped_transport
+
+    transport = capped_transport()
+    await transport.open()
+    first = transport.session
+    await transport.open()  # every request opens it: the same session
+    assert transport.session is first
+    await transport.close()
+    assert first.closed
+    # as the SDK's own transport says: a closed client's transport opens no session nobody closes
+    with pytest.raises(ValueError, match="closed"):
+        await transport.open()
+    assert transport.session is None

@@ -115,9 +115,9 @@ def test_a_held_view_keeps_its_piece_counted_until_released(tmp_path: Path) -> N
         async for view in views:
             if len(kept) < 3:
                 kept.append(view)
-        budget = ds._budget
-        assert budget is not None
         await asyncio.sleep(0)  # (a step of the loop: the holds given back run)
+        (budget,) = {hold.budget for hold in views._live}
+        assert budget is not None
         held = views.held_bytes
         assert 3 * 50_000 <= held < 5_000_000  # the kept views' chunk, not the others
         assert budget.held == held
@@ -144,6 +144,27 @@ def test_a_blocking_for_gives_back_what_it_releases(tmp_path: Path) -> None:
     kept.clear()
     del view
     assert views.held_bytes == 0
+
+
+def test_two_iterations_at_once_hold_their_views_in_their_own_budgets(tmp_path: Path) -> None:
+    payloads = [bytes([i % 256]) * 50_000 for i in range(60)]  # 3 MB, several chunks each
+    ds = streamrec.open_dataset(_write(tmp_path / "a.tfrecord", payloads), prefetch_bytes=1 << 20)
+    first, second = ds.record_views(), ds.record_views()
+    kept_first, kept_second = [], []
+    for i, (a, b) in enumerate(zip(first, second, strict=True)):
+        assert bytes(a) == bytes(b) == payloads[i]
+        if i >= 58:  # chunks both made long after both iterations began
+            kept_first.append(a)
+            kept_second.append(b)
+    del a, b
+    gc.collect()
+    budgets_first = {hold.budget for hold in first._live}
+    budgets_second = {hold.budget for hold in second._live}
+    assert len(budgets_first) == len(budgets_second) == 1
+    assert budgets_first.isdisjoint(budgets_second)
+    (budget_first,), (budget_second,) = budgets_first, budgets_second
+    assert budget_first is not None and budget_second is not None
+    assert first.held_bytes >= 2 * 50_000 and second.held_bytes >= 2 * 50_000
 
 
 async def test_the_budget_stays_bounded_while_views_are_dropped(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ step. This module does no I/O; pyarrow is imported on first use.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,7 +34,13 @@ import numpy as np
 
 from streamrec.errors import ExampleError
 from streamrec.format.example import batch
-from streamrec.format.example.arrow import allocate, batch_from_numpy, pyarrow, steps_from_c
+from streamrec.format.example.arrow import (
+    allocate,
+    arrow_schema,
+    batch_from_numpy,
+    pyarrow,
+    steps_from_c,
+)
 from streamrec.format.example.batch import decode_batch
 from streamrec.format.example.decoding import decode_one, parse_message
 from streamrec.format.example.spec import (
@@ -45,7 +52,7 @@ from streamrec.format.example.spec import (
 )
 from streamrec.format.proto import example_pb2
 
-__all__ = ["decode_sequence_batch"]
+__all__ = ["decode_sequence_batch", "sequence_schema"]
 
 
 def decode_sequence_batch(
@@ -58,9 +65,8 @@ def decode_sequence_batch(
     feature (see the module docstring)."""
     context_items = check_spec(context or {})
     sequence_items = check_spec(sequence or {})
-    both = {name for name, _ in context_items} & {name for name, _ in sequence_items}
-    if both:
-        raise ValueError(f"features named in both context and sequence: {sorted(both)}")
+    # (a name in both specs: a ValueError; a type Arrow lacks: a TypeError)
+    _schema(tuple(context_items), tuple(sequence_items))
     pa = pyarrow()
     contexts = decode_batch(payloads, dict(context_items), to="arrow")
     names = [name for name, _ in context_items]
@@ -79,6 +85,32 @@ def decode_sequence_batch(
     if not columns:
         return contexts  # n rows, no column
     return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def sequence_schema(
+    context: Mapping[str, FeatureSpec] | None = None,
+    sequence: Mapping[str, FeatureSpec] | None = None,
+) -> Any:
+    """The ``pyarrow.Schema`` of ``decode_sequence_batch(payloads, context, sequence)``: the
+    context's fields (as :func:`~streamrec.format.example.arrow.arrow_schema` types them),
+    then per feature list a ``large_list`` of its steps' type. A TypeError for a spec with no
+    Arrow type, a ValueError for a name in both."""
+    return _schema(tuple(check_spec(context or {})), tuple(check_spec(sequence or {})))
+
+
+@functools.lru_cache(maxsize=64)  # every batch of a dataset checks its specs: once
+def _schema(
+    context: tuple[tuple[str, FeatureSpec], ...], sequence: tuple[tuple[str, FeatureSpec], ...]
+) -> Any:
+    both = {name for name, _ in context} & {name for name, _ in sequence}
+    if both:
+        raise ValueError(f"features named in both context and sequence: {sorted(both)}")
+    pa = pyarrow()
+    fields = list(arrow_schema(dict(context)))
+    for name, entry in sequence:
+        step = arrow_schema({name: entry}).field(0).type
+        fields.append(pa.field(name, pa.large_list(step)))
+    return pa.schema(fields)
 
 
 def _steps_python(
@@ -101,7 +133,11 @@ def _steps_python(
             counts[k, index] = len(found)
             for step, feature in enumerate(found):
                 where = f"record {index} of the batch, step {step}: "
-                steps[name].append(decode_one({name: feature}, name, entry, where))
+                try:
+                    steps[name].append(decode_one({name: feature}, name, entry, where))
+                except ExampleError as error:  # (a dataset then names the record's place)
+                    error.batch_index = index
+                    raise
     columns: list[Any] = []
     for k, (name, entry) in enumerate(sequence_items):
         stacked = {name: _stacked(steps[name], entry)}

@@ -149,17 +149,22 @@ def chunk_views(records: Sequence[bytes], hold: ChunkHold) -> list[memoryview]:
 
 @owned_generator
 async def _viewed(
-    pieces: AsyncGenerator[Piece, None],
-    budget: Callable[[], ByteBudget | None],
+    pieces: Callable[..., AsyncGenerator[Piece, None]],
+    resume: DatasetState | None,
     live: set[ChunkHold],
+    *,
+    timed: bool = True,
 ) -> AsyncGenerator[ViewPiece, None]:
-    """``pieces`` with each chunk's views, made on the loop's thread (a blocking ``for`` gets
-    them made while it consumes the chunk before); ``budget()``: the iteration's budget;
-    ``live``: where the holds not given back are kept."""
+    """The iteration's pieces (``pieces(resume, ...)``) with each chunk's views, made on the
+    loop's thread (a blocking ``for`` gets them made while it consumes the chunk before),
+    each chunk held in this iteration's budget; ``live``: where the holds not given back are
+    kept."""
     loop = asyncio.get_running_loop()
-    async with aclosing(pieces) as source:
+    budgets: list[ByteBudget] = []
+    read = pieces(resume, timed=timed, in_place=True, on_budget=budgets.append)
+    async with aclosing(read) as source:
         async for records, events in source:
-            hold = ChunkHold(budget(), loop, live)
+            hold = ChunkHold(budgets[0] if budgets else None, loop, live)
             views = chunk_views(records, hold)
             hold.start()
             yield records, events, views
@@ -173,13 +178,12 @@ class ViewSource(NamedTuple):
     begin: Callable[[], tuple[Cursor, DatasetState | None]]
     """A new iteration: the consumer's cursor, and the state it resumes from."""
     pieces: Callable[..., AsyncGenerator[Piece, None]]
-    """``pieces(resume, timed=..., in_place=True)``: the epoch's pieces."""
+    """``pieces(resume, timed=..., in_place=True, on_budget=...)``: the epoch's pieces, and
+    their iteration's prefetch budget."""
     end: Callable[[Cursor], None]
     """The iteration ran to its end."""
     add_wait: Callable[[float], None]
     """Seconds a blocking consumer waited."""
-    budget: Callable[[], ByteBudget | None]
-    """The running iteration's prefetch budget."""
     blocking: bool
     """Hand pieces over one at a time, none read ahead (indexed reads)."""
 
@@ -208,9 +212,7 @@ class RecordViews:
         iterate = iterate_blocking if ds.blocking else iterate_ahead
 
         def viewed() -> AsyncIterator[ViewPiece]:
-            return owned(
-                _viewed(ds.pieces(resume, timed=False, in_place=True), ds.budget, self._live)
-            )
+            return owned(_viewed(ds.pieces, resume, self._live, timed=False))
 
         pieces = iterate(viewed, ds.add_wait)
         for records, events, views in pieces:
@@ -227,7 +229,7 @@ class RecordViews:
     async def _async_views(self) -> AsyncGenerator[memoryview, None]:
         ds = self._source
         cursor, resume = ds.begin()
-        pieces = _viewed(ds.pieces(resume, in_place=True), ds.budget, self._live)
+        pieces = _viewed(ds.pieces, resume, self._live)
         view: memoryview | None = None
         async with owning(pieces) as viewed:
             async for records, events, views in viewed:

@@ -1,5 +1,6 @@
 """``.parse(spec)``, ``.batch(n)`` and ``.unbatch()``: records decoded as ``Example`` protos,
-batches of consecutive items, and the items of batches again.
+batches of consecutive items, and the items of batches again (``.parse_sequence(...)``: records
+as ``SequenceExample`` protos, decoded by the batch above it, into Arrow only).
 
 A parse decodes a chunk at a time (one ``decode_batch`` per chunk); a batch of a parse decodes
 each batch at once instead (it reads the parse's source: no per-record dicts). A record that
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BatchStage",
     "ParseStage",
+    "SequenceParseStage",
     "UnbatchStage",
     "batch_pieces",
     "parse_pieces",
@@ -55,6 +57,38 @@ class ParseStage(Stage[dict[str, Any]]):
 
     def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
         return parse_pieces(chunks, self.spec, self._placed, self._live_stats())
+
+
+class SequenceParseStage(Stage[Any]):
+    """``SequenceExample`` payloads to decode with a ``context`` and a ``sequence`` spec, a batch
+    at a time, by the batch stage that reads it (``to_arrow``): there are no per-record dicts,
+    so iterating it alone is a TypeError saying so."""
+
+    takes_records_in_place = True
+
+    def __init__(
+        self,
+        source: Any,
+        context: Mapping[str, FeatureSpec] | None,
+        sequence: Mapping[str, FeatureSpec] | None,
+    ) -> None:
+        from streamrec.format.example import decode_sequence_batch
+
+        super().__init__(source)
+        decode_sequence_batch([], context, sequence)  # a bad spec fails here, not in a batch
+        self.context = dict(context or {})
+        """The context features' spec."""
+        self.sequence = dict(sequence or {})
+        """The feature lists' spec (each a column of steps)."""
+
+    def _pieces(self, chunks: Chunks) -> AsyncGenerator[ItemPiece, None]:
+        raise TypeError(SEQUENCE_NEEDS_ARROW)
+
+
+SEQUENCE_NEEDS_ARROW = (
+    "SequenceExamples are decoded a batch at a time, into Arrow: iterate "
+    "ds.parse_sequence(context=..., sequence=...).to_arrow(batch_size)"
+)
 
 
 @owned_generator
@@ -127,15 +161,24 @@ class BatchStage(Stage[T]):
         if isinstance(source, BatchStage):
             raise TypeError(f"cannot batch a {type(source).__name__} (unbatch() it first)")
         self.spec: dict[str, FeatureSpec] | None = None
-        """The feature spec when the records are decoded per batch, else None."""
+        """The feature spec when the records are decoded per batch (of a ``SequenceExample``:
+        its context), else None."""
+        self.sequence: dict[str, FeatureSpec] | None = None
+        """The feature lists' spec when the records are ``SequenceExample`` protos, else None."""
         if isinstance(source, ParseStage):  # decode each batch at once, not record by record
             super().__init__(source.source)
             self.spec = source.spec
+            self.takes_records_in_place = True
+        elif isinstance(source, SequenceParseStage):
+            super().__init__(source.source)
+            self.spec, self.sequence = source.context, source.sequence
             self.takes_records_in_place = True
         else:
             super().__init__(source)
         if to != "numpy" and self.spec is None:
             raise TypeError(f"{to} batches need parsed records: ds.parse(spec).to_{to}(...)")
+        if self.sequence is not None and to != "arrow":
+            raise TypeError(SEQUENCE_NEEDS_ARROW)
         self.batch_size = batch_size
         self.drop_remainder = drop_remainder
         self.to = to
@@ -152,14 +195,23 @@ class BatchStage(Stage[T]):
             return records // self.batch_size
         return -(-records // self.batch_size)
 
+    def _decode(self, records: Sequence[Any]) -> Any:
+        """``records`` decoded as one batch (the spec is set)."""
+        assert self.spec is not None
+        if self.sequence is not None:
+            from streamrec.format.example import decode_sequence_batch
+
+            return decode_sequence_batch(records, self.spec, self.sequence)
+        from streamrec.format.example import decode_batch
+
+        return decode_batch(records, self.spec, to=self.to, num_threads=self.num_threads)
+
     def _finish(self, records: Sequence[Any]) -> Any:
         if self.spec is None:
             return records
-        from streamrec.format.example import decode_batch
-
         started = time.perf_counter()
         try:
-            return decode_batch(records, self.spec, to=self.to, num_threads=self.num_threads)
+            return self._decode(records)
         except ExampleError as error:
             if error.batch_index is not None:  # say where the record is, not "of the batch"
                 self._placed(error, _record(records, error.batch_index))
@@ -176,11 +228,9 @@ class BatchStage(Stage[T]):
         batch's arrays are views of its chunk's: holding one holds the chunk's decoded data."""
         if self.spec is None or len(records) <= n:
             return None
-        from streamrec.format.example import decode_batch
-
         started = time.perf_counter()
         try:
-            decoded = decode_batch(records, self.spec, to=self.to, num_threads=self.num_threads)
+            decoded = self._decode(records)
         except StreamrecError:
             return None
         finally:

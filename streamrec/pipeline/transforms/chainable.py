@@ -1,9 +1,10 @@
 """The transforms of a dataset, and :class:`Chainable`, the methods that chain them.
 
 Every dataset (:class:`~streamrec.pipeline.dataset.Dataset`, a mix, and every transform of
-them) inherits :class:`Chainable`: ``ds.parse(spec)``, ``.batch(n)``, ``.map(fn)``,
-``.filter(pred)``, ``.take(n)``, ``.skip(n)``, ``.repeat(epochs)`` and ``.unbatch()`` each
-return a new dataset reading the one they are called on through the
+them) inherits :class:`Chainable`: ``ds.parse(spec)`` (``.parse_sequence(context, sequence)``:
+read with ``.to_arrow(n)``), ``.batch(n)``, ``.map(fn)``, ``.filter(pred)``, ``.take(n)``,
+``.skip(n)``, ``.repeat(epochs)`` and ``.unbatch()`` each return a new dataset reading the
+one they are called on through the
 :class:`~streamrec.pipeline.transforms.chain.Source` protocol, so they chain in any order. Each one
 supports ``async for`` and plain ``for`` (the blocking path crosses the background thread
 once per chunk), ``len()`` where it is known, ``set_epoch``, ``stats``, and ``state_dict()`` /
@@ -24,7 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from streamrec.pipeline.transforms.batch import BatchStage, ParseStage, UnbatchStage
+from streamrec.pipeline.transforms.batch import (
+    SEQUENCE_NEEDS_ARROW,
+    BatchStage,
+    ParseStage,
+    SequenceParseStage,
+    UnbatchStage,
+)
 from streamrec.pipeline.transforms.filter import FilterStage
 from streamrec.pipeline.transforms.map import MapStage, WorkerType
 from streamrec.pipeline.transforms.repeat import RepeatStage
@@ -41,6 +48,7 @@ __all__ = [
     "MappedDataset",
     "ParsedDataset",
     "RepeatedDataset",
+    "SequenceParsedDataset",
     "SkippedDataset",
     "TakenDataset",
     "UnbatchedDataset",
@@ -58,6 +66,16 @@ class Chainable(Generic[T]):
         """Records decoded with ``spec``: one dict of numpy arrays per record (see
         :class:`ParsedDataset`); ``.batch(n)`` decodes whole batches into stacked arrays."""
         return ParsedDataset(self, spec)
+
+    def parse_sequence(
+        self,
+        context: Mapping[str, FeatureSpec] | None = None,
+        sequence: Mapping[str, FeatureSpec] | None = None,
+    ) -> SequenceParsedDataset:
+        """Records decoded as ``SequenceExample`` protos: ``context`` features and ``sequence``
+        feature lists, read as Arrow batches with ``.to_arrow(batch_size)`` (see
+        :class:`SequenceParsedDataset`)."""
+        return SequenceParsedDataset(self, context, sequence)
 
     def batch(self, batch_size: int, drop_remainder: bool = False) -> BatchedDataset[Any]:
         """Batches of ``batch_size`` items (the last one shorter unless ``drop_remainder``):
@@ -138,6 +156,34 @@ class ParsedDataset(ParseStage, Chainable[dict[str, Any]]):
         return f"ParsedDataset({self.source!r}, spec={sorted(self.spec)!r})"
 
 
+class SequenceParsedDataset(SequenceParseStage):
+    """The records of a dataset as ``SequenceExample`` protos, to be read with :meth:`to_arrow`.
+
+    A batch of records becomes what :func:`streamrec.example.decode_sequence_batch` ``(records,
+    context, sequence)`` returns: the ``context`` features' columns, then one ``large_list``
+    column of steps per ``sequence`` feature. There is no per-record form: iterating this
+    object is a TypeError pointing at :meth:`to_arrow`. The specs are checked here (a feature
+    named in both is a ValueError).
+    """
+
+    def to_arrow(self, batch_size: int = 8192, drop_remainder: bool = False) -> ArrowDataset:
+        """Batches of ``batch_size`` records as ``pyarrow.RecordBatch``es (see
+        :class:`ArrowDataset`; needs pyarrow: ``pip install streamrec[arrow]``)."""
+        return ArrowDataset(self, batch_size, drop_remainder, to="arrow")
+
+    def __iter__(self) -> Iterator[Any]:
+        raise TypeError(SEQUENCE_NEEDS_ARROW)
+
+    def __aiter__(self) -> Any:
+        raise TypeError(SEQUENCE_NEEDS_ARROW)
+
+    def __repr__(self) -> str:
+        return (
+            f"SequenceParsedDataset({self.source!r}, context={sorted(self.context)!r}, "
+            f"sequence={sorted(self.sequence)!r})"
+        )
+
+
 class BatchedDataset(BatchStage[T], Chainable[T]):
     """Batches of ``batch_size`` consecutive items of a dataset.
 
@@ -166,12 +212,16 @@ class BatchedDataset(BatchStage[T], Chainable[T]):
 
 class ArrowDataset(BatchStage[Any], Chainable[Any]):
     """Parsed records as ``pyarrow.RecordBatch``es of ``batch_size`` rows (the last one shorter
-    unless ``drop_remainder``), from :meth:`ParsedDataset.to_arrow`.
+    unless ``drop_remainder``), from :meth:`ParsedDataset.to_arrow` or
+    :meth:`SequenceParsedDataset.to_arrow`.
 
     Every batch has :attr:`schema`: one column per feature in the spec's order, typed as
     :mod:`streamrec.format.example.arrow` lists (fixed-length features as scalars or
-    fixed-size lists, variable-length ones as large lists, bytes as large binary). Batches are
-    built from the C parser's output without a Python object per record. Iterates, resumes
+    fixed-size lists, variable-length ones as large lists, bytes as large binary); of
+    ``SequenceExample`` records, the context's columns, then a ``large_list`` of steps per
+    feature list. Batches are built from the C parser's output without a Python object per
+    record. A record that does not decode raises after every batch before its own, naming the
+    record's shard, index and byte offset. Iterates, resumes
     (a state is on a batch boundary) and chains like any dataset; :meth:`reader` hands the
     batches to Arrow consumers (DuckDB, Polars, ``pyarrow.dataset``) as a stream.
     """
@@ -191,8 +241,11 @@ class ArrowDataset(BatchStage[Any], Chainable[Any]):
     def schema(self) -> Any:
         """The ``pyarrow.Schema`` of every batch."""
         from streamrec.format.example.arrow import arrow_schema
+        from streamrec.format.example.sequence import sequence_schema
 
         assert self.spec is not None
+        if self.sequence is not None:
+            return sequence_schema(self.spec, self.sequence)
         return arrow_schema(self.spec)
 
     def reader(self) -> Any:

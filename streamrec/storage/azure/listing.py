@@ -216,16 +216,21 @@ def capped_transport() -> Any:
     """azure-core's aiohttp transport on a session whose answers read whole are read to at
     most :data:`ANSWER_BYTES` (:func:`~streamrec.storage.http.body.capped_answers`), made as
     the SDK makes its own (its timeouts and block size, proxies from the environment, no
-    cookies, bodies as sent); the session is made when the transport opens, inside the
-    store's loop, and closed with the client."""
+    cookies, bodies as sent); the session is made when the transport first opens, inside the
+    store's loop, and closed with the client (opening it again after that is azure-core's
+    ``ValueError``, as for the SDK's own transport)."""
     import aiohttp
     from azure.core.pipeline.transport import AioHttpTransport
 
     class CappedTransport(AioHttpTransport):  # type: ignore[misc]
         session: aiohttp.ClientSession | None
+        made_session = False
 
         async def open(self) -> None:
-            if self.session is None:
+            # Once: after close() the SDK's own open() says the transport is closed (a
+            # session made again here would be one nobody closes).
+            if self.session is None and not self.made_session:
+                self.made_session = True
                 self.session = aiohttp.ClientSession(
                     trust_env=True,
                     cookie_jar=aiohttp.DummyCookieJar(),
