@@ -1086,6 +1086,12 @@ typedef struct {
 /* One pass's work and the threads sharing it. Freed by the last of the caller and the threads
  * started to let go of it; a thread that starts after every chunk was taken touches nothing but
  * this block. */
+struct Pool;
+typedef struct {
+    struct Pool *pool;
+    Ctx *ctx;
+} Seat; /* a thread's place at a pool: the Ctx it parses with */
+
 typedef struct Pool {
 #ifdef HAVE_THREADS
     pthread_mutex_t mu;
@@ -1097,10 +1103,7 @@ typedef struct Pool {
     const Py_ssize_t *lens;
     Spec *specs; /* pass 2: the specs (read only) */
     Py_ssize_t nspecs;
-    struct {
-        struct Pool *pool;
-        Ctx *ctx;
-    } seats[MAX_THREADS]; /* seat t: the Ctx of thread t (0: the caller) */
+    Seat seats[MAX_THREADS]; /* seat t: thread t's (0: the caller's) */
     char apart[64];       /* (the caller's stack after the pool: not on the seats' lines) */
 } Pool;
 
@@ -1183,8 +1186,9 @@ static void pool_release(Pool *p) {
 
 #ifdef HAVE_THREADS
 static void *pool_thread(void *arg) {
-    Pool *p = *(Pool **)arg; /* (seat->pool: the seat lies in the pool) */
-    pool_work(p, ((Ctx **)arg)[1]);
+    Seat *seat = (Seat *)arg; /* (in the pool, which this thread holds) */
+    Pool *p = seat->pool;
+    pool_work(p, seat->ctx);
     pool_release(p);
     return NULL;
 }
