@@ -10,6 +10,7 @@ import sys
 from setuptools import Extension, setup
 
 compile_args = [] if sys.platform == "win32" else ["-O3", "-std=c99"]
+thread_args = [] if sys.platform == "win32" else ["-pthread"]
 extensions = []
 if not os.environ.get("STREAMREC_PURE_PYTHON"):
     extensions = [
@@ -28,7 +29,8 @@ if not os.environ.get("STREAMREC_PURE_PYTHON"):
         Extension(
             "streamrec.format._cexample",
             ["streamrec/format/_cexample.c"],
-            extra_compile_args=compile_args,
+            extra_compile_args=compile_args + thread_args,  # parse_examples_arrow's threads
+            extra_link_args=thread_args,
             optional=True,
         ),
     ]

@@ -15,7 +15,8 @@
  * var-length and bytes features are kept as (list, count, bytes) per record in a first pass,
  * then written in a second pass into Arrow buffers (offsets, values, data) of exactly the sizes
  * counted, allocated once per batch by the caller (Arrow's memory pool); both passes run
- * without the GIL, on the calling thread. parse_sequence_arrow() is the same for the feature
+ * without the GIL, on the calling thread or on nthreads threads (see "Arrow mode on threads").
+ * parse_sequence_arrow() is the same for the feature
  * lists of SequenceExamples (decode_sequence_batch() in example/sequence.py): pass 1 walks
  * field 2 (FeatureLists { map<string, FeatureList> feature_list = 1; }, FeatureList
  * { repeated Feature feature = 1; }) and keeps each step of a spec'd list, pass 2 writes all
@@ -281,7 +282,14 @@ static int count_values(int kind, const uint8_t *p, const uint8_t *end, int stri
                     const uint8_t *q;
                     Py_ssize_t last = 0;
                     if (n && (pend[-1] & 0x80)) return 0;
-                    for (q = p; q < pend; q++) last += *q < 0x80;
+                    for (q = p; pend - q >= 8; q += 8) { /* 8 bytes at a time */
+                        uint64_t w;
+                        memcpy(&w, q, 8);
+                        w = ~w & 0x8080808080808080ULL; /* the high bit of each last byte */
+                        w = (w >> 7) * 0x0101010101010101ULL; /* their sum in the top byte */
+                        last += (Py_ssize_t)(w >> 56);
+                    }
+                    for (; q < pend; q++) last += *q < 0x80;
                     c += last;
                     p = pend;
                 }
@@ -341,8 +349,11 @@ static int write_values(int kind, const uint8_t *p, const uint8_t *end, char *ds
             if (!read_len(&p, end, &n)) return 0;
             pend = p + n;
             while (p < pend) {
-                if (*p < 0x80) { /* most ids are small */
-                    v = *p++;
+                uint64_t b0 = p[0], more = b0 >> 7, b1 = pend - p >= 2 ? p[1] : 0x80;
+                if (!(more & (b1 >> 7))) { /* most ids are below 16384: 1 or 2 bytes, decoded
+                                            * without a branch on which (random ids) */
+                    v = (b0 & 0x7F) | ((b1 << 7) & (0 - more));
+                    p += 1 + more;
                 } else if (!read_varint(&p, pend, &v)) {
                     return 0;
                 }
@@ -925,12 +936,13 @@ static int arrow_fill_record(Spec *s, Py_ssize_t i, Outs *o) {
     }
     if (s->mode == M_VAR_BYTES) {
         int64_t *offsets = (int64_t *)o->view[0].buf, *voff = (int64_t *)o->view[1].buf;
+        int64_t before = o->vi; /* (not offsets[i]: another thread may be writing it) */
         if (i == 0) offsets[0] = voff[0] = 0;
         if (r->lp && !fill_bytes_list(r->lp, r->lend, voff, &o->vi, o->values,
                                       (char *)o->view[2].buf, &o->at, o->nbytes))
             return 0;
         offsets[i + 1] = o->vi;
-        return o->vi == offsets[i] + r->count;
+        return o->vi == before + r->count;
     }
     { /* M_BYTES: count values a record, or the default's */
         int64_t *voff = (int64_t *)o->view[0].buf;
@@ -954,10 +966,22 @@ static int arrow_fill_record(Spec *s, Py_ssize_t i, Outs *o) {
     }
 }
 
+/* Pass 2 for records [lo, hi) at the cursors outs[k].vi, .at (a thread's share). */
+static int arrow_fill_range(Spec *specs, Py_ssize_t nspecs, Py_ssize_t lo, Py_ssize_t hi,
+                            Outs *outs) {
+    Py_ssize_t i, k;
+    for (i = lo; i < hi; i++) {
+        for (k = 0; k < nspecs; k++) {
+            if (specs[k].refs && !arrow_fill_record(&specs[k], i, &outs[k])) return 0;
+        }
+    }
+    return 1;
+}
+
 /* Pass 2, record by record (each record's lists lie together: read from memory once), every
  * kept spec; then every output must be exactly full. */
 static int arrow_fill(Spec *specs, Py_ssize_t nspecs, Py_ssize_t n, Outs *outs) {
-    Py_ssize_t i, k;
+    Py_ssize_t k;
     for (k = 0; k < nspecs; k++) outs[k].vi = outs[k].at = 0;
     if (n == 0) { /* the first offsets still */
         for (k = 0; k < nspecs; k++) {
@@ -965,11 +989,7 @@ static int arrow_fill(Spec *specs, Py_ssize_t nspecs, Py_ssize_t n, Outs *outs) 
             if (specs[k].refs && specs[k].mode == M_VAR_BYTES) *(int64_t *)outs[k].view[1].buf = 0;
         }
     }
-    for (i = 0; i < n; i++) {
-        for (k = 0; k < nspecs; k++) {
-            if (specs[k].refs && !arrow_fill_record(&specs[k], i, &outs[k])) return 0;
-        }
-    }
+    if (!arrow_fill_range(specs, nspecs, 0, n, outs)) return 0;
     for (k = 0; k < nspecs; k++) {
         if (specs[k].refs && (outs[k].vi != outs[k].values || outs[k].at != outs[k].nbytes))
             return 0;
@@ -1025,6 +1045,300 @@ static inline void prefetch_record(const uint8_t *p, Py_ssize_t len) {
 #endif
 }
 
+/* ------------------------------------------------------------------ Arrow mode on threads */
+
+/* parse_examples_arrow(..., nthreads > 1) splits a batch into chunks of consecutive records of
+ * about the same bytes (8 a thread). The calling thread and nthreads - 1 new ones take chunks
+ * in turn until none is left, so a thread that a loaded machine starts late finds the work done
+ * (the caller never waits for it to start; it waits only for chunks being worked on). Pass 1:
+ * each thread parses with its own Ctx and copy of the specs (their per-record state), writing
+ * only its records' Refs and fixed outputs. Then, with the GIL, the outputs are allocated and
+ * each chunk's first value and byte of every kept spec is the sum over the chunks before it
+ * (a prefix sum), so pass 2 (on new threads the same way) writes each chunk's values where the
+ * one-thread pass would have: the buffers are byte for byte the same. A chunk that fails hands
+ * the whole batch back (None), as on one thread: the Python path then names the first bad
+ * record. No Python API is used on these threads. */
+
+#if !defined(_WIN32)
+#include <pthread.h>
+#define HAVE_THREADS 1
+#endif
+
+#define MAX_THREADS 64
+
+/* The bytes of a block of per-thread (or per-chunk) state with 64 bytes between blocks: state
+ * that two threads write on the same cache line would bounce between their cores (a third more
+ * time, measured). */
+#define APART(bytes) ((((size_t)(bytes) + 63) / 64 + 1) * 64)
+
+typedef union {
+    Ctx ctx;
+    char room[APART(sizeof(Ctx))];
+} PaddedCtx;
+
+typedef struct {
+    Py_ssize_t lo, hi; /* its records */
+    Outs *outs;        /* pass 2: its cursors (copies sharing the buffers) */
+    int64_t *ends;     /* where its cursors must end, per spec: values, bytes */
+    int ok;
+} Chunk;
+
+/* One pass's work and the threads sharing it. Freed by the last of the caller and the threads
+ * started to let go of it; a thread that starts after every chunk was taken touches nothing but
+ * this block. */
+struct Pool;
+typedef struct {
+    struct Pool *pool;
+    Ctx *ctx;
+} Seat; /* a thread's place at a pool: the Ctx it parses with */
+
+typedef struct Pool {
+#ifdef HAVE_THREADS
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+#endif
+    int pass, nchunks, next, done, stop, holders;
+    Chunk *chunks;
+    const uint8_t *const *starts;
+    const Py_ssize_t *lens;
+    Spec *specs; /* pass 2: the specs (read only) */
+    Py_ssize_t nspecs;
+    Seat seats[MAX_THREADS]; /* seat t: thread t's (0: the caller's) */
+    char apart[64];       /* (the caller's stack after the pool: not on the seats' lines) */
+} Pool;
+
+static void pool_lock(Pool *p) {
+#ifdef HAVE_THREADS
+    pthread_mutex_lock(&p->mu);
+#else
+    (void)p;
+#endif
+}
+
+static void pool_unlock(Pool *p) {
+#ifdef HAVE_THREADS
+    pthread_mutex_unlock(&p->mu);
+#else
+    (void)p;
+#endif
+}
+
+static int chunk_parse(Pool *p, Chunk *c, Ctx *ctx) {
+    Py_ssize_t i;
+    for (i = c->lo; i < c->hi; i++) {
+        if (i + 1 < c->hi) prefetch_record(p->starts[i + 1], p->lens[i + 1]);
+        ctx->record = i;
+        ctx->base = p->starts[i];
+        if (!parse_example(ctx, p->starts[i], p->starts[i] + p->lens[i])) return 0;
+    }
+    return 1;
+}
+
+static int chunk_fill(Pool *p, Chunk *c) {
+    Py_ssize_t k;
+    if (!arrow_fill_range(p->specs, p->nspecs, c->lo, c->hi, c->outs)) return 0;
+    for (k = 0; k < p->nspecs; k++) { /* each chunk ends where the next one starts */
+        if (p->specs[k].refs && (c->outs[k].vi != c->ends[2 * k] ||
+                                 c->outs[k].at != c->ends[2 * k + 1]))
+            return 0;
+    }
+    return 1;
+}
+
+/* Take chunks until none is left (after a failure: skip them). */
+static void pool_work(Pool *p, Ctx *ctx) {
+    for (;;) {
+        Chunk *c;
+        int skip;
+        pool_lock(p);
+        if (p->next >= p->nchunks) {
+            pool_unlock(p);
+            return;
+        }
+        c = &p->chunks[p->next++];
+        skip = p->stop;
+        pool_unlock(p);
+        c->ok = !skip && (p->pass == 1 ? chunk_parse(p, c, ctx) : chunk_fill(p, c));
+        pool_lock(p);
+        if (!c->ok) p->stop = 1;
+        if (++p->done == p->nchunks) {
+#ifdef HAVE_THREADS
+            pthread_cond_broadcast(&p->cv);
+#endif
+        }
+        pool_unlock(p);
+    }
+}
+
+static void pool_release(Pool *p) {
+    int last;
+    pool_lock(p);
+    last = --p->holders == 0;
+    pool_unlock(p);
+    if (last) {
+#ifdef HAVE_THREADS
+        pthread_mutex_destroy(&p->mu);
+        pthread_cond_destroy(&p->cv);
+#endif
+        free(p);
+    }
+}
+
+#ifdef HAVE_THREADS
+static void *pool_thread(void *arg) {
+    Seat *seat = (Seat *)arg; /* (in the pool, which this thread holds) */
+    Pool *p = seat->pool;
+    pool_work(p, seat->ctx);
+    pool_release(p);
+    return NULL;
+}
+#endif
+
+/* Run one pass over chunks on up to nthreads threads (the caller's included; GIL released by
+ * the caller). 1 if every chunk succeeded, 0 if one failed, -1 out of memory. */
+static int pool_run(int pass, Chunk *chunks, int nchunks, int nthreads, PaddedCtx *ctxs,
+                    const uint8_t *const *starts, const Py_ssize_t *lens, Spec *specs,
+                    Py_ssize_t nspecs) {
+    Pool *p = (Pool *)calloc(1, sizeof(Pool));
+    int t, ok = 1;
+    if (!p) return -1;
+#ifdef HAVE_THREADS
+    if (pthread_mutex_init(&p->mu, NULL) != 0) {
+        free(p);
+        return -1;
+    }
+    if (pthread_cond_init(&p->cv, NULL) != 0) {
+        pthread_mutex_destroy(&p->mu);
+        free(p);
+        return -1;
+    }
+#endif
+    p->pass = pass;
+    p->nchunks = nchunks;
+    p->chunks = chunks;
+    p->starts = starts;
+    p->lens = lens;
+    p->specs = specs;
+    p->nspecs = nspecs;
+    p->holders = 1;
+    for (t = 0; t < nthreads; t++) {
+        p->seats[t].pool = p;
+        p->seats[t].ctx = &ctxs[t].ctx;
+    }
+#ifdef HAVE_THREADS
+    for (t = 1; t < nthreads; t++) {
+        pthread_t tid;
+        pthread_attr_t attr;
+        int started = 0;
+        pool_lock(p);
+        p->holders++;
+        pool_unlock(p);
+        if (pthread_attr_init(&attr) == 0) {
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            started = pthread_create(&tid, &attr, pool_thread, &p->seats[t]) == 0;
+            pthread_attr_destroy(&attr);
+        }
+        if (!started) { /* the caller does its share */
+            pool_lock(p);
+            p->holders--;
+            pool_unlock(p);
+            break;
+        }
+    }
+#endif
+    pool_work(p, &ctxs[0].ctx);
+    pool_lock(p);
+#ifdef HAVE_THREADS
+    while (p->done < p->nchunks) pthread_cond_wait(&p->cv, &p->mu);
+#endif
+    pool_unlock(p);
+    for (t = 0; t < nchunks; t++) ok &= chunks[t].ok;
+    pool_release(p);
+    return ok;
+}
+
+/* Arrow mode's two passes over n records on up to nthreads threads (2 <= nthreads <= 64), the
+ * GIL held on entry and exit. 1: done; 0: hand the batch back (None); -1: a Python error is
+ * set. */
+static int arrow_threaded(Ctx *ctx, const uint8_t *const *starts, const Py_ssize_t *lens,
+                          Py_ssize_t n, int nthreads, PyObject *alloc, Outs *outs) {
+    Spec *specs = ctx->specs, *copies;
+    Py_ssize_t nspecs = ctx->nspecs, i, k, at = 0;
+    size_t per = (size_t)(nspecs ? nspecs : 1), spec_block = APART(sizeof(Spec) * per),
+           outs_block = APART(sizeof(Outs) * per);
+    PaddedCtx ctxs[MAX_THREADS];
+    Chunk *chunks;
+    char *cursors;
+    int64_t *ends;
+    int t, c, nchunks, ok;
+    double total = 0, sofar = 0;
+    nchunks = n / 2 < (Py_ssize_t)nthreads * 8 ? (int)(n / 2) : nthreads * 8;
+    copies = (Spec *)malloc(spec_block * (size_t)nthreads);
+    chunks = (Chunk *)calloc((size_t)nchunks, sizeof(Chunk)); /* (written once a chunk) */
+    cursors = (char *)malloc(outs_block * (size_t)nchunks);
+    ends = (int64_t *)malloc(sizeof(int64_t) * 2 * per * (size_t)nchunks);
+    if (!copies || !chunks || !cursors || !ends) {
+        ok = -1;
+        goto out;
+    }
+    for (t = 0; t < nthreads; t++) {
+        ctxs[t].ctx = *ctx;
+        ctxs[t].ctx.specs = (Spec *)(void *)((char *)copies + (size_t)t * spec_block);
+        ctxs[t].ctx.hint = 0;
+        memcpy(ctxs[t].ctx.specs, specs, sizeof(Spec) * (size_t)nspecs);
+    }
+    for (i = 0; i < n; i++) total += (double)lens[i] + 16; /* (+16: a record's own cost) */
+    for (c = 0; c < nchunks; c++) { /* chunks of about total / nchunks bytes each */
+        chunks[c].lo = at;
+        if (c == nchunks - 1) {
+            at = n;
+        } else {
+            double goal = total * (double)(c + 1) / (double)nchunks;
+            while (at < n && sofar + (double)lens[at] + 16 <= goal) sofar += (double)lens[at++] + 16;
+        }
+        chunks[c].hi = at;
+        chunks[c].outs = (Outs *)(void *)(cursors + (size_t)c * outs_block);
+        chunks[c].ends = ends + (size_t)c * 2 * per;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    ok = pool_run(1, chunks, nchunks, nthreads, ctxs, starts, lens, specs, nspecs);
+    Py_END_ALLOW_THREADS
+    if (ok != 1) goto out;
+    for (k = 0; k < nspecs; k++) {
+        if (specs[k].refs && !arrow_alloc(&specs[k], n, alloc, &outs[k])) {
+            ok = -2;
+            goto out;
+        }
+    }
+    for (k = 0; k < nspecs; k++) { /* each chunk's cursors: the sums of the chunks before */
+        int64_t vi = 0, bytes = 0;
+        for (c = 0; c < nchunks; c++) {
+            Outs *o = &chunks[c].outs[k];
+            *o = outs[k];
+            o->vi = vi;
+            o->at = bytes;
+            if (specs[k].refs) {
+                for (i = chunks[c].lo; i < chunks[c].hi; i++) {
+                    vi += specs[k].refs[i].count;
+                    bytes += specs[k].refs[i].nbytes;
+                }
+            }
+            chunks[c].ends[2 * k] = vi;
+            chunks[c].ends[2 * k + 1] = bytes;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    ok = pool_run(2, chunks, nchunks, nthreads, ctxs, starts, lens, specs, nspecs);
+    Py_END_ALLOW_THREADS
+out:
+    if (ok == -1) PyErr_NoMemory();
+    free(copies);
+    free(chunks);
+    free(cursors);
+    free(ends);
+    return ok < 0 ? -1 : ok;
+}
+
 /* ------------------------------------------------------------------ Python entry points */
 
 /* parse_examples and parse_examples_arrow: arrow selects Arrow mode (alloc: its allocator). */
@@ -1041,9 +1355,19 @@ static PyObject *parse_common(PyObject *args, int arrow) {
     Py_buffer *views = NULL;
     Ctx ctx;
     int ok = 1;
+    Py_ssize_t nthreads = 1, min_run_bytes = 0;
+    int threaded = 0; /* both passes done by arrow_threaded() */
 
-    if (arrow) {
-        if (!PyArg_ParseTuple(args, "OOOO:parse_examples_arrow", &payloads, &spec_seq, &spans_obj,
+    if (arrow == 1) {
+        if (!PyArg_ParseTuple(args, "OOOO|nn:parse_examples_arrow", &payloads, &spec_seq,
+                              &spans_obj, &alloc, &nthreads, &min_run_bytes))
+            return NULL;
+        if (nthreads < 1 || min_run_bytes < 0) {
+            PyErr_SetString(PyExc_ValueError, "nthreads must be at least 1, min_run_bytes >= 0");
+            return NULL;
+        }
+    } else if (arrow) {
+        if (!PyArg_ParseTuple(args, "OOOO:parse_sequence_arrow", &payloads, &spec_seq, &spans_obj,
                               &alloc))
             return NULL;
     } else if (!PyArg_ParseTuple(args, "OO|O:parse_examples", &payloads, &spec_seq, &spans_obj)) {
@@ -1237,7 +1561,23 @@ static PyObject *parse_common(PyObject *args, int arrow) {
     ctx.arrow = arrow;
     ctx.hint = 0;
     if (!little_endian()) ok = 0;
-    if (ok) {
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    if (nthreads > n / 2) nthreads = n / 2; /* (at least two records a thread) */
+    if (nthreads > 1 && min_run_bytes > 0) { /* and at least min_run_bytes of payload each */
+        Py_ssize_t total = 0;
+        for (i = 0; i < n; i++) total += lens[i];
+        if (nthreads > total / min_run_bytes) nthreads = total / min_run_bytes;
+    }
+    if (ok && arrow == 1 && nthreads > 1) {
+        int done_ok = arrow_threaded(&ctx, starts, lens, n, (int)nthreads, alloc, outs);
+        if (done_ok < 0) goto done;
+        threaded = 1;
+        if (!done_ok) {
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+    } else if (ok) {
         Py_BEGIN_ALLOW_THREADS /* pass 1 reads held buffers and writes our own memory only */
         for (i = 0; ok && i < n; i++) {
             if (i + 1 < n) prefetch_record(starts[i + 1], lens[i + 1]);
@@ -1253,7 +1593,7 @@ static PyObject *parse_common(PyObject *args, int arrow) {
         Py_INCREF(result);
         goto done;
     }
-    if (arrow) { /* pass 2: outputs of the exact sizes, filled without the GIL */
+    if (arrow && !threaded) { /* pass 2: outputs of the exact sizes, filled without the GIL */
         for (i = 0; i < nspecs; i++) {
             Py_ssize_t rows = arrow == 2 ? (Py_ssize_t)specs[i].nrefs : n; /* steps / records */
             if (specs[i].refs && !arrow_alloc(&specs[i], rows, alloc, &outs[i])) goto done;
@@ -1339,9 +1679,12 @@ static PyObject *parse_examples(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(parse_examples_arrow_doc,
-"parse_examples_arrow(payloads, specs, spans, alloc) -> list | None\n\n"
+"parse_examples_arrow(payloads, specs, spans, alloc, nthreads=1, min_run_bytes=0)\n"
+"    -> list | None\n\n"
 "parse_examples() with the var-length and bytes features written as Arrow buffers of exact\n"
-"sizes (a first pass counts, a second writes; the GIL is released for both). alloc(nbytes)\n"
+"sizes (a first pass counts, a second writes; the GIL is released for both). With nthreads\n"
+"> 1 both passes run on up to nthreads threads (at most 64), each over a run of consecutive\n"
+"records (at least 2, and min_run_bytes of payload): the same output. alloc(nbytes)\n"
 "returns a writable buffer of at least nbytes. For these specs out and counts are ignored and\n"
 "a bytes default is the sequence of its count values (bytes). The list holds, per spec:\n"
 "var int64 / float: (list offsets, values); var bytes: (list offsets, value offsets, data);\n"

@@ -20,8 +20,11 @@ spec                                        Arrow type (``n`` records)
 
 The var-length and bytes columns take two passes in C (``parse_examples_arrow``): one counts
 the values and bytes of every record, one writes them into buffers of exactly that size from
-Arrow's memory pool (:func:`allocate`). Both run on the calling thread with the GIL released
-(other Python threads run meanwhile; there is no thread pool). An extension built before
+Arrow's memory pool (:func:`allocate`). Both run with the GIL released, on the calling thread
+or, for a batch of 2,048 records or more outside a PyTorch DataLoader worker, on up to one
+thread per core this process may use, each over 256 KiB of payload at least (threads started
+for the batch take runs of records in turn; the same buffers byte for byte; ``decode_batch``'s
+``num_threads`` sets the threads). An extension built before
 ``parse_examples_arrow`` existed gives spans that are gathered (``gather_spans``).
 
 A spec without features gives batches of ``n`` rows and no column. Large (64-bit offset)

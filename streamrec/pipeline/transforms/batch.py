@@ -147,10 +147,17 @@ class BatchStage(Stage[T]):
     """Batches of ``batch_size`` consecutive items."""
 
     def __init__(
-        self, source: Any, batch_size: int, drop_remainder: bool = False, to: str = "numpy"
+        self,
+        source: Any,
+        batch_size: int,
+        drop_remainder: bool = False,
+        to: str = "numpy",
+        num_threads: int | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+        if num_threads is not None and (type(num_threads) is not int or num_threads < 1):
+            raise ValueError(f"num_threads must be None or an int >= 1, not {num_threads!r}")
         if isinstance(source, BatchStage):
             raise TypeError(f"cannot batch a {type(source).__name__} (unbatch() it first)")
         self.spec: dict[str, FeatureSpec] | None = None
@@ -176,6 +183,8 @@ class BatchStage(Stage[T]):
         self.drop_remainder = drop_remainder
         self.to = to
         """What a batch of parsed records is: ``"numpy"`` (a dict of arrays) or ``"arrow"``."""
+        self.num_threads = num_threads
+        """decode_batch's ``num_threads`` (None: its default)."""
         self._parse_stats: Stats | None = None
 
     def __len__(self) -> int:
@@ -195,7 +204,7 @@ class BatchStage(Stage[T]):
             return decode_sequence_batch(records, self.spec, self.sequence)
         from streamrec.format.example import decode_batch
 
-        return decode_batch(records, self.spec, to=self.to)
+        return decode_batch(records, self.spec, to=self.to, num_threads=self.num_threads)
 
     def _finish(self, records: Sequence[Any]) -> Any:
         if self.spec is None:

@@ -143,10 +143,14 @@ class ParsedDataset(ParseStage, Chainable[dict[str, Any]]):
     For many records per step, :meth:`batch` is faster (no per-record dicts).
     """
 
-    def to_arrow(self, batch_size: int = 8192, drop_remainder: bool = False) -> ArrowDataset:
+    def to_arrow(
+        self, batch_size: int = 8192, drop_remainder: bool = False, num_threads: int | None = None
+    ) -> ArrowDataset:
         """Batches of ``batch_size`` records as ``pyarrow.RecordBatch``es, one column per
-        feature (see :class:`ArrowDataset`; needs pyarrow: ``pip install streamrec[arrow]``)."""
-        return ArrowDataset(self, batch_size, drop_remainder, to="arrow")
+        feature (see :class:`ArrowDataset`; needs pyarrow: ``pip install streamrec[arrow]``).
+        ``num_threads``: the threads decoding a batch, as in
+        :func:`~streamrec.example.decode_batch` (None: its default)."""
+        return ArrowDataset(self, batch_size, drop_remainder, to="arrow", num_threads=num_threads)
 
     def __repr__(self) -> str:
         return f"ParsedDataset({self.source!r}, spec={sorted(self.spec)!r})"
@@ -223,9 +227,14 @@ class ArrowDataset(BatchStage[Any], Chainable[Any]):
     """
 
     def __init__(
-        self, source: Any, batch_size: int, drop_remainder: bool = False, to: str = "arrow"
+        self,
+        source: Any,
+        batch_size: int,
+        drop_remainder: bool = False,
+        to: str = "arrow",
+        num_threads: int | None = None,
     ) -> None:
-        super().__init__(source, batch_size, drop_remainder, to)
+        super().__init__(source, batch_size, drop_remainder, to, num_threads)
         _ = self.schema  # a spec Arrow cannot hold fails here, not after the first reads
 
     @property
