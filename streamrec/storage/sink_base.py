@@ -107,6 +107,7 @@ class UploadWindow:
         except BaseException:
             if entry in self._waiters:
                 self._waiters.remove(entry)
+                self.wake()  # (the waiters it held back in line may fit now)
             elif not future.cancelled():  # granted just as it was cancelled: give it back
                 self.release(nbytes)
             raise

@@ -193,6 +193,27 @@ def test_a_cancelled_wait_gives_its_room_back() -> None:
     asyncio.run(main())
 
 
+def test_a_cancelled_wait_lets_in_the_waiters_behind_it() -> None:
+    """A waiter queued behind a larger one that is cancelled goes as soon as that one leaves
+    the queue, not only at the next release (the room was there all along)."""
+
+    async def main() -> None:
+        window = UploadWindow(10, 4)
+        await window.acquire(6)  # in flight, not released during the test
+        large = asyncio.ensure_future(window.acquire(8))  # does not fit: waits
+        await asyncio.sleep(0)
+        small = asyncio.ensure_future(window.acquire(1))  # fits, but waits its turn
+        await asyncio.sleep(0)
+        assert not small.done() and window.requests == 1
+        large.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await large
+        assert window.requests == 2 and window.bytes == 7  # granted as the large one left
+        await small
+
+    asyncio.run(main())
+
+
 def test_explicit_settings_fix_both_and_the_defaults_tune() -> None:
     retry = RetryPolicy()
     context, tuner = upload_context(None, None, retry)
