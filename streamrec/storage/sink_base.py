@@ -107,6 +107,7 @@ class UploadWindow:
         except BaseException:
             if entry in self._waiters:
                 self._waiters.remove(entry)
+                self.wake()  # (the waiters it held back in line may fit now)
             elif not future.cancelled():  # granted just as it was cancelled: give it back
                 self.release(nbytes)
             raise
@@ -204,6 +205,15 @@ class PartBuffer:
         self.nbytes = 0
 
 
+_REQUEST_ALIGN = 256 << 10
+"""GCS sends ``part_bytes`` rounded up to a multiple of this (its chunk size)."""
+
+
+def _largest_request(part_bytes: int) -> int:
+    """The largest data request a sink makes of ``part_bytes`` parts (GCS rounds them up)."""
+    return -(-part_bytes // _REQUEST_ALIGN) * _REQUEST_ALIGN
+
+
 @dataclass
 class SinkContext:
     """What the sinks of one writer share.
@@ -214,7 +224,8 @@ class SinkContext:
         max_concurrency: data-carrying requests in flight at once, over all sinks.
         retry: the policy every request is retried with.
         room_bytes: the most bytes of data-carrying requests in flight at once, over all
-            sinks (default ``max_concurrency x part_bytes``).
+            sinks (default ``max_concurrency x part_bytes``, the part rounded up to a GCS
+            chunk: 256 KiB).
         on_upload: hears ``(bytes, seconds)`` of every data request that succeeded (its
             retries included, its wait for room not).
         on_control: hears the seconds of every small request that starts an upload (S3's
@@ -235,8 +246,8 @@ class SinkContext:
             raise ValueError(f"part_bytes must be positive, not {self.part_bytes}")
         if self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, not {self.max_concurrency}")
-        if self.room_bytes <= 0:
-            self.room_bytes = self.max_concurrency * self.part_bytes
+        if self.room_bytes <= 0:  # max_concurrency of the largest request a sink sends
+            self.room_bytes = self.max_concurrency * _largest_request(self.part_bytes)
 
     @property
     def window(self) -> UploadWindow:

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamrec.storage.gcs.sink import chunk_size
 from streamrec.storage.retry import RetryPolicy
-from streamrec.storage.sink_base import UploadWindow
+from streamrec.storage.sink_base import SinkContext, UploadWindow
 from streamrec.write.tune import (
     DEFAULT_ROOM_BYTES,
     MAX_UPLOADS,
@@ -189,6 +190,45 @@ def test_a_cancelled_wait_gives_its_room_back() -> None:
             await waiter
         await asyncio.wait_for(window.acquire(10), 1)
         assert window.bytes == 10 and window.requests == 1
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_wait_lets_in_the_waiters_behind_it() -> None:
+    """A waiter queued behind a larger one that is cancelled goes as soon as that one leaves
+    the queue, not only at the next release (the room was there all along)."""
+
+    async def main() -> None:
+        window = UploadWindow(10, 4)
+        await window.acquire(6)  # in flight, not released during the test
+        large = asyncio.ensure_future(window.acquire(8))  # does not fit: waits
+        await asyncio.sleep(0)
+        small = asyncio.ensure_future(window.acquire(1))  # fits, but waits its turn
+        await asyncio.sleep(0)
+        assert not small.done() and window.requests == 1
+        large.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await large
+        assert window.requests == 2 and window.bytes == 7  # granted as the large one left
+        await small
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("part_bytes", [1000, 5_000_000, 6 * MIB])
+def test_a_fixed_window_holds_max_concurrency_gcs_chunks(part_bytes: int) -> None:
+    """Fixed settings: ``max_concurrency`` requests of the largest size a sink sends (GCS
+    rounds a chunk up to 256 KiB) fit in the default room together, as the old semaphore let
+    them (a room of ``max_concurrency x part_bytes`` sent small parts one at a time)."""
+
+    async def main() -> None:
+        context = SinkContext(part_bytes=part_bytes, max_concurrency=8)
+        chunk = chunk_size(part_bytes)
+        waits = [asyncio.ensure_future(context.window.acquire(chunk)) for _ in range(9)]
+        await asyncio.sleep(0)
+        assert context.window.requests == 8  # (the ninth waits for the request limit)
+        context.window.release(chunk)
+        await asyncio.gather(*waits)
 
     asyncio.run(main())
 
