@@ -179,6 +179,7 @@ def test_a_script_that_abandons_an_s3_iterator_exits(
     run_script(SHAPES[shape], write_shards(urls, options), False, options)
 
 
+@pytest.mark.slow  # seconds: in the slow step
 def test_a_script_that_abandons_a_read_with_shards_open_ahead_exits(
     s3_server: MotoS3Server, s3_bucket: str
 ) -> None:

@@ -50,6 +50,7 @@ def test_a_written_local_set_reads_back_every_obvious_way(tmp_path: Path) -> Non
     check_written_set(str(tmp_path / "out"))
 
 
+@pytest.mark.slow  # seconds: in the slow step
 def test_a_written_s3_set_reads_back_every_obvious_way(
     s3_server: MotoS3Server, s3_bucket: str
 ) -> None:

@@ -211,6 +211,7 @@ def test_the_compression_hint_uses_the_cli_spelling(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow  # seconds: in the slow step
 def test_reshard_takes_timeout_like_every_command(
     tmp_path: Path, http_dir: HttpDir, fault_proxy: Callable[..., FaultProxy]
 ) -> None:

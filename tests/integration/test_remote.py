@@ -348,6 +348,7 @@ def test_a_single_object_costs_one_request_before_its_first_bytes(
     assert ds.stats.bytes_read == len(RecordEncoder().encode_many(PAYLOADS))
 
 
+@pytest.mark.slow  # seconds: in the slow step
 def test_wait_time_counts_a_slow_storage(proxied: tuple[Remote, FaultProxy, str]) -> None:
     # One block at a time, the first four GETs held back 0.25 s each: a consumer that does
     # nothing with its records spends about a second waiting, and stats.wait_s says so.
