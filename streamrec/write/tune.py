@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from streamrec.pipeline.stream.tune import GOOD_ENOUGH, HEADROOM, first_enough, predicted_bps
 from streamrec.storage.retry import RetryPolicy
 from streamrec.storage.sink_base import DEFAULT_MAX_CONCURRENCY, DEFAULT_PART_BYTES, SinkContext
 
@@ -65,10 +66,6 @@ START_PART_BYTES = 8 << 20
 """The part size before anything is measured (16 in flight in the default room)."""
 MAX_UPLOADS = 32
 """Most data requests in flight the tuner lets the room hold (the S3 pool holds 64)."""
-GOOD_ENOUGH = 0.9
-"""A larger part is kept while it predicts at least this share of the best rate."""
-HEADROOM = 1.25
-"""A predicted rate this many times what the caller produces is enough."""
 SAMPLES = 8
 """Completed uploads between two decisions, at least (and before the first)."""
 WINDOW_S = 0.5
@@ -89,11 +86,6 @@ class UploadEstimate(NamedTuple):
     """Bytes/s the caller hands over when it never waits for room (``None``: not known)."""
 
 
-def predicted_bps(part_bytes: int, uploads: int, rtt_s: float, rate_bps: float) -> float:
-    """Little's law: bytes/s of ``uploads`` parts of ``part_bytes`` kept in flight."""
-    return uploads * part_bytes / (max(rtt_s, 0.0) + part_bytes / max(rate_bps, 1.0))
-
-
 def uploads_for(room_bytes: int, part_bytes: int) -> int:
     """Uploads of ``part_bytes`` the room holds (at least one, at most :data:`MAX_UPLOADS`)."""
     return max(1, min(MAX_UPLOADS, room_bytes // part_bytes))
@@ -108,13 +100,7 @@ def choose_part(room_bytes: int, estimate: UploadEstimate) -> tuple[int, int]:
         uploads = uploads_for(room_bytes, part)
         rate = predicted_bps(part, uploads, estimate.rtt_s, estimate.rate_bps)
         candidates.append((part, uploads, rate))
-    enough = GOOD_ENOUGH * max(rate for _, _, rate in candidates)
-    if estimate.producer_bps is not None:
-        enough = min(enough, HEADROOM * estimate.producer_bps)
-    for part, uploads, rate in candidates:  # largest part first
-        if rate >= enough:
-            return part, uploads
-    raise AssertionError("unreachable: the best candidate is always enough")
+    return first_enough(candidates, estimate.producer_bps)
 
 
 class UploadTuner:

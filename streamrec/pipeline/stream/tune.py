@@ -61,6 +61,7 @@ __all__ = [
     "LinkMemory",
     "ReadTuner",
     "choose",
+    "first_enough",
     "indexed_concurrency",
     "link_key",
     "predicted_bps",
@@ -208,13 +209,21 @@ def choose(
         concurrency = max(1, min(max_concurrency, room_bytes // block))
         rate = predicted_bps(block, concurrency, estimate.rtt_s, estimate.rate_bps)
         candidates.append((block, concurrency, rate))
-    best = max(rate for _, _, rate in candidates)
-    enough = GOOD_ENOUGH * best
-    if estimate.consumer_bps is not None:
-        enough = min(enough, HEADROOM * estimate.consumer_bps)
-    for block, concurrency, rate in candidates:  # largest block first
+    return first_enough(candidates, estimate.consumer_bps)
+
+
+def first_enough(
+    candidates: list[tuple[int, int, float]], other_end_bps: float | None
+) -> tuple[int, int]:
+    """Of ``(unit_bytes, in_flight, predicted_bps)`` candidates, largest unit first (fewest
+    requests), the first predicting :data:`GOOD_ENOUGH` of the best rate, or already
+    :data:`HEADROOM` times what the other end (a consumer, a producer) takes."""
+    enough = GOOD_ENOUGH * max(rate for _, _, rate in candidates)
+    if other_end_bps is not None:
+        enough = min(enough, HEADROOM * other_end_bps)
+    for unit, in_flight, rate in candidates:
         if rate >= enough:
-            return block, concurrency
+            return unit, in_flight
     raise AssertionError("unreachable: the best candidate is always enough")
 
 
